@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv/ when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The local CPU build of torch, installed first so that pip never pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+export HYPOTHESIS_PROFILE ?= ci
+
+.PHONY: demo test bench venv clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,train]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+demo: $(VENV)/.installed
+	$(PY) -m train.demo
+
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m tests.benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis runs .cache

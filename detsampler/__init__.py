@@ -1,0 +1,46 @@
+"""detsampler: deterministic, resumable LLM data loading as a pure function of (seed, epoch, step, rank, worker).
+
+The core (permutation, layout, plan, locate) is numpy-only; the torch adapters (``DeterministicBatchSampler``,
+``PackedDataset``) are imported lazily so that ``import detsampler`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from detsampler.layout import BestFitLayout, ConcatLayout, DocumentLayout, Layout, LayoutConfig, Spans, make_layout
+from detsampler.locate import Located, locate
+from detsampler.permutation import Permutation, permute, unpermute
+from detsampler.plan import EpochStream, Plan
+from detsampler.version import MAPPING_VERSION, __version__
+
+_LAZY = {
+    "DeterministicBatchSampler": "detsampler.sampler",
+}
+
+__all__ = [
+    "MAPPING_VERSION",
+    "BestFitLayout",
+    "ConcatLayout",
+    "DocumentLayout",
+    "EpochStream",
+    "Layout",
+    "LayoutConfig",
+    "Located",
+    "Permutation",
+    "Plan",
+    "Spans",
+    "__version__",
+    "locate",
+    "make_layout",
+    "permute",
+    "unpermute",
+
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'detsampler' has no attribute {name!r}")

@@ -1,0 +1,144 @@
+"""A keyed pseudo-random permutation of ``range(n)``, computed pointwise in O(1) memory.
+
+Construction: a Feistel network over ``bits = max(2, ceil(log2 n))`` bits, cut unevenly into a low part of ``bits // 2``
+bits and a high part of the rest, whose round function is SplitMix64's finalizer of (low part XOR round key); each round
+XORs the high part with it and rotates the two parts, so that every round is a bijection of ``[0, 2**bits)`` whatever the
+parity of ``bits``. Values that land in ``[n, 2**bits)`` are walked through the network again (cycle walking), which keeps
+the map a bijection of ``[0, n)``; since ``2**bits < 2n`` (for n > 4), fewer than two rounds trips are needed on average.
+
+Invariants (tests/test_permutation.py):
+- ``permute(·, n, key)`` is a bijection of ``[0, n)`` for every ``n >= 1`` and every 64-bit key;
+- ``unpermute(permute(x, n, key), n, key) == x``;
+- nothing of size ``n`` is ever allocated: memory is proportional to the number of indices asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detsampler.keys import mix64, subkeys
+
+__all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
+
+NUM_ROUNDS = 6
+MAX_DOMAIN = 1 << 62
+
+
+def _check_domain(n: int) -> None:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+        raise TypeError(f"n must be an integer, got {type(n).__name__}")
+    if not 1 <= n <= MAX_DOMAIN:
+        raise ValueError(f"n must be in [1, 2**62], got {n}")
+
+
+def _as_indices(x: np.ndarray | int, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= n):
+        bad = arr[(arr < 0) | (arr >= n)].flat[0]
+        raise ValueError(f"Got {name} {int(bad)}, allowed {name} are in [0, {n})")
+    return arr.astype(np.uint64)
+
+
+@dataclass(frozen=True)
+class _Network:
+    """The Feistel network over ``bits`` bits with given round keys (scalars or arrays shaped like the input)."""
+
+    bits: int
+    round_keys: tuple[np.ndarray, ...]
+
+    @property
+    def _widths(self) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:
+        low = self.bits // 2
+        high = self.bits - low
+        return np.uint64(low), np.uint64(high), np.uint64((1 << low) - 1), np.uint64((1 << high) - 1)
+
+    def encrypt(self, x: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
+        low, high, low_mask, high_mask = self._widths
+        for rk in self.round_keys:
+            rk = rk if select is None or rk.ndim == 0 else rk[select]
+            lo = x & low_mask
+            hi = (x >> low) ^ (mix64(lo ^ rk) & high_mask)
+            x = (lo << high) | hi
+        return x
+
+    def decrypt(self, y: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
+        low, high, low_mask, high_mask = self._widths
+        for rk in reversed(self.round_keys):
+            rk = rk if select is None or rk.ndim == 0 else rk[select]
+            lo = y >> high
+            hi = (y & high_mask) ^ (mix64(lo ^ rk) & high_mask)
+            y = (hi << low) | lo
+        return y
+
+
+def _network(n: int, keys: np.ndarray) -> _Network:
+    """The network for domain size ``n``; ``keys`` is a 0-d key or one key per index."""
+    bits = max(2, (int(n) - 1).bit_length())
+    return _Network(bits, tuple(subkeys(keys, i) for i in range(NUM_ROUNDS)))
+
+
+def _walk(step, x: np.ndarray, n: int) -> np.ndarray:
+    """Apply ``step`` until every value is below ``n`` (cycle walking); ``step(values, select)`` maps a subset."""
+    y = step(x, None)
+    outside = np.flatnonzero(y >= np.uint64(n))
+    while outside.size:
+        y[outside] = step(y[outside], outside)
+        outside = outside[y[outside] >= np.uint64(n)]
+    return y
+
+
+_CHUNK = 1 << 15  # indices per pass: keeps the temporaries of a round in cache
+
+
+def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool) -> np.ndarray:
+    _check_domain(n)
+    arr = _as_indices(x, n, "value" if inverse else "index")
+    shape = arr.shape
+    flat = arr.reshape(-1)
+    keys = np.asarray(key if not isinstance(key, int) else key & ((1 << 64) - 1), dtype=np.uint64)
+    keys = np.broadcast_to(keys, shape).reshape(-1) if keys.ndim else keys
+    out = np.empty(flat.shape, dtype=np.int64)
+    for lo in range(0, flat.size, _CHUNK):
+        part = slice(lo, lo + _CHUNK)
+        net = _network(n, keys[part] if keys.ndim else keys)
+        out[part] = _walk(net.decrypt if inverse else net.encrypt, flat[part], n)
+    return out.reshape(shape)
+
+
+def permute(x: np.ndarray | int, n: int, key: np.ndarray | int) -> np.ndarray:
+    """The images of indices ``x`` (in ``[0, n)``) under the permutation keyed by ``key``, as int64, shaped like ``x``.
+
+    ``key`` is a 64-bit integer, or a uint64 array broadcastable to ``x`` (one key per index, e.g. one per epoch).
+    """
+    return _apply(x, n, key, inverse=False)
+
+
+def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int) -> np.ndarray:
+    """The inverse of :func:`permute`: ``unpermute(permute(x, n, k), n, k) == x`` for every ``x`` in ``[0, n)``."""
+    return _apply(y, n, key, inverse=True)
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """The permutation of ``range(n)`` keyed by ``key``: ``perm[i]`` is the image of ``i``, ``perm.inverse(v)`` its preimage."""
+
+    n: int
+    key: int
+
+    def __post_init__(self) -> None:
+        _check_domain(self.n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: np.ndarray | int) -> np.ndarray | int:
+        out = permute(index, self.n, self.key)
+        return int(out) if out.ndim == 0 else out
+
+    def inverse(self, value: np.ndarray | int) -> np.ndarray | int:
+        out = unpermute(value, self.n, self.key)
+        return int(out) if out.ndim == 0 else out

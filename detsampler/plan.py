@@ -1,0 +1,240 @@
+"""The plan: a pure map from (seed, epoch, step, rank, micro step, worker) to sample ids.
+
+The stream: global position ``g`` (counted from the start of training) belongs to epoch ``g // N`` and reads sample
+``permute(g % N, N, key(seed, epoch))``, where N is the number of samples per epoch. Epochs follow each other with nothing
+dropped or repeated, whatever N and the batch size.
+
+The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, with ``B(s)`` the global batch size of step
+``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank ``r``
+take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
+
+Invariants (tests/test_plan.py):
+- the micro batches of all ranks and micro steps of a step partition the step's positions;
+- the set of a step's sample ids depends on neither ``world_size`` nor ``micro_batch_size`` (elastic resume);
+- each epoch is keyed on its own, so extending a run never changes steps already defined;
+- computing step ``s`` costs O(B(s)) time and memory, whatever ``s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from detsampler.keys import stable_hash64, subkeys
+from detsampler.permutation import permute
+from detsampler.version import MAPPING_VERSION
+
+__all__ = ["EpochStream", "Plan", "SampleStream"]
+
+
+class SampleStream(Protocol):
+    """An endless stream of sample ids: position ``g`` reads ``sample_ids(g)``."""
+
+    num_samples: int
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at global positions ``positions`` (int64 array)."""
+
+    def epochs(self, positions: np.ndarray) -> np.ndarray:
+        """The epoch each position belongs to."""
+
+    def describe(self) -> dict:
+        """What fixes the stream, for fingerprints."""
+
+
+@dataclass(frozen=True)
+class EpochStream:
+    """Epoch after epoch of ``num_samples`` samples, each epoch a fresh keyed permutation."""
+
+    num_samples: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1 (no complete sample otherwise), got {self.num_samples!r}")
+
+    @property
+    def base_key(self) -> int:
+        return stable_hash64("epoch-shuffle", self.seed)
+
+    def epoch_key(self, epoch: np.ndarray | int) -> np.ndarray:
+        """The permutation key of ``epoch`` (elementwise)."""
+        return subkeys(self.base_key, epoch)
+
+    def epochs(self, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64) // self.num_samples
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs = positions // self.num_samples
+        within = positions - epochs * self.num_samples
+        if epochs.size and epochs.min() == epochs.max():  # the usual case: one key for all
+            return permute(within, self.num_samples, int(self.epoch_key(int(epochs.flat[0]))))
+        return permute(within, self.num_samples, self.epoch_key(epochs))
+
+    def describe(self) -> dict:
+        return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
+
+
+def _check_step(step: int, name: str = "step") -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
+    if step < 0:
+        raise ValueError(f"{name} must be >= 0, got {step}")
+    return int(step)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which samples every rank reads at every step. Pure: every method is a function of its arguments and the fields.
+
+    ``num_samples`` is the number of samples per epoch (a layout's ``num_samples``), or a :class:`SampleStream` such as a
+    mixture. ``batch_size_schedule``, when given, is a list of ``(first_step, global_batch_size)`` starting at step 0 (a
+    ramp-up, say); its last size must equal ``global_batch_size``. ``world_size`` is the data-parallel degree: tensor-,
+    pipeline- and context-parallel peers of one data-parallel rank read the same batches.
+    """
+
+    num_samples: int | SampleStream
+    seed: int
+    global_batch_size: int
+    micro_batch_size: int
+    world_size: int = 1
+    batch_size_schedule: Sequence[tuple[int, int]] | None = None
+    stream: SampleStream = field(init=False, repr=False, compare=False)
+    _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        stream = EpochStream(self.num_samples, self.seed) if isinstance(self.num_samples, (int, np.integer)) else self.num_samples
+        object.__setattr__(self, "stream", stream)
+        schedule = self._normalized_schedule()
+        for _, size in schedule:
+            self._check_divisible(size)
+        first_consumed, rows = 0, []
+        for i, (first_step, size) in enumerate(schedule):
+            if i:
+                prev_step, prev_size = schedule[i - 1]
+                first_consumed += (first_step - prev_step) * prev_size
+            rows.append((first_step, size, first_consumed))
+        object.__setattr__(self, "_schedule", tuple(rows))
+        object.__setattr__(self, "batch_size_schedule", tuple(schedule) if self.batch_size_schedule is not None else None)
+
+    def _normalized_schedule(self) -> list[tuple[int, int]]:
+        if self.batch_size_schedule is None:
+            return [(0, int(self.global_batch_size))]
+        schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
+        if not schedule or schedule[0][0] != 0:
+            raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
+        for (s0, _), (s1, _) in zip(schedule, schedule[1:]):
+            if s1 <= s0:
+                raise ValueError(f"batch_size_schedule steps must be strictly increasing, got step {s1} after {s0}")
+        if any(b < 1 for _, b in schedule):
+            raise ValueError(f"batch_size_schedule sizes must be >= 1, got {schedule}")
+        if schedule[-1][1] != self.global_batch_size:
+            raise ValueError(
+                f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
+            )
+        return schedule
+
+    def _check_divisible(self, size: int) -> None:
+        per_micro_step = self.world_size * self.micro_batch_size
+        if size % per_micro_step:
+            raise ValueError(
+                f"global batch size {size} is not divisible by world_size * micro_batch_size = "
+                f"{self.world_size} * {self.micro_batch_size} = {per_micro_step}"
+            )
+
+    def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
+            raise ValueError(f"Got rank {rank!r}, allowed ranks are in [0, {self.world_size})")
+        return int(rank)
+
+    # -- steps -> positions ------------------------------------------------------------------------------------------------
+
+    def _segment(self, step: int) -> tuple[int, int, int]:
+        step = _check_step(step)
+        i = len(self._schedule) - 1
+        while self._schedule[i][0] > step:
+            i -= 1
+        return self._schedule[i]
+
+    def batch_size(self, step: int) -> int:
+        """The global batch size of ``step`` (samples)."""
+        return self._segment(step)[1]
+
+    def consumed(self, step: int) -> int:
+        """Samples consumed by all steps before ``step``: the global position where ``step`` starts."""
+        first_step, size, first_consumed = self._segment(step)
+        return first_consumed + (int(step) - first_step) * size
+
+    def num_micro_steps(self, step: int) -> int:
+        """Gradient-accumulation micro steps in ``step``."""
+        return self.batch_size(step) // (self.world_size * self.micro_batch_size)
+
+    def epoch(self, step: int) -> int:
+        """The epoch of the first sample of ``step``."""
+        return self.consumed(step) // self.stream.num_samples
+
+    def step_positions(self, step: int) -> np.ndarray:
+        """The global positions of ``step``, in micro-step-major, then rank order."""
+        start = self.consumed(step)
+        return np.arange(start, start + self.batch_size(step), dtype=np.int64)
+
+    def micro_batch_positions(self, step: int, micro_step: int, rank: int) -> np.ndarray:
+        """The global positions that ``rank`` reads at ``micro_step`` of ``step``."""
+        rank = self._check_rank(rank)
+        micro_step = _check_step(micro_step, "micro_step")
+        if micro_step >= self.num_micro_steps(step):
+            raise ValueError(f"Got micro_step {micro_step}, allowed micro steps of step {step} are in [0, {self.num_micro_steps(step)})")
+        start = self.consumed(step) + (micro_step * self.world_size + rank) * self.micro_batch_size
+        return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+
+    # -- positions -> sample ids -------------------------------------------------------------------------------------------
+
+    def global_batch(self, step: int) -> np.ndarray:
+        """The sample ids of the whole of ``step``; as a set, independent of ``world_size`` and ``micro_batch_size``."""
+        return self.stream.sample_ids(self.step_positions(step))
+
+    def micro_batch(self, step: int, micro_step: int, rank: int) -> np.ndarray:
+        """The sample ids that ``rank`` reads at ``micro_step`` of ``step``."""
+        return self.stream.sample_ids(self.micro_batch_positions(step, micro_step, rank))
+
+    def worker_micro_batches(self, step: int, rank: int, worker: int, num_workers: int, start_step: int = 0) -> list[int]:
+        """The micro steps of ``step`` that DataLoader worker ``worker`` fetches for ``rank`` after a start at ``start_step``.
+
+        A DataLoader hands the i-th batch of its batch sampler to worker ``i % num_workers``; the sampler yields the micro
+        batches of ``start_step``, ``start_step + 1``, ... in order, so the assignment is a pure function of these arguments.
+        """
+        self._check_rank(rank)
+        if num_workers < 1 or not 0 <= worker < num_workers:
+            raise ValueError(f"Got worker {worker} of num_workers {num_workers}; need num_workers >= 1, worker in [0, num_workers)")
+        start_step, step = _check_step(start_step, "start_step"), _check_step(step)
+        if step < start_step:
+            raise ValueError(f"step {step} comes before start_step {start_step}")
+        before = self.micro_steps_between(start_step, step)
+        return [a for a in range(self.num_micro_steps(step)) if (before + a) % num_workers == worker]
+
+    def micro_steps_between(self, start_step: int, stop_step: int) -> int:
+        """Micro batches the sampler yields for steps ``[start_step, stop_step)`` (per rank)."""
+        per_micro = self.world_size * self.micro_batch_size
+        return (self.consumed(stop_step) - self.consumed(start_step)) // per_micro
+
+    # -- identity ----------------------------------------------------------------------------------------------------------
+
+    def with_world(self, world_size: int, micro_batch_size: int | None = None) -> Plan:
+        """The same stream cut for another data-parallel degree (and micro batch size): the elastic-resume plan."""
+        return replace(self, world_size=world_size, micro_batch_size=micro_batch_size or self.micro_batch_size)
+
+    def fingerprint(self) -> dict:
+        """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on resume."""
+        return {
+            "mapping_version": MAPPING_VERSION,
+            "stream": self.stream.describe(),
+            "seed": self.seed,
+            "batch_size_schedule": [list(row[:2]) for row in self._schedule],
+        }
