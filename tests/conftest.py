@@ -1,0 +1,19 @@
+"""Shared test configuration: Hypothesis profiles selected by HYPOTHESIS_PROFILE (``dev`` by default, ``ci`` in CI)."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
