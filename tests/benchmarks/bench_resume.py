@@ -47,6 +47,10 @@ HF_REPEATS = 3
 TARGET_RATIO = 1.2
 
 
+def _label(step: int) -> str:
+    return "0" if step == 0 else f"1e{len(str(step)) - 1}" if str(step).strip("0") == "1" else f"{step:,}"
+
+
 def _offset(step: int) -> tuple[int, int]:
     """(epoch, samples consumed within the epoch) before ``step``."""
     return divmod(step * BATCH, N)
@@ -152,7 +156,7 @@ def torchdata_times(per_sample: float | None) -> tuple[dict[int, float | None], 
     how: dict[int, str] = {}
     for k in STEPS:
         if k == real_step:
-            times[k], how[k] = (real["seconds"], "measured") if real else (None, "timed out after 240 s")
+            times[k], how[k] = (real["seconds"], "measured") if real else (None, "failed: killed (memory?) or past 240 s")
         elif real and per_sample is not None:
             fixed = real["seconds"] - _offset(real_step)[1] * per_sample
             times[k], how[k] = fixed + _offset(k)[1] * per_sample, "modelled"
@@ -214,7 +218,7 @@ def main() -> BenchResult:
                 shown = f"> {fmt_seconds(skip_run['elapsed'])} (extrapolated: {fmt_seconds(v)})"
             rows.append([name, shown, r, how[k]])
         tables.append(
-            Table(f"Resume at step {k:.0e} (epoch {epoch}, {offset:,} samples into it)", ["contender", "time to first batch", "time / best", "how"], rows)
+            Table(f"Resume at step {_label(k)} (epoch {epoch}, {offset:,} samples into it)", ["contender", "time to first batch", "time / best", "how"], rows)
         )
 
     ratio = det[10**9] / det[0]
