@@ -1,0 +1,53 @@
+"""The benchmark harness (tests/benchmarks/run_all.py) without running a benchmark: discovery order, every result shape
+a bench module may return, and the document it renders. The benchmarks themselves run only under ``make bench``."""
+
+from __future__ import annotations
+
+import os
+
+from tests.benchmarks.common import BenchResult, Table, Verdict, ratio_column
+from tests.benchmarks.run_all import _as_markdown, discover, render
+
+
+def test_discovery_follows_the_issue_numbering():
+    names = discover()
+    assert {"resume", "memory", "permutation"} <= set(names)
+    known = [n for n in names if n in ("resume", "memory", "loader", "index", "permutation", "trainer")]
+    order = ["resume", "memory", "loader", "index", "permutation", "trainer"]
+    assert known == [n for n in order if n in known]
+
+
+def test_every_result_shape_renders_with_its_verdicts():
+    result = BenchResult(
+        5,
+        "Permutation",
+        "how it was measured",
+        [Table("t", ["contender", "rate"], [["a", "1"], ["b", "2"]], ["a note"])],
+        [Verdict("at least 1e7/s", False, "Measured 5e6/s. Gap: 2x.")],
+    )
+    markdown, verdicts, number = _as_markdown("permutation", result)
+    assert number == 5 and "| a | 1 |" in markdown and "a note" in markdown
+    assert verdicts == ["- **MISSED** — target: at least 1e7/s. Measured 5e6/s. Gap: 2x."]
+
+    markdown, verdicts, number = _as_markdown("index", [{"contender": "build", "tokens/s": 10}])
+    assert number == 4 and "| build | 10 |" in markdown and verdicts == []
+    markdown, verdicts, number = _as_markdown("index", {"title": "Index", "rows": [{"x": 1}], "verdicts": ["MET: ok"]})
+    assert "| 1 |" in markdown and verdicts == ["MET: ok"]
+    markdown, verdicts, _ = _as_markdown("trainer", "## 6. Trainer\n- **MET** — under 1%")
+    assert verdicts == ["- **MET** — under 1%"]
+
+
+def test_ratios_name_the_best_contender():
+    assert ratio_column([2.0, 1.0, None], higher_is_better=False) == ["2x", "1.00x (best)", "—"]
+    assert ratio_column([2.0, 8.0], higher_is_better=True) == ["0.25x", "1.00x (best)"]
+
+
+def test_document_states_cores_date_load_and_every_verdict():
+    sections = [(1, "resume", "## 1. Resume\n\nbody", ["- **MET** — target: x."], 3.0)]
+    doc = render(sections, [2.5, 3.0], 10.0)
+    assert f"- Machine: {os.cpu_count()} cores" in doc
+    assert "- Date: 20" in doc and "UTC" in doc
+    assert "Timings were taken under load" in doc
+    assert "- Benchmark 1 (resume): **MET** — target: x." in doc
+    assert "## 1. Resume" in doc
+    assert "under load" not in render(sections, [0.2, 0.3], 10.0)
