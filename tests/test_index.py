@@ -16,7 +16,8 @@ from detsampler.layout import LayoutConfig, make_layout
 def _copy_index(index: TokenIndex, dest):
     import shutil
 
-    shutil.copytree(index.path, dest)
+    # Without the layout cache, which tests sharing the session's index fill.
+    shutil.copytree(index.path, dest, ignore=shutil.ignore_patterns("layouts"))
     return dest
 
 
