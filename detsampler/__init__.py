@@ -17,6 +17,7 @@ from detsampler.version import MAPPING_VERSION, __version__
 
 _LAZY = {
     "DeterministicBatchSampler": "detsampler.sampler",
+    "PackedDataset": "detsampler.dataset",
 }
 
 __all__ = [
