@@ -13,10 +13,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.layout import Layout, LayoutConfig
 from detsampler.plan import Plan
 from detsampler.sampler import DeterministicBatchSampler
 from train.checkpoint import data_fingerprint
@@ -76,6 +75,8 @@ class DataPipeline:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
+        from detsampler.dataset import collate_micro_batch
+
         workers = self.config.num_workers
         return DataLoader(
             self.dataset,
@@ -83,23 +84,28 @@ class DataPipeline:
             num_workers=workers,
             pin_memory=pin_memory,
             persistent_workers=persistent_workers and workers > 0,
-            collate_fn=getattr(self.dataset, "collate", None),
+            collate_fn=collate_micro_batch,
         )
 
 
 def _build_index(config: DataConfig) -> tuple[Any, Any]:
-    from detsampler.corpus import default_tokenizer, load_corpus
+    """Corpus, tokenizer and index (``TokenIndex.build`` opens the cached one; under torch.distributed rank 0 builds it
+    while the others wait, and a file lock serializes the tokenizer's one-time training)."""
+    from detsampler.corpus import default_corpus, default_tokenizer, load_corpus
     from detsampler.index import TokenIndex
     from detsampler.tokenizer import Tokenizer
 
     cache_dir = Path(config.cache_dir)
-    corpus = load_corpus(config.source or None)
-    if config.max_documents:
-        corpus = corpus.select(range(min(config.max_documents, len(corpus))))
+    if config.source:
+        corpus = load_corpus(config.source, text_column=config.text_column)
+        if config.max_documents:
+            corpus = corpus.select(range(min(config.max_documents, len(corpus))))
+    else:
+        corpus = default_corpus(max_documents=config.max_documents or None)
     if config.tokenizer:
         tokenizer = Tokenizer.load(config.tokenizer)
-    else:
-        tokenizer = default_tokenizer(cache_dir, vocab_size=config.vocab_size)
+    else:  # trained once on the (default) corpus, cached under cache_dir
+        tokenizer = default_tokenizer(cache_dir, vocab_size=config.vocab_size, corpus=None if config.source else corpus)
     index = TokenIndex.build(
         corpus, tokenizer, text_column=config.text_column, cache_dir=cache_dir, num_proc=config.num_proc
     )
@@ -107,20 +113,12 @@ def _build_index(config: DataConfig) -> tuple[Any, Any]:
 
 
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
-    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks.
-
-    Rank 0 builds first; the other ranks wait at a barrier and then open what it cached.
-    """
+    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
     from detsampler.dataset import PackedDataset
 
-    distributed = dist.is_initialized() and dist.get_world_size() > 1
-    if distributed and rank != 0:
-        dist.barrier()
     index, tokenizer = _build_index(config)
-    if distributed and rank == 0:
-        dist.barrier()
     layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
-    layout = make_layout(layout_config, np.asarray(index.lengths))
+    layout = index.layout(layout_config)
     plan = Plan(
         num_samples=layout.num_samples,
         seed=config.seed,

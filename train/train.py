@@ -237,7 +237,7 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
     else:
         metrics.write({"event": "resumed_from", "step": start_step, "checkpoint": str(resume_path), **event})
     n_params = sum(p.numel() for p in model.parameters())
-    log(rt, f"model: {n_params / 1e6:.2f}M params (sharded count), vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
+    log(rt, f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
             f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}")
     log(rt, f"data: {data.layout.describe()['kind']} layout, {data.layout.num_samples} samples of seq_len {cfg.data.seq_len}, "
             f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
