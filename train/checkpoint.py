@@ -16,7 +16,8 @@ next step to train: the batch sampler restarts there, and there is no other data
 
 Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (after the shards of
 step 8 are written, before the rename) or ``after_save:8`` (after the rename), rank 0 prints
-``DETSAMPLER_KILL_POINT <point>`` and sleeps so that the test can SIGKILL the process group at that moment.
+``DETSAMPLER_KILL_POINT <point>`` and sleeps so that the test can SIGKILL the process group at that moment;
+``before_step:S`` does the same when step S's data has been loaded, before it is trained (train.train).
 """
 
 from __future__ import annotations

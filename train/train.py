@@ -257,6 +257,7 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
         torch.cuda.reset_peak_memory_stats(rt.device)
     for step, micro_batches in sampler.steps(batches):
         waited = batches.take_wait()
+        ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
         tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
         global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
