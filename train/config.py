@@ -187,7 +187,6 @@ class RuntimeConfig:
     deterministic: bool = True  # CPU: deterministic algorithms (bit-identical resumes)
     threads: int = 0  # CPU threads per rank; 0: cores / local ranks
     log_every: int = 1
-    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

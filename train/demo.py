@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in (run_a, run_b):
         shutil.rmtree(d, ignore_errors=True)
     common = ["--config", str(CONFIG), "--set", f"schedule.steps={args.steps}", "--set", f"checkpoint.every={args.every}",
-              "--set", "data.num_proc=2"]
+              "--set", "data.num_proc=2", "--set", "runtime.log_every=5"]
     t_start = time.monotonic()
 
     print("[1/4] tokenizer and token index over the default corpus (the standard library; cached after the first time)",

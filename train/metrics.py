@@ -69,7 +69,12 @@ class RunMetrics:
 
     steps: dict[int, dict] = field(default_factory=dict)
     resumes: list[dict] = field(default_factory=list)
-    superseded: int = 0  # step records of killed attempts that a resume replaced
+    discarded: list[dict] = field(default_factory=list)  # step records of killed attempts that a resume replaced
+
+    @property
+    def superseded(self) -> int:
+        """How many step records of killed attempts a resume replaced (those steps were trained again)."""
+        return len(self.discarded)
 
 
 def read_metrics(run_dir: str | Path) -> RunMetrics:
@@ -87,13 +92,11 @@ def read_metrics(run_dir: str | Path) -> RunMetrics:
             continue
         event = record.get("event")
         if event == "resumed_from":
-            stale = [s for s in out.steps if s >= record["step"]]
-            out.superseded += len(stale)
-            for s in stale:
-                del out.steps[s]
+            stale = sorted(s for s in out.steps if s >= record["step"])
+            out.discarded.extend(out.steps.pop(s) for s in stale)
             out.resumes.append(record)
         elif event == "start":
-            out.superseded += len(out.steps)
+            out.discarded.extend(out.steps[s] for s in sorted(out.steps))
             out.steps.clear()
             out.resumes.clear()
         elif event == "step":

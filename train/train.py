@@ -96,6 +96,8 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("runtime.device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     if use_cuda:
+        if cfg.runtime.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
@@ -107,9 +109,7 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     bf16 = precision == "bf16" or (precision == "auto" and use_cuda)
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=use_cuda)
-        if use_cuda:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.benchmark = False
     return Runtime(rank, world, local_rank, local_world, device, torch.bfloat16 if bf16 else torch.float32)
 
 
@@ -144,13 +144,14 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return sched.min_lr_ratio + (1 - sched.min_lr_ratio) * shape
 
 
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (no weight decay on norms) and the warmup/decay schedule as a LambdaLR."""
     o = cfg.optimizer
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=False,
+        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=None if rt.is_cuda else False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     return optimizer, scheduler
@@ -223,7 +224,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_dat
 def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: DataPipeline, fingerprint: dict,
          resume_path: Path | None, start_step: int, stop_at: int | None) -> None:
     model = build_model(cfg, data.vocab_size, rt)
-    optimizer, scheduler = build_optimizer(cfg, model)
+    optimizer, scheduler = build_optimizer(cfg, model, rt)
     if resume_path is not None:
         ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
     end_step = cfg.schedule.steps if stop_at is None else min(stop_at, cfg.schedule.steps)
