@@ -112,20 +112,26 @@ def check_text_column(ds: datasets.Dataset, text_column: str) -> None:
         )
 
 
-def default_tokenizer(cache_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: datasets.Dataset | None = None) -> Tokenizer:
-    """A BPE tokenizer trained on ``corpus`` (default: the default corpus) the first time, cached under ``cache_dir``.
+def default_tokenizer(
+    cache_dir: str | os.PathLike,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    corpus: datasets.Dataset | None = None,
+    text_column: str = "text",
+) -> Tokenizer:
+    """A BPE tokenizer trained on ``corpus``'s ``text_column`` (default: the default corpus) the first time, cached under
+    ``cache_dir``.
 
     The cache name holds the corpus fingerprint and the vocabulary size; a file lock keeps concurrent callers from training
     twice.
     """
     corpus = default_corpus() if corpus is None else corpus
-    check_text_column(corpus, "text")
+    check_text_column(corpus, text_column)
     root = Path(cache_dir) / "tokenizers"
     root.mkdir(parents=True, exist_ok=True)
-    name = f"corpus-{corpus._fingerprint}-bpe{vocab_size}.model"
+    name = f"corpus-{corpus._fingerprint}-{text_column}-bpe{vocab_size}.model"
     path = root / name
     with FileLock(str(root / (name + ".lock"))):
         if path.is_file():
             return Tokenizer.load(path)
         print(f"detsampler: training a {vocab_size}-piece tokenizer on the corpus into {path}", file=sys.stderr)
-        return train_tokenizer(None, vocab_size, path, texts=corpus["text"])
+        return train_tokenizer(None, vocab_size, path, texts=corpus[text_column])

@@ -103,6 +103,8 @@ def iter_training_lines(texts: Iterable[str], max_lines: int | None = None, tota
         stride = -(-total_lines // max_lines)
     i = 0
     for text in texts:
+        if not isinstance(text, str):
+            continue
         for line in text.split("\n"):
             if not line.strip() or len(line.encode("utf-8", "replace")) > _MAX_LINE_BYTES:
                 continue
@@ -150,7 +152,7 @@ def train_tokenizer(
             raise ValueError("tokenizer train: pass inputs (files or directories) or texts")
         texts = _read_inputs(inputs)
     texts = list(texts)
-    total = sum(t.count("\n") + 1 for t in texts)
+    total = sum(t.count("\n") + 1 for t in texts if isinstance(t, str))
     lines = iter_training_lines(texts, max_lines=max_lines, total_lines=total)
     buf = io.BytesIO()
     try:
