@@ -1,7 +1,8 @@
 """The trainer's promise, tested with real processes: 2 CPU ranks (gloo) under torchrun, SIGKILLed where it hurts.
 
-Every run trains the same tiny model for N = 8 steps on the first 120 files of the default corpus (bestfit layout, so the
-per-document attention mask and restarting position ids are on the path), checkpointing every 2 steps. Each step's record
+Every run trains the same tiny model for N = 8 steps on the first 120 files of the default corpus, with a 512-piece
+tokenizer trained on them (bestfit layout, so the per-document attention mask and restarting position ids are on the
+path), checkpointing every 2 steps. Each step's record
 in metrics.jsonl carries ``sample_hash`` (the plan's global sample ids) and ``tokens_hash`` (the tokens the ranks actually
 trained on, gathered in global position order), so the runs are compared on the data they really saw, step by step.
 
@@ -25,12 +26,14 @@ pytestmark = pytest.mark.slow
 N = 8
 HALF = N // 2
 ELASTIC_LOSS_TOL = 1e-4  # absolute; observed differences are ~1e-6 after 8 steps
+TOKENIZER = "tokenizer-512.model"
 CONFIG = str(Path(__file__).resolve().parent.parent / "train" / "configs" / "tiny.toml")
 
 
 def _overrides(cache_dir: Path, **extra: object) -> list[str]:
     settings = {
         "data.cache_dir": f'"{cache_dir}"',
+        "data.tokenizer": f'"{cache_dir / TOKENIZER}"',
         "data.max_documents": 120,
         "data.vocab_size": 512,
         "data.layout": '"bestfit"',
@@ -66,7 +69,13 @@ def _train(run_dir: Path, cache_dir: Path, *, nproc: int = 2, torchrun: bool = T
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+    """The index cache of these runs, holding a small tokenizer trained on the runs' 120 documents."""
+    from detsampler.corpus import default_corpus
+    from detsampler.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("cache")
+    train_tokenizer(None, 512, root / TOKENIZER, texts=default_corpus(max_documents=120)["text"])
+    return root
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,10 @@ class ModelConfig:
 class DataConfig:
     """What the data stream is (source, tokenizer, layout, seed, batch schedule) and how it is loaded (workers).
 
-    ``source`` empty means the default corpus (the Python standard library); ``tokenizer`` empty means the default
-    tokenizer trained once on it. ``max_documents > 0`` keeps only the first documents of the source (tests, demos).
+    ``source`` empty means the default corpus (the Python standard library); ``tokenizer`` empty means a
+    ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
+    cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
+    :class:`detsampler.prepare.IndexConfig` (``train.data.index_config``).
     """
 
     source: str = ""
@@ -110,6 +112,7 @@ class DataConfig:
     batch_size_schedule: tuple[tuple[int, int], ...] = ()
     num_workers: int = 0
     num_proc: int = 1  # index build processes
+    store_tokens: bool = True  # False: the index keeps only lengths; batches are tokenized on the fly
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS

@@ -8,7 +8,6 @@ number of workers, which may change on resume). The DataLoader's only state is t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -21,7 +20,7 @@ from detsampler.sampler import DeterministicBatchSampler
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
-__all__ = ["DataPipeline", "TimedIterator", "build_pipeline"]
+__all__ = ["DataPipeline", "TimedIterator", "build_pipeline", "index_config"]
 
 
 class TimedIterator:
@@ -88,35 +87,33 @@ class DataPipeline:
         )
 
 
-def _build_index(config: DataConfig) -> tuple[Any, Any]:
-    """Corpus, tokenizer and index (``TokenIndex.build`` opens the cached one; under torch.distributed rank 0 builds it
-    while the others wait, and a file lock serializes the tokenizer's one-time training)."""
-    from detsampler.corpus import default_corpus, default_tokenizer, load_corpus
-    from detsampler.index import TokenIndex
-    from detsampler.tokenizer import Tokenizer
+def index_config(config: DataConfig) -> Any:
+    """The :class:`detsampler.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
+    cached index."""
+    from detsampler.prepare import IndexConfig
 
-    cache_dir = Path(config.cache_dir)
-    if config.source:
-        corpus = load_corpus(config.source, text_column=config.text_column)
-        if config.max_documents:
-            corpus = corpus.select(range(min(config.max_documents, len(corpus))))
-    else:
-        corpus = default_corpus(max_documents=config.max_documents or None)
-    if config.tokenizer:
-        tokenizer = Tokenizer.load(config.tokenizer)
-    else:  # trained once on the (default) corpus, cached under cache_dir
-        tokenizer = default_tokenizer(cache_dir, vocab_size=config.vocab_size, corpus=None if config.source else corpus)
-    index = TokenIndex.build(
-        corpus, tokenizer, text_column=config.text_column, cache_dir=cache_dir, num_proc=config.num_proc
+    return IndexConfig(
+        data=config.source or None,
+        text_column=config.text_column,
+        tokenizer=config.tokenizer or None,
+        vocab_size=config.vocab_size,
+        cache_dir=config.cache_dir,
+        num_proc=config.num_proc,
+        store_tokens=config.store_tokens,
+        max_documents=config.max_documents or None,
     )
-    return index, tokenizer
 
 
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
     """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
     from detsampler.dataset import PackedDataset
 
-    index, tokenizer = _build_index(config)
+    from detsampler.prepare import prepare_index
+
+    # Under torch.distributed, rank 0 builds while the others wait (TokenIndex.build); a file lock serializes the default
+    # tokenizer's one-time training.
+    prepared = prepare_index(index_config(config), progress=rank == 0)
+    index, tokenizer = prepared.index, prepared.tokenizer
     layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
     layout = index.layout(layout_config)
     plan = Plan(
@@ -127,7 +124,10 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
     )
-    dataset = PackedDataset(index, layout)
+    if index.tokens is None:  # tokens are not stored: tokenize each batch's documents on the fly
+        dataset = PackedDataset(index, layout, dataset=prepared.dataset, tokenizer=tokenizer, text_column=config.text_column)
+    else:
+        dataset = PackedDataset(index, layout)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
 
