@@ -14,8 +14,8 @@ Content: ``model`` and ``optim`` (sharded, from ``get_state_dict``; DCP reshards
 non-tensor values of rank 0 only; step and fingerprint are the same on every rank, so that loses nothing. ``step`` is the
 next step to train: the batch sampler restarts there, and there is no other data-loader state.
 
-Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (after the shards of
-step 8 are written, before the rename) or ``after_save:8`` (after the rename), rank 0 prints
+Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (the shards of
+step 8 written by every rank, its DCP ``.metadata`` not yet) or ``after_save:8`` (after the rename), rank 0 prints
 ``DETSAMPLER_KILL_POINT <point>`` and sleeps so that the test can SIGKILL the process group at that moment;
 ``before_step:S`` does the same when step S's data has been loaded, before it is trained (train.train).
 """
@@ -169,6 +169,19 @@ def read_meta(path: str | Path) -> dict:
 # -- save and load -----------------------------------------------------------------------------------------------------------
 
 
+class _Writer(dcp.FileSystemWriter):
+    """A FileSystemWriter with the ``during_save`` kill point: on the coordinator (rank 0), after every rank has written
+    its shards and before the checkpoint's ``.metadata`` is written."""
+
+    def __init__(self, path: str, step: int) -> None:
+        super().__init__(path)
+        self._step = step
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        kill_point("during_save", self._step)
+        super().finish(metadata, results)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -203,8 +216,7 @@ def save_checkpoint(
         "scheduler": json.dumps(scheduler.state_dict()),
         "meta": {"step": int(step), "data": json.dumps(fingerprint, sort_keys=True)},
     }
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)))
-    kill_point("during_save", step)
+    dcp.save(state, storage_writer=_Writer(str(tmp), step))
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
         (tmp / FINGERPRINT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
