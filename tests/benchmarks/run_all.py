@@ -1,8 +1,11 @@
 """``make bench``: run every ``tests/benchmarks/bench_*.py`` one after the other, print them, regenerate docs/benchmarks.md.
 
-A benchmark module has a ``main()`` returning a :class:`~tests.benchmarks.common.BenchResult` (preferred), a markdown
-string, a list of row dicts (shown as a table), or a dict with ``"markdown"`` or ``"rows"`` (and optionally ``"title"``,
-``"number"``). Benchmarks run sequentially, never in parallel, so each has the machine to itself (as far as we control).
+A benchmark module has a ``main()`` (or ``main(argv)``, called with ``[]``) returning a
+:class:`~tests.benchmarks.common.BenchResult` (preferred), a markdown string, a list of row dicts (shown as a table), a
+dict with ``"markdown"`` or ``"rows"`` (and optionally ``"title"``, ``"number"``, ``"verdicts"``), or a dict of numbers
+(nested dicts allowed), shown as a two-column table. For a dict of numbers the harness derives the issue's target verdict
+where it knows how (``NUMBER_VERDICTS``: benchmark 4 from ``bench_index``'s ``build_tokens_per_s`` and
+``raw_encode_tokens_per_s``). Benchmarks run sequentially, never in parallel, so each has the machine to itself (as far as we control).
 A benchmark that raises is reported as failed in the output and the document, the others still run, and the command exits 1.
 
 Usage: ``python -m tests.benchmarks.run_all [--only resume,memory] [--no-write] [--out docs/benchmarks.md]``.
@@ -14,6 +17,7 @@ import argparse
 import datetime
 import importlib
 import importlib.metadata
+import inspect
 import os
 import platform
 import sys
@@ -22,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.common import BenchResult, Table
+from tests.benchmarks.common import BenchResult, Table, Verdict
 
 __all__ = ["discover", "main", "render"]
 
@@ -39,6 +43,52 @@ def discover() -> list[str]:
     return sorted(names, key=lambda n: (ORDER.get(n, 99), n))
 
 
+def _index_verdicts(r: dict) -> list[Verdict]:
+    """Benchmark 4's target from bench_index's numbers: TokenIndex.build at least 80% of sentencepiece's batched encode."""
+    build, raw = r.get("build_tokens_per_s"), r.get("raw_encode_tokens_per_s")
+    if not build or not raw:
+        return []
+    ratio = build / raw
+    met = ratio >= 0.8
+    detail = (
+        f"TokenIndex.build {build:,.0f} tokens/s = {ratio:.0%} of sentencepiece's batched encode ({raw:,.0f} tokens/s) "
+        f"with num_proc={r.get('num_proc')} on {r.get('cpu_count')} cores."
+    )
+    if not met:
+        detail += (
+            f" Gap: {0.8 / ratio:.2f}x. The harness does not analyse the limit: a build tokenizes, writes, fsyncs and "
+            "checksums; see bench_index.py's printed table for the parts."
+        )
+    return [Verdict("TokenIndex.build at least 80% of sentencepiece's batched encode on the same cores (verdict computed by run_all)", met, detail)]
+
+
+NUMBER_VERDICTS = {"index": _index_verdicts}
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _dict_rows(d: dict, prefix: str = "") -> list[list[str]]:
+    rows: list[list[str]] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            rows += _dict_rows(v, f"{prefix}{k}.")
+        else:
+            rows.append([f"{prefix}{k}", _fmt_value(v)])
+    return rows
+
+
+def _call_main(module: Any) -> Any:
+    """``module.main()``, or ``module.main([])`` when its first parameter is an ``argv`` (so it parses no CLI of ours)."""
+    params = list(inspect.signature(module.main).parameters)
+    return module.main([]) if params and params[0] == "argv" else module.main()
+
+
 def _as_markdown(name: str, result: Any) -> tuple[str, list[str], int]:
     """(markdown, verdict lines, number) of whatever a benchmark's main() returned."""
     number = ORDER.get(name, 99)
@@ -52,8 +102,15 @@ def _as_markdown(name: str, result: Any) -> tuple[str, list[str], int]:
         number = int(result.get("number", number))
         if "markdown" in result:
             return str(result["markdown"]), [str(v) for v in result.get("verdicts", [])], number
-        title = result.get("title", name)
-        return _rows_markdown(title, result.get("rows", [])), [str(v) for v in result.get("verdicts", [])], number
+        if "rows" in result:
+            title = result.get("title", name)
+            return _rows_markdown(title, result["rows"]), [str(v) for v in result.get("verdicts", [])], number
+        verdicts = NUMBER_VERDICTS.get(name, lambda r: [])(result)
+        title = f"{number}. {name} (the numbers bench_{name}.main() returned)"
+        parts = [f"## {title}", "", Table(title, ["quantity", "value"], _dict_rows(result)).markdown()]
+        if verdicts:
+            parts += ["", "Target verdict:", ""] + [v.markdown() for v in verdicts]
+        return "\n".join(parts), [v.markdown() for v in verdicts], number
     if isinstance(result, list):
         return _rows_markdown(name, result), [], number
     return f"## {name}\n\n{result!r}", [], number
@@ -163,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== benchmark {name} (tests/benchmarks/bench_{name}.py) ===", flush=True)
         t0 = time.perf_counter()
         try:
-            result = importlib.import_module(f"tests.benchmarks.bench_{name}").main()
+            result = _call_main(importlib.import_module(f"tests.benchmarks.bench_{name}"))
             markdown, verdicts, number = _as_markdown(name, result)
         except Exception:  # report and go on with the others
             failed.append(name)
