@@ -89,8 +89,9 @@ def _call_main(module: Any) -> Any:
     return module.main([]) if params and params[0] == "argv" else module.main()
 
 
-def _as_markdown(name: str, result: Any) -> tuple[str, list[str], int]:
-    """(markdown, verdict lines, number) of whatever a benchmark's main() returned."""
+def _as_markdown(name: str, result: Any, doc: str | None = None) -> tuple[str, list[str], int]:
+    """(markdown, verdict lines, number) of whatever a benchmark's main() returned; ``doc`` (the module's docstring)
+    describes the method where the result carries no description of its own (a dict of numbers)."""
     number = ORDER.get(name, 99)
     if isinstance(result, BenchResult) or hasattr(result, "markdown"):
         verdicts = [v.markdown() for v in getattr(result, "verdicts", [])]
@@ -107,7 +108,8 @@ def _as_markdown(name: str, result: Any) -> tuple[str, list[str], int]:
             return _rows_markdown(title, result["rows"]), [str(v) for v in result.get("verdicts", [])], number
         verdicts = NUMBER_VERDICTS.get(name, lambda r: [])(result)
         title = f"{number}. {name} (the numbers bench_{name}.main() returned)"
-        parts = [f"## {title}", "", Table(title, ["quantity", "value"], _dict_rows(result)).markdown()]
+        parts = [f"## {title}", ""] + ([doc.strip(), ""] if doc else [])
+        parts += [Table("Results", ["quantity", "value"], _dict_rows(result)).markdown()]
         if verdicts:
             parts += ["", "Target verdict:", ""] + [v.markdown() for v in verdicts]
         return "\n".join(parts), [v.markdown() for v in verdicts], number
@@ -220,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== benchmark {name} (tests/benchmarks/bench_{name}.py) ===", flush=True)
         t0 = time.perf_counter()
         try:
-            result = _call_main(importlib.import_module(f"tests.benchmarks.bench_{name}"))
-            markdown, verdicts, number = _as_markdown(name, result)
+            module = importlib.import_module(f"tests.benchmarks.bench_{name}")
+            markdown, verdicts, number = _as_markdown(name, _call_main(module), module.__doc__)
         except Exception:  # report and go on with the others
             failed.append(name)
             tb = traceback.format_exc()
