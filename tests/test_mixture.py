@@ -1,0 +1,299 @@
+"""Mixtures: the discrepancy bound, exact source epochs, weight schedules, bad input, DataLoader and elastic resume."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detsampler import Mixture, Plan, check_resume
+from detsampler.mixture import MAX_DENOMINATOR, normalize_weights
+from detsampler.keys import subkeys
+from detsampler.permutation import permute
+from tests.strategies import integer_weights, seeds, weight_schedules
+
+
+def _prefix_counts(sources: np.ndarray, num_sources: int) -> np.ndarray:
+    """counts[k, n] = how many of positions [0, n) went to source k."""
+    onehot = sources[None, :] == np.arange(num_sources)[:, None]
+    return np.concatenate([np.zeros((num_sources, 1), dtype=np.int64), np.cumsum(onehot, axis=1)], axis=1)
+
+
+def _assert_within_bound(mix: Mixture, counts: np.ndarray, lengths: np.ndarray, segment: int = 0) -> None:
+    """|N_k(n) - n c_k / D| < b_k exactly, in integers: |N_k(n) D - n c_k| * q_k < p_k D with b_k = p_k / q_k."""
+    ints = mix.schedule[segment][1]
+    total = sum(ints)
+    for k, bound in enumerate(mix.discrepancy_bounds(segment)):
+        err = np.abs(counts[k] * total - lengths * ints[k])
+        if ints[k] == 0:
+            assert not counts[k].any()
+        elif bound == 0:  # the only source of positive weight: exact
+            assert not err.any()
+        else:
+            assert (err * bound.denominator < bound.numerator * total).all(), (k, bound, int(err.max()), total)
+
+
+# -- property 1: the discrepancy bound -----------------------------------------------------------------------------------
+
+
+@given(weights=integer_weights(), seed=seeds, n=st.integers(1, 3000), big=st.integers(0, 2**52))
+def test_prefix_counts_stay_within_the_bound(weights, seed, n, big):
+    mix = Mixture([7] * len(weights), weights, seed)
+    counts = _prefix_counts(mix.sources_of(np.arange(n)), len(weights))
+    _assert_within_bound(mix, counts, np.arange(n + 1))
+    # The closed form agrees with counting, and the bound holds for arbitrary (huge) prefixes too.
+    assert (mix.served(n) == counts[:, -1]).all()
+    _assert_within_bound(mix, mix.served(big)[:, None], np.array([big]))
+    # The stated corollary: every per-source bound is at most ceil(log2 m), m = number of sources of positive weight.
+    m = sum(1 for w in weights if w)
+    assert all(b <= max(0, math.ceil(math.log2(m))) for b in mix.discrepancy_bounds())
+
+
+def test_two_sources_are_within_one_and_interleaved():
+    mix = Mixture([100, 100], [3, 1], seed=5)
+    src = mix.sources_of(np.arange(400))
+    counts = _prefix_counts(src, 2)
+    assert np.abs(4 * counts[1] - np.arange(401)).max() < 4  # |N_1(n) - n/4| < 1
+    runs = np.diff(np.flatnonzero(src == 1))
+    assert set(runs.tolist()) == {4}  # source 1 once every 4 positions, never two in a row
+    assert mix.discrepancy_bounds() == [Fraction(1), Fraction(1)]
+
+
+def test_interleaving_order_depends_on_the_seed():
+    patterns = {tuple(Mixture([50] * 4, [1, 2, 3, 4], seed=s).sources_of(np.arange(10)).tolist()) for s in range(12)}
+    assert len(patterns) > 3
+
+
+@given(
+    weights=st.lists(st.just(0.0) | st.floats(1e-2, 1e3), min_size=1, max_size=5).filter(any),
+    seed=seeds,
+)
+def test_float_weights_are_read_exactly_or_within_two_to_minus_30(weights, seed):
+    ints = normalize_weights(weights, len(weights))
+    assert sum(ints) <= MAX_DENOMINATOR
+    total = sum(Fraction(repr(w)) for w in weights)
+    for w, c in zip(weights, ints):
+        assert abs(Fraction(c, sum(ints)) - Fraction(repr(w)) / total) <= Fraction(1, MAX_DENOMINATOR)
+    mix = Mixture([11] * len(weights), weights, seed)
+    counts = _prefix_counts(mix.sources_of(np.arange(500)), len(weights))
+    _assert_within_bound(mix, counts, np.arange(501))
+
+
+def test_decimal_and_fraction_weights_are_exact():
+    assert normalize_weights([0.7, 0.2, 0.1], 3) == (7, 2, 1)
+    assert normalize_weights(["1/3", "1/3", "1/3"], 3) == (1, 1, 1)
+    assert normalize_weights([Fraction(1, 6), 0.5, 2], 3) == (1, 3, 12)
+    assert Mixture([5, 5], [0.25, 0.75], 0).describe()["schedule"] == [[0, ["1/4", "3/4"]]]
+
+
+# -- property 2: every source epoch is a permutation of the source ----------------------------------------------------
+
+
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    data=st.data(),
+    seed=seeds,
+    n=st.integers(1, 1500),
+)
+def test_each_source_epoch_serves_every_sample_once(sizes, data, seed, n):
+    weights = data.draw(integer_weights(len(sizes)))
+    mix = Mixture(sizes, weights, seed)
+    look = mix.lookup(np.arange(n))
+    offsets = np.cumsum([0] + sizes[:-1])
+    assert (look.global_id == offsets[look.source] + look.source_sample).all()
+    src, sample = mix.split_ids(look.global_id)
+    assert (src == look.source).all() and (sample == look.source_sample).all()
+    assert (mix.sample_ids(np.arange(n)) == look.global_id).all()
+    assert (mix.epochs(np.arange(n)) == look.source_epoch).all()
+    for k, size in enumerate(sizes):
+        mine = look.source == k
+        # p_k counts exactly the earlier positions of source k: 0, 1, 2, ... in order.
+        assert (look.source_position[mine] == np.arange(mine.sum())).all()
+        assert (look.source_epoch[mine] == look.source_position[mine] // size).all()
+        for e in np.unique(look.source_epoch[mine]):
+            served = np.sort(look.source_sample[mine & (look.source_epoch == e)])
+            complete = (e + 1) * size <= mine.sum()
+            if complete:
+                assert (served == np.arange(size)).all()
+            else:
+                assert len(np.unique(served)) == len(served) and served.max() < size
+            # and the order is source k's own keyed permutation of that epoch
+            expected = permute(np.arange(len(served)), size, int(subkeys(mix.source_key(k), int(e))))
+            assert (look.source_sample[mine & (look.source_epoch == e)] == expected).all()
+
+
+def test_a_small_source_is_upsampled_by_epochs_and_reported():
+    mix = Mixture([10, 1000], [1, 1], seed=0)
+    report = mix.report(200)
+    assert report[0]["served"] == 100 and report[0]["epochs"] == 10.0 and report[0]["upsampled"]
+    assert report[1]["served"] == 100 and not report[1]["upsampled"]
+    assert report[0]["share"] == 0.5
+
+
+# -- property 3: weight schedules ----------------------------------------------------------------------------------------
+
+
+@given(sizes=st.lists(st.integers(1, 30), min_size=2, max_size=4), data=st.data(), seed=seeds)
+def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed):
+    schedule = data.draw(weight_schedules(len(sizes)))
+    # a source added at a boundary: weight 0 in the first entry
+    schedule[0] = (0, [0] + list(schedule[0][1][1:]) if any(schedule[0][1][1:]) else schedule[0][1])
+    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
+                batch_size_schedule=[(0, 3), (4, 6)])
+    num_steps = schedule[-1][0] + 5
+    positions = np.arange(plan.consumed(num_steps))
+    look = plan.stream.lookup(positions)
+    for k in range(len(sizes)):
+        mine = look.source == k
+        assert (look.source_position[mine] == np.arange(mine.sum())).all()
+    for step, ints in schedule:  # each segment follows its own weights, within its bound
+        j = [s for s, _ in schedule].index(step)
+        lo = plan.consumed(step)
+        hi = plan.consumed(schedule[j + 1][0]) if j + 1 < len(schedule) else len(positions)
+        seg = look.source[lo:hi]
+        _assert_within_bound(plan.stream, _prefix_counts(seg, len(sizes)), np.arange(hi - lo + 1), segment=j)
+        assert (plan.stream.served(hi) - plan.stream.served(lo) == np.bincount(seg, minlength=len(sizes))).all()
+
+
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=2, max_size=3),
+    data=st.data(),
+    seed=seeds,
+    resume=st.integers(1, 10),
+    world=st.sampled_from([(1, 4), (2, 2), (4, 1), (4, 2), (1, 8)]),
+)
+def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, data, seed, resume, world):
+    w0, w1 = data.draw(integer_weights(len(sizes))), data.draw(integer_weights(len(sizes)))
+    full = [(0, w0), (resume, w1)]
+    uninterrupted = Plan(Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    first = Plan(Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    resumed = uninterrupted.with_world(*world)
+    check_resume(first, resumed, resume)
+    check_resume(first.fingerprint(), resumed, resume)  # also from a saved fingerprint
+    stitched = [first.global_batch(s) for s in range(resume)] + [resumed.global_batch(s) for s in range(resume, resume + 6)]
+    straight = [uninterrupted.global_batch(s) for s in range(resume + 6)]
+    for a, b in zip(stitched, straight):
+        assert (np.sort(a) == np.sort(b)).all()
+    # the same change written before the resume step changes the past: refused
+    if resume > 1:
+        early = Plan(Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
+        with pytest.raises(ValueError, match="changes the past"):
+            check_resume(first, early, resume)
+    if normalize_weights(w0, len(sizes)) != normalize_weights(w1, len(sizes)):
+        with pytest.raises(ValueError, match="changes the past"):
+            check_resume(first, Plan(Mixture(sizes, w1, seed), seed, 8, 2), resume)
+
+
+def test_check_resume_refuses_other_changes():
+    base = Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match="mixture's seed"):
+        check_resume(base, Plan(Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+    with pytest.raises(ValueError, match="mixture's sources"):
+        check_resume(base, Plan(Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+    with pytest.raises(ValueError, match="batch_size_schedule"):
+        check_resume(base, Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
+    with pytest.raises(ValueError, match="data stream"):
+        check_resume(base, Plan(30, seed=0, global_batch_size=4, micro_batch_size=2), 5)
+    check_resume(base, base.with_world(2, 1), 5)  # elastic resume is fine
+    check_resume(base, Plan(Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), 0, 4, 2), 5)  # an entry at the resume step
+    check_resume(base, Plan(Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), 0, 4, 2), 5)  # same weights, other scale
+
+
+# -- bad input -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ([1, -1], r"weights\[1\] must be >= 0"),
+        ([0, 0], "must not all be zero"),
+        ([1, 2, 3], "one weight per source"),
+        ([1, float("nan")], "must be finite"),
+        ([1, float("inf")], "must be finite"),
+        ([1, "x"], "must be a number"),
+        ([1, None], "must be a number"),
+        ([(0, [1, 1]), (0, [1, 2])], "strictly increasing"),
+        ([(0, [1, 1]), (5, [1, 2]), (3, [1, 1])], "strictly increasing"),
+        ([(2, [1, 1])], "must start at step 0"),
+        ([(0, [1, 1]), (4, [1, -2])], r"entry 1 \(step 4\)\[1\] must be >= 0"),
+        ([(0, [1, 1]), (4, [1])], "one weight per source"),
+        ([(0, [1, 1]), (-1, [1, 1])], "integer >= 0"),
+    ],
+)
+def test_bad_weights_are_clear_errors(weights, match):
+    with pytest.raises(ValueError, match=match):
+        Mixture([10, 20], weights, seed=0)
+
+
+def test_bad_sources_and_unplaced_schedules_are_clear_errors():
+    with pytest.raises(ValueError, match="sources must be a non-empty list"):
+        Mixture([], [], 0)
+    with pytest.raises(ValueError, match=r"sources\[1\] must have num_samples >= 1"):
+        Mixture([3, 0], [1, 1], 0)
+    with pytest.raises(ValueError, match="use it through a Plan"):
+        Mixture([3, 4], [(0, [1, 1]), (3, [1, 2])], 0).sample_ids(np.arange(3))
+    with pytest.raises(ValueError, match="too small to be served"):
+        Mixture([3, 4], [1, 1e-12], 0)
+
+
+# -- property 5: elastic resume and DataLoader workers ------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+class _IdDataset(torch.utils.data.Dataset):
+    """Returns the sample id it was asked for, and the DataLoader worker that read it."""
+
+    def __len__(self) -> int:
+        return 10**9
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([i, -1 if info is None else info.id])
+
+
+def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[int, list[np.ndarray]]:
+    """Per step, the samples every rank read through a real DataLoader, checking which worker read each micro batch."""
+    from detsampler import DeterministicBatchSampler
+
+    per_step: dict[int, list[np.ndarray]] = {s: [] for s in range(start, stop)}
+    for rank in range(plan.world_size):
+        sampler = DeterministicBatchSampler(plan, rank, start_step=start, num_steps=stop - start)
+        loader = torch.utils.data.DataLoader(_IdDataset(), batch_sampler=sampler, num_workers=num_workers)
+        for step, micro_batches in sampler.steps(loader):
+            for a, mb in enumerate(micro_batches):
+                ids, workers = mb[:, 0].numpy(), mb[:, 1].numpy()
+                assert (ids == plan.micro_batch(step, a, rank)).all()
+                if num_workers:
+                    worker = int(workers[0])
+                    assert (workers == worker).all()
+                    assert a in plan.worker_micro_batches(step, rank, worker, num_workers, start_step=start)
+                per_step[step].append(ids)
+        assert sampler.state_dict() == {"step": stop}
+    return per_step
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@settings(max_examples=4)
+@given(
+    sizes=st.lists(st.integers(5, 40), min_size=2, max_size=3),
+    data=st.data(),
+    seed=seeds,
+    resume=st.integers(1, 4),
+)
+def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, data, seed, resume):
+    schedule = data.draw(weight_schedules(len(sizes), max_step=6))
+    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
+                skip_steps=[(resume + 1, resume + 1)])
+    before = _loader_steps(plan, 0, resume, num_workers)
+    after_plan = plan.with_world(4, 1)  # elastic: 4 ranks, micro batch 1, same global batch
+    check_resume(plan, after_plan, resume)
+    after = _loader_steps(after_plan, resume, resume + 4, num_workers)
+    for step, parts in {**before, **after}.items():
+        got = np.sort(np.concatenate(parts))
+        assert (got == np.sort(plan.global_batch(step))).all()
+        assert (np.sort(plan.with_world(1, 8).global_batch(step)) == got).all()
