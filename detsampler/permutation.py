@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detsampler.keys import mix64, subkeys
+from detsampler.keys import _M1, _M2, _S27, _S30, _S31, subkeys
 
 __all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
 
@@ -57,22 +57,44 @@ class _Network:
         return np.uint64(low), np.uint64(high), np.uint64((1 << low) - 1), np.uint64((1 << high) - 1)
 
     def encrypt(self, x: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
+        """The network applied to ``x`` (uint64, not modified); ``select`` picks the round keys of a subset."""
         low, high, low_mask, high_mask = self._widths
+        x, lo, f, scratch = x.copy(), np.empty_like(x), np.empty_like(x), np.empty_like(x)
         for rk in self.round_keys:
             rk = rk if select is None or rk.ndim == 0 else rk[select]
-            lo = x & low_mask
-            hi = (x >> low) ^ (mix64(lo ^ rk) & high_mask)
-            x = (lo << high) | hi
+            np.bitwise_and(x, low_mask, out=lo)
+            self._round_function(lo, rk, high_mask, f, scratch)
+            np.right_shift(x, low, out=x)
+            np.bitwise_xor(x, f, out=x)
+            np.left_shift(lo, high, out=lo)
+            np.bitwise_or(x, lo, out=x)
         return x
 
     def decrypt(self, y: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
+        """The inverse of :meth:`encrypt`."""
         low, high, low_mask, high_mask = self._widths
+        y, lo, f, scratch = y.copy(), np.empty_like(y), np.empty_like(y), np.empty_like(y)
         for rk in reversed(self.round_keys):
             rk = rk if select is None or rk.ndim == 0 else rk[select]
-            lo = y >> high
-            hi = (y & high_mask) ^ (mix64(lo ^ rk) & high_mask)
-            y = (hi << low) | lo
+            np.right_shift(y, high, out=lo)
+            self._round_function(lo, rk, high_mask, f, scratch)
+            np.bitwise_and(y, high_mask, out=y)
+            np.bitwise_xor(y, f, out=y)
+            np.left_shift(y, low, out=y)
+            np.bitwise_or(y, lo, out=y)
         return y
+
+    @staticmethod
+    def _round_function(lo: np.ndarray, rk: np.ndarray, mask: np.uint64, out: np.ndarray, scratch: np.ndarray) -> None:
+        """``out = mix64(lo ^ rk) & mask``, in place (the same values as :func:`detsampler.keys.mix64`)."""
+        np.bitwise_xor(lo, rk, out=out)
+        for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
+            np.right_shift(out, shift, out=scratch)
+            np.bitwise_xor(out, scratch, out=out)
+            np.multiply(out, multiplier, out=out)
+        np.right_shift(out, _S31, out=scratch)
+        np.bitwise_xor(out, scratch, out=out)
+        np.bitwise_and(out, mask, out=out)
 
 
 def _network(n: int, keys: np.ndarray) -> _Network:

@@ -1,0 +1,93 @@
+"""The keyed permutation: a bijection for every n and key, inverted by unpermute, well mixed, independent across keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from detsampler.permutation import MAX_DOMAIN, Permutation, permute, unpermute
+from tests.strategies import domain_sizes, seeds
+
+
+@given(n=domain_sizes, key=seeds)
+@example(n=1, key=0)
+@example(n=2, key=0)
+@example(n=2**16 + 1, key=7)
+def test_permutation_is_a_bijection_and_inverse_inverts(n, key):
+    x = np.arange(n, dtype=np.int64)
+    y = permute(x, n, key)
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(y), x)
+    np.testing.assert_array_equal(unpermute(y, n, key), x)
+    np.testing.assert_array_equal(permute(unpermute(x, n, key), n, key), x)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 15, 16, 20])
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_bijection_around_powers_of_two(k, delta):
+    n = 2**k + delta
+    if n < 1:
+        return
+    for key in (0, 1, 2**63 + 12345):
+        assert np.array_equal(np.sort(permute(np.arange(n), n, key)), np.arange(n))
+
+
+@given(n=domain_sizes, keys=st.lists(seeds, min_size=1, max_size=4))
+def test_per_element_keys_match_scalar_keys(n, keys):
+    x = np.arange(n, dtype=np.int64)
+    which = x % len(keys)
+    key_array = np.array(keys, dtype=np.uint64)[which]
+    expected = np.empty(n, dtype=np.int64)
+    for i, key in enumerate(keys):
+        expected[which == i] = permute(x[which == i], n, key)
+    np.testing.assert_array_equal(permute(x, n, key_array), expected)
+    np.testing.assert_array_equal(unpermute(expected, n, key_array), x)
+
+
+def test_large_domain_pointwise_without_materializing():
+    n = 10**12
+    x = np.array([0, 1, 2, n // 2, n - 2, n - 1], dtype=np.int64)
+    y = permute(x, n, 42)
+    assert ((0 <= y) & (y < n)).all() and len(set(y.tolist())) == len(x)
+    np.testing.assert_array_equal(unpermute(y, n, 42), x)
+    assert Permutation(MAX_DOMAIN, 3).inverse(Permutation(MAX_DOMAIN, 3)[5]) == 5
+
+
+@pytest.mark.parametrize("n", [2**16, 2**16 + 1, 3 * 2**15 + 5])
+def test_every_input_bit_reaches_the_low_output_bits(n):
+    """A weak round (multiply-add) leaves low output bits a function of low input bits; ours must not."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, n, size=20000)
+    y = permute(x, n, 99)
+    bits = (n - 1).bit_length()
+    for bit in range(bits):
+        flipped = x ^ (1 << bit)
+        ok = flipped < n
+        if ok.sum() < 2000:  # a top bit that few in-domain pairs differ in
+            continue
+        z = permute(flipped[ok], n, 99)
+        for out_bit in (0, 1):
+            changed = (((y[ok] ^ z) >> out_bit) & 1).mean()
+            assert 0.4 < changed < 0.6, (bit, out_bit, changed)
+
+
+def test_different_keys_look_independent():
+    n = 4096
+    x = np.arange(n)
+    a, b = permute(x, n, 1), permute(x, n, 2)
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.1
+    assert (a == b).mean() < 0.01  # about 1/n agree by chance
+    assert abs(np.corrcoef(x, a)[0, 1]) < 0.1
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"n must be in \[1, 2\*\*62\], got 0"):
+        permute(np.arange(1), 0, 1)
+    with pytest.raises(ValueError, match=r"Got index 10, allowed index are in \[0, 10\)"):
+        permute(np.arange(11), 10, 1)
+    with pytest.raises(ValueError, match=r"Got index -1"):
+        permute(np.array([-1]), 10, 1)
+    with pytest.raises(TypeError, match="integers"):
+        permute(np.array([0.5]), 10, 1)
