@@ -19,6 +19,7 @@ from detsampler.version import MAPPING_VERSION, __version__
 
 _LAZY = {
     "DeterministicBatchSampler": "detsampler.sampler",
+    "MixtureDataset": "detsampler.mixture_dataset",
 }
 
 __all__ = [

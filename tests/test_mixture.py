@@ -297,3 +297,76 @@ def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, 
         got = np.sort(np.concatenate(parts))
         assert (got == np.sort(plan.global_batch(step))).all()
         assert (np.sort(plan.with_world(1, 8).global_batch(step)) == got).all()
+
+
+# -- locate and the dataset adapter ---------------------------------------------------------------------------------------
+
+
+def _three_layouts():
+    from detsampler import LayoutConfig, make_layout
+
+    rng = np.random.default_rng(0)
+    return [make_layout(LayoutConfig(kind=kind, seq_len=16, seed=3), rng.integers(0, 60, size=25))
+            for kind in ("concat", "document", "bestfit")]
+
+
+_LAYOUTS = _three_layouts()
+
+
+@given(seed=seeds, step=st.integers(0, 50), data=st.data())
+def test_locate_resolves_each_sample_in_its_own_sources_layout(seed, step, data):
+    from detsampler import locate
+
+    layouts = _LAYOUTS
+    mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
+    plan = Plan(mix, seed=seed, global_batch_size=12, micro_batch_size=3, world_size=2)
+    whole = locate(plan, layouts, step)
+    assert (whole.sample_ids == plan.global_batch(step)).all()
+    look = plan.stream.lookup(plan.step_positions(step))
+    assert (whole.sources == look.source).all() and (whole.epochs == look.source_epoch).all()
+    for i in range(len(whole.sample_ids)):
+        own = layouts[int(whole.sources[i])].locate(whole.source_sample_ids[i : i + 1])
+        assert whole.spans.sample(i) == own.sample(0)
+    part = locate(plan, mix, step, rank=1, micro_step=1)  # the mixture itself stands for its layouts
+    assert (part.sample_ids == plan.micro_batch(step, 1, 1)).all()
+    assert [part.spans.sample(i) for i in range(3)] == [whole.spans.sample(i) for i in range(9, 12)]
+
+
+def test_locate_refuses_a_single_layout_for_a_mixture():
+    from detsampler import LayoutConfig, locate, make_layout
+
+    layout = make_layout(LayoutConfig(seq_len=8), np.full(20, 30))
+    plan = Plan(Mixture([layout, layout], [1, 1], 0), seed=0, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match="pass their layouts"):
+        locate(plan, layout, 0)
+    with pytest.raises(ValueError, match="source 1 has"):
+        locate(plan, [layout, make_layout(LayoutConfig(seq_len=4), np.full(20, 30))], 0)
+
+
+class _Tagged(torch.utils.data.Dataset):
+    def __init__(self, tag: int, n: int) -> None:
+        self.tag, self.n = tag, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        assert 0 <= i < self.n
+        return torch.tensor([self.tag, i])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_workers):
+    from detsampler import DeterministicBatchSampler, MixtureDataset
+
+    mix = Mixture([13, 7, 30], [(0, [2, 1, 0]), (3, [1, 1, 2])], seed=9)
+    plan = Plan(mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
+    dataset = MixtureDataset([_Tagged(k, n) for k, n in enumerate(mix.sizes)], mix)
+    sampler = DeterministicBatchSampler(plan, rank=1, num_steps=6)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
+    for step, micro_batches in sampler.steps(loader):
+        for a, batch in enumerate(micro_batches):
+            look = plan.stream.lookup(plan.micro_batch_positions(step, a, 1))
+            assert (batch[:, 0].numpy() == look.source).all() and (batch[:, 1].numpy() == look.source_sample).all()
+    with pytest.raises(ValueError, match=r"datasets\[1\] has 8 samples"):
+        MixtureDataset([_Tagged(0, 13), _Tagged(1, 8), _Tagged(2, 30)], mix)
