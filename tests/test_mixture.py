@@ -370,3 +370,39 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
             assert (batch[:, 0].numpy() == look.source).all() and (batch[:, 1].numpy() == look.source_sample).all()
     with pytest.raises(ValueError, match=r"datasets\[1\] has 8 samples"):
         MixtureDataset([_Tagged(0, 13), _Tagged(1, 8), _Tagged(2, 30)], mix)
+
+
+# -- pins and cost --------------------------------------------------------------------------------------------------------
+
+
+def test_pinned_mixture_ids():
+    """Exact outputs: a change here changes every mixture run's data (bump MAPPING_VERSION on purpose if so)."""
+    mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
+    plan = Plan(mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
+    assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
+        [94, 93, 124, 92, 153, 118, 61, 74],
+        [178, 131, 159, 48, 167, 103, 151, 35],
+        [170, 145, 173, 56, 174, 141, 163, 53],
+    ]
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    assert far.tolist() == [1061388743, 3747138047, 937306914, 3619923107]
+
+
+def test_far_positions_cost_what_near_ones_cost():
+    """Step 10**12 of a scheduled mixture: closed-form counts, no array larger than the batch."""
+    import tracemalloc
+
+    mix = Mixture([10**6, 10**5, 37], [(0, [6, 3, 1]), (10**11, [1, 1, 1]), (10**12, [2, 0, 1])], seed=3)
+    plan = Plan(mix, seed=0, global_batch_size=1024, micro_batch_size=16, world_size=8)
+    tracemalloc.start()
+    look = plan.stream.lookup(plan.step_positions(10**12 + 5))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * 2**20
+    assert not (look.source == 1).any()  # weight 0 in the last segment
+    served = plan.stream.served(plan.consumed(10**12 + 5))
+    assert served.sum() == plan.consumed(10**12 + 5)
+    # p_k continues from the reached position: the batch's positions of each source are consecutive from served[k]
+    for k in (0, 2):
+        mine = look.source_position[look.source == k]
+        assert (mine == served[k] + np.arange(mine.size)).all()
