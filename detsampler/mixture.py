@@ -25,7 +25,7 @@ segment, the count ``N_k(n)`` served by source ``k`` satisfies
 positive weight, at depth 0, is served exactly ``n`` times). Proof sketch: with
 ``e(v) = N_v(n) - n W(v)`` and ``N_c = floor((N_v a + r) / T)`` for a left child ``c`` (``N_v - N_c`` for a right one),
 ``e(c) = e(v) * W(c) / W(v) + delta`` with ``|delta| < 1``; the root has ``e = 0``; unrolling gives the sum.
-Across schedule segments the bound holds within each segment (and the errors of the segments add).
+Across schedule segments the bound holds within each segment, from its start (over several segments the errors add).
 
 Sources. Source ``k`` (``N_k`` samples) serves its positions ``p_k = 0, 1, 2, ...`` in order: epoch ``p_k // N_k`` and
 sample ``permute(p_k % N_k, N_k, key(seed, k, epoch))``; a source smaller than its share is upsampled by whole epochs
