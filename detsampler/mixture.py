@@ -53,7 +53,7 @@ import numpy as np
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import permute
 
-__all__ = ["MAX_DENOMINATOR", "Mixture", "MixtureLookup", "Source", "normalize_weights"]
+__all__ = ["MAX_DENOMINATOR", "Mixture", "MixtureConfig", "MixtureLookup", "Source", "normalize_weights"]
 
 MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
 
@@ -416,3 +416,67 @@ class Mixture:
                 }
             )
         return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """A mixture as configured (a TOML ``[mixture]`` table): weights from step 0, later schedule entries, seed, names.
+
+    ``weights``: one number (or fraction string such as ``"1/3"``) per source; ``schedule``: ``(first_step, weights)``
+    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports. In TOML::
+
+        [mixture]
+        names = ["web", "code", "books"]
+        weights = [0.7, 0.2, 0.1]
+        schedule = [{step = 5000, weights = [0.4, 0.2, 0.4]}]
+    """
+
+    weights: tuple[Any, ...]
+    schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
+    seed: int = 0
+    names: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not self.weights:
+            raise ValueError(f"weights must be a non-empty list of numbers, one per source, got {self.weights!r}")
+        object.__setattr__(self, "weights", tuple(self.weights))
+        rows = []
+        for i, entry in enumerate(self.schedule):
+            if isinstance(entry, dict):
+                unknown = set(entry) - {"step", "weights"}
+                if unknown or "step" not in entry or "weights" not in entry:
+                    raise ValueError(f"schedule entry {i} must have exactly the keys step and weights, got {sorted(entry)}")
+                entry = (entry["step"], entry["weights"])
+            if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+                raise ValueError(f"schedule entry {i} must be (first_step, weights), got {entry!r}")
+            rows.append((entry[0], tuple(entry[1]) if isinstance(entry[1], Sequence) else entry[1]))
+        object.__setattr__(self, "schedule", tuple(rows))
+        if rows and rows[0][0] == 0:
+            raise ValueError("schedule entries start after step 0: the weights at step 0 are `weights`")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.names is not None:
+            names = tuple(self.names)
+            if len(names) != len(self.weights) or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"names must be one non-empty string per source ({len(self.weights)}), got {self.names!r}")
+            if len(set(names)) != len(names):
+                raise ValueError(f"names must be distinct, got {names!r}")
+            object.__setattr__(self, "names", names)
+        normalize_weights(self.weights, len(self.weights))
+        for i, (step, ws) in enumerate(rows):
+            normalize_weights(ws, len(self.weights), f"schedule entry {i} (step {step}) weights")
+        _parse_schedule(self.weights_schedule(), len(self.weights))  # and the steps
+
+    @property
+    def num_sources(self) -> int:
+        return len(self.weights)
+
+    def weights_schedule(self) -> list[tuple[int, list[Any]]]:
+        """``[(0, weights), *schedule]``: what :class:`Mixture` takes as ``weights``."""
+        return [(0, list(self.weights))] + [(int(s) if isinstance(s, numbers.Integral) else s, list(w)) for s, w in self.schedule]
+
+    def build(self, sources: Sequence[Source | int]) -> Mixture:
+        """The mixture of ``sources`` (layouts, in the order of ``weights``)."""
+        if len(sources) != self.num_sources:
+            raise ValueError(f"the mixture config has {self.num_sources} weights but got {len(sources)} sources")
+        return Mixture(list(sources), self.weights_schedule(), self.seed)

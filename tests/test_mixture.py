@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsampler import Mixture, Plan, check_resume
-from detsampler.mixture import MAX_DENOMINATOR, normalize_weights
+from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.keys import subkeys
 from detsampler.permutation import permute
 from tests.strategies import integer_weights, seeds, weight_schedules
@@ -406,3 +406,34 @@ def test_far_positions_cost_what_near_ones_cost():
     for k in (0, 2):
         mine = look.source_position[look.source == k]
         assert (mine == served[k] + np.arange(mine.size)).all()
+
+
+def test_mixture_config_maps_a_toml_table_onto_the_mixture():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    table = tomllib.loads("""
+        [mixture]
+        names = ["web", "code", "books"]
+        weights = [0.7, 0.2, 0.1]
+        schedule = [{step = 5, weights = ["2/5", "1/5", "2/5"]}]
+        seed = 3
+    """)["mixture"]
+    config = MixtureConfig(**table)
+    mix = config.build([40, 30, 20])
+    assert mix == Mixture([40, 30, 20], [(0, [0.7, 0.2, 0.1]), (5, ["2/5", "1/5", "2/5"])], 3)
+    assert mix.schedule == ((0, (7, 2, 1)), (5, (2, 1, 2)))
+    with pytest.raises(ValueError, match="after step 0"):
+        MixtureConfig(weights=[1, 1], schedule=[(0, [1, 2])])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        MixtureConfig(weights=[1, 1], schedule=[(5, [1, 2]), (5, [1, 1])])
+    with pytest.raises(ValueError, match=r"weights\[1\] must be >= 0"):
+        MixtureConfig(weights=[1, -1])
+    with pytest.raises(ValueError, match="keys step and weights"):
+        MixtureConfig(weights=[1, 1], schedule=[{"step": 5, "weight": [1, 2]}])
+    with pytest.raises(ValueError, match="names must be one"):
+        MixtureConfig(weights=[1, 1], names=["a"])
+    with pytest.raises(ValueError, match="2 weights but got 3 sources"):
+        MixtureConfig(weights=[1, 1]).build([1, 2, 3])
