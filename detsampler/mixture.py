@@ -400,9 +400,16 @@ class Mixture:
         _leaf_bounds(self._trees[segment], (), out)
         return out
 
-    def report(self, position: int) -> list[dict]:
-        """Per source, what the first ``position`` global positions drew: samples, epochs, and whether it was upsampled."""
+    def report(self, position: int, tokens: bool = True, chunk: int = 1 << 16) -> list[dict]:
+        """Per source, what global positions ``[0, position)`` drew: samples, epochs, upsampling, and tokens.
+
+        ``tokens`` (sources that are layouts only, else None) counts the input tokens of the samples served: whole epochs
+        from the layout's totals (``num_samples * seq_len`` for concat, every position once for document and bestfit), the
+        current partial epoch by locating its served samples, ``chunk`` at a time (so O(chunk) memory, O(N_k) time).
+        """
         served = self.served(position)
+        counted = [self._tokens_served(k, int(s), chunk) if tokens else None for k, s in enumerate(served.tolist())]
+        total_tokens = sum(t for t in counted if t is not None) if all(t is not None for t in counted) else None
         rows = []
         for k, (n, s) in enumerate(zip(self.sizes, served.tolist())):
             rows.append(
@@ -413,9 +420,25 @@ class Mixture:
                     "share": s / position if position else 0.0,
                     "epochs": s / n,
                     "upsampled": s > n,
+                    "tokens": counted[k],
+                    "token_share": counted[k] / total_tokens if total_tokens else None,
                 }
             )
         return rows
+
+    def _tokens_served(self, k: int, served: int, chunk: int) -> int | None:
+        layout = self.sources[k]
+        if not hasattr(layout, "locate") or not hasattr(layout, "config"):
+            return None
+        n, seq_len = self.sizes[k], int(layout.config.seq_len)
+        full, rest = divmod(served, n)
+        per_epoch = n * seq_len if layout.config.kind == "concat" else int(layout.num_tokens)
+        total = full * per_epoch
+        key = int(subkeys(self.source_key(k), full))
+        for lo in range(0, rest, chunk):
+            ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key)
+            total += int(np.minimum(layout.locate(ids).num_tokens, seq_len).sum())
+        return total
 
 
 @dataclass(frozen=True, kw_only=True)

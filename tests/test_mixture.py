@@ -437,3 +437,20 @@ def test_mixture_config_maps_a_toml_table_onto_the_mixture():
         MixtureConfig(weights=[1, 1], names=["a"])
     with pytest.raises(ValueError, match="2 weights but got 3 sources"):
         MixtureConfig(weights=[1, 1]).build([1, 2, 3])
+
+
+@given(seed=seeds, data=st.data(), steps=st.integers(1, 40))
+def test_report_counts_the_tokens_each_source_served(seed, data, steps):
+    layouts = _LAYOUTS
+    mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
+    plan = Plan(mix, seed=seed, global_batch_size=6, micro_batch_size=3)
+    position = plan.consumed(steps)
+    look = plan.stream.lookup(np.arange(position))
+    report = plan.stream.report(position, chunk=7)
+    for k, lay in enumerate(layouts):
+        mine = look.source_sample[look.source == k]
+        expected = int(np.minimum(lay.locate(mine).num_tokens, lay.config.seq_len).sum()) if mine.size else 0
+        assert report[k]["served"] == mine.size and report[k]["tokens"] == expected
+    assert sum(r["tokens"] for r in report) == sum(
+        int(np.minimum(lay.locate(look.source_sample[look.source == k]).num_tokens, 16).sum()) for k, lay in enumerate(layouts)
+    )
