@@ -155,6 +155,13 @@ def _parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[in
     return tuple(rows)
 
 
+def _frozen(value: Any) -> Any:
+    """Lists as tuples, recursively: equal configurations compare (and hash) equal whatever sequence type was used."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
 @dataclass(frozen=True)
 class _Node:
     """A node of a segment's routing tree: ``leaf`` is a source index, or ``-1`` for an inner node."""
@@ -250,6 +257,8 @@ class Mixture:
             sizes.append(int(n))
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
         object.__setattr__(self, "offsets", tuple(int(x) for x in np.cumsum([0] + sizes[:-1])))
         schedule = _parse_schedule(self.weights, len(sizes))
