@@ -20,6 +20,7 @@ from detsampler.version import MAPPING_VERSION, __version__
 _LAZY = {
     "DeterministicBatchSampler": "detsampler.sampler",
     "MixtureDataset": "detsampler.mixture_dataset",
+    "PackedDataset": "detsampler.dataset",
 }
 
 __all__ = [

@@ -17,3 +17,38 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# -- shared corpora, tokenizers and indexes (built once per test session, small so that the suite stays fast) --------------
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cache_root(tmp_path_factory):
+    """A session-wide cache directory for tokenizers and indexes."""
+    return tmp_path_factory.mktemp("detsampler-cache")
+
+
+@pytest.fixture(scope="session")
+def small_corpus():
+    """The first 16 standard-library sources by path: real documents, a few hundred thousand characters."""
+    from detsampler.corpus import default_corpus
+
+    return default_corpus(max_documents=16)
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(cache_root, small_corpus):
+    """A 512-piece BPE tokenizer trained on ``small_corpus`` (cached for the session)."""
+    from detsampler.corpus import default_tokenizer
+
+    return default_tokenizer(cache_root, vocab_size=512, corpus=small_corpus)
+
+
+@pytest.fixture(scope="session")
+def small_index(cache_root, small_corpus, small_tokenizer):
+    """The token index of ``small_corpus`` with stored tokens."""
+    from detsampler.index import TokenIndex
+
+    return TokenIndex.build(small_corpus, small_tokenizer, cache_dir=cache_root, progress=False)

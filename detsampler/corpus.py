@@ -1,0 +1,137 @@
+"""Corpora as map-style Hugging Face ``datasets.Dataset`` objects, and the default corpus and tokenizer (no download).
+
+The default corpus is the running interpreter's standard library: every ``*.py`` file under
+``sysconfig.get_paths()["stdlib"]`` outside ``site-packages``, sorted by relative path, one document per file, with columns
+``text`` and ``path``. Its fingerprint is a sha256 of the paths and texts, so it is the same in every process and changes
+exactly when a file does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+from filelock import FileLock
+
+from detsampler.tokenizer import Tokenizer, train_tokenizer
+
+__all__ = ["default_corpus", "default_tokenizer", "load_corpus", "stdlib_files", "DEFAULT_VOCAB_SIZE"]
+
+DEFAULT_VOCAB_SIZE = 8000
+
+_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
+    """``(relative posix path, file)`` of the standard library's ``.py`` sources outside site-packages, sorted by path."""
+    base = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    found = []
+    for p in base.rglob("*.py"):
+        rel = p.relative_to(base)
+        if "site-packages" in rel.parts or "dist-packages" in rel.parts or not p.is_file():
+            continue
+        found.append((rel.as_posix(), p))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+def _dataset_from_columns(columns: dict[str, list], fingerprint: str) -> datasets.Dataset:
+    table = datasets.table.InMemoryTable(pa.table(columns))
+    return datasets.Dataset(table, fingerprint=fingerprint)
+
+
+def default_corpus(max_documents: int | None = None, root: str | os.PathLike | None = None) -> datasets.Dataset:
+    """The standard library's sources as a dataset (columns ``text``, ``path``); the first ``max_documents`` by path if given.
+
+    Files are decoded as UTF-8 (the few that are not have undecodable bytes replaced). Deterministic across processes.
+    """
+    if max_documents is not None and (not isinstance(max_documents, int) or max_documents < 1):
+        raise ValueError(f"max_documents must be an integer >= 1 or None, got {max_documents!r}")
+    files = stdlib_files(root)
+    if max_documents is not None:
+        files = files[:max_documents]
+    if not files:
+        raise ValueError(f"default corpus: no .py files under {root or sysconfig.get_paths()['stdlib']!r}")
+    paths = [rel for rel, _ in files]
+    texts = [p.read_bytes().decode("utf-8", "replace") for _, p in files]
+    h = hashlib.sha256(b"detsampler-stdlib-corpus-v1")
+    for rel, text in zip(paths, texts):
+        h.update(rel.encode())
+        h.update(b"\0")
+        h.update(text.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return _dataset_from_columns({"text": texts, "path": paths}, h.hexdigest()[:16])
+
+
+def load_corpus(source: str | os.PathLike | None = None, text_column: str = "text") -> datasets.Dataset:
+    """A corpus from ``source``: None for the default corpus; a directory written by ``Dataset.save_to_disk``; or local
+    ``text`` (one document per file), ``json``/``jsonl`` or ``parquet`` files (a file, or a directory of them).
+
+    ``text_column`` is only checked here, so that a missing column is reported before anything is built.
+    """
+    if source is None:
+        ds = default_corpus()
+    else:
+        p = Path(source)
+        if not p.exists():
+            raise ValueError(f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory")
+        if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "state.json").is_file()):
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {list(ds)}; pass one split's directory")
+        else:
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
+            if not files:
+                raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
+            kinds = {_EXTENSIONS.get(f.suffix) for f in files}
+            if None in kinds or len(kinds) != 1:
+                raise ValueError(
+                    f"data: {str(p)!r} must hold files of one kind among {sorted(_EXTENSIONS)}, got suffixes "
+                    f"{sorted({f.suffix for f in files})}"
+                )
+            kind = kinds.pop()
+            extra = {"sample_by": "document"} if kind == "text" else {}
+            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+    check_text_column(ds, text_column)
+    return ds
+
+
+def check_text_column(ds: datasets.Dataset, text_column: str) -> None:
+    """Raise unless ``ds`` is a map-style dataset with a string column ``text_column``."""
+    if not isinstance(ds, datasets.Dataset):
+        raise ValueError(f"the corpus must be a map-style datasets.Dataset, got {type(ds).__name__}")
+    if text_column not in ds.column_names:
+        raise ValueError(
+            f"text_column {text_column!r} is not a column of the dataset; its columns are {ds.column_names}: "
+            "pass --text-column (text_column=) naming the column that holds the documents"
+        )
+
+
+def default_tokenizer(
+    cache_dir: str | os.PathLike,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    corpus: datasets.Dataset | None = None,
+    text_column: str = "text",
+) -> Tokenizer:
+    """A BPE tokenizer trained on ``corpus``'s ``text_column`` (default: the default corpus) the first time, cached under
+    ``cache_dir``.
+
+    The cache name holds the corpus fingerprint and the vocabulary size; a file lock keeps concurrent callers from training
+    twice.
+    """
+    corpus = default_corpus() if corpus is None else corpus
+    check_text_column(corpus, text_column)
+    root = Path(cache_dir) / "tokenizers"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"corpus-{corpus._fingerprint}-{text_column}-bpe{vocab_size}.model"
+    path = root / name
+    with FileLock(str(root / (name + ".lock"))):
+        if path.is_file():
+            return Tokenizer.load(path)
+        print(f"detsampler: training a {vocab_size}-piece tokenizer on the corpus into {path}", file=sys.stderr)
+        return train_tokenizer(None, vocab_size, path, texts=corpus[text_column])

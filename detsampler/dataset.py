@@ -1,0 +1,166 @@
+"""The torch adapter over a token index and a layout: ``PackedDataset[sample_id]`` is a packed training sample.
+
+Per sample (all int64 tensors of length ``seq_len``):
+
+- ``input_ids``: tokens; ``pad_id`` on padding.
+- ``labels``: the next token. ``concat``: the stream's next token everywhere (a sample reads ``seq_len + 1`` positions).
+  ``document`` / ``bestfit``: the next token within the same piece of a document, ``-100`` at each piece's last position
+  and on padding (no label ever crosses a document boundary).
+- ``position_ids``: with ``restart_position_ids`` (the default for ``document`` and ``bestfit``), the position within the
+  contiguous piece of a document the sample holds, so they restart at 0 at each document start (and at a sample start);
+  otherwise ``0 .. seq_len-1``.
+- ``document_ids``: the document each position comes from, ``-1`` on padding.
+
+``__getitems__`` reads a whole micro batch with one vectorized gather (:func:`detsampler.gather.gather_spans`) from the
+index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the dataset's
+text and checking each length against the index (a difference is an error, never a silently shifted sample).
+Nothing per document is kept in Python objects; DataLoader workers share the memory maps.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torch.utils.data._utils.collate import default_collate
+
+from detsampler.gather import gather_spans
+from detsampler.index import TokenIndex, TokenIndexError, check_texts
+from detsampler.layout import Layout, make_layout
+from detsampler.tokenizer import Tokenizer
+
+__all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
+
+FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
+
+
+class MicroBatch(list):
+    """What ``__getitems__`` returns: a list of per-sample dicts (views into ``batch``) for the default collate, and
+    ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch` returns without any per-sample work."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        n = len(batch["input_ids"])
+        super().__init__({k: v[i] for k, v in batch.items()} for i in range(n))
+        self.batch = batch
+
+
+def collate_micro_batch(samples: Sequence[Any]) -> Any:
+    """A DataLoader ``collate_fn`` that passes a :class:`MicroBatch` through as its batched dict (else default_collate)."""
+    if isinstance(samples, MicroBatch):
+        return samples.batch
+    return default_collate(samples)
+
+
+class PackedDataset(Dataset):
+    """Map-style dataset of the samples of ``layout`` over ``index``: ``len(ds) == layout.num_samples``.
+
+    When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index was
+    built from, which is checked) supply the text and the tokenization.
+    """
+
+    def __init__(
+        self,
+        index: TokenIndex,
+        layout: Layout,
+        *,
+        restart_position_ids: bool | None = None,
+        dataset: Any = None,
+        tokenizer: Tokenizer | None = None,
+        text_column: str = "text",
+    ) -> None:
+        if layout.num_documents != index.num_documents or not np.array_equal(getattr(layout, "lengths"), index.lengths):
+            raise ValueError(
+                f"the layout was made over other document lengths ({layout.num_documents} documents) than the index "
+                f"{str(index.path)!r} ({index.num_documents} documents): make it with index.layout(config)"
+            )
+        self.index = index
+        self.layout = layout
+        self.kind = layout.config.kind
+        self.seq_len = layout.config.seq_len
+        self.restart_position_ids = self.kind != "concat" if restart_position_ids is None else bool(restart_position_ids)
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.text_column = text_column
+        self._texts = None
+        if dataset is not None:
+            index.check_dataset(dataset, text_column)
+            self._texts = dataset.with_format(None).select_columns([text_column])
+        if tokenizer is not None:
+            index.check_tokenizer(tokenizer)
+        if index.tokens is None and (dataset is None or tokenizer is None):
+            raise ValueError(
+                f"index {str(index.path)!r} stores no tokens (store_tokens=False): pass dataset= and tokenizer= (the ones it "
+                "was built from) to tokenize samples on the fly"
+            )
+
+    def __reduce__(self):
+        bins = getattr(self.layout, "bins_per_window", None)
+        kwargs = dict(
+            restart_position_ids=self.restart_position_ids, dataset=self.dataset, tokenizer=self.tokenizer, text_column=self.text_column
+        )
+        return (_rebuild, (self.index, self.layout.config, bins, kwargs))
+
+    def __len__(self) -> int:
+        return self.layout.num_samples
+
+    def __getitem__(self, sample_id: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.get_batch([sample_id]).items()}
+
+    def __getitems__(self, sample_ids: Sequence[int]) -> MicroBatch:
+        return MicroBatch(self.get_batch(sample_ids))
+
+    # -- the batch read
+
+    def _token_source(self, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per span: where its document's tokens start in the flat array, its length; and the flat array."""
+        lengths = np.asarray(self.index.lengths[doc_ids], dtype=np.int64)
+        if self.index.tokens is not None:
+            return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, self.index.tokens
+        unique, inverse = np.unique(doc_ids, return_inverse=True)
+        texts = self._texts[unique.tolist()][self.text_column]
+        for i, text in enumerate(texts):  # per document, not per token: name the bad one
+            if not isinstance(text, str):
+                check_texts([text], int(unique[i]), self.text_column)
+        ids = self.tokenizer.encode_batch(texts)
+        got = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        want = np.asarray(self.index.lengths[unique], dtype=np.int64)
+        if not np.array_equal(got, want):
+            k = int(np.flatnonzero(got != want)[0])
+            raise TokenIndexError(
+                f"document {int(unique[k])} tokenizes to {int(got[k])} tokens on the fly but the index {str(self.index.path)!r} "
+                f"recorded {int(want[k])}: the dataset or tokenizer differs from the build's; build the index again"
+            )
+        starts = np.zeros(len(unique) + 1, dtype=np.int64)
+        np.cumsum(got, out=starts[1:])
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(starts[-1]))
+        return starts[inverse.reshape(-1)], lengths, flat
+
+    def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors (see the module doc)."""
+        ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
+        spans = self.layout.locate(ids)
+        doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
+        g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id)
+        L = self.seq_len
+        if self.kind == "concat":
+            input_ids, labels = g.tokens[:, :L], g.tokens[:, 1:].copy()
+            labels[~g.valid[:, 1:]] = -100
+            document_ids, span_pos = g.doc_ids[:, :L], g.span_positions[:, :L]
+        else:
+            input_ids, document_ids, span_pos = g.tokens, g.doc_ids, g.span_positions
+            labels = np.full_like(g.tokens, -100)
+            has_next = g.valid & ~g.last_in_span
+            labels[:, :-1][has_next[:, :-1]] = g.tokens[:, 1:][has_next[:, :-1]]
+        if self.restart_position_ids:
+            position_ids = span_pos
+        else:
+            position_ids = np.tile(np.arange(L, dtype=np.int64), (len(ids), 1))
+        out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "document_ids": document_ids}
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+
+
+def _rebuild(index: TokenIndex, config: Any, bins: np.ndarray | None, kwargs: dict) -> PackedDataset:
+    return PackedDataset(index, make_layout(config, index.lengths, bins), **kwargs)

@@ -1,0 +1,99 @@
+"""From a configuration to an opened index: load the corpus, load (or train) the tokenizer, build (or open) the index.
+
+:class:`IndexConfig` is what the CLI's index options and a TOML ``[index]`` table map onto, one field per option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detsampler.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
+from detsampler.index import TokenIndex, default_cache_dir
+from detsampler.tokenizer import Tokenizer
+
+__all__ = ["IndexConfig", "Prepared", "prepare_index"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """Where the documents come from, how they are tokenized, and where the index is cached.
+
+    ``data``: None for the default corpus (the interpreter's standard library sources), else a local file, a directory of
+    text/json/jsonl/parquet files, or a ``save_to_disk`` directory. ``tokenizer``: a sentencepiece ``.model`` path, or None
+    to train a ``vocab_size``-piece BPE model on the corpus once (cached). ``max_documents``: keep only the first N rows.
+    ``cache_dir``: None for ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
+    """
+
+    data: str | None = None
+    text_column: str = "text"
+    tokenizer: str | None = None
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    cache_dir: str | None = None
+    num_proc: int = 1
+    store_tokens: bool = True
+    max_documents: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 300:
+            raise ValueError(f"vocab_size must be an integer >= 300, got {self.vocab_size!r}")
+        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
+            raise ValueError(f"num_proc must be an integer >= 1, got {self.num_proc!r}")
+        if not isinstance(self.store_tokens, bool):
+            raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
+        if self.max_documents is not None and (
+            isinstance(self.max_documents, bool) or not isinstance(self.max_documents, int) or self.max_documents < 1
+        ):
+            raise ValueError(f"max_documents must be an integer >= 1 or None, got {self.max_documents!r}")
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The corpus, its tokenizer and its index, checked to belong together."""
+
+    config: IndexConfig
+    dataset: Any
+    tokenizer: Tokenizer
+    index: TokenIndex
+
+
+def load_dataset_for(config: IndexConfig) -> Any:
+    """The corpus of ``config`` (first ``max_documents`` rows when set)."""
+    if config.data is None:
+        ds = default_corpus(max_documents=config.max_documents)
+    else:
+        ds = load_corpus(config.data, config.text_column)
+        if config.max_documents is not None and config.max_documents < len(ds):
+            ds = ds.select(range(config.max_documents))
+    return ds
+
+
+def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
+    """Load the corpus and tokenizer of ``config`` and build (or open the cached) index."""
+    dataset = load_dataset_for(config)
+    if config.tokenizer is not None:
+        tokenizer = Tokenizer.load(config.tokenizer)
+    else:
+        tokenizer = default_tokenizer(
+            config.cache_path,
+            vocab_size=config.vocab_size,
+            corpus=dataset if config.data is not None else None,
+            text_column=config.text_column,
+        )
+    index = TokenIndex.build(
+        dataset,
+        tokenizer,
+        text_column=config.text_column,
+        cache_dir=config.cache_path,
+        num_proc=config.num_proc,
+        store_tokens=config.store_tokens,
+        progress=progress,
+    )
+    return Prepared(config, dataset, tokenizer, index)

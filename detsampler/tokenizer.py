@@ -1,0 +1,189 @@
+"""Sentencepiece tokenizers: load one from a path (recording its sha256, vocabulary size, EOS and pad ids) or train one.
+
+A :class:`Tokenizer` is identified by the sha256 of its model file: an index records it and refuses a different model.
+It pickles as its serialized model (not as a path), so DataLoader workers and build processes get exactly the same model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import sentencepiece as spm
+
+__all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines"]
+
+# Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
+_MAX_LINE_BYTES = 16384
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Tokenizer:
+    """A loaded sentencepiece model. ``pad_id`` is the model's pad id, or ``eos_id`` when the model defines none."""
+
+    path: str
+    sha256: str
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    _model: bytes = field(repr=False)
+    _sp: spm.SentencePieceProcessor = field(repr=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        """Load the sentencepiece model at ``path``; a missing file or a file that is not a model is a ValueError."""
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(
+                f"tokenizer: no sentencepiece model file at {str(p)!r}; pass the path of a .model file, or train one with "
+                "`detsampler tokenizer train --input FILES_OR_DIR --vocab-size N --out PATH`"
+            )
+        return cls.from_bytes(p.read_bytes(), str(p))
+
+    @classmethod
+    def from_bytes(cls, model: bytes, path: str = "<memory>") -> Tokenizer:
+        """A tokenizer from a serialized sentencepiece model (the bytes of a .model file)."""
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.LoadFromSerializedProto(model)
+        except (RuntimeError, OSError, TypeError) as exc:
+            raise ValueError(
+                f"tokenizer: {path!r} is not a sentencepiece model ({exc}); pass a .model file written by the sentencepiece "
+                "trainer or `detsampler tokenizer train`"
+            ) from None
+        eos = int(sp.eos_id())
+        if eos < 0:
+            raise ValueError(f"tokenizer: the model {path!r} has no EOS token (eos_id=-1); train it with an eos_id >= 0")
+        pad = int(sp.pad_id())
+        return cls(
+            path=path,
+            sha256=_sha256_bytes(model),
+            vocab_size=int(sp.GetPieceSize()),
+            eos_id=eos,
+            pad_id=pad if pad >= 0 else eos,
+            _model=model,
+            _sp=sp,
+        )
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """Token ids of each text (no BOS/EOS added: the index adds a virtual EOS after each document)."""
+        return self._sp.Encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.Encode(text, out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.Decode([int(i) for i in ids])
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._sp.IdToPiece(int(token_id))
+
+    def describe(self) -> dict:
+        return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
+
+    def __reduce__(self):
+        return (Tokenizer.from_bytes, (self._model, self.path))
+
+
+def iter_training_lines(texts: Iterable[str], max_lines: int | None = None, total_lines: int | None = None) -> Iterator[str]:
+    """The non-blank lines of ``texts`` (each shorter than the trainer's limit), every k-th one when ``max_lines`` caps them.
+
+    The subsampling is a fixed stride, so the lines (and the trained model) are a pure function of the texts.
+    """
+    stride = 1
+    if max_lines is not None and total_lines is not None and total_lines > max_lines:
+        stride = -(-total_lines // max_lines)
+    i = 0
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        for line in text.split("\n"):
+            if not line.strip() or len(line.encode("utf-8", "replace")) > _MAX_LINE_BYTES:
+                continue
+            if i % stride == 0:
+                yield line
+            i += 1
+
+
+def _read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    files: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            files.extend(sorted(f for f in p.rglob("*") if f.is_file()))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ValueError(f"tokenizer train: input {str(p)!r} is neither a file nor a directory")
+    if not files:
+        raise ValueError(f"tokenizer train: no input files in {[str(i) for i in inputs]}")
+    return [f.read_bytes().decode("utf-8", "replace") for f in files]
+
+
+def train_tokenizer(
+    inputs: Sequence[str | os.PathLike] | str | os.PathLike | None,
+    vocab_size: int,
+    out_path: str | os.PathLike,
+    *,
+    texts: Iterable[str] | None = None,
+    max_lines: int = 400_000,
+    num_threads: int = 1,
+) -> Tokenizer:
+    """Train a BPE sentencepiece model on the lines of ``inputs`` (files or directories, read recursively) or ``texts``.
+
+    Byte fallback is on (every text encodes, no unknown tokens), normalization is the identity and whitespace is kept, so
+    decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model is
+    written to ``out_path`` atomically (a temporary file renamed into place).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
+        raise ValueError(f"vocab_size must be an integer >= 300 (256 byte pieces + specials + merges), got {vocab_size!r}")
+    if texts is None:
+        if inputs is None:
+            raise ValueError("tokenizer train: pass inputs (files or directories) or texts")
+        texts = _read_inputs(inputs)
+    texts = list(texts)
+    total = sum(t.count("\n") + 1 for t in texts if isinstance(t, str))
+    lines = iter_training_lines(texts, max_lines=max_lines, total_lines=total)
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=lines,
+            model_writer=buf,
+            vocab_size=vocab_size,
+            model_type="bpe",
+            byte_fallback=True,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+            user_defined_symbols=["\n"],
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=3,
+            num_threads=num_threads,
+            max_sentence_length=_MAX_LINE_BYTES,
+            input_sentence_size=0,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    return Tokenizer.load(out)

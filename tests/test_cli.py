@@ -1,0 +1,155 @@
+"""The detsampler CLI: every dataclass field has its option, and build/show/verify/stats/tokenizer train print what the
+library computes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pytest
+
+from detsampler.cli import OPTION_FIELDS, build_parser, main, verify_plan
+from detsampler.layout import LayoutConfig
+from detsampler.locate import locate
+from detsampler.plan import Plan
+from detsampler.prepare import IndexConfig
+from detsampler.tokenizer import Tokenizer
+
+
+@pytest.fixture()
+def base_args(cache_root, small_tokenizer, small_index):
+    """Options selecting the session's small corpus (first 16 stdlib files), tokenizer and cache: the index is cached."""
+    return ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_options_map_one_to_one_onto_the_dataclasses():
+    mapped = {(cls, name) for cls, name in OPTION_FIELDS.values()}
+    want = {("IndexConfig", f.name) for f in fields(IndexConfig)}
+    want |= {("LayoutConfig", f.name) for f in fields(LayoutConfig)}
+    want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name != "num_samples"}
+    assert mapped == want
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for command in ("show", "verify", "stats"):
+        dests = {a.dest for a in sub[command]._actions}
+        assert set(OPTION_FIELDS) <= dests, command
+        help_text = sub[command].format_help()
+        for action in sub[command]._actions:
+            if action.dest in OPTION_FIELDS:
+                assert action.option_strings[0] in help_text and action.help
+    assert {f.name for f in fields(IndexConfig)} <= {a.dest for a in sub["build"]._actions}
+
+
+def test_help_exits_cleanly(capsys):
+    for argv in (["--help"], ["build", "--help"], ["show", "--help"], ["tokenizer", "train", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+        assert "usage: detsampler" in capsys.readouterr().out
+
+
+def test_build_prints_the_summary(capsys, base_args, small_index):
+    code, out, _ = _run(capsys, ["build", *base_args, "--json"])
+    summary = json.loads(out)
+    assert code == 0 and summary["path"] == str(small_index.path)
+    assert summary["num_documents"] == small_index.num_documents and summary["num_tokens"] == small_index.num_tokens
+    code, out, _ = _run(capsys, ["build", *base_args])
+    assert f"{small_index.num_documents:,}" in out and str(small_index.path) in out and "tokens/s" in out
+
+
+def test_show_lists_the_located_spans(capsys, base_args, small_index, small_tokenizer):
+    opts = ["--kind", "document", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    code, out, _ = _run(capsys, ["show", *base_args, *opts, "--step", "5", "--rank", "1", "--micro-step", "1", "--decode", "--max-chars", "0"])
+    assert code == 0
+    layout = small_index.layout(LayoutConfig(kind="document", seq_len=64))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2)
+    loc = locate(plan, layout, 5, rank=1, micro_step=1)
+    for i, sid in enumerate(loc.sample_ids.tolist()):
+        assert f"sample {sid} " in out
+        for doc, s, e in loc.spans.sample(i):
+            n = int(small_index.lengths[doc])
+            assert f"doc {doc} (" in out and f"tokens [{s}, {min(e, n)})" in out
+            text = small_tokenizer.decode(small_index.document_tokens(doc)[s:min(e, n)].tolist()) + ("<EOS>" if e > n else "")
+            assert repr(text) in out
+    assert "rank 0" not in out
+    code, out, _ = _run(capsys, ["show", *base_args, *opts, "--step", "5"])
+    assert out.count("micro step") >= 4 and "rank 0 micro step 0" in out and "rank 1 micro step 1" in out
+
+
+def test_verify_and_stats(capsys, base_args, small_index):
+    opts = ["--kind", "bestfit", "--seq-len", "128", "--window-docs", "4", "--global-batch-size", "12", "--micro-batch-size", "3",
+            "--world-size", "2"]
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=128, window_docs=4))
+    steps = 2 * layout.num_samples // 12 + 3
+    code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--steps", f"0:{steps}"])
+    assert code == 0 and "OK: no duplicates, no gaps" in out
+    assert "epoch 0:" in out and "epoch 1:" in out and "complete" in out and "epoch 2:" in out
+    code, out, _ = _run(capsys, ["stats", *base_args, "--seq-len", "128", "--window-docs", "4", "--step", "100", "--json"])
+    stats = json.loads(out)
+    assert stats["documents"] == small_index.num_documents and stats["tokens"] == small_index.num_tokens
+    for kind in ("concat", "document", "bestfit"):
+        lay = small_index.layout(LayoutConfig(kind=kind, seq_len=128, window_docs=4))
+        row = stats["layouts"][kind]
+        assert row["samples_per_epoch"] == lay.num_samples
+        assert row["padding_fraction"] == lay.describe()["padding_fraction"]
+        assert row["epochs_at_step"] == 100 * 8 / lay.num_samples
+    code, out, _ = _run(capsys, ["stats", *base_args, "--step", "7"])
+    assert code == 0 and "bestfit" in out and "padding" in out
+
+
+@dataclass(frozen=True)
+class _RepeatingStream:
+    """A deliberately broken stream (one sample read twice per epoch, one never), to show verify catches it."""
+
+    num_samples: int
+
+    def sample_ids(self, positions):
+        within = np.asarray(positions) % self.num_samples
+        return np.where(within == self.num_samples - 1, 0, within)
+
+    def epochs(self, positions):
+        return np.asarray(positions) // self.num_samples
+
+    def describe(self):
+        return {"kind": "broken"}
+
+
+def test_verify_plan_catches_duplicates_and_gaps():
+    good = verify_plan(Plan(10, seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
+    assert good["ok"] and [r["complete"] for r in good["epochs"]] == [True, True, False]
+    bad = verify_plan(Plan(_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
+    assert not bad["ok"]
+    assert bad["epochs"][0]["duplicates"] == 1 and bad["epochs"][0]["gaps"] == 1
+
+
+def test_tokenizer_train_command(capsys, tmp_path, small_corpus):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, text in enumerate(small_corpus["text"][:5]):
+        (src / f"{i}.py").write_text(text)
+    out_model = tmp_path / "tok.model"
+    code, out, _ = _run(capsys, ["tokenizer", "train", "--input", str(src), "--vocab-size", "350", "--out", str(out_model)])
+    tok = Tokenizer.load(out_model)
+    assert code == 0 and tok.vocab_size == 350 and tok.sha256 in out
+
+
+def test_bad_input_exits_with_a_message(capsys, tmp_path, base_args):
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--tokenizer", str(tmp_path / "missing.model"), "--max-documents", "2", "--cache-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "no sentencepiece model file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--data", str(tmp_path / "nothing"), "--cache-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["show", *base_args, "--step", "0", "--global-batch-size", "6", "--micro-batch-size", "4"])
+    assert exc.value.code == 2 and "not divisible" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", *base_args, "--steps", "5:2"])
+    assert exc.value.code == 2 and "A:B" in capsys.readouterr().err
