@@ -403,6 +403,25 @@ class Mixture:
         _leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
         return np.asarray(counts, dtype=np.int64)
 
+    def expected_served(self, position: int) -> list[Fraction]:
+        """What the weights ask of positions ``[0, position)``: per source, the sum over segments of length x weight."""
+        self._check_placed()
+        out = [Fraction(0)] * self.num_sources
+        bounds = list(self.step_positions) + [None]
+        for j, (_, ints) in enumerate(self.schedule):
+            lo, hi = bounds[j], bounds[j + 1]
+            length = max(0, min(int(position), hi if hi is not None else int(position)) - lo)
+            for k, c in enumerate(ints):
+                out[k] += Fraction(length * c, sum(ints))
+        return out
+
+    def weights_at(self, position: int) -> list[Fraction]:
+        """The weights in force at global position ``position``."""
+        self._check_placed()
+        j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
+        ints = self.schedule[j][1]
+        return [Fraction(c, sum(ints)) for c in ints]
+
     def discrepancy_bounds(self, segment: int = 0) -> list[Fraction]:
         """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the segment (0 if unused)."""
         out = [Fraction(0)] * self.num_sources
@@ -417,6 +436,7 @@ class Mixture:
         current partial epoch by locating its served samples, ``chunk`` at a time (so O(chunk) memory, O(N_k) time).
         """
         served = self.served(position)
+        expected = self.expected_served(position)
         counted = [self._tokens_served(k, int(s), chunk) if tokens else None for k, s in enumerate(served.tolist())]
         total_tokens = sum(t for t in counted if t is not None) if all(t is not None for t in counted) else None
         rows = []
@@ -427,6 +447,7 @@ class Mixture:
                     "num_samples": n,
                     "served": s,
                     "share": s / position if position else 0.0,
+                    "expected_share": float(expected[k] / position) if position else 0.0,
                     "epochs": s / n,
                     "upsampled": s > n,
                     "tokens": counted[k],
@@ -455,9 +476,12 @@ class MixtureConfig:
     """A mixture as configured (a TOML ``[mixture]`` table): weights from step 0, later schedule entries, seed, names.
 
     ``weights``: one number (or fraction string such as ``"1/3"``) per source; ``schedule``: ``(first_step, weights)``
-    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports. In TOML::
+    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports; ``sources``: the
+    data of each source (a local corpus path, what ``IndexConfig.data`` takes), for the tools that build the indexes. In
+    TOML::
 
         [mixture]
+        sources = ["data/web", "data/code", "data/books"]
         names = ["web", "code", "books"]
         weights = [0.7, 0.2, 0.1]
         schedule = [{step = 5000, weights = [0.4, 0.2, 0.4]}]
@@ -467,11 +491,14 @@ class MixtureConfig:
     schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     seed: int = 0
     names: tuple[str, ...] | None = None
+    sources: tuple[str, ...] | None = None  # where each source's documents are (the CLI's and trainer's IndexConfig.data)
 
     def __post_init__(self) -> None:
         if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not self.weights:
             raise ValueError(f"weights must be a non-empty list of numbers, one per source, got {self.weights!r}")
         object.__setattr__(self, "weights", tuple(self.weights))
+        if self.sources is not None and not isinstance(self.sources, (str, bytes)) and isinstance(self.sources, Sequence):
+            normalize_weights(self.weights, len(self.sources))  # the count first: "one weight per source (N)"
         rows = []
         for i, entry in enumerate(self.schedule):
             if isinstance(entry, dict):
@@ -494,6 +521,11 @@ class MixtureConfig:
             if len(set(names)) != len(names):
                 raise ValueError(f"names must be distinct, got {names!r}")
             object.__setattr__(self, "names", names)
+        if self.sources is not None:
+            srcs = tuple(self.sources) if not isinstance(self.sources, (str, bytes)) else None
+            if srcs is None or len(srcs) != len(self.weights) or not all(isinstance(x, str) and x for x in srcs):
+                raise ValueError(f"sources must be one non-empty path per weight ({len(self.weights)}), got {self.sources!r}")
+            object.__setattr__(self, "sources", srcs)
         normalize_weights(self.weights, len(self.weights))
         for i, (step, ws) in enumerate(rows):
             normalize_weights(ws, len(self.weights), f"schedule entry {i} (step {step}) weights")
@@ -502,6 +534,11 @@ class MixtureConfig:
     @property
     def num_sources(self) -> int:
         return len(self.weights)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """``names``, else the sources' paths, else ``source0, source1, ...``."""
+        return self.names or self.sources or tuple(f"source{k}" for k in range(self.num_sources))
 
     def weights_schedule(self) -> list[tuple[int, list[Any]]]:
         """``[(0, weights), *schedule]``: what :class:`Mixture` takes as ``weights``."""
