@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from detsampler.mixture import Mixture
@@ -38,13 +39,24 @@ class MixtureDataset(Dataset):
         return self.datasets[int(source[0])][int(sample[0])]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples of ``indices`` in order. When every source returns a batched ``MicroBatch`` (``PackedDataset``
+        does), so does this: one dict of ``[B, seq_len]`` tensors, the sources' rows put back in the order asked."""
         source, sample = self.mixture.split_ids(np.asarray(indices, dtype=np.int64))
-        out: list[Any] = [None] * len(indices)
+        parts, wheres = [], []
         for k in np.unique(source):
             where = np.flatnonzero(source == k)
             ds = self.datasets[int(k)]
             local = sample[where].tolist()
-            items = ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local]
+            parts.append(ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local])
+            wheres.append(where)
+        if parts and all(isinstance(getattr(p, "batch", None), dict) for p in parts):
+            from detsampler.dataset import MicroBatch
+
+            order = torch.as_tensor(np.argsort(np.concatenate(wheres), kind="stable"))
+            keys = parts[0].batch.keys()
+            return MicroBatch({key: torch.cat([p.batch[key] for p in parts])[order] for key in keys})
+        out: list[Any] = [None] * len(indices)
+        for where, items in zip(wheres, parts):
             for j, item in zip(where.tolist(), items):
                 out[j] = item
         return out
