@@ -9,7 +9,7 @@ Routing. The sources of positive weight, in a seeded order, are the leaves of a 
 count). A node of integer weight ``T`` (the sum of its leaves' ``c_k``) whose left child weighs ``a`` sends its ``q``-th
 position (counted among the positions that reached the node) to the left iff ``L(q + 1) > L(q)``, with
 
-    L(q) = floor((q * a + r) / T),   r = hash(seed, segment first step, node sources) mod T   (a seeded phase in [0, T)),
+    L(q) = floor((q * a + r) / T),   r = hash(seed, first step, node) mod T   (a seeded phase in [0, T)),
 
 and the position becomes the left child's ``L(q)``-th, or the right child's ``(q - L(q))``-th. ``L`` is a Beatty sequence:
 the left child's share of any prefix of ``n`` node positions is ``L(n)``, within ``(-1, 1)`` of ``n * a / T``, and its slots
