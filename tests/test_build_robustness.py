@@ -1,0 +1,119 @@
+"""Building under failure and contention: a killed build leaves nothing that opens; concurrent builders (processes, or
+torch.distributed ranks) produce one index, tokenized once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detsampler.corpus import default_corpus
+from detsampler.index import TokenIndex, TokenIndexError
+
+BUILD = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    import detsampler.index as index_module
+    from detsampler.corpus import default_corpus
+    from detsampler.tokenizer import Tokenizer
+
+    model, cache, n_docs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    calls = []
+    real_write = index_module._write_index
+    def counting_write(*args, **kwargs):  # the real build, counted
+        calls.append(1)
+        return real_write(*args, **kwargs)
+    index_module._write_index = counting_write
+    rank = 0
+    if len(sys.argv) > 4:  # torch.distributed: rank, world size, rendezvous file
+        import torch.distributed as dist
+        rank, world = int(sys.argv[4]), int(sys.argv[5])
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[6], rank=rank, world_size=world)
+    corpus = default_corpus(max_documents=n_docs)
+    gate = os.environ.get("GATE_DIR")
+    if gate:  # start building together: announce readiness, wait for "go"
+        pathlib.Path(gate, f"ready-{os.getpid()}").touch()
+        while not pathlib.Path(gate, "go").exists():
+            time.sleep(0.002)
+    index = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache,
+                                          progress=False)
+    print(json.dumps({"rank": rank, "path": str(index.path), "built": len(calls), "num_tokens": index.num_tokens}))
+    """
+)
+
+
+def _spawn(*args: str, gate: Path | None = None) -> subprocess.Popen:
+    env = dict(os.environ, GATE_DIR=str(gate)) if gate else None
+    return subprocess.Popen([sys.executable, "-c", BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("moment", ["temp-dir-created", "tokens-half-written"])
+def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment):
+    n_docs = 300
+    corpus = default_corpus(max_documents=n_docs)
+    final = tmp_path / f"index-{TokenIndex.cache_key(corpus, small_tokenizer)}"
+    proc = _spawn(small_tokenizer.path, str(tmp_path), str(n_docs))
+    temps = lambda: list(tmp_path.glob(".tmp-index-*"))  # noqa: E731
+    _wait_for(lambda: temps() or proc.poll() is not None)
+    if moment == "tokens-half-written":
+        _wait_for(lambda: proc.poll() is not None or any((t / "tokens.npy").exists() and (t / "tokens.npy").stat().st_size > 1_000_000 for t in temps()))
+    assert proc.poll() is None, "the build finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert temps() and not final.exists()
+    with pytest.raises(TokenIndexError, match="no index at"):
+        TokenIndex.open(final)
+    with pytest.raises(TokenIndexError, match="no meta.json"):
+        TokenIndex.open(temps()[0])  # the half-written directory itself does not open either
+    index = TokenIndex.build(corpus, small_tokenizer, cache_dir=tmp_path, progress=False)
+    assert index.path == final and not temps()  # the stale temporary directory was removed
+    TokenIndex.open(final, dataset=corpus, tokenizer=small_tokenizer, verify_tokens=True)
+    assert index.lengths.tolist() == [len(d) for d in small_tokenizer.encode_batch(corpus["text"])]
+
+
+def test_two_concurrent_builders_make_one_index(tmp_path, small_tokenizer):
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    procs = [_spawn(small_tokenizer.path, str(tmp_path), "100", gate=gate) for _ in range(2)]
+    _wait_for(lambda: len(list(gate.glob("ready-*"))) == 2 or any(p.poll() is not None for p in procs))
+    (gate / "go").touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["path"] == results[1]["path"]
+    assert sorted(r["built"] for r in results) == [0, 1]  # one tokenized, the other waited on the lock and opened
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(("index-", ".tmp-index-")) and p.is_dir()] == [Path(results[0]["path"]).name]
+    index = TokenIndex.open(results[0]["path"], verify_tokens=True)
+    expected = small_tokenizer.encode_batch(default_corpus(max_documents=100)["text"])
+    assert np.array_equal(index.lengths, [len(d) for d in expected])
+
+
+def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
+    world = 2
+    procs = [_spawn(small_tokenizer.path, str(tmp_path / "cache"), "40", str(r), str(world), str(tmp_path / "rendezvous"))
+             for r in range(world)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert {r["path"] for r in results} == {results[0]["path"]}
+    assert {r["rank"]: r["built"] for r in results} == {0: 1, 1: 0}

@@ -1,0 +1,204 @@
+"""In-process tests of the trainer's parts: configuration, the model's masking and rotary positions, fingerprints,
+checkpoint discovery, metrics resolution across resumes, the LR schedule. (The multi-process behaviour is in
+tests/test_train_resume.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from detsampler.plan import Plan
+from train.checkpoint import (
+    COMPLETE,
+    check_fingerprint,
+    complete_checkpoints,
+    data_fingerprint,
+    DataFingerprintError,
+    fingerprint_changes,
+    latest_checkpoint,
+    remove_incomplete,
+)
+from train.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict, load_config
+from train.metrics import read_metrics, sample_hash, token_row_hashes
+from train.model import Transformer, document_causal_mask
+from train.train import lr_factor
+
+CONFIGS = Path(__file__).resolve().parent.parent / "train" / "configs"
+
+
+# -- configuration -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tiny.toml", "gpu.toml"])
+def test_shipped_configs_load(name: str) -> None:
+    cfg = load_config(CONFIGS / name)
+    assert isinstance(cfg, TrainConfig)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_overrides_map_one_to_one_onto_toml_keys() -> None:
+    cfg = load_config(CONFIGS / "tiny.toml", ["data.seq_len=32", "optimizer.lr=1", "data.source=corpus.txt",
+                                              "data.batch_size_schedule=[[0, 8], [4, 16]]", "runtime.deterministic=false"])
+    assert cfg.data.seq_len == 32
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+    assert cfg.data.source == "corpus.txt"
+    assert cfg.data.batch_size_schedule == ((0, 8), (4, 16))
+    assert cfg.runtime.deterministic is False
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.seq_lenn=3"], "unknown key(s) ['seq_lenn'] in config section [data]"),
+        (["modle.dim=3"], "unknown config section [modle]"),
+        (["data.seq_len=0"], "DataConfig.seq_len must be an integer >= 1, got 0"),
+        (["data.layout=packed"], "DataConfig.layout must be one of"),
+        (["model.dim=30"], "ModelConfig.dim (30) must be divisible by n_heads (4)"),
+        (["schedule.decay=exp"], "ScheduleConfig.decay must be"),
+        (["seq_len=3"], "--set expects section.key=value"),
+    ],
+)
+def test_bad_configuration_names_the_parameter(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(CONFIGS / "tiny.toml", overrides)
+    assert message in str(info.value)
+
+
+# -- model -------------------------------------------------------------------------------------------------------------------
+
+
+def _model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4)).eval()
+
+
+def test_document_mask_keeps_documents_apart() -> None:
+    model = _model()
+    ids = torch.randint(0, 50, (1, 12))
+    docs = torch.tensor([[0] * 5 + [1] * 7])
+    positions = torch.tensor([list(range(5)) + list(range(7))])
+    changed = ids.clone()
+    changed[0, :5] = (changed[0, :5] + 1) % 50  # another first document
+    with torch.no_grad():
+        masked = model(ids, positions, docs), model(changed, positions, docs)
+        plain = model(ids, positions), model(changed, positions)
+    assert torch.equal(masked[0][0, 5:], masked[1][0, 5:])  # the second document never sees the first
+    assert not torch.equal(plain[0][0, 5:], plain[1][0, 5:])  # (without the mask it does)
+
+
+def test_packed_document_with_restarted_positions_equals_the_document_alone() -> None:
+    model = _model(1)
+    a, b = torch.randint(0, 50, (1, 4)), torch.randint(0, 50, (1, 6))
+    packed = torch.cat([a, b], dim=1)
+    docs = torch.tensor([[3] * 4 + [8] * 6])
+    positions = torch.tensor([list(range(4)) + list(range(6))])
+    with torch.no_grad():
+        together = model(packed, positions, docs)[0, 4:]
+        alone = model(b)[0]
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_is_causal() -> None:
+    model = _model(2)
+    ids = torch.randint(0, 50, (2, 10))
+    later = ids.clone()
+    later[:, 6:] = (later[:, 6:] + 7) % 50
+    with torch.no_grad():
+        assert torch.equal(model(ids)[:, :6], model(later)[:, :6])
+
+
+def test_mask_never_leaves_a_row_empty() -> None:
+    mask = document_causal_mask(torch.tensor([[0, 0, -1, -1, 1]]))
+    assert mask.shape == (1, 1, 5, 5)
+    assert mask.any(dim=-1).all()
+    assert mask[0, 0, 4].tolist() == [False, False, False, False, True]
+
+
+# -- fingerprints and checkpoint discovery -----------------------------------------------------------------------------------
+
+
+def _fingerprint(seed: int = 0, world_size: int = 1, micro_batch_size: int = 2, seq_len: int = 64) -> dict:
+    plan = Plan(num_samples=100, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size)
+    layout = {"kind": "concat", "seq_len": seq_len, "seed": seed, "num_samples": 100}
+    return data_fingerprint("idx", layout, plan.fingerprint())
+
+
+def test_fingerprint_ignores_ranks_and_micro_batch_but_names_what_changed() -> None:
+    base = _fingerprint()
+    assert _fingerprint(world_size=2, micro_batch_size=4)["hash"] == base["hash"]
+    other = _fingerprint(seed=1, seq_len=32)
+    assert other["hash"] != base["hash"]
+    changes = fingerprint_changes(base, other)
+    assert "layout.seq_len: 64 -> 32" in changes
+    assert any(c.startswith("plan.seed: 0 -> 1") for c in changes)
+    with pytest.raises(DataFingerprintError, match="layout.seq_len: 64 -> 32"):
+        check_fingerprint(Path("ckpt"), base, other)
+    check_fingerprint(Path("ckpt"), base, _fingerprint(world_size=4, micro_batch_size=1))
+
+
+def _fake_checkpoint(root: Path, name: str, complete: bool = True) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"x")
+    if complete:
+        (d / COMPLETE).write_text("1\n")
+    return d
+
+
+def test_newest_complete_checkpoint_ignores_temporary_and_incomplete(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path / "missing") is None
+    _fake_checkpoint(tmp_path, "step_00000002")
+    newest = _fake_checkpoint(tmp_path, "step_00000010")
+    _fake_checkpoint(tmp_path, ".tmp-step_00000012", complete=False)
+    _fake_checkpoint(tmp_path, "step_00000014", complete=False)
+    assert latest_checkpoint(tmp_path) == newest
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00000002", "step_00000010"]
+    removed = sorted(p.name for p in remove_incomplete(tmp_path))
+    assert removed == [".tmp-step_00000012", "step_00000014"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010"]
+
+
+# -- metrics -----------------------------------------------------------------------------------------------------------------
+
+
+def test_read_metrics_applies_resumes(tmp_path: Path) -> None:
+    lines = [{"event": "start", "step": 0}]
+    lines += [{"event": "step", "step": s, "loss": float(s)} for s in range(6)]
+    lines += [{"event": "resumed_from", "step": 4, "world_size": 1}]
+    lines += [{"event": "step", "step": s, "loss": 10.0 + s} for s in range(4, 8)]
+    text = "\n".join(json.dumps(r) for r in lines) + '\n{"event": "step", "st'  # a line cut by a kill
+    (tmp_path / "metrics.jsonl").write_text(text)
+    m = read_metrics(tmp_path)
+    assert sorted(m.steps) == list(range(8))
+    assert [m.steps[s]["loss"] for s in range(8)] == [0.0, 1.0, 2.0, 3.0, 14.0, 15.0, 16.0, 17.0]
+    assert m.superseded == 2 and [r["step"] for r in m.discarded] == [4, 5]
+    assert [e["step"] for e in m.resumes] == [4]
+
+
+def test_hashes_see_every_id_and_token() -> None:
+    ids = np.arange(16, dtype=np.int64)
+    assert sample_hash(ids) == sample_hash(ids.copy())
+    assert sample_hash(ids) != sample_hash(ids[::-1])
+    rows = np.arange(40, dtype=np.int64).reshape(4, 10)
+    h = token_row_hashes(rows)
+    changed = rows.copy()
+    changed[2, 9] += 1
+    h2 = token_row_hashes(changed)
+    assert h.dtype == np.uint64 and h2[2] != h[2] and np.array_equal(np.delete(h, 2), np.delete(h2, 2))
+    swapped = rows.copy()
+    swapped[0, [0, 1]] = swapped[0, [1, 0]]
+    assert token_row_hashes(swapped)[0] != h[0]
+
+
+def test_learning_rate_schedule() -> None:
+    cfg = load_config(None, ["schedule.steps=100", "schedule.warmup_steps=10", "schedule.min_lr_ratio=0.1"])
+    assert lr_factor(cfg, 0) == pytest.approx(0.1)
+    assert lr_factor(cfg, 9) == pytest.approx(1.0)
+    assert lr_factor(cfg, 10) == pytest.approx(1.0)
+    assert lr_factor(cfg, 100) == pytest.approx(0.1)
+    values = [lr_factor(cfg, s) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(values, values[1:]))

@@ -1,0 +1,289 @@
+"""Training configuration: one TOML file mapped one to one onto frozen dataclasses, overridable with ``--set key=value``.
+
+TOML sections are the fields of :class:`TrainConfig`: ``[model]``, ``[data]``, ``[optimizer]``, ``[schedule]``,
+``[checkpoint]``, ``[runtime]``. A command-line override ``--set data.seq_len=128`` sets the same key as the TOML line
+``seq_len = 128`` under ``[data]``; its value is parsed as a TOML value (``--set data.source="'x.txt'"`` or bare
+strings both work). Unknown sections or keys are a ValueError naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "RuntimeConfig",
+    "ScheduleConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+]
+
+
+def _positive_int(obj: Any, name: str, minimum: int = 1) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{type(obj).__name__}.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _positive_float(obj: Any, name: str, allow_zero: bool = False) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{type(obj).__name__}.{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A Llama-style decoder. ``vocab_size = 0`` takes the tokenizer's vocabulary size."""
+
+    vocab_size: int = 0
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 0  # 0: same as n_heads
+    ffn_dim: int = 0  # 0: about 8/3 * dim, rounded up to a multiple of 32
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    init_seed: int = 0
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "vocab_size", 0)
+        for name in ("dim", "n_layers", "n_heads"):
+            _positive_int(self, name)
+        _positive_int(self, "n_kv_heads", 0)
+        _positive_int(self, "ffn_dim", 0)
+        if self.dim % self.n_heads:
+            raise ValueError(f"ModelConfig.dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"ModelConfig head dim dim/n_heads = {self.dim // self.n_heads} must be even for rotary embeddings")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})")
+        _positive_float(self, "rope_theta")
+        _positive_float(self, "norm_eps")
+        _positive_float(self, "init_std")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.ffn_dim or 32 * -(-(8 * self.dim // 3) // 32)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What the data stream is (source, tokenizer, layout, seed, batch schedule) and how it is loaded (workers).
+
+    ``source`` empty means the default corpus (the Python standard library); ``tokenizer`` empty means a
+    ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
+    cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
+    :class:`detsampler.prepare.IndexConfig` (``train.data.index_config``).
+    """
+
+    source: str = ""
+    text_column: str = "text"
+    max_documents: int = 0
+    tokenizer: str = ""
+    vocab_size: int = 4096  # of the default tokenizer
+    cache_dir: str = ".cache/detsampler"
+    layout: str = "concat"
+    seq_len: int = 256
+    window_docs: int = 1024
+    seed: int = 0
+    global_batch_size: int = 8
+    micro_batch_size: int = 2
+    batch_size_schedule: tuple[tuple[int, int], ...] = ()
+    num_workers: int = 0
+    num_proc: int = 1  # index build processes
+    store_tokens: bool = True  # False: the index keeps only lengths; batches are tokenized on the fly
+
+    def __post_init__(self) -> None:
+        from detsampler.layout import LAYOUT_KINDS
+
+        if self.layout not in LAYOUT_KINDS:
+            raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
+        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc"):
+            _positive_int(self, name)
+        for name in ("max_documents", "num_workers", "vocab_size"):
+            _positive_int(self, name, 0)
+        schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
+        object.__setattr__(self, "batch_size_schedule", schedule)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW."""
+
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0: no clipping
+
+    def __post_init__(self) -> None:
+        _positive_float(self, "lr")
+        _positive_float(self, "eps")
+        _positive_float(self, "weight_decay", allow_zero=True)
+        _positive_float(self, "grad_clip", allow_zero=True)
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"OptimizerConfig.{name} must be in [0, 1), got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """Number of steps and the learning-rate schedule: linear warmup, then cosine (or constant) down to ``min_lr_ratio``."""
+
+    steps: int = 100
+    warmup_steps: int = 10
+    decay: str = "cosine"
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "steps")
+        _positive_int(self, "warmup_steps", 0)
+        if self.decay not in ("cosine", "constant", "linear"):
+            raise ValueError(f"ScheduleConfig.decay must be 'cosine', 'linear' or 'constant', got {self.decay!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"ScheduleConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Save every ``every`` steps (and at the end); keep the last ``keep`` complete checkpoints. ``dir`` empty: RUN_DIR/checkpoints."""
+
+    every: int = 50
+    keep: int = 2
+    dir: str = ""
+    save_final: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "every")
+        _positive_int(self, "keep")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """Where and how it runs: ``device`` auto picks CUDA+NCCL+bf16 when available, else CPU+gloo+fp32."""
+
+    device: str = "auto"
+    mixed_precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or "bf16", "fp32"
+    deterministic: bool = True  # CPU: deterministic algorithms (bit-identical resumes)
+    threads: int = 0  # CPU threads per rank; 0: cores / local ranks
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"RuntimeConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.mixed_precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"RuntimeConfig.mixed_precision must be 'auto', 'bf16' or 'fp32', got {self.mixed_precision!r}")
+        _positive_int(self, "threads", 0)
+        _positive_int(self, "log_every")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The whole configuration; each field is one TOML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+_SECTION_TYPES = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "checkpoint": CheckpointConfig,
+    "runtime": RuntimeConfig,
+}
+
+
+def _coerce(cls: type, key: str, value: Any) -> Any:
+    """Ints given where a float field is declared become floats (TOML ``lr = 1`` is fine); lists become tuples."""
+    declared = {f.name: f for f in fields(cls)}[key]
+    default = declared.default if declared.default is not dataclasses.MISSING else None
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return value
+
+
+def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from a nested dict (a parsed TOML file); unknown sections or keys raise ValueError naming them."""
+    sections = {}
+    for name, value in raw.items():
+        if name not in _SECTION_TYPES:
+            raise ValueError(f"unknown config section [{name}]; allowed sections are {sorted(_SECTION_TYPES)}")
+        if not isinstance(value, dict):
+            raise ValueError(f"config section [{name}] must be a table, got {type(value).__name__}")
+        cls = _SECTION_TYPES[name]
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} in config section [{name}]; allowed keys are {sorted(allowed)}")
+        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+    return TrainConfig(**sections)
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """The nested dict of ``config`` (tuples as lists), the inverse of :func:`config_from_dict`."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return {name: {k: plain(v) for k, v in dataclasses.asdict(getattr(config, name)).items()} for name in _SECTION_TYPES}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare string
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """``raw`` with each ``section.key=value`` of ``overrides`` set (values parsed as TOML, else taken as strings)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--set expects section.key=value (e.g. data.seq_len=128), got {item!r}")
+        out.setdefault(section, {})[name] = _parse_value(text.strip())
+    return out
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """The TrainConfig of TOML file ``path`` (None: all defaults) with ``overrides`` applied."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    return config_from_dict(apply_overrides(raw, overrides))

@@ -1,0 +1,142 @@
+"""The trainer's data path: corpus -> tokenizer -> TokenIndex -> layout -> Plan -> DeterministicBatchSampler -> DataLoader.
+
+Everything that decides which tokens a step trains on is fixed by the index, the layout config, the plan's seed and batch
+schedule; :func:`DataPipeline.fingerprint` hashes exactly these (not the number of ranks, the micro batch size or the
+number of workers, which may change on resume). The DataLoader's only state is the sampler's start step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from detsampler.layout import Layout, LayoutConfig
+from detsampler.plan import Plan
+from detsampler.sampler import DeterministicBatchSampler
+from train.checkpoint import data_fingerprint
+from train.config import DataConfig
+
+__all__ = ["DataPipeline", "TimedIterator", "build_pipeline", "index_config"]
+
+
+class TimedIterator:
+    """Wraps an iterator and accumulates the seconds spent waiting in ``next`` (the DataLoader's data wait)."""
+
+    def __init__(self, iterable: Any, clock: Callable[[], float]) -> None:
+        self._it = iter(iterable)
+        self._clock = clock
+        self.waited = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        t0 = self._clock()
+        try:
+            return next(self._it)
+        finally:
+            self.waited += self._clock() - t0
+
+    def take_wait(self) -> float:
+        """Seconds waited since the last call."""
+        waited, self.waited = self.waited, 0.0
+        return waited
+
+
+@dataclass
+class DataPipeline:
+    """What the training loop needs of the data: the index, layout and plan, and how to make a loader from a step."""
+
+    config: DataConfig
+    index: Any
+    tokenizer: Any
+    layout: Layout
+    plan: Plan
+    dataset: Any
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.index.vocab_size)
+
+    @property
+    def masked_attention(self) -> bool:
+        """Whether attention must be masked per document (document and bestfit layouts)."""
+        return self.layout.config.kind != "concat"
+
+    def fingerprint(self) -> dict:
+        return data_fingerprint(str(self.index.fingerprint), self.layout.describe(), self.plan.fingerprint())
+
+    def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
+        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
+
+    def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
+        from detsampler.dataset import collate_micro_batch
+
+        workers = self.config.num_workers
+        return DataLoader(
+            self.dataset,
+            batch_sampler=sampler,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers and workers > 0,
+            collate_fn=collate_micro_batch,
+        )
+
+
+def index_config(config: DataConfig) -> Any:
+    """The :class:`detsampler.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
+    cached index."""
+    from detsampler.prepare import IndexConfig
+
+    return IndexConfig(
+        data=config.source or None,
+        text_column=config.text_column,
+        tokenizer=config.tokenizer or None,
+        vocab_size=config.vocab_size,
+        cache_dir=config.cache_dir,
+        num_proc=config.num_proc,
+        store_tokens=config.store_tokens,
+        max_documents=config.max_documents or None,
+    )
+
+
+def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
+    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
+    from detsampler.dataset import PackedDataset
+
+    from detsampler.prepare import prepare_index
+
+    # Under torch.distributed, rank 0 builds while the others wait (TokenIndex.build); a file lock serializes the default
+    # tokenizer's one-time training.
+    prepared = prepare_index(index_config(config), progress=rank == 0)
+    index, tokenizer = prepared.index, prepared.tokenizer
+    layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+    layout = index.layout(layout_config)
+    plan = Plan(
+        num_samples=layout.num_samples,
+        seed=config.seed,
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        world_size=world_size,
+        batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
+    )
+    if index.tokens is None:  # tokens are not stored: tokenize each batch's documents on the fly
+        dataset = PackedDataset(index, layout, dataset=prepared.dataset, tokenizer=tokenizer, text_column=config.text_column)
+    else:
+        dataset = PackedDataset(index, layout)
+    return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
+
+
+def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarray:
+    """Per-sample token hashes of this rank's micro batches of one step: uint64 [micro_steps, micro_batch_size]."""
+    from train.metrics import token_row_hashes
+
+    rows = []
+    for mb in micro_batches:
+        both = torch.cat([mb["input_ids"], mb["labels"]], dim=1).cpu().numpy()
+        rows.append(token_row_hashes(both))
+    return np.stack(rows)

@@ -1,0 +1,322 @@
+"""Train the Llama-style model with FSDP2, resuming by step number.
+
+Commands::
+
+    python -m train.train --config train/configs/tiny.toml --run-dir runs/tiny                 # one process
+    torchrun --standalone --nproc-per-node 2 -m train.train --config train/configs/tiny.toml \\
+        --run-dir runs/tiny --resume auto                                                       # 2 CPU ranks (gloo)
+    torchrun --standalone --nproc-per-node 8 -m train.train --config train/configs/gpu.toml \\
+        --run-dir runs/gpu --resume auto                                                        # GPUs (NCCL, bf16)
+
+Options: ``--set section.key=value`` (repeatable) overrides the TOML; ``--resume auto`` (the newest complete checkpoint,
+else a fresh start), ``none`` (fresh; refused when the run already has checkpoints) or a checkpoint directory;
+``--allow-data-change`` resumes although the data fingerprint differs; ``--stop-at STEP`` trains up to (not including)
+STEP, saves a checkpoint there and exits (the LR schedule still spans ``schedule.steps``).
+
+The data of step s is a pure function of the plan, so resuming at checkpoint step s restarts the batch sampler at s and
+nothing else: with the same number of ranks, on CPU with deterministic algorithms, every later loss is bit-identical to
+the one of an uninterrupted run. With another number of ranks (same global batch) the step's samples are the same and the
+losses agree up to float reduction order. The loss of a step is the token-mean over the whole global batch (sum over
+ranks and micro steps, divided by the global number of label tokens), so it does not depend on how the batch is split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from train import checkpoint as ckpt
+from train.config import TrainConfig, config_to_dict, load_config
+from train.data import DataPipeline, TimedIterator, build_pipeline, step_token_hashes
+from train.metrics import MetricsLog, sample_hash
+from train.model import Transformer
+
+__all__ = ["Runtime", "main", "parse_args", "train"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The process's place in the job and the device it computes on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    param_dtype: torch.dtype
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m train.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=None, help="TOML file (train/configs/tiny.toml, train/configs/gpu.toml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--run-dir", required=True, help="where metrics.jsonl, config.json and checkpoints/ go")
+    p.add_argument("--resume", default="auto", help="auto | none | PATH of a checkpoint directory")
+    p.add_argument("--allow-data-change", action="store_true", help="resume even if the data fingerprint differs")
+    p.add_argument("--stop-at", type=int, default=None, help="stop before this step (saving a checkpoint there)")
+    return p.parse_args(argv)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_runtime(cfg: TrainConfig) -> Runtime:
+    """Initialise torch.distributed (torchrun's env, or a one-process group) and choose device and precision."""
+    if "RANK" not in os.environ:  # a single process without torchrun
+        os.environ.update(
+            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(_free_port())}
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    want = cfg.runtime.device
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError("runtime.device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if use_cuda:
+        if cfg.runtime.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+        torch.set_num_threads(cfg.runtime.threads or max(1, (os.cpu_count() or 1) // local_world))
+    precision = cfg.runtime.mixed_precision
+    bf16 = precision == "bf16" or (precision == "auto" and use_cuda)
+    if cfg.runtime.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=use_cuda)
+        torch.backends.cudnn.benchmark = False
+    return Runtime(rank, world, local_rank, local_world, device, torch.bfloat16 if bf16 else torch.float32)
+
+
+def build_model(cfg: TrainConfig, vocab_size: int, rt: Runtime) -> Transformer:
+    """The model, initialised from ``model.init_seed`` (the same on every rank), sharded with FSDP2 per block and at the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model_cfg = cfg.model if cfg.model.vocab_size else replace(cfg.model, vocab_size=vocab_size)
+    if model_cfg.vocab_size < vocab_size:
+        raise ValueError(f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer's ({vocab_size})")
+    torch.manual_seed(model_cfg.init_seed)
+    model = Transformer(model_cfg).to(rt.device)
+    mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=rt.param_dtype, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Multiplier of the peak learning rate at ``step``: linear warmup, then cosine/linear/constant to min_lr_ratio."""
+    sched = cfg.schedule
+    if step < sched.warmup_steps:
+        return (step + 1) / sched.warmup_steps
+    if sched.decay == "constant":
+        return 1.0
+    span = max(1, sched.steps - sched.warmup_steps)
+    progress = min(1.0, (step - sched.warmup_steps) / span)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if sched.decay == "cosine" else 1 - progress
+    return sched.min_lr_ratio + (1 - sched.min_lr_ratio) * shape
+
+
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (no weight decay on norms) and the warmup/decay schedule as a LambdaLR."""
+    o = cfg.optimizer
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=None if rt.is_cuda else False,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+    return optimizer, scheduler
+
+
+def find_resume(resume: str, ckpt_dir: Path) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start."""
+    if resume == "none":
+        if ckpt.complete_checkpoints(ckpt_dir):
+            raise ValueError(
+                f"--resume none but {ckpt_dir} already holds checkpoints; use --resume auto or a new --run-dir"
+            )
+        return None
+    if resume == "auto":
+        return ckpt.latest_checkpoint(ckpt_dir)
+    path = Path(resume)
+    if not (path / ckpt.COMPLETE).is_file():
+        raise ValueError(f"--resume {resume!r}: not a complete checkpoint directory (no {ckpt.COMPLETE} marker)")
+    return path
+
+
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def _global_token_hash(local: np.ndarray, rt: Runtime) -> str:
+    """Hash of the per-sample token hashes of the whole step, in global position order (micro step, rank, row)."""
+    t = torch.from_numpy(local.view(np.int64).copy())
+    if rt.is_cuda:
+        t = t.to(rt.device)
+    gathered = [torch.empty_like(t) for _ in range(rt.world_size)]
+    dist.all_gather(gathered, t)
+    per_rank = np.stack([g.cpu().numpy() for g in gathered])  # [world, micro_steps, micro_batch]
+    return sample_hash(per_rank.transpose(1, 0, 2).reshape(-1))
+
+
+def log(rt: Runtime, text: str) -> None:
+    if rt.rank == 0:
+        print(text, flush=True)
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_data_change: bool = False,
+          stop_at: int | None = None) -> None:
+    """Train ``cfg.schedule.steps`` steps (or up to ``stop_at``) in ``run_dir``, resuming as ``resume`` says."""
+    rt = setup_runtime(cfg)
+    run_dir = Path(run_dir)
+    ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+    try:
+        if rt.rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for p in ckpt.remove_incomplete(ckpt_dir):
+                print(f"removed incomplete checkpoint {p}", flush=True)
+        dist.barrier()
+        data = build_pipeline(cfg.data, rt.world_size, rt.rank)
+        fingerprint = data.fingerprint()
+        resume_path = find_resume(resume, ckpt_dir)
+        start_step = 0
+        if resume_path is not None:
+            meta = ckpt.read_meta(resume_path)
+            if not allow_data_change:
+                ckpt.check_fingerprint(resume_path, meta["data"], fingerprint)
+            start_step = meta["step"]
+        _run(cfg, rt, run_dir, ckpt_dir, data, fingerprint, resume_path, start_step, stop_at)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: DataPipeline, fingerprint: dict,
+         resume_path: Path | None, start_step: int, stop_at: int | None) -> None:
+    model = build_model(cfg, data.vocab_size, rt)
+    optimizer, scheduler = build_optimizer(cfg, model, rt)
+    if resume_path is not None:
+        ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
+    end_step = cfg.schedule.steps if stop_at is None else min(stop_at, cfg.schedule.steps)
+    metrics = MetricsLog(run_dir, enabled=rt.rank == 0)
+    if rt.rank == 0:
+        (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+    event = {"time": time.time(), "world_size": rt.world_size, "micro_batch_size": data.plan.micro_batch_size,
+             "num_workers": cfg.data.num_workers, "data_fingerprint": fingerprint["hash"]}
+    if resume_path is None:
+        metrics.write({"event": "start", "step": 0, **event})
+    else:
+        metrics.write({"event": "resumed_from", "step": start_step, "checkpoint": str(resume_path), **event})
+    n_params = sum(p.numel() for p in model.parameters())
+    log(rt, f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
+            f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}")
+    log(rt, f"data: {data.layout.describe()['kind']} layout, {data.layout.num_samples} samples of seq_len {cfg.data.seq_len}, "
+            f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
+            f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}")
+    log(rt, f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
+            f"training to step {end_step}")
+    if start_step >= end_step:
+        metrics.close()
+        return
+
+    sampler = data.sampler(rt.rank, start_step, end_step)
+    loader = data.loader(sampler, pin_memory=rt.is_cuda, persistent_workers=rt.is_cuda)
+    batches = TimedIterator(loader, time.perf_counter)
+    model.train()
+    t_last = time.perf_counter()
+    if rt.is_cuda:
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    for step, micro_batches in sampler.steps(batches):
+        waited = batches.take_wait()
+        ckpt.kill_point("before_step", step)
+        micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
+        tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
+        global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
+        scale = rt.world_size / global_tokens.clamp(min=1).to(torch.float32)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        for a, mb in enumerate(micro_batches):
+            model.set_requires_gradient_sync(a == len(micro_batches) - 1)
+            logits = model(mb["input_ids"], mb["position_ids"], mb["document_ids"] if data.masked_attention else None)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), mb["labels"].flatten(), ignore_index=-100, reduction="sum")
+            (loss * scale).backward()
+            loss_sum += loss.detach().to(torch.float64)
+        grad_norm = None
+        if cfg.optimizer.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip, foreach=False)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        _all_reduce_sum(loss_sum)
+        step_loss = float(loss_sum / global_tokens)
+        token_hash = _global_token_hash(step_token_hashes(micro_batches), rt)
+        now = time.perf_counter()
+        elapsed, t_last = now - t_last, now
+        record = {
+            "event": "step", "step": step, "loss": step_loss, "lr": lr,
+            "tokens_per_s": float(global_tokens) / elapsed, "data_wait_ms": 1000 * waited, "step_ms": 1000 * elapsed,
+            "tokens": int(global_tokens), "sample_hash": sample_hash(data.plan.global_batch(step)),
+            "tokens_hash": token_hash, "grad_norm": None if grad_norm is None else float(grad_norm),
+            "world_size": rt.world_size,
+        }
+        if rt.is_cuda:
+            record["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+        metrics.write(record)
+        if step % cfg.runtime.log_every == 0 or step + 1 == end_step:
+            log(rt, f"step {step:5d} | loss {step_loss:.4f} | lr {lr:.2e} | {record['tokens_per_s']:9.0f} tok/s | "
+                    f"data wait {record['data_wait_ms']:6.1f} ms | samples {record['sample_hash']}")
+        next_step = step + 1
+        if next_step % cfg.checkpoint.every == 0 or (next_step == end_step and cfg.checkpoint.save_final):
+            path = ckpt.save_checkpoint(ckpt_dir, next_step, model, optimizer, scheduler, fingerprint, cfg.checkpoint.keep,
+                                        extra={"world_size": rt.world_size})
+            log(rt, f"checkpoint {path} (resumes at step {next_step})")
+            t_last = time.perf_counter()
+    metrics.close()
+    log(rt, f"done at step {end_step}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    try:
+        train(cfg, args.run_dir, args.resume, args.allow_data_change, args.stop_at)
+    except ckpt.DataFingerprintError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
