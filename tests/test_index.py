@@ -130,6 +130,9 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
 
 def test_bestfit_bins_are_cached_next_to_the_index(small_index, tmp_path):
     index = TokenIndex.open(_copy_index(small_index, tmp_path / "idx"))
+    import shutil
+
+    shutil.rmtree(index.path / "layouts", ignore_errors=True)  # other tests may have cached layouts in the session index
     config = LayoutConfig(kind="bestfit", seq_len=128, seed=3, window_docs=5)
     first = index.layout(config)
     cached = list((index.path / "layouts").glob("bestfit-*.npy"))
