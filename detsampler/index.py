@@ -26,7 +26,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import chain
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -137,7 +137,8 @@ def _tokenize(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: in
                 bar.update(len(texts))
                 yield out
             return
-        ctx = get_context("fork") if "fork" in __import__("multiprocessing").get_all_start_methods() else None
+        # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model) elsewhere
+        ctx = get_context("fork") if "fork" in get_all_start_methods() else None
         with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tokenizer,)) as pool:
             pending: deque = deque()
             for texts, first in batches:  # at most 4 * num_proc batches in flight: memory stays bounded

@@ -190,3 +190,27 @@ def test_resumed_multiworker_loader_equals_uninterrupted(small_index, lean_index
     step, mbs = full[4]
     want = ds.get_batch(plan.micro_batch(4, 1, 1))
     assert all(torch.equal(mbs[1][k], want[k]) for k in want)
+
+
+def test_nothing_per_document_lives_in_python_containers(small_index):
+    """Workers must not grow by copy-on-read: the dataset, its layout and index hold arrays (memory maps), no big lists."""
+    for kind in ("concat", "document", "bestfit"):
+        ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind=kind, seq_len=32, window_docs=4)))
+        ds.get_batch(np.arange(min(len(ds), 64)))
+        for obj in (ds, ds.layout, ds.index):
+            for name, value in vars(obj).items():
+                if isinstance(value, (list, tuple, dict, set)) and name != "meta":
+                    assert len(value) < 16, (kind, type(obj).__name__, name, len(value))
+        assert isinstance(ds.index.tokens, np.memmap) and isinstance(ds.index.lengths, np.memmap)
+
+
+def test_core_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, detsampler, detsampler.index, detsampler.corpus, detsampler.cli, detsampler.prepare, detsampler.gather; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import detsampler
+
+    assert detsampler.PackedDataset is PackedDataset

@@ -19,7 +19,6 @@ import tempfile
 import time
 from typing import Sequence
 
-import numpy as np
 
 __all__ = ["main", "run"]
 
