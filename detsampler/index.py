@@ -391,6 +391,8 @@ class TokenIndex:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"index-{key}"
+        if (final / "meta.json").is_file():  # complete by construction (renamed into place): no lock needed, even read-only
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         dist = _initialized_dist()
         if dist is not None and dist.get_rank() != 0:
             dist.barrier()  # rank 0 builds first

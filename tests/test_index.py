@@ -59,11 +59,16 @@ def test_empty_documents_and_bad_text(tmp_path, small_tokenizer):
     ds = datasets.Dataset.from_dict({"text": ["", "def f():\n    return 1\n", "", "x = 2\n"]})
     index = TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
     assert index.lengths[0] == 0 and index.lengths[2] == 0 and index.num_documents == 4
-    cases = ((["a = 1\n", "b = 2\n", None], "document 2: column 'text' holds None"), ([3, 1, 4], "document 0: column 'text' holds a int"))
-    for column, what in cases:
+    many = ["x = 1\n"] * 300 + [None]
+    cases = (
+        (["a = 1\n", "b = 2\n", None], 1, "document 2: column 'text' holds None"),
+        ([3, 1, 4], 1, "document 0: column 'text' holds a int"),
+        (many, 2, "document 300: column 'text' holds None"),  # raised in a worker process
+    )
+    for column, num_proc, what in cases:
         ds = datasets.Dataset.from_dict({"text": column})
         with pytest.raises(ValueError, match=f"{what}, not a string"):
-            TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
+            TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, num_proc=num_proc, progress=False)
         assert not list(tmp_path.glob(".tmp-index-*")), "a failed build leaves no temporary directory"
     with pytest.raises(ValueError, match="text_column 'content' is not a column"):
         TokenIndex.build(ds, small_tokenizer, text_column="content", cache_dir=tmp_path)
