@@ -98,6 +98,16 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 def _init_worker(tokenizer: Tokenizer) -> None:
     global _WORKER_TOKENIZER
     _WORKER_TOKENIZER = tokenizer
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a killed build must not leave its tokenizer processes behind
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    import threading
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
 def encode_documents(tokenizer: Tokenizer, texts: Sequence[Any], first_doc: int, text_column: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
