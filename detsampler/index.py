@@ -401,9 +401,11 @@ class TokenIndex:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"index-{key}"
-        if (final / "meta.json").is_file():  # complete by construction (renamed into place): no lock needed, even read-only
-            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         dist = _initialized_dist()
+        if dist is None and (final / "meta.json").is_file():
+            # complete by construction (renamed into place): no lock needed, so a read-only cache works. (With
+            # torch.distributed every rank goes through the barrier below, whatever it finds, so none is left waiting.)
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         if dist is not None and dist.get_rank() != 0:
             dist.barrier()  # rank 0 builds first
             if not (final / "meta.json").is_file():
@@ -417,6 +419,8 @@ class TokenIndex:
 
     @classmethod
     def _build_locked(cls, root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
+        if (final / "meta.json").is_file():  # complete: open without the lock
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         with FileLock(str(root / f"index-{key}.lock")):
             if final.exists():
                 return cls.open(final, dataset=dataset, tokenizer=tokenizer)

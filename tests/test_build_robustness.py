@@ -43,8 +43,14 @@ BUILD = textwrap.dedent(
         pathlib.Path(gate, f"ready-{os.getpid()}").touch()
         while not pathlib.Path(gate, "go").exists():
             time.sleep(0.002)
+    if rank == 1:  # arrive late: rank 0's index is already in place, yet rank 0 waits for us at its barrier
+        while not list(pathlib.Path(cache).glob("index-*/meta.json")):
+            time.sleep(0.01)
     index = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache,
                                           num_proc=int(os.environ.get("NUM_PROC", "1")), progress=False)
+    if rank or len(sys.argv) > 4:  # distributed: a second build finds the index on every rank, and nobody hangs
+        again = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache, progress=False)
+        assert again.path == index.path
     print(json.dumps({"rank": rank, "path": str(index.path), "built": len(calls), "num_tokens": index.num_tokens}))
     """
 )
@@ -128,9 +134,15 @@ def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
     procs = [_spawn(small_tokenizer.path, str(tmp_path / "cache"), "40", str(r), str(world), str(tmp_path / "rendezvous"))
              for r in range(world)]
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)  # a rank left waiting at a barrier would hang: time out instead
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert {r["path"] for r in results} == {results[0]["path"]}
     assert {r["rank"]: r["built"] for r in results} == {0: 1, 1: 0}
