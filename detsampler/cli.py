@@ -296,6 +296,16 @@ def _print_rows(rows: Sequence[tuple[str, Any]]) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def _rel(path: str) -> str:
+    """``path`` relative to the current directory when it lies under it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _fmt_int(n: int) -> str:
     return f"{n:,}"
 
@@ -320,13 +330,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     build = summary["build"]
     _print_rows([
-        ("index", summary["path"]),
+        ("index", _rel(summary["path"])),
         ("documents", _fmt_int(summary["num_documents"])),
         ("tokens", f"{_fmt_int(summary['num_tokens'])} (+{_fmt_int(summary['num_documents'])} EOS)"),
         ("token dtype", summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)")),
         ("text column", summary["text_column"]),
         ("dataset fingerprint", summary["dataset_fingerprint"]),
-        ("tokenizer", f"{summary['tokenizer_path']} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
+        ("tokenizer", f"{_rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
                       f"eos {summary['eos_id']}, pad {summary['pad_id']})"),
         ("index fingerprint", summary["fingerprint"]),
         ("built in", f"{build.get('seconds')} s, {_fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
@@ -404,7 +414,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     n = int(src.index.lengths[doc])
                     where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
                     eos = " + EOS" if e > n else ""
-                    print(f"    {where}  tokens [{s}, {min(e, n)}){eos} of {n}")
+                    print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
                     if args.decode:
                         print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
     return 0

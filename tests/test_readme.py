@@ -17,7 +17,8 @@ def python_blocks_with_output() -> list[tuple[str, str | None]]:
     return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
 
 
-def test_readme_examples_run_and_print_what_they_say():
+def test_readme_examples_run_and_print_what_they_say(tmp_path, monkeypatch):
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))  # the default index example builds one
     blocks = python_blocks_with_output()
     assert blocks, "the README has no python example"
     for code, expected in blocks:
