@@ -11,12 +11,15 @@ from typing import Any
 
 from detsampler.layout import BestFitLayout, ConcatLayout, DocumentLayout, Layout, LayoutConfig, Spans, make_layout
 from detsampler.locate import Located, locate
+from detsampler.mixture import Mixture, MixtureLookup
 from detsampler.permutation import Permutation, permute, unpermute
 from detsampler.plan import EpochStream, Plan
+from detsampler.resume import check_resume
 from detsampler.version import MAPPING_VERSION, __version__
 
 _LAZY = {
     "DeterministicBatchSampler": "detsampler.sampler",
+    "MixtureDataset": "detsampler.mixture_dataset",
     "PackedDataset": "detsampler.dataset",
 }
 
@@ -29,10 +32,13 @@ __all__ = [
     "Layout",
     "LayoutConfig",
     "Located",
+    "Mixture",
+    "MixtureLookup",
     "Permutation",
     "Plan",
     "Spans",
     "__version__",
+    "check_resume",
     "locate",
     "make_layout",
     "permute",

@@ -7,7 +7,11 @@ Options map one to one onto the library's dataclasses:
 - layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its ``seed``,
   ``--window-docs``);
 - plan options -> :class:`detsampler.plan.Plan` (``--seed``, ``--global-batch-size``, ``--micro-batch-size``,
-  ``--world-size``, ``--batch-size-schedule``); the plan's ``num_samples`` is the layout's.
+  ``--world-size``, ``--batch-size-schedule``, ``--skip-steps``); the plan's ``num_samples`` is the layout's;
+- mixture options -> :class:`detsampler.mixture.MixtureConfig` (``--mixture-data`` for its ``sources``,
+  ``--mixture-weights``, ``--mixture-schedule``, ``--mixture-seed``, ``--mixture-names``). With ``--mixture-data``, each source
+  is indexed like ``--data`` (the other index options are shared, and so is the tokenizer: ``--tokenizer``, or else the
+  default one trained on the standard library), cut by the same layout options, and the plan draws from their mixture.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
 
 __all__ = ["main", "build_parser", "OPTION_FIELDS"]
@@ -44,6 +49,12 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "micro_batch_size": ("Plan", "micro_batch_size"),
     "world_size": ("Plan", "world_size"),
     "batch_size_schedule": ("Plan", "batch_size_schedule"),
+    "skip_steps": ("Plan", "skip_steps"),
+    "mixture_data": ("MixtureConfig", "sources"),
+    "mixture_weights": ("MixtureConfig", "weights"),
+    "mixture_schedule": ("MixtureConfig", "schedule"),
+    "mixture_seed": ("MixtureConfig", "seed"),
+    "mixture_names": ("MixtureConfig", "names"),
 }
 
 
@@ -65,6 +76,47 @@ def _step_range(text: str) -> tuple[int, int]:
     if a < 0 or b <= a:
         raise argparse.ArgumentTypeError(f"expected 0 <= A < B, got {text!r}")
     return a, b
+
+
+def _skip_ranges(text: str) -> list[tuple[int, int]]:
+    try:
+        rows = [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        rows = []
+    if not rows or any(len(r) != 2 for r in rows):
+        raise argparse.ArgumentTypeError(f"expected FIRST:LAST[,FIRST:LAST...] (inclusive data steps), e.g. 100:199, got {text!r}")
+    return rows  # type: ignore[return-value]
+
+
+def _csv(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def _weights_entry(text: str) -> tuple[int, list[str]]:
+    step, sep, weights = text.partition(":")
+    try:
+        first = int(step)
+    except ValueError:
+        first = -1
+    if not sep or first < 1 or not weights.strip():
+        raise argparse.ArgumentTypeError(f"expected FIRST_STEP:W,W,... with FIRST_STEP >= 1, e.g. 5000:0.4,0.2,0.4, got {text!r}")
+    return first, _csv(weights)
+
+
+def _add_mixture_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("mixture (MixtureConfig)")
+    g.add_argument("--mixture-data", type=_csv, default=None, metavar="PATH,PATH,...",
+                   help="MixtureConfig.sources: draw from a mixture of these corpora (each indexed like --data) instead of --data")
+    g.add_argument("--mixture-weights", type=_csv, default=None, metavar="W,W,...",
+                   help="MixtureConfig.weights: one weight per source from step 0 (numbers or fractions such as 1/3)")
+    g.add_argument("--mixture-schedule", type=_weights_entry, action="append", default=None, metavar="STEP:W,W,...",
+                   help="MixtureConfig.schedule: weights from data step STEP on (repeat the option for more entries)")
+    g.add_argument("--mixture-seed", type=int, default=0, help="MixtureConfig.seed: interleaving and source shuffles (default: %(default)s)")
+    g.add_argument("--mixture-names", type=_csv, default=None, metavar="NAME,NAME,...",
+                   help="MixtureConfig.names: labels of the sources in reports (default: their paths)")
 
 
 def _add_index_options(p: argparse.ArgumentParser) -> None:
@@ -104,6 +156,8 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (default: %(default)s)")
     g.add_argument("--batch-size-schedule", type=_schedule, default=None, metavar="S:B[,S:B...]",
                    help="global batch size ramp: FIRST_STEP:SIZE pairs from step 0; the last SIZE must equal --global-batch-size")
+    g.add_argument("--skip-steps", type=_skip_ranges, default=None, metavar="A:B[,A:B...]",
+                   help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index_options(show)
     _add_layout_options(show)
     _add_plan_options(show)
+    _add_mixture_options(show)
     show.add_argument("--step", type=int, required=True, help="the training step")
     show.add_argument("--rank", type=int, default=None, help="one data-parallel rank (default: all)")
     show.add_argument("--micro-step", type=int, default=None, help="one micro step of the step (default: all)")
@@ -147,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index_options(verify)
     _add_layout_options(verify)
     _add_plan_options(verify)
+    _add_mixture_options(verify)
     verify.add_argument("--steps", type=_step_range, required=True, metavar="A:B", help="steps A .. B-1")
 
     stats = sub.add_parser("stats", help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
@@ -155,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index_options(stats)
     _add_layout_options(stats)
     _add_plan_options(stats)
+    _add_mixture_options(stats)
     stats.add_argument("--step", type=int, default=None, help="report the epoch reached at this step")
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
@@ -174,7 +231,7 @@ def _layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutC
     return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
 
 
-def _plan(args: argparse.Namespace, num_samples: int) -> Plan:
+def _plan(args: argparse.Namespace, num_samples: int | Mixture) -> Plan:
     return Plan(
         num_samples,
         seed=args.seed,
@@ -182,7 +239,45 @@ def _plan(args: argparse.Namespace, num_samples: int) -> Plan:
         micro_batch_size=args.micro_batch_size,
         world_size=args.world_size,
         batch_size_schedule=args.batch_size_schedule,
+        skip_steps=args.skip_steps,
     )
+
+
+def _mixture_config(args: argparse.Namespace) -> MixtureConfig | None:
+    """The mixture options as a MixtureConfig, or None without --mixture-data."""
+    if args.mixture_data is None:
+        for dest in ("mixture_weights", "mixture_schedule", "mixture_names"):
+            if getattr(args, dest) is not None:
+                raise ValueError(f"--{dest.replace('_', '-')} needs --mixture-data (the sources of the mixture)")
+        return None
+    if args.data is not None:
+        raise ValueError("give either --data (one corpus) or --mixture-data (a mixture), not both")
+    if args.mixture_weights is None:
+        raise ValueError("--mixture-data needs --mixture-weights, one weight per source")
+    return MixtureConfig(sources=args.mixture_data, weights=args.mixture_weights, schedule=args.mixture_schedule or (),
+                         seed=args.mixture_seed, names=args.mixture_names)
+
+
+def _prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list:
+    """One prepared index per mixture source, all with the same tokenizer."""
+    from dataclasses import replace
+
+    from detsampler.corpus import default_tokenizer
+    from detsampler.prepare import prepare_index
+
+    index_config = _index_config(args)
+    tokenizer = index_config.tokenizer
+    if tokenizer is None:
+        tokenizer = default_tokenizer(index_config.cache_path, vocab_size=index_config.vocab_size).path
+    return [prepare_index(replace(index_config, data=src, tokenizer=str(tokenizer)), progress=sys.stderr.isatty())
+            for src in config.sources]
+
+
+def _mixture_plan(args: argparse.Namespace, config: MixtureConfig, kind: str | None = None):
+    """(prepared sources, their layouts, the plan over their mixture)."""
+    prepared = _prepare_sources(args, config)
+    layouts = [p.index.layout(_layout_config(args, kind)) for p in prepared]
+    return prepared, layouts, _plan(args, config.build(layouts))
 
 
 def _prepare(args: argparse.Namespace, verify_tokens: bool = False):
@@ -199,6 +294,16 @@ def _print_rows(rows: Sequence[tuple[str, Any]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def _rel(path: str) -> str:
+    """``path`` relative to the current directory when it lies under it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _fmt_int(n: int) -> str:
@@ -225,13 +330,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     build = summary["build"]
     _print_rows([
-        ("index", summary["path"]),
+        ("index", _rel(summary["path"])),
         ("documents", _fmt_int(summary["num_documents"])),
         ("tokens", f"{_fmt_int(summary['num_tokens'])} (+{_fmt_int(summary['num_documents'])} EOS)"),
         ("token dtype", summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)")),
         ("text column", summary["text_column"]),
         ("dataset fingerprint", summary["dataset_fingerprint"]),
-        ("tokenizer", f"{summary['tokenizer_path']} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
+        ("tokenizer", f"{_rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
                       f"eos {summary['eos_id']}, pad {summary['pad_id']})"),
         ("index fingerprint", summary["fingerprint"]),
         ("built in", f"{build.get('seconds')} s, {_fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
@@ -257,39 +362,61 @@ def _span_text(prepared, doc: int, start: int, stop: int, max_chars: int) -> str
     return repr(text)
 
 
+def _fmt_weights(weights) -> str:
+    return ", ".join(str(w) for w in weights)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from detsampler.locate import locate
 
-    prepared = _prepare(args)
-    index = prepared.index
-    layout = index.layout(_layout_config(args))
-    plan = _plan(args, layout.num_samples)
+    config = _mixture_config(args)
+    if config is None:
+        prepared = [_prepare(args)]
+        layouts = [prepared[0].index.layout(_layout_config(args))]
+        plan = _plan(args, layouts[0].num_samples)
+        labels = None
+    else:
+        prepared, layouts, plan = _mixture_plan(args, config)
+        labels = config.labels
+    layout = layouts[0]
     step = args.step
     ranks = range(plan.world_size) if args.rank is None else [args.rank]
     micro_steps = range(plan.num_micro_steps(step)) if args.micro_step is None else [args.micro_step]
-    has_path = "path" in prepared.dataset.column_names
+    data = f" (data step {plan.data_step(step)})" if plan.data_step(step) != step else ""
+    if labels is None:
+        where_from = f"epoch {plan.epoch(step)}"
+        per_epoch = f"{layout.num_samples} samples per epoch"
+    else:
+        weights = plan.stream.weights_at(plan.consumed(step))
+        where_from = f"mixture of {len(labels)} sources, weights {_fmt_weights(weights)}"
+        per_epoch = "samples per epoch " + ", ".join(f"{n}: {lay.num_samples}" for n, lay in zip(labels, layouts))
     print(
-        f"step {step}: epoch {plan.epoch(step)}, global batch {plan.batch_size(step)} samples at positions "
+        f"step {step}{data}: {where_from}, global batch {plan.batch_size(step)} samples at positions "
         f"[{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro step(s) "
         f"x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind} seq_len={layout.config.seq_len}, "
-        f"{layout.num_samples} samples per epoch"
+        f"{per_epoch}"
     )
     for a in micro_steps:
         for r in ranks:
-            loc = locate(plan, layout, step, rank=r, micro_step=a)
+            loc = locate(plan, layouts if labels is not None else layout, step, rank=r, micro_step=a)
             print(f"rank {r} micro step {a}:")
             for i in range(len(loc.sample_ids)):
                 spans = loc.spans.sample(i)
                 ntok = sum(e - s for _, s, e in spans)
-                print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  epoch {int(loc.epochs[i])}  "
-                      f"{ntok} positions in {len(spans)} span(s)")
+                k = 0 if loc.sources is None else int(loc.sources[i])
+                source = "" if labels is None else f"source {labels[k]}  source sample {int(loc.source_sample_ids[i])}  "
+                epoch = "epoch" if labels is None else "source epoch"
+                print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
+                      f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)")
+                src = prepared[k]
+                has_path = "path" in src.dataset.column_names
                 for doc, s, e in spans:
-                    n = int(index.lengths[doc])
-                    where = f"doc {doc}" + (f" ({prepared.dataset[int(doc)]['path']})" if has_path else "")
+                    n = int(src.index.lengths[doc])
+                    where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
                     eos = " + EOS" if e > n else ""
-                    print(f"    {where}  tokens [{s}, {min(e, n)}){eos} of {n}")
+                    print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
                     if args.decode:
-                        print(f"      {_span_text(prepared, doc, s, e, args.max_chars)}")
+                        print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
     return 0
 
 
@@ -343,7 +470,56 @@ def verify_plan(plan: Plan, start: int, stop: int) -> dict:
             "position_problems": position_problems, "epochs": epochs_report}
 
 
+def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
+    """:func:`verify_plan` for a plan over a mixture: the same checks, per source and per source epoch (each source's
+    positions ``p_k`` of the range must be exactly ``[served_k(first), served_k(last))``)."""
+    mixture = plan.stream
+    first, last = plan.consumed(start), plan.consumed(stop)
+    position_problems = []
+    for step in range(start, stop):
+        parts = [plan.micro_batch_positions(step, a, r) for a in range(plan.num_micro_steps(step)) for r in range(plan.world_size)]
+        if not np.array_equal(np.sort(np.concatenate(parts)), plan.step_positions(step)):
+            position_problems.append(step)
+    # the positions of training steps [start, stop): the data steps they read, without the skipped ones
+    spans = []
+    for step in range(start, stop):
+        lo = plan.consumed(step)
+        if spans and spans[-1][1] == lo:
+            spans[-1][1] = lo + plan.batch_size(step)
+        else:
+            spans.append([lo, lo + plan.batch_size(step)])
+    counts: dict[tuple[int, int], np.ndarray] = {}
+    for lo, hi in spans:
+        for c0 in range(lo, hi, chunk):
+            look = mixture.lookup(np.arange(c0, min(hi, c0 + chunk), dtype=np.int64))
+            for k in np.unique(look.source).tolist():
+                mine = look.source == k
+                for e in np.unique(look.source_epoch[mine]).tolist():
+                    c = counts.setdefault((k, e), np.zeros(mixture.sizes[k], dtype=np.int64))
+                    c += np.bincount(look.source_sample[mine & (look.source_epoch == e)], minlength=mixture.sizes[k])
+    served_first, served_last = mixture.served(first), mixture.served(last)
+    sources = []
+    for k, n in enumerate(mixture.sizes):
+        rows = []
+        for (kk, e), c in sorted(counts.items()):
+            if kk != k:
+                continue
+            lo, hi = max(int(served_first[k]), e * n), min(int(served_last[k]), (e + 1) * n)
+            complete = lo == e * n and hi == (e + 1) * n and not spans[1:]
+            seen = int((c > 0).sum())
+            rows.append({"epoch": e, "positions": int(c.sum()), "distinct_samples": seen,
+                         "duplicates": int((c[c > 1] - 1).sum()), "gaps": (n - seen) if complete else None,
+                         "coverage": seen / n, "complete": complete})
+        sources.append({"source": k, "num_samples": n, "served": [int(served_first[k]), int(served_last[k])], "epochs": rows})
+    ok = not position_problems and all(r["duplicates"] == 0 and not r["gaps"] for src in sources for r in src["epochs"])
+    return {"steps": [start, stop], "positions": [first, last], "ok": ok, "position_problems": position_problems,
+            "sources": sources}
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
+    config = _mixture_config(args)
+    if config is not None:
+        return _cmd_verify_mixture(args, config)
     prepared = _prepare(args)
     layout = prepared.index.layout(_layout_config(args))
     plan = _plan(args, layout.num_samples)
@@ -362,7 +538,74 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
+    _, layouts, plan = _mixture_plan(args, config)
+    a, b = args.steps
+    report = verify_mixture_plan(plan, a, b)
+    print(f"verify steps {a}..{b - 1}: {b - a} steps x {plan.world_size} rank(s), positions [{report['positions'][0]}, "
+          f"{report['positions'][1]}), {layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")
+    if report["position_problems"]:
+        print(f"  micro batches do not partition steps {report['position_problems'][:10]}")
+    for name, src in zip(config.labels, report["sources"]):
+        print(f"  source {name}: {src['num_samples']} samples per epoch, source positions [{src['served'][0]}, {src['served'][1]})")
+        for r in src["epochs"]:
+            gaps = "n/a (partial epoch)" if r["gaps"] is None else r["gaps"]
+            print(f"    epoch {r['epoch']}: {r['positions']} positions, {r['distinct_samples']} distinct samples "
+                  f"({100 * r['coverage']:.2f}% of the epoch), duplicates {r['duplicates']}, gaps {gaps}"
+                  + (", complete" if r["complete"] else ""))
+    print("OK: no duplicates, no gaps" if report["ok"] else "FAILED: duplicates or gaps found")
+    return 0 if report["ok"] else 1
+
+
+def mixture_stats(plan: Plan, labels: Sequence[str], step: int | None) -> dict:
+    """Per source of ``plan``'s mixture: samples per epoch, tokens; at ``step``: samples, epochs, tokens served so far,
+    their shares and the share the weights ask for."""
+    mixture = plan.stream
+    out: dict[str, Any] = {"sources": []}
+    rows = mixture.report(plan.consumed(step)) if step is not None else None
+    for k, (name, layout) in enumerate(zip(labels, mixture.sources)):
+        row: dict[str, Any] = {"name": name, "samples_per_epoch": layout.num_samples,
+                               "padding_fraction": layout.describe().get("padding_fraction", 0.0)}
+        if rows is not None:
+            r = rows[k]
+            row.update({"samples": r["served"], "epochs": r["epochs"], "upsampled": r["upsampled"], "tokens": r["tokens"],
+                        "sample_share": r["share"], "token_share": r["token_share"], "expected_share": r["expected_share"]})
+        out["sources"].append(row)
+    if step is not None:
+        out.update({"step": step, "data_step": plan.data_step(step), "position": plan.consumed(step),
+                    "weights_at_step": [str(w) for w in mixture.weights_at(plan.consumed(step))]})
+    return out
+
+
+def _cmd_stats_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
+    prepared, layouts, plan = _mixture_plan(args, config)
+    out = mixture_stats(plan, config.labels, args.step)
+    for row, p in zip(out["sources"], prepared):
+        row.update({"documents": p.index.num_documents, "tokens_in_corpus": p.index.num_tokens})
+    out["layout"] = {"kind": args.kind, "seq_len": args.seq_len}
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    header = f"{'source':<12} {'documents':>10} {'tokens':>12} {'samples/epoch':>14} {'padding':>8}"
+    if args.step is not None:
+        print(f"at step {args.step} (data step {out['data_step']}, position {out['position']}), weights "
+              f"{', '.join(out['weights_at_step'])}; layout {args.kind} seq_len={args.seq_len}")
+        header += f" {'samples':>10} {'epochs':>8} {'tokens used':>12} {'token share':>12} {'asked':>7}"
+    print(header)
+    for row in out["sources"]:
+        line = (f"{row['name']:<12} {row['documents']:>10,} {row['tokens_in_corpus']:>12,} {row['samples_per_epoch']:>14,} "
+                f"{100 * row['padding_fraction']:>7.2f}%")
+        if args.step is not None:
+            line += (f" {row['samples']:>10,} {row['epochs']:>8.3f} {row['tokens']:>12,} {100 * row['token_share']:>11.2f}% "
+                     f"{100 * row['expected_share']:>6.2f}%" + ("  (upsampled)" if row["upsampled"] else ""))
+        print(line)
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
+    config = _mixture_config(args)
+    if config is not None:
+        return _cmd_stats_mixture(args, config)
     prepared = _prepare(args)
     index = prepared.index
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]

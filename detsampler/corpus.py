@@ -20,7 +20,7 @@ from filelock import FileLock
 
 from detsampler.tokenizer import Tokenizer, train_tokenizer
 
-__all__ = ["default_corpus", "default_tokenizer", "load_corpus", "stdlib_files", "DEFAULT_VOCAB_SIZE"]
+__all__ = ["DEFAULT_VOCAB_SIZE", "check_text_column", "default_corpus", "default_tokenizer", "load_corpus", "stdlib_files"]
 
 DEFAULT_VOCAB_SIZE = 8000
 

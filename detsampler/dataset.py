@@ -14,7 +14,9 @@ Per sample (all int64 tensors of length ``seq_len``):
 ``__getitems__`` reads a whole micro batch with one vectorized gather (:func:`detsampler.gather.gather_spans`) from the
 index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the dataset's
 text and checking each length against the index (a difference is an error, never a silently shifted sample).
-Nothing per document is kept in Python objects; DataLoader workers share the memory maps.
+Nothing per document is kept in Python objects; DataLoader workers share the memory maps. On the fly, each sample costs
+the tokenization of its documents whole (a 2048-token piece of a 200k-token document tokenizes all of it): that mode trades
+disk for CPU, which DataLoader workers supply.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import chain
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -98,6 +98,16 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 def _init_worker(tokenizer: Tokenizer) -> None:
     global _WORKER_TOKENIZER
     _WORKER_TOKENIZER = tokenizer
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a killed build must not leave its tokenizer processes behind
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    import threading
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
 def encode_documents(tokenizer: Tokenizer, texts: Sequence[Any], first_doc: int, text_column: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +147,8 @@ def _tokenize(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: in
                 bar.update(len(texts))
                 yield out
             return
-        ctx = get_context("fork") if "fork" in __import__("multiprocessing").get_all_start_methods() else None
+        # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model) elsewhere
+        ctx = get_context("fork") if "fork" in get_all_start_methods() else None
         with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tokenizer,)) as pool:
             pending: deque = deque()
             for texts, first in batches:  # at most 4 * num_proc batches in flight: memory stays bounded
@@ -391,6 +402,10 @@ class TokenIndex:
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"index-{key}"
         dist = _initialized_dist()
+        if dist is None and (final / "meta.json").is_file():
+            # complete by construction (renamed into place): no lock needed, so a read-only cache works. (With
+            # torch.distributed every rank goes through the barrier below, whatever it finds, so none is left waiting.)
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         if dist is not None and dist.get_rank() != 0:
             dist.barrier()  # rank 0 builds first
             if not (final / "meta.json").is_file():
@@ -404,6 +419,8 @@ class TokenIndex:
 
     @classmethod
     def _build_locked(cls, root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
+        if (final / "meta.json").is_file():  # complete: open without the lock
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
         with FileLock(str(root / f"index-{key}.lock")):
             if final.exists():
                 return cls.open(final, dataset=dataset, tokenizer=tokenizer)

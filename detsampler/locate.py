@@ -2,18 +2,24 @@
 
 The batch sampler, the packed dataset and the CLI all go through :func:`locate` (or the two calls it composes,
 ``plan.micro_batch`` and ``layout.locate``), so random access and iteration cannot disagree.
+
+For a plan over a :class:`~detsampler.mixture.Mixture`, ``layout`` is the list of the sources' layouts (or the mixture itself,
+when its sources are layouts): each sample's spans come from its own source's layout, so their ``doc_ids`` are documents of
+that source, and :attr:`Located.sources` names it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from detsampler.layout import Layout, Spans
+from detsampler.mixture import Mixture
 from detsampler.plan import Plan
 
-__all__ = ["Located", "locate", "check_compatible"]
+__all__ = ["Located", "check_compatible", "locate", "merge_spans"]
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,45 @@ class Located:
     micro_step: int | None
     positions: np.ndarray  # global positions in the stream
     sample_ids: np.ndarray
-    epochs: np.ndarray
+    epochs: np.ndarray  # for a mixture: the epoch within each sample's source
     spans: Spans
+    sources: np.ndarray | None = None  # mixture only: the source of each sample
+    source_sample_ids: np.ndarray | None = None  # mixture only: the sample id within that source
+
+def _source_layouts(mixture: Mixture, layout: Layout | Sequence[Layout] | Mixture) -> list[Layout]:
+    layouts = list(layout.sources if isinstance(layout, Mixture) else layout) if not hasattr(layout, "locate") else None
+    if layouts is None or len(layouts) != mixture.num_sources or not all(hasattr(x, "locate") for x in layouts):
+        raise ValueError(
+            f"the plan draws from a mixture of {mixture.num_sources} sources: pass their layouts (a list, one per source, "
+            f"or a Mixture built over layouts), got {type(layout).__name__}"
+        )
+    for k, (lay, n) in enumerate(zip(layouts, mixture.sizes)):
+        if lay.num_samples != n:
+            raise ValueError(f"mixture source {k} has {n} samples but layout {k} has {lay.num_samples}")
+    return layouts
+
+
+def merge_spans(parts: Sequence[tuple[np.ndarray, Spans]], num_samples: int) -> Spans:
+    """One :class:`Spans` for ``num_samples`` samples from pieces: ``parts[j] = (indices, spans of those samples)``."""
+    counts = np.zeros(num_samples, dtype=np.int64)
+    for idx, spans in parts:
+        counts[idx] = np.diff(spans.offsets)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(offsets[-1])
+    doc_ids, starts, stops = (np.empty(total, dtype=np.int64) for _ in range(3))
+    for idx, spans in parts:
+        per = np.diff(spans.offsets)
+        # destination of each span: the sample's first slot plus its rank within the sample
+        dest = np.repeat(offsets[idx], per) + (np.arange(int(per.sum())) - np.repeat(spans.offsets[:-1], per))
+        doc_ids[dest], starts[dest], stops[dest] = spans.doc_ids, spans.starts, spans.stops
+    return Spans(offsets, doc_ids, starts, stops)
 
 
 def check_compatible(plan: Plan, layout: Layout) -> None:
-    """Raise unless ``plan`` draws from exactly the samples of ``layout``."""
+    """Raise unless ``plan`` draws from exactly the samples of ``layout`` (for a mixture: of the sources' layouts)."""
+    if isinstance(plan.stream, Mixture):
+        _source_layouts(plan.stream, layout)
+        return
     if plan.stream.num_samples != layout.num_samples:
         raise ValueError(
             f"the plan has {plan.stream.num_samples} samples per epoch but the layout has {layout.num_samples}: "
@@ -51,5 +90,15 @@ def locate(plan: Plan, layout: Layout, step: int, rank: int | None = None, micro
         ranks = range(plan.world_size) if rank is None else [rank]
         micro_steps = range(plan.num_micro_steps(step)) if micro_step is None else [micro_step]
         positions = np.concatenate([plan.micro_batch_positions(step, a, r) for a in micro_steps for r in ranks])
+    if isinstance(plan.stream, Mixture):
+        layouts = _source_layouts(plan.stream, layout)
+        look = plan.stream.lookup(positions)
+        parts = []
+        for k in np.unique(look.source):
+            idx = np.flatnonzero(look.source == k)
+            parts.append((idx, layouts[int(k)].locate(look.source_sample[idx])))
+        spans = merge_spans(parts, len(positions))
+        return Located(step, rank, micro_step, positions, look.global_id, look.source_epoch, spans, look.source,
+                       look.source_sample)
     sample_ids = plan.stream.sample_ids(positions)
     return Located(step, rank, micro_step, positions, sample_ids, plan.stream.epochs(positions), layout.locate(sample_ids))

@@ -8,6 +8,11 @@ The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, wit
 ``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank ``r``
 take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
 
+Skip ranges: ``skip_steps=[(a, b), ...]`` (inclusive, in *data* steps: the steps of the stream above) name data that is never
+trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range, and takes its
+batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads exactly the same samples
+whatever the ranges (tests/test_skip.py).
+
 Invariants (tests/test_plan.py):
 - the micro batches of all ranks and micro steps of a step partition the step's positions;
 - the set of a step's sample ids depends on neither ``world_size`` nor ``micro_batch_size`` (elastic resume);
@@ -26,7 +31,7 @@ from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import permute
 from detsampler.version import MAPPING_VERSION
 
-__all__ = ["EpochStream", "Plan", "SampleStream"]
+__all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
 
 
 class SampleStream(Protocol):
@@ -78,6 +83,42 @@ class EpochStream:
         return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
 
 
+def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[tuple[int, int], ...]:
+    """Skip ranges sorted by start; raises ValueError for a negative, reversed or overlapping range."""
+    if skip_steps is None:
+        return ()
+    if isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, Sequence):
+        raise ValueError(f"skip_steps must be a list of (first, last) data steps, got {skip_steps!r}")
+    rows = []
+    for entry in skip_steps:
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise ValueError(f"skip_steps entries must be (first, last) pairs of data steps, got {entry!r}")
+        a, b = entry
+        for v in (a, b):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"skip_steps entries must be pairs of integers, got {entry!r}")
+        if a < 0:
+            raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
+        if b < a:
+            raise ValueError(f"skip_steps range ({a}, {b}) is reversed: need first <= last (both inclusive)")
+        rows.append((int(a), int(b)))
+    rows.sort()
+    for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
+        if a1 <= b0:
+            raise ValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap: give each skipped data step once")
+    return tuple(rows)
+
+
+def data_step(skip_steps: Sequence[tuple[int, int]], step: int) -> int:
+    """``d(step)``: the ``step``-th data step (from 0) that lies in none of the sorted, disjoint ``skip_steps`` ranges."""
+    d = int(step)
+    for a, b in skip_steps:
+        if a > d:
+            break
+        d += b - a + 1
+    return d
+
+
 def _check_step(step: int, name: str = "step") -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
@@ -93,7 +134,12 @@ class Plan:
     ``num_samples`` is the number of samples per epoch (a layout's ``num_samples``), or a :class:`SampleStream` such as a
     mixture. ``batch_size_schedule``, when given, is a list of ``(first_step, global_batch_size)`` starting at step 0 (a
     ramp-up, say); its last size must equal ``global_batch_size``. ``world_size`` is the data-parallel degree: tensor-,
-    pipeline- and context-parallel peers of one data-parallel rank read the same batches.
+    pipeline- and context-parallel peers of one data-parallel rank read the same batches. ``skip_steps`` lists inclusive
+    ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and the
+    skip ranges are all in data steps, which equal training steps before the first skip range.
+
+    A stream with a ``with_step_positions(consumed)`` method (a :class:`~detsampler.mixture.Mixture` with a weight schedule)
+    is placed by the plan: ``plan.stream`` is that method's result, given the position where each data step starts.
     """
 
     num_samples: int | SampleStream
@@ -102,8 +148,10 @@ class Plan:
     micro_batch_size: int
     world_size: int = 1
     batch_size_schedule: Sequence[tuple[int, int]] | None = None
+    skip_steps: Sequence[tuple[int, int]] | None = None
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+    _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
@@ -123,6 +171,11 @@ class Plan:
             rows.append((first_step, size, first_consumed))
         object.__setattr__(self, "_schedule", tuple(rows))
         object.__setattr__(self, "batch_size_schedule", tuple(schedule) if self.batch_size_schedule is not None else None)
+        skips = normalize_skip_steps(self.skip_steps)
+        object.__setattr__(self, "_skips", skips)
+        object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
+        if hasattr(stream, "with_step_positions"):
+            object.__setattr__(self, "stream", stream.with_step_positions(self.data_consumed))
 
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
@@ -156,6 +209,21 @@ class Plan:
 
     # -- steps -> positions ------------------------------------------------------------------------------------------------
 
+    def data_step(self, step: int) -> int:
+        """``d(step)``: the data step that training step ``step`` reads (``step`` itself without skip ranges)."""
+        return data_step(self._skips, _check_step(step))
+
+    def data_consumed(self, data_step: int) -> int:
+        """The global position where data step ``data_step`` starts (all data steps before it, skipped or not)."""
+        first_step, size, first_consumed = self._segment(data_step)
+        return first_consumed + (int(data_step) - first_step) * size
+
+    def _trained(self, step: int) -> int:
+        """Samples read by training steps before ``step``: its position minus the samples of the ranges before it."""
+        d = self.data_step(step)
+        skipped = sum(self.data_consumed(b + 1) - self.data_consumed(a) for a, b in self._skips if b < d)
+        return self.data_consumed(d) - skipped
+
     def _segment(self, step: int) -> tuple[int, int, int]:
         step = _check_step(step)
         i = len(self._schedule) - 1
@@ -164,13 +232,15 @@ class Plan:
         return self._schedule[i]
 
     def batch_size(self, step: int) -> int:
-        """The global batch size of ``step`` (samples)."""
-        return self._segment(step)[1]
+        """The global batch size of ``step`` (samples): that of the data step it reads."""
+        return self._segment(self.data_step(step))[1]
 
     def consumed(self, step: int) -> int:
-        """Samples consumed by all steps before ``step``: the global position where ``step`` starts."""
-        first_step, size, first_consumed = self._segment(step)
-        return first_consumed + (int(step) - first_step) * size
+        """Samples consumed by all steps before ``step``: the global position where ``step`` starts.
+
+        With skip ranges this counts the skipped data too (it is the position in the data stream of data step ``d(step)``).
+        """
+        return self.data_consumed(self.data_step(step))
 
     def num_micro_steps(self, step: int) -> int:
         """Gradient-accumulation micro steps in ``step``."""
@@ -222,7 +292,9 @@ class Plan:
     def micro_steps_between(self, start_step: int, stop_step: int) -> int:
         """Micro batches the sampler yields for steps ``[start_step, stop_step)`` (per rank)."""
         per_micro = self.world_size * self.micro_batch_size
-        return (self.consumed(stop_step) - self.consumed(start_step)) // per_micro
+        if not self._skips:
+            return (self.consumed(stop_step) - self.consumed(start_step)) // per_micro
+        return (self._trained(stop_step) - self._trained(start_step)) // per_micro
 
     # -- identity ----------------------------------------------------------------------------------------------------------
 
@@ -232,9 +304,12 @@ class Plan:
 
     def fingerprint(self) -> dict:
         """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on resume."""
-        return {
+        out = {
             "mapping_version": MAPPING_VERSION,
             "stream": self.stream.describe(),
             "seed": self.seed,
             "batch_size_schedule": [list(row[:2]) for row in self._schedule],
         }
+        if self._skips:  # only when present, so that plans without skip ranges keep their fingerprint
+            out["skip_steps"] = [list(r) for r in self._skips]
+        return out

@@ -43,15 +43,21 @@ BUILD = textwrap.dedent(
         pathlib.Path(gate, f"ready-{os.getpid()}").touch()
         while not pathlib.Path(gate, "go").exists():
             time.sleep(0.002)
+    if rank == 1:  # arrive late: rank 0's index is already in place, yet rank 0 waits for us at its barrier
+        while not list(pathlib.Path(cache).glob("index-*/meta.json")):
+            time.sleep(0.01)
     index = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache,
-                                          progress=False)
+                                          num_proc=int(os.environ.get("NUM_PROC", "1")), progress=False)
+    if rank or len(sys.argv) > 4:  # distributed: a second build finds the index on every rank, and nobody hangs
+        again = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache, progress=False)
+        assert again.path == index.path
     print(json.dumps({"rank": rank, "path": str(index.path), "built": len(calls), "num_tokens": index.num_tokens}))
     """
 )
 
 
-def _spawn(*args: str, gate: Path | None = None) -> subprocess.Popen:
-    env = dict(os.environ, GATE_DIR=str(gate)) if gate else None
+def _spawn(*args: str, gate: Path | None = None, num_proc: int = 1) -> subprocess.Popen:
+    env = dict(os.environ, NUM_PROC=str(num_proc), **({"GATE_DIR": str(gate)} if gate else {}))
     return subprocess.Popen([sys.executable, "-c", BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -63,19 +69,36 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("moment", ["temp-dir-created", "tokens-half-written"])
-def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment):
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # not Linux
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("moment,num_proc", [("temp-dir-created", 1), ("tokens-half-written", 2)])
+def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment, num_proc):
     n_docs = 300
     corpus = default_corpus(max_documents=n_docs)
     final = tmp_path / f"index-{TokenIndex.cache_key(corpus, small_tokenizer)}"
-    proc = _spawn(small_tokenizer.path, str(tmp_path), str(n_docs))
+    proc = _spawn(small_tokenizer.path, str(tmp_path), str(n_docs), num_proc=num_proc)
     temps = lambda: list(tmp_path.glob(".tmp-index-*"))  # noqa: E731
     _wait_for(lambda: temps() or proc.poll() is not None)
     if moment == "tokens-half-written":
         _wait_for(lambda: proc.poll() is not None or any((t / "tokens.npy").exists() and (t / "tokens.npy").stat().st_size > 1_000_000 for t in temps()))
     assert proc.poll() is None, "the build finished before it could be killed"
+    workers = _children(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    # its tokenizer processes notice and exit too
+    _wait_for(lambda: not any(_alive(w) for w in workers), 30)
     assert temps() and not final.exists()
     with pytest.raises(TokenIndexError, match="no index at"):
         TokenIndex.open(final)
@@ -111,9 +134,15 @@ def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
     procs = [_spawn(small_tokenizer.path, str(tmp_path / "cache"), "40", str(r), str(world), str(tmp_path / "rendezvous"))
              for r in range(world)]
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)  # a rank left waiting at a barrier would hang: time out instead
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert {r["path"] for r in results} == {results[0]["path"]}
     assert {r["rank"]: r["built"] for r in results} == {0: 1, 1: 0}

@@ -12,6 +12,7 @@ import pytest
 from detsampler.cli import OPTION_FIELDS, build_parser, main, verify_plan
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
+from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.prepare import IndexConfig
 from detsampler.tokenizer import Tokenizer
@@ -34,6 +35,7 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     want = {("IndexConfig", f.name) for f in fields(IndexConfig)}
     want |= {("LayoutConfig", f.name) for f in fields(LayoutConfig)}
     want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name != "num_samples"}
+    want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
     assert mapped == want
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices

@@ -167,8 +167,9 @@ def _loader_steps(ds, plan, rank, start_step, num_steps, num_workers, collate=No
     return [(step, mbs) for step, mbs in sampler.steps(loader)]
 
 
-def test_resumed_multiworker_loader_equals_uninterrupted(small_index):
-    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=4, window_docs=6))
+def test_resumed_multiworker_loader_equals_uninterrupted(small_index, lean_index, small_corpus, small_tokenizer):
+    config = LayoutConfig(kind="bestfit", seq_len=64, seed=4, window_docs=6)
+    layout = small_index.layout(config)
     ds = PackedDataset(small_index, layout)
     plan = Plan(layout.num_samples, seed=9, global_batch_size=8, micro_batch_size=2, world_size=2)
     full = _loader_steps(ds, plan, rank=1, start_step=0, num_steps=6, num_workers=2)
@@ -180,7 +181,36 @@ def test_resumed_multiworker_loader_equals_uninterrupted(small_index):
             assert set(a) == {"input_ids", "labels", "position_ids", "document_ids"}
             assert a["input_ids"].shape == (2, 64) and a["input_ids"].dtype == torch.int64
             assert all(torch.equal(a[k], b[k]) for k in a)
+    # tokenized on the fly inside two workers: the same tensors
+    fly = PackedDataset(lean_index, lean_index.layout(config), dataset=small_corpus, tokenizer=small_tokenizer)
+    resumed_fly = _loader_steps(fly, plan, rank=1, start_step=3, num_steps=3, num_workers=2)
+    for (_, mb_full), (_, mb_fly) in zip(full[3:], resumed_fly):
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(mb_full, mb_fly) for k in a)
     # and each micro batch is exactly the plan's samples
     step, mbs = full[4]
     want = ds.get_batch(plan.micro_batch(4, 1, 1))
     assert all(torch.equal(mbs[1][k], want[k]) for k in want)
+
+
+def test_nothing_per_document_lives_in_python_containers(small_index):
+    """Workers must not grow by copy-on-read: the dataset, its layout and index hold arrays (memory maps), no big lists."""
+    for kind in ("concat", "document", "bestfit"):
+        ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind=kind, seq_len=32, window_docs=4)))
+        ds.get_batch(np.arange(min(len(ds), 64)))
+        for obj in (ds, ds.layout, ds.index):
+            for name, value in vars(obj).items():
+                if isinstance(value, (list, tuple, dict, set)) and name != "meta":
+                    assert len(value) < 16, (kind, type(obj).__name__, name, len(value))
+        assert isinstance(ds.index.tokens, np.memmap) and isinstance(ds.index.lengths, np.memmap)
+
+
+def test_core_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, detsampler, detsampler.index, detsampler.corpus, detsampler.cli, detsampler.prepare, detsampler.gather; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import detsampler
+
+    assert detsampler.PackedDataset is PackedDataset

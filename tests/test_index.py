@@ -60,11 +60,16 @@ def test_empty_documents_and_bad_text(tmp_path, small_tokenizer):
     ds = datasets.Dataset.from_dict({"text": ["", "def f():\n    return 1\n", "", "x = 2\n"]})
     index = TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
     assert index.lengths[0] == 0 and index.lengths[2] == 0 and index.num_documents == 4
-    cases = ((["a = 1\n", "b = 2\n", None], "document 2: column 'text' holds None"), ([3, 1, 4], "document 0: column 'text' holds a int"))
-    for column, what in cases:
+    many = ["x = 1\n"] * 300 + [None]
+    cases = (
+        (["a = 1\n", "b = 2\n", None], 1, "document 2: column 'text' holds None"),
+        ([3, 1, 4], 1, "document 0: column 'text' holds a int"),
+        (many, 2, "document 300: column 'text' holds None"),  # raised in a worker process
+    )
+    for column, num_proc, what in cases:
         ds = datasets.Dataset.from_dict({"text": column})
         with pytest.raises(ValueError, match=f"{what}, not a string"):
-            TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
+            TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, num_proc=num_proc, progress=False)
         assert not list(tmp_path.glob(".tmp-index-*")), "a failed build leaves no temporary directory"
     with pytest.raises(ValueError, match="text_column 'content' is not a column"):
         TokenIndex.build(ds, small_tokenizer, text_column="content", cache_dir=tmp_path)
@@ -131,6 +136,9 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
 
 def test_bestfit_bins_are_cached_next_to_the_index(small_index, tmp_path):
     index = TokenIndex.open(_copy_index(small_index, tmp_path / "idx"))
+    import shutil
+
+    shutil.rmtree(index.path / "layouts", ignore_errors=True)  # other tests may have cached layouts in the session index
     config = LayoutConfig(kind="bestfit", seq_len=128, seed=3, window_docs=5)
     first = index.layout(config)
     cached = list((index.path / "layouts").glob("bestfit-*.npy"))

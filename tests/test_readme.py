@@ -17,7 +17,8 @@ def python_blocks_with_output() -> list[tuple[str, str | None]]:
     return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
 
 
-def test_readme_examples_run_and_print_what_they_say():
+def test_readme_examples_run_and_print_what_they_say(tmp_path, monkeypatch):
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))  # the default index example builds one
     blocks = python_blocks_with_output()
     assert blocks, "the README has no python example"
     for code, expected in blocks:
@@ -26,3 +27,22 @@ def test_readme_examples_run_and_print_what_they_say():
             exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
         if expected is not None:
             assert out.getvalue() == expected
+
+
+def test_readme_trainer_configs_map_onto_the_dataclasses():
+    import json
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from train.config import config_from_dict
+
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), re.S)
+    assert blocks, "the README shows no trainer config"
+    for block in blocks:
+        config = config_from_dict(tomllib.loads(block))
+        for key, value in tomllib.loads(block).get("data", {}).items():
+            got = getattr(config.data, key)
+            assert json.loads(json.dumps(got)) == value, key  # tuples compare as the TOML's lists

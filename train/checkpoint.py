@@ -110,10 +110,25 @@ def fingerprint_changes(saved: dict, current: dict) -> list[str]:
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def check_fingerprint(path: Path, saved: dict, current: dict) -> None:
-    """Raise DataFingerprintError naming what changed unless the two fingerprints hash the same."""
+def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, resume_step: int | None = None) -> None:
+    """Raise DataFingerprintError naming what changed unless the two fingerprints hash the same.
+
+    With ``plan`` (the resuming run's Plan) and ``resume_step``, a changed plan is accepted when only its future changed:
+    mixture schedule entries or skip ranges at or after the resume step (:func:`detsampler.resume.check_resume`); the index
+    and layout must still be the same.
+    """
     if saved.get("hash") == current.get("hash"):
         return
+    if plan is not None and resume_step is not None and all(saved.get(k) == current.get(k) for k in ("index", "layout")):
+        from detsampler.resume import check_resume
+
+        try:
+            check_resume(saved["plan"], plan, resume_step)
+            return
+        except ValueError as exc:
+            raise DataFingerprintError(
+                f"checkpoint {path} (step {resume_step}): {exc}. Pass --allow-data-change to resume anyway, or start a new run."
+            ) from None
     changes = fingerprint_changes(saved, current) or ["(fingerprint hash differs)"]
     raise DataFingerprintError(
         f"checkpoint {path} was trained on a different data stream than this configuration: "

@@ -95,6 +95,12 @@ class DataConfig:
     ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
     cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
     :class:`detsampler.prepare.IndexConfig` (``train.data.index_config``).
+
+    A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the same
+    tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
+    ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too (see
+    :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
+    trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
     """
 
     source: str = ""
@@ -113,6 +119,11 @@ class DataConfig:
     num_workers: int = 0
     num_proc: int = 1  # index build processes
     store_tokens: bool = True  # False: the index keeps only lengths; batches are tokenized on the fly
+    mixture_sources: tuple[str, ...] = ()
+    mixture_weights: tuple[Any, ...] = ()
+    mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
+    mixture_names: tuple[str, ...] = ()
+    skip_steps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS
@@ -125,6 +136,23 @@ class DataConfig:
             _positive_int(self, name, 0)
         schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
         object.__setattr__(self, "batch_size_schedule", schedule)
+        from detsampler.plan import normalize_skip_steps
+
+        object.__setattr__(self, "skip_steps", normalize_skip_steps([tuple(r) for r in self.skip_steps]))
+        if self.mixture_sources and self.source:
+            raise ValueError("DataConfig: give either source (one corpus) or mixture_sources (a mixture), not both")
+        if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:
+            raise ValueError("DataConfig.mixture_weights, mixture_schedule and mixture_names need mixture_sources")
+        self.mixture_config()  # validates the mixture: one weight per source, valid weights, increasing schedule steps
+
+    def mixture_config(self) -> Any:
+        """The :class:`~detsampler.mixture.MixtureConfig` of the mixture fields, or None without ``mixture_sources``."""
+        from detsampler.mixture import MixtureConfig
+
+        if not self.mixture_sources:
+            return None
+        return MixtureConfig(sources=tuple(self.mixture_sources), weights=tuple(self.mixture_weights),
+                             schedule=tuple(self.mixture_schedule), seed=self.seed, names=tuple(self.mixture_names) or None)
 
 
 @dataclass(frozen=True, kw_only=True)

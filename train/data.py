@@ -57,6 +57,7 @@ class DataPipeline:
     layout: Layout
     plan: Plan
     dataset: Any
+    sources: list[tuple[Any, Layout]] | None = None  # a mixture: (index, layout) of each source; index/layout: source 0's
 
     @property
     def vocab_size(self) -> int:
@@ -68,7 +69,14 @@ class DataPipeline:
         return self.layout.config.kind != "concat"
 
     def fingerprint(self) -> dict:
-        return data_fingerprint(str(self.index.fingerprint), self.layout.describe(), self.plan.fingerprint())
+        """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
+        if self.sources is None:
+            return data_fingerprint(str(self.index.fingerprint), self.layout.describe(), self.plan.fingerprint())
+        return data_fingerprint(
+            ",".join(str(index.fingerprint) for index, _ in self.sources),
+            {"mixture": [layout.describe() for _, layout in self.sources]},
+            self.plan.fingerprint(),
+        )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
@@ -110,6 +118,8 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
 
     from detsampler.prepare import prepare_index
 
+    if config.mixture_sources:
+        return _build_mixture_pipeline(config, world_size, rank)
     # Under torch.distributed, rank 0 builds while the others wait (TokenIndex.build); a file lock serializes the default
     # tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
@@ -123,6 +133,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
         micro_batch_size=config.micro_batch_size,
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
+        skip_steps=[tuple(r) for r in config.skip_steps] or None,
     )
     if index.tokens is None:  # tokens are not stored: tokenize each batch's documents on the fly
         dataset = PackedDataset(index, layout, dataset=prepared.dataset, tokenizer=tokenizer, text_column=config.text_column)
@@ -140,3 +151,38 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
         both = torch.cat([mb["input_ids"], mb["labels"]], dim=1).cpu().numpy()
         rows.append(token_row_hashes(both))
     return np.stack(rows)
+
+
+def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
+    """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
+    mixture and a :class:`detsampler.mixture_dataset.MixtureDataset` of their packed datasets."""
+    from dataclasses import replace
+
+    from detsampler.corpus import default_tokenizer
+    from detsampler.dataset import PackedDataset
+    from detsampler.mixture_dataset import MixtureDataset
+    from detsampler.prepare import prepare_index
+
+    base = index_config(config)
+    tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
+    prepared = [prepare_index(replace(base, data=src, tokenizer=str(tokenizer_path)), progress=rank == 0)
+                for src in config.mixture_sources]
+    layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+    layouts = [p.index.layout(layout_config) for p in prepared]
+    mixture = config.mixture_config().build(layouts)
+    plan = Plan(
+        num_samples=mixture,
+        seed=config.seed,
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        world_size=world_size,
+        batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
+        skip_steps=[tuple(r) for r in config.skip_steps] or None,
+    )
+    datasets = [
+        PackedDataset(p.index, lay, dataset=p.dataset, tokenizer=p.tokenizer, text_column=config.text_column)
+        if p.index.tokens is None else PackedDataset(p.index, lay)
+        for p, lay in zip(prepared, layouts)
+    ]
+    return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
+                        dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])

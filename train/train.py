@@ -213,7 +213,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_dat
         if resume_path is not None:
             meta = ckpt.read_meta(resume_path)
             if not allow_data_change:
-                ckpt.check_fingerprint(resume_path, meta["data"], fingerprint)
+                ckpt.check_fingerprint(resume_path, meta["data"], fingerprint, plan=data.plan, resume_step=meta["step"])
             start_step = meta["step"]
         _run(cfg, rt, run_dir, ckpt_dir, data, fingerprint, resume_path, start_step, stop_at)
     finally:
@@ -240,7 +240,9 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
     n_params = sum(p.numel() for p in model.parameters())
     log(rt, f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
             f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}")
-    log(rt, f"data: {data.layout.describe()['kind']} layout, {data.layout.num_samples} samples of seq_len {cfg.data.seq_len}, "
+    samples = (f"{data.layout.num_samples} samples" if data.sources is None else
+               "a mixture of " + " + ".join(str(lay.num_samples) for _, lay in data.sources) + " samples")
+    log(rt, f"data: {data.layout.describe()['kind']} layout, {samples} of seq_len {cfg.data.seq_len}, "
             f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
             f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}")
     log(rt, f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "

@@ -19,7 +19,6 @@ import tempfile
 import time
 from typing import Sequence
 
-import numpy as np
 
 __all__ = ["main", "run"]
 
@@ -108,7 +107,7 @@ def report(r: dict) -> None:
     print(f"  raw sentencepiece encode, 1 thread      {r['raw_encode_tokens_per_s_1thread']:>14,.0f} tokens/s")
     print(f"  raw sentencepiece encode, {r['num_proc']} thread(s)   {raw:>14,.0f} tokens/s")
     print(f"  TokenIndex.build, num_proc={r['num_proc']}           {r['build_tokens_per_s']:>14,.0f} tokens/s  "
-          f"= {r['build_tokens_per_s'] / raw:.2f} x raw encode")
+          f"= {r['build_tokens_per_s'] / raw:.2f} x raw encode ({r['build_tokens_per_s'] / r['raw_encode_tokens_per_s_1thread']:.2f} x 1 thread)")
     print(f"  {'layout':<9} {'stored samples/s':>17} {'tokens/s':>14} {'x raw encode':>13} {'on-the-fly samples/s':>21} "
           f"{'DataLoader samples/s':>21}")
     for kind, row in r["layouts"].items():

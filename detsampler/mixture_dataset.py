@@ -1,0 +1,62 @@
+"""The torch adapter for mixtures: one map-style dataset over the sources' datasets, indexed by global sample id."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from detsampler.mixture import Mixture
+
+__all__ = ["MixtureDataset"]
+
+
+class MixtureDataset(Dataset):
+    """``dataset[g]`` is ``datasets[k][i]`` for the global sample id ``g = offset_k + i`` of ``mixture``.
+
+    ``datasets[k]`` is source ``k``'s map-style dataset (a ``PackedDataset`` over that source's layout, say) and must hold
+    exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan, rank)``
+    (``plan`` built over ``mixture``) reads each source's samples in that source's own keyed order. Batched fetches
+    (``__getitems__``) are grouped by source and returned in the order asked.
+    """
+
+    def __init__(self, datasets: Sequence[Any], mixture: Mixture) -> None:
+        if len(datasets) != mixture.num_sources:
+            raise ValueError(f"datasets must have one dataset per mixture source ({mixture.num_sources}), got {len(datasets)}")
+        for k, (ds, n) in enumerate(zip(datasets, mixture.sizes)):
+            if len(ds) != n:
+                raise ValueError(f"datasets[{k}] has {len(ds)} samples but mixture source {k} has {n}")
+        self.datasets = list(datasets)
+        self.mixture = mixture
+
+    def __len__(self) -> int:
+        return self.mixture.num_samples
+
+    def __getitem__(self, index: int) -> Any:
+        source, sample = self.mixture.split_ids(np.asarray([index]))
+        return self.datasets[int(source[0])][int(sample[0])]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples of ``indices`` in order. When every source returns a batched ``MicroBatch`` (``PackedDataset``
+        does), so does this: one dict of ``[B, seq_len]`` tensors, the sources' rows put back in the order asked."""
+        source, sample = self.mixture.split_ids(np.asarray(indices, dtype=np.int64))
+        parts, wheres = [], []
+        for k in np.unique(source):
+            where = np.flatnonzero(source == k)
+            ds = self.datasets[int(k)]
+            local = sample[where].tolist()
+            parts.append(ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local])
+            wheres.append(where)
+        if parts and all(isinstance(getattr(p, "batch", None), dict) for p in parts):
+            from detsampler.dataset import MicroBatch
+
+            order = torch.as_tensor(np.argsort(np.concatenate(wheres), kind="stable"))
+            keys = parts[0].batch.keys()
+            return MicroBatch({key: torch.cat([p.batch[key] for p in parts])[order] for key in keys})
+        out: list[Any] = [None] * len(indices)
+        for where, items in zip(wheres, parts):
+            for j, item in zip(where.tolist(), items):
+                out[j] = item
+        return out
