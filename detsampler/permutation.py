@@ -15,10 +15,11 @@ Invariants (tests/test_permutation.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from detsampler.keys import _M1, _M2, _S27, _S30, _S31, subkeys
+from detsampler.keys import _M1, _M2, _S27, _S30, _S31, MASK64, subkeys
 
 __all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
 
@@ -97,10 +98,55 @@ class _Network:
         np.bitwise_and(out, mask, out=out)
 
 
+def _domain_bits(n: int) -> int:
+    return max(2, (int(n) - 1).bit_length())
+
+
+@lru_cache(maxsize=4096)
+def _scalar_round_keys(key: int) -> tuple[int, ...]:
+    """The round keys of one 64-bit key (cached: a run uses a handful of keys, one per epoch)."""
+    return tuple(int(subkeys(key, i)) for i in range(NUM_ROUNDS))
+
+
 def _network(n: int, keys: np.ndarray) -> _Network:
     """The network for domain size ``n``; ``keys`` is a 0-d key or one key per index."""
-    bits = max(2, (int(n) - 1).bit_length())
-    return _Network(bits, tuple(subkeys(keys, i) for i in range(NUM_ROUNDS)))
+    if keys.ndim == 0:
+        return _Network(_domain_bits(n), tuple(np.uint64(k) for k in _scalar_round_keys(int(keys))))
+    return _Network(_domain_bits(n), tuple(subkeys(keys, i) for i in range(NUM_ROUNDS)))
+
+
+def _mix64_int(z: int) -> int:
+    """:func:`detsampler.keys.mix64` on one Python int (the same values)."""
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & MASK64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
+    """The network with cycle walking on a few Python ints: the numpy path's values, without its per-call overhead."""
+    bits = _domain_bits(n)
+    low = bits // 2
+    high = bits - low
+    low_mask, high_mask = (1 << low) - 1, (1 << high) - 1
+    round_keys = _scalar_round_keys(key)
+    if inverse:
+        round_keys = round_keys[::-1]
+    out = []
+    for x in values:
+        while True:
+            for rk in round_keys:
+                if inverse:
+                    lo = x >> high
+                    x = ((((x & high_mask) ^ (_mix64_int(lo ^ rk) & high_mask))) << low) | lo
+                else:
+                    lo = x & low_mask
+                    x = (lo << high) | ((x >> low) ^ (_mix64_int(lo ^ rk) & high_mask))
+            if x < n:
+                break
+        out.append(x)
+    return out
 
 
 def _walk(step, x: np.ndarray, n: int) -> np.ndarray:
@@ -114,6 +160,7 @@ def _walk(step, x: np.ndarray, n: int) -> np.ndarray:
 
 
 _CHUNK = 1 << 15  # indices per pass: keeps the temporaries of a round in cache
+_FEW = 48  # up to this many indices with one key, Python ints beat numpy's per-call overhead
 
 
 def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool) -> np.ndarray:
@@ -123,6 +170,8 @@ def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool) ->
     flat = arr.reshape(-1)
     keys = np.asarray(key if not isinstance(key, int) else key & ((1 << 64) - 1), dtype=np.uint64)
     keys = np.broadcast_to(keys, shape).reshape(-1) if keys.ndim else keys
+    if keys.ndim == 0 and flat.size <= _FEW:
+        return np.array(_walk_ints(flat.tolist(), n, int(keys), inverse), dtype=np.int64).reshape(shape)
     out = np.empty(flat.shape, dtype=np.int64)
     for lo in range(0, flat.size, _CHUNK):
         part = slice(lo, lo + _CHUNK)

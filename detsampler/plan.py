@@ -23,6 +23,7 @@ Invariants (tests/test_plan.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -60,13 +61,16 @@ class EpochStream:
         if not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1 (no complete sample otherwise), got {self.num_samples!r}")
 
-    @property
+    @cached_property
     def base_key(self) -> int:
         return stable_hash64("epoch-shuffle", self.seed)
 
     def epoch_key(self, epoch: np.ndarray | int) -> np.ndarray:
         """The permutation key of ``epoch`` (elementwise)."""
         return subkeys(self.base_key, epoch)
+
+    def _scalar_epoch_key(self, epoch: int) -> int:
+        return _epoch_key_int(self.base_key, epoch)
 
     def epochs(self, positions: np.ndarray) -> np.ndarray:
         return np.asarray(positions, dtype=np.int64) // self.num_samples
@@ -76,7 +80,7 @@ class EpochStream:
         epochs = positions // self.num_samples
         within = positions - epochs * self.num_samples
         if epochs.size and epochs.min() == epochs.max():  # the usual case: one key for all
-            return permute(within, self.num_samples, int(self.epoch_key(int(epochs.flat[0]))))
+            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])))
         return permute(within, self.num_samples, self.epoch_key(epochs))
 
     def describe(self) -> dict:
@@ -117,6 +121,11 @@ def data_step(skip_steps: Sequence[tuple[int, int]], step: int) -> int:
             break
         d += b - a + 1
     return d
+
+
+@lru_cache(maxsize=1024)
+def _epoch_key_int(base_key: int, epoch: int) -> int:
+    return int(subkeys(base_key, epoch))
 
 
 def _check_step(step: int, name: str = "step") -> int:

@@ -91,3 +91,20 @@ def test_bad_input():
         permute(np.array([-1]), 10, 1)
     with pytest.raises(TypeError, match="integers"):
         permute(np.array([0.5]), 10, 1)
+
+
+@given(n=domain_sizes, key=seeds, data=st.data())
+def test_few_indices_path_equals_the_array_path(n, key, data):
+    """Up to ``_FEW`` indices go through Python ints; the values must be the numpy network's, both ways."""
+    from detsampler import permutation
+
+    x = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=permutation._FEW)), dtype=np.int64)
+    few = permute(x, n, key)
+    saved = permutation._FEW
+    permutation._FEW = -1
+    try:
+        np.testing.assert_array_equal(permute(x, n, key), few)
+        np.testing.assert_array_equal(unpermute(few, n, key), x)
+    finally:
+        permutation._FEW = saved
+    np.testing.assert_array_equal(unpermute(few, n, key), x)
