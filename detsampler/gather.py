@@ -19,15 +19,36 @@ __all__ = ["Gathered", "gather_spans"]
 
 @dataclass(frozen=True)
 class Gathered:
-    """Per cell of a ``[B, sample_len]`` grid: the token, its document (-1 on padding), its position within its document
-    and within its span, whether it is the last position of its span, and whether it holds a token at all."""
+    """Per cell of a ``[B, sample_len]`` grid: the token, its document (-1 on padding), its position within its span,
+    whether it is the last position of its span, and whether it holds a token at all (cells fill each row from the left)."""
 
     tokens: np.ndarray  # int64, pad_id on padding
     doc_ids: np.ndarray  # int64, -1 on padding
-    doc_positions: np.ndarray  # int64, 0 on padding
     span_positions: np.ndarray  # int64, 0 on padding
     last_in_span: np.ndarray  # bool
     valid: np.ndarray  # bool
+
+
+def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_lengths: np.ndarray) -> None:
+    if per_sample.size and int(per_sample.max()) > sample_len:
+        raise ValueError(f"a sample spans {int(per_sample.max())} positions, more than sample_len={sample_len}")
+    past_eos = spans.stops > doc_lengths + 1
+    if past_eos.any():
+        j = int(np.argmax(past_eos))
+        raise ValueError(
+            f"span of document {int(spans.doc_ids[j])} reaches position {int(spans.stops[j]) - 1}, but the document has only "
+            f"{int(doc_lengths[j])} tokens and an EOS: the layout does not match the index"
+        )
+
+
+def _into_grid(values: np.ndarray, valid: np.ndarray | None, shape: tuple[int, int], fill: int | bool) -> np.ndarray:
+    """``values`` (the filled cells of all rows, row-major) laid into the grid, ``fill`` elsewhere; no copy when every row
+    is full (``valid`` None)."""
+    if valid is None:
+        return values.reshape(shape)
+    grid = np.full(shape, fill, dtype=values.dtype)
+    grid[valid] = values
+    return grid
 
 
 def gather_spans(
@@ -40,49 +61,39 @@ def gather_spans(
     pad_id: int,
 ) -> Gathered:
     """The tokens of ``spans``: span ``j`` reads ``flat_tokens[doc_starts[j] + p]`` for its positions ``p < doc_lengths[j]``
-    and ``eos_id`` at ``p == doc_lengths[j]``. ``doc_starts`` / ``doc_lengths`` are per span (not per document)."""
+    and ``eos_id`` at ``p == doc_lengths[j]``. ``doc_starts`` / ``doc_lengths`` are per span (not per document).
+
+    Cost: a constant number of passes over the batch's cells and one fancy-index gather from ``flat_tokens``.
+    """
     num_samples = len(spans)
-    span_len = (spans.stops - spans.starts).astype(np.int64)
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
     cum = np.zeros(span_len.size + 1, dtype=np.int64)
     np.cumsum(span_len, out=cum[1:])
-    total = int(cum[-1])
-    sample_first = cum[spans.offsets[:-1]]
-    per_sample = cum[spans.offsets[1:]] - sample_first
-    if per_sample.size and int(per_sample.max()) > sample_len:
-        raise ValueError(f"a sample spans {int(per_sample.max())} positions, more than sample_len={sample_len}")
+    span_begin, span_end, total = cum[:-1], cum[1:], int(cum[-1])
+    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
+    _check_spans(spans, per_sample, sample_len, doc_lengths)
 
-    span_of = np.repeat(np.arange(span_len.size, dtype=np.int64), span_len)
-    flat_pos = np.arange(total, dtype=np.int64)
-    within = flat_pos - cum[span_of]
-    doc_pos = spans.starts[span_of] + within
-    length = np.asarray(doc_lengths, dtype=np.int64)[span_of]
-    if total and bool((doc_pos > length).any()):
-        j = int(span_of[np.argmax(doc_pos > length)])
-        raise ValueError(
-            f"span of document {int(spans.doc_ids[j])} reaches position {int(spans.stops[j]) - 1}, but the document has only "
-            f"{int(doc_lengths[j])} tokens and an EOS: the layout does not match the index"
-        )
-    eos = doc_pos == length
-    src = np.asarray(doc_starts, dtype=np.int64)[span_of] + doc_pos
-    if flat_tokens.size:
-        values = np.asarray(flat_tokens[np.where(eos, 0, src)], dtype=np.int64)  # the one gather
-    else:
-        values = np.zeros(total, dtype=np.int64)
-    values[eos] = eos_id
+    cell = np.arange(total, dtype=np.int64)
+    span_positions = cell - np.repeat(span_begin, span_len)
+    src = span_positions + np.repeat(doc_starts + spans.starts, span_len)
+    ends_at_eos = np.flatnonzero(spans.stops == doc_lengths + 1)
+    eos_cells = span_end[ends_at_eos] - 1
+    src[eos_cells] = 0  # the EOS is virtual: read anything in bounds, overwrite below
+    values = np.asarray(flat_tokens[src], dtype=np.int64) if flat_tokens.size else np.zeros(total, dtype=np.int64)
+    values[eos_cells] = eos_id
+    last = np.zeros(total, dtype=bool)
+    last[span_end[span_len > 0] - 1] = True
 
-    row = np.repeat(np.arange(num_samples, dtype=np.int64), np.diff(spans.offsets))[span_of]
-    col = flat_pos - sample_first[row]
+    full = bool((per_sample == sample_len).all())
+    valid = None if full else np.arange(sample_len)[None, :] < per_sample[:, None]
     shape = (num_samples, sample_len)
-    tokens = np.full(shape, pad_id, dtype=np.int64)
-    doc_ids = np.full(shape, -1, dtype=np.int64)
-    doc_positions = np.zeros(shape, dtype=np.int64)
-    span_positions = np.zeros(shape, dtype=np.int64)
-    last = np.zeros(shape, dtype=bool)
-    valid = np.zeros(shape, dtype=bool)
-    tokens[row, col] = values
-    doc_ids[row, col] = np.asarray(spans.doc_ids, dtype=np.int64)[span_of]
-    doc_positions[row, col] = doc_pos
-    span_positions[row, col] = within
-    last[row, col] = within == span_len[span_of] - 1
-    valid[row, col] = True
-    return Gathered(tokens, doc_ids, doc_positions, span_positions, last, valid)
+    doc_ids = np.repeat(spans.doc_ids.astype(np.int64, copy=False), span_len)
+    return Gathered(
+        tokens=_into_grid(values, valid, shape, pad_id),
+        doc_ids=_into_grid(doc_ids, valid, shape, -1),
+        span_positions=_into_grid(span_positions, valid, shape, 0),
+        last_in_span=_into_grid(last, valid, shape, False),
+        valid=np.ones(shape, dtype=bool) if valid is None else valid,
+    )
