@@ -21,6 +21,7 @@ disk for CPU, which DataLoader workers supply.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from itertools import chain
 from typing import Any, Sequence
 
@@ -39,14 +40,22 @@ __all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 
-class MicroBatch(list):
-    """What ``__getitems__`` returns: a list of per-sample dicts (views into ``batch``) for the default collate, and
-    ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch` returns without any per-sample work."""
+class MicroBatch(SequenceABC):
+    """What ``__getitems__`` returns: a sequence of per-sample dicts (views into ``batch``, made only when asked for) for
+    the default collate, and ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch` returns
+    without any per-sample work."""
 
     def __init__(self, batch: dict[str, torch.Tensor]) -> None:
-        n = len(batch["input_ids"])
-        super().__init__({k: v[i] for k, v in batch.items()} for i in range(n))
         self.batch = batch
+        self._len = len(batch["input_ids"])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        return {k: v[i] for k, v in self.batch.items()}
 
 
 def collate_micro_batch(samples: Sequence[Any]) -> Any:
@@ -160,8 +169,11 @@ class PackedDataset(Dataset):
             position_ids = span_pos
         else:
             position_ids = np.tile(np.arange(L, dtype=np.int64), (len(ids), 1))
-        out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "document_ids": document_ids}
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+        # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block.
+        out = np.empty((len(FIELDS), len(ids), L), dtype=np.int64)
+        out[0], out[1], out[2], out[3] = input_ids, labels, position_ids, document_ids
+        stacked = torch.from_numpy(out)
+        return dict(zip(FIELDS, stacked.unbind(0)))
 
 
 def _rebuild(index: TokenIndex, config: Any, bins: np.ndarray | None, kwargs: dict) -> PackedDataset:
