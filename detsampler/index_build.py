@@ -127,6 +127,17 @@ def _initialized_dist() -> Any:
     return dist
 
 
+def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int) -> None:
+    """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
+    from detsampler.corpus import check_text_column
+
+    check_text_column(dataset, text_column)
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(f"tokenizer must be a detsampler.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
+
+
 def build_index(
     cls: type[TokenIndex],
     dataset: Any,
@@ -144,13 +155,7 @@ def build_index(
     at a barrier; always, a file lock on the cache entry serializes builders across processes and jobs. (``cls`` is
     :class:`~detsampler.index.TokenIndex`, whose ``open`` reads the result.)
     """
-    from detsampler.corpus import check_text_column
-
-    check_text_column(dataset, text_column)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
-    if not isinstance(tokenizer, Tokenizer):
-        raise ValueError(f"tokenizer must be a detsampler.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
+    _check_build_args(dataset, tokenizer, text_column, num_proc)
     key = index_cache_key(dataset, tokenizer, text_column, store_tokens)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)

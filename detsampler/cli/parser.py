@@ -7,6 +7,7 @@ index options.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from detsampler.cli.options import add_index_options, add_layout_options, add_mixture_options, add_plan_options, step_range
 from detsampler.layout import LAYOUT_KINDS
@@ -22,6 +23,26 @@ def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
     add_mixture_options(p)
 
 
+def _add_tokenizer_command(sub: Any) -> None:
+    """``detsampler tokenizer train``."""
+    tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    train = tok_sub.add_parser("train", help="train a BPE sentencepiece model", description=(
+        "Train a BPE sentencepiece model (byte fallback, identity normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3)."))
+    train.add_argument("--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)")
+    train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
+    train.add_argument("--out", required=True, metavar="PATH", help="where to write the .model file")
+
+
+def _add_build_command(sub: Any) -> None:
+    """``detsampler build``: the index options, and how to print."""
+    build = sub.add_parser("build", help="build (or open) the index and print its summary",
+                           description="Build the token index of the corpus (or open the cached one) and print its summary.")
+    add_index_options(build)
+    build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
+    build.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``detsampler COMMAND [options]``."""
     parser = argparse.ArgumentParser(
@@ -31,19 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
-    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    train = tok_sub.add_parser("train", help="train a BPE sentencepiece model", description=(
-        "Train a BPE sentencepiece model (byte fallback, identity normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3)."))
-    train.add_argument("--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)")
-    train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
-    train.add_argument("--out", required=True, metavar="PATH", help="where to write the .model file")
-
-    build = sub.add_parser("build", help="build (or open) the index and print its summary",
-                           description="Build the token index of the corpus (or open the cached one) and print its summary.")
-    add_index_options(build)
-    build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
-    build.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_tokenizer_command(sub)
+    _add_build_command(sub)
 
     show = sub.add_parser("show", help="what a rank reads at a step: documents, token offsets, optionally text",
                           description="Which documents and token offsets each rank reads at a step (and micro step), "
