@@ -38,11 +38,14 @@ global position where its step starts (:meth:`Mixture.with_step_positions`). At 
 position it reached: ``p_k`` always counts exactly the earlier positions served by source ``k``, whatever the schedule.
 
 Cost: a batch of ``B`` positions costs O(B * depth + number of sources + number of segments it touches); memory O(B).
+
+Code: weights and schedules are read in :mod:`detsampler.mixture_weights`, the routing tree is
+:mod:`detsampler.mixture_tree`; this module holds :class:`Mixture` and :class:`MixtureConfig` (and re-exports
+``MAX_DENOMINATOR`` and ``normalize_weights``).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -51,11 +54,12 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from detsampler.keys import stable_hash64, subkeys
+from detsampler.mixture_tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
+from detsampler.mixture_config import MixtureConfig
+from detsampler.mixture_weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
 from detsampler.permutation import permute
 
 __all__ = ["MAX_DENOMINATOR", "Mixture", "MixtureConfig", "MixtureLookup", "Source", "normalize_weights"]
-
-MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
 
 
 class Source(Protocol):
@@ -74,87 +78,6 @@ class MixtureLookup(NamedTuple):
     global_id: np.ndarray  # offset_k + source_sample
 
 
-def _as_fraction(value: Any, where: str) -> Fraction:
-    if isinstance(value, bool):
-        raise ValueError(f"{where} must be a number, got {value!r}")
-    if isinstance(value, str):
-        try:
-            frac = Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            raise ValueError(f"{where} must be a number such as 0.25 or '1/3', got {value!r}") from None
-        return frac
-    if isinstance(value, (Fraction, numbers.Integral)):
-        return Fraction(int(value)) if isinstance(value, numbers.Integral) else value
-    if isinstance(value, numbers.Real):
-        f = float(value)
-        if not math.isfinite(f):
-            raise ValueError(f"{where} must be finite, got {value!r}")
-        return Fraction(repr(f))  # the shortest decimal that reads back as this float: 0.1 is 1/10
-    raise ValueError(f"{where} must be a number, got {type(value).__name__} {value!r}")
-
-
-def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "weights") -> tuple[int, ...]:
-    """Exact integer weights ``c_k`` (``gcd == 1``, ``sum <= MAX_DENOMINATOR``) proportional to ``weights``.
-
-    Raises ValueError for a wrong count, a negative, non-finite or non-numeric weight, or all weights zero.
-    """
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-        raise ValueError(f"{name} must be a list of {num_sources} numbers, got {weights!r}")
-    if len(weights) != num_sources:
-        raise ValueError(f"{name} must have one weight per source ({num_sources}), got {len(weights)}: {list(weights)!r}")
-    fracs = [_as_fraction(w, f"{name}[{k}]") for k, w in enumerate(weights)]
-    for k, f in enumerate(fracs):
-        if f < 0:
-            raise ValueError(f"{name}[{k}] must be >= 0, got {weights[k]!r}")
-    total = sum(fracs, Fraction(0))
-    if total == 0:
-        raise ValueError(f"{name} must not all be zero, got {list(weights)!r}")
-    denominator = math.lcm(*(f.denominator for f in fracs))
-    ints = [int(f * denominator) for f in fracs]
-    g = math.gcd(*ints)
-    ints = [c // g for c in ints]
-    if sum(ints) <= MAX_DENOMINATOR:
-        return tuple(ints)
-    # Too fine to route exactly: largest-remainder quantization to MAX_DENOMINATOR (ties to the lower index).
-    scaled = [f / total * MAX_DENOMINATOR for f in fracs]
-    floors = [math.floor(s) for s in scaled]
-    order = sorted(range(num_sources), key=lambda k: (-(scaled[k] - floors[k]), k))
-    for k in order[: MAX_DENOMINATOR - sum(floors)]:
-        floors[k] += 1
-    for k, (f, c) in enumerate(zip(fracs, floors)):
-        if f > 0 and c == 0:
-            raise ValueError(f"{name}[{k}] = {weights[k]!r} is below 2**-30 of the total: too small to be served")
-    g = math.gcd(*floors)
-    return tuple(c // g for c in floors)
-
-
-def _parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """``weights`` as a schedule of ``(first_step, integer weights)``: a plain list of numbers is ``[(0, weights)]``."""
-    is_schedule = (
-        isinstance(weights, Sequence)
-        and not isinstance(weights, (str, bytes))
-        and len(weights) > 0
-        and all(
-            isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2 and isinstance(e[1], Sequence)
-            and not isinstance(e[1], (str, bytes))
-            for e in weights
-        )
-    )
-    if not is_schedule:
-        return ((0, normalize_weights(weights, num_sources)),)
-    rows = []
-    for i, (step, ws) in enumerate(weights):
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"weights schedule entry {i}: the first step must be an integer >= 0, got {step!r}")
-        rows.append((int(step), normalize_weights(ws, num_sources, f"weights schedule entry {i} (step {step})")))
-    if rows[0][0] != 0:
-        raise ValueError(f"the weights schedule must start at step 0, got its first entry at step {rows[0][0]}")
-    for (s0, _), (s1, _) in zip(rows, rows[1:]):
-        if s1 <= s0:
-            raise ValueError(f"the weights schedule steps must be strictly increasing, got step {s1} after step {s0}")
-    return tuple(rows)
-
-
 def _frozen(value: Any) -> Any:
     """Lists as tuples, recursively: equal configurations compare (and hash) equal whatever sequence type was used."""
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -162,69 +85,44 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class _Node:
-    """A node of a segment's routing tree: ``leaf`` is a source index, or ``-1`` for an inner node."""
 
-    weight: int
-    leaf: int = -1
-    left: _Node | None = None
-    right: _Node | None = None
-    phase: int = 0
-
-
-def _build_tree(ints: tuple[int, ...], seed: int, first_step: int) -> _Node:
-    # The sources of positive weight, in a seeded order (so that the interleaving pattern itself depends on the seed).
-    active = sorted((k for k, c in enumerate(ints) if c > 0), key=lambda k: stable_hash64("mixture-order", seed, first_step, k))
-
-    def build(ks: list[int]) -> _Node:
-        if len(ks) == 1:
-            return _Node(weight=ints[ks[0]], leaf=ks[0])
-        mid = len(ks) // 2
-        left, right = build(ks[:mid]), build(ks[mid:])
-        weight = left.weight + right.weight
-        phase = stable_hash64("mixture-phase", seed, first_step, *ks) % weight
-        return _Node(weight=weight, left=left, right=right, phase=phase)
-
-    return build(active)
+def _source_sizes(sources: Any) -> list[int]:
+    """``num_samples`` of each source (a layout or an int), each checked to be >= 1."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
+        raise ValueError(f"sources must be a non-empty list of layouts (or sample counts), got {sources!r}")
+    sizes = []
+    for k, src in enumerate(sources):
+        n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
+        sizes.append(int(n))
+    return sizes
 
 
-def _left_count(q: np.ndarray, node: _Node) -> np.ndarray:
-    """``L(q) = floor((q * a + r) / T)`` in int64 without overflow (``a, r < T <= 2**30``)."""
-    a, t = node.left.weight, node.weight
-    return (q // t) * a + ((q % t) * a + node.phase) // t
+def _placed_positions(step_positions: Any, num_entries: int) -> tuple[int, ...] | None:
+    """The global position of each schedule entry: as given (checked), ``(0,)`` for a single entry, else None (unplaced)."""
+    if step_positions is None:
+        return (0,) if num_entries == 1 else None
+    positions = tuple(int(p) for p in step_positions)
+    if len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:])):
+        raise ValueError(
+            f"step_positions must give a non-decreasing position for each of the {num_entries} schedule entries "
+            f"starting at 0, got {positions}"
+        )
+    return positions
 
 
-def _route(node: _Node, idx: np.ndarray, q: np.ndarray, out_source: np.ndarray, out_pos: np.ndarray) -> None:
-    """Send positions ``idx`` (the ``q``-th positions of ``node``) down to the leaves: fills source and leaf position."""
-    if node.leaf >= 0:
-        out_source[idx] = node.leaf
-        out_pos[idx] = q
-        return
-    lq = _left_count(q, node)
-    go_left = _left_count(q + 1, node) > lq
-    _route(node.left, idx[go_left], lq[go_left], out_source, out_pos)
-    right = ~go_left
-    _route(node.right, idx[right], q[right] - lq[right], out_source, out_pos)
-
-
-def _leaf_counts(node: _Node, n: int, out: list[int]) -> None:
-    """How many of a segment's first ``n`` positions each source gets (exact, Python ints)."""
-    if node.leaf >= 0:
-        out[node.leaf] += n
-        return
-    left = (n * node.left.weight + node.phase) // node.weight
-    _leaf_counts(node.left, left, out)
-    _leaf_counts(node.right, n - left, out)
-
-
-def _leaf_bounds(node: _Node, path: tuple[int, ...], out: list[Fraction]) -> None:
-    """The per-source bound ``sum_i w_k / W(u_i) = sum_i c_k / T(u_i)`` over the nodes below the root (module docstring)."""
-    if node.leaf >= 0:
-        out[node.leaf] = sum((Fraction(node.weight, t) for t in path), Fraction(0))
-        return
-    _leaf_bounds(node.left, path + (node.left.weight,), out)
-    _leaf_bounds(node.right, path + (node.right.weight,), out)
+def _segment_starts(trees: Sequence[RouteNode], positions: tuple[int, ...] | None,
+                    num_sources: int) -> tuple[tuple[int, ...], ...]:
+    """Per segment, the position ``p_k`` each source has reached where the segment starts (empty when unplaced)."""
+    starts: list[tuple[int, ...]] = []
+    if positions is not None:
+        reached = [0] * num_sources
+        for j, tree in enumerate(trees):
+            starts.append(tuple(reached))
+            if j + 1 < len(positions):
+                leaf_counts(tree, positions[j + 1] - positions[j], reached)
+    return tuple(starts)
 
 
 @dataclass(frozen=True)
@@ -243,46 +141,23 @@ class Mixture:
     sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
     schedule: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
-    _trees: tuple[_Node, ...] = field(init=False, repr=False, compare=False)
+    _trees: tuple[RouteNode, ...] = field(init=False, repr=False, compare=False)
     _starts: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.sources, (str, bytes)) or not isinstance(self.sources, Sequence) or not self.sources:
-            raise ValueError(f"sources must be a non-empty list of layouts (or sample counts), got {self.sources!r}")
-        sizes = []
-        for k, src in enumerate(self.sources):
-            n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-                raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
-            sizes.append(int(n))
+        sizes = _source_sizes(self.sources)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
         object.__setattr__(self, "offsets", tuple(int(x) for x in np.cumsum([0] + sizes[:-1])))
-        schedule = _parse_schedule(self.weights, len(sizes))
+        schedule = parse_schedule(self.weights, len(sizes))
         object.__setattr__(self, "schedule", schedule)
-        object.__setattr__(self, "_trees", tuple(_build_tree(ints, int(self.seed), step) for step, ints in schedule))
-        positions = self.step_positions
-        if positions is None:
-            positions = (0,) if len(schedule) == 1 else None
-        else:
-            positions = tuple(int(p) for p in positions)
-            if len(positions) != len(schedule) or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:])):
-                raise ValueError(
-                    f"step_positions must give a non-decreasing position for each of the {len(schedule)} schedule entries "
-                    f"starting at 0, got {positions}"
-                )
+        object.__setattr__(self, "_trees", tuple(build_tree(ints, int(self.seed), step) for step, ints in schedule))
+        positions = _placed_positions(self.step_positions, len(schedule))
         object.__setattr__(self, "step_positions", positions)
-        starts: list[tuple[int, ...]] = []
-        if positions is not None:
-            reached = [0] * len(sizes)
-            for j, tree in enumerate(self._trees):
-                starts.append(tuple(reached))
-                if j + 1 < len(positions):
-                    _leaf_counts(tree, positions[j + 1] - positions[j], reached)
-        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "_starts", _segment_starts(self._trees, positions, len(sizes)))
 
     # -- the SampleStream protocol ---------------------------------------------------------------------------------------
 
@@ -350,7 +225,7 @@ class Mixture:
             idx = np.flatnonzero(segment == j) if len(bounds) > 1 else np.arange(flat.size)
             leaf_pos = np.empty(idx.shape, dtype=np.int64)
             leaf_src = np.empty(idx.shape, dtype=np.int64)
-            _route(self._trees[j], np.arange(idx.size), flat[idx] - bounds[j], leaf_src, leaf_pos)
+            route(self._trees[j], np.arange(idx.size), flat[idx] - bounds[j], leaf_src, leaf_pos)
             source[idx] = leaf_src
             pos[idx] = leaf_pos + np.asarray(self._starts[j], dtype=np.int64)[leaf_src]
         return source.reshape(g.shape), pos.reshape(g.shape)
@@ -400,7 +275,7 @@ class Mixture:
             raise ValueError(f"position must be an integer >= 0, got {position!r}")
         j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
         counts = list(self._starts[j])
-        _leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
+        leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
         return np.asarray(counts, dtype=np.int64)
 
     def expected_served(self, position: int) -> list[Fraction]:
@@ -425,7 +300,7 @@ class Mixture:
     def discrepancy_bounds(self, segment: int = 0) -> list[Fraction]:
         """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the segment (0 if unused)."""
         out = [Fraction(0)] * self.num_sources
-        _leaf_bounds(self._trees[segment], (), out)
+        leaf_bounds(self._trees[segment], (), out)
         return out
 
     def report(self, position: int, tokens: bool = True, chunk: int = 1 << 16) -> list[dict]:
@@ -469,83 +344,3 @@ class Mixture:
             ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key)
             total += int(np.minimum(layout.locate(ids).num_tokens, seq_len).sum())
         return total
-
-
-@dataclass(frozen=True, kw_only=True)
-class MixtureConfig:
-    """A mixture as configured (a TOML ``[mixture]`` table): weights from step 0, later schedule entries, seed, names.
-
-    ``weights``: one number (or fraction string such as ``"1/3"``) per source; ``schedule``: ``(first_step, weights)``
-    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports; ``sources``: the
-    data of each source (a local corpus path, what ``IndexConfig.data`` takes), for the tools that build the indexes. In
-    TOML::
-
-        [mixture]
-        sources = ["data/web", "data/code", "data/books"]
-        names = ["web", "code", "books"]
-        weights = [0.7, 0.2, 0.1]
-        schedule = [{step = 5000, weights = [0.4, 0.2, 0.4]}]
-    """
-
-    weights: tuple[Any, ...]
-    schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
-    seed: int = 0
-    names: tuple[str, ...] | None = None
-    sources: tuple[str, ...] | None = None  # where each source's documents are (the CLI's and trainer's IndexConfig.data)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not self.weights:
-            raise ValueError(f"weights must be a non-empty list of numbers, one per source, got {self.weights!r}")
-        object.__setattr__(self, "weights", tuple(self.weights))
-        if self.sources is not None and not isinstance(self.sources, (str, bytes)) and isinstance(self.sources, Sequence):
-            normalize_weights(self.weights, len(self.sources))  # the count first: "one weight per source (N)"
-        rows = []
-        for i, entry in enumerate(self.schedule):
-            if isinstance(entry, dict):
-                unknown = set(entry) - {"step", "weights"}
-                if unknown or "step" not in entry or "weights" not in entry:
-                    raise ValueError(f"schedule entry {i} must have exactly the keys step and weights, got {sorted(entry)}")
-                entry = (entry["step"], entry["weights"])
-            if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
-                raise ValueError(f"schedule entry {i} must be (first_step, weights), got {entry!r}")
-            rows.append((entry[0], tuple(entry[1]) if isinstance(entry[1], Sequence) else entry[1]))
-        object.__setattr__(self, "schedule", tuple(rows))
-        if rows and rows[0][0] == 0:
-            raise ValueError("schedule entries start after step 0: the weights at step 0 are `weights`")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if self.names is not None:
-            names = tuple(self.names)
-            if len(names) != len(self.weights) or not all(isinstance(n, str) and n for n in names):
-                raise ValueError(f"names must be one non-empty string per source ({len(self.weights)}), got {self.names!r}")
-            if len(set(names)) != len(names):
-                raise ValueError(f"names must be distinct, got {names!r}")
-            object.__setattr__(self, "names", names)
-        if self.sources is not None:
-            srcs = tuple(self.sources) if not isinstance(self.sources, (str, bytes)) else None
-            if srcs is None or len(srcs) != len(self.weights) or not all(isinstance(x, str) and x for x in srcs):
-                raise ValueError(f"sources must be one non-empty path per weight ({len(self.weights)}), got {self.sources!r}")
-            object.__setattr__(self, "sources", srcs)
-        normalize_weights(self.weights, len(self.weights))
-        for i, (step, ws) in enumerate(rows):
-            normalize_weights(ws, len(self.weights), f"schedule entry {i} (step {step}) weights")
-        _parse_schedule(self.weights_schedule(), len(self.weights))  # and the steps
-
-    @property
-    def num_sources(self) -> int:
-        return len(self.weights)
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """``names``, else the sources' paths, else ``source0, source1, ...``."""
-        return self.names or self.sources or tuple(f"source{k}" for k in range(self.num_sources))
-
-    def weights_schedule(self) -> list[tuple[int, list[Any]]]:
-        """``[(0, weights), *schedule]``: what :class:`Mixture` takes as ``weights``."""
-        return [(0, list(self.weights))] + [(int(s) if isinstance(s, numbers.Integral) else s, list(w)) for s, w in self.schedule]
-
-    def build(self, sources: Sequence[Source | int]) -> Mixture:
-        """The mixture of ``sources`` (layouts, in the order of ``weights``)."""
-        if len(sources) != self.num_sources:
-            raise ValueError(f"the mixture config has {self.num_sources} weights but got {len(sources)} sources")
-        return Mixture(list(sources), self.weights_schedule(), self.seed)

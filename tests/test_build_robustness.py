@@ -22,16 +22,17 @@ BUILD = textwrap.dedent(
     """
     import json, os, pathlib, sys, time
     import detsampler.index as index_module
+    import detsampler.index_build as build_module
     from detsampler.corpus import default_corpus
     from detsampler.tokenizer import Tokenizer
 
     model, cache, n_docs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     calls = []
-    real_write = index_module._write_index
+    real_write = build_module._write_index
     def counting_write(*args, **kwargs):  # the real build, counted
         calls.append(1)
         return real_write(*args, **kwargs)
-    index_module._write_index = counting_write
+    build_module._write_index = counting_write
     rank = 0
     if len(sys.argv) > 4:  # torch.distributed: rank, world size, rendezvous file
         import torch.distributed as dist

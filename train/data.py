@@ -112,10 +112,35 @@ def index_config(config: DataConfig) -> Any:
     )
 
 
-def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
-    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
+def _layout_config(config: DataConfig) -> LayoutConfig:
+    """The layout of ``config`` (each mixture source gets the same one)."""
+    return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+
+
+def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
+    """The plan of ``config`` over ``num_samples`` (a layout's sample count, or a mixture)."""
+    return Plan(
+        num_samples=num_samples,
+        seed=config.seed,
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        world_size=world_size,
+        batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
+        skip_steps=[tuple(r) for r in config.skip_steps] or None,
+    )
+
+
+def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
+    """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the fly."""
     from detsampler.dataset import PackedDataset
 
+    if prepared.index.tokens is None:
+        return PackedDataset(prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column)
+    return PackedDataset(prepared.index, layout)
+
+
+def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
+    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
     from detsampler.prepare import prepare_index
 
     if config.mixture_sources:
@@ -124,21 +149,9 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     # tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
-    layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
-    layout = index.layout(layout_config)
-    plan = Plan(
-        num_samples=layout.num_samples,
-        seed=config.seed,
-        global_batch_size=config.global_batch_size,
-        micro_batch_size=config.micro_batch_size,
-        world_size=world_size,
-        batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
-        skip_steps=[tuple(r) for r in config.skip_steps] or None,
-    )
-    if index.tokens is None:  # tokens are not stored: tokenize each batch's documents on the fly
-        dataset = PackedDataset(index, layout, dataset=prepared.dataset, tokenizer=tokenizer, text_column=config.text_column)
-    else:
-        dataset = PackedDataset(index, layout)
+    layout = index.layout(_layout_config(config))
+    plan = _plan(config, layout.num_samples, world_size)
+    dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
 
@@ -159,7 +172,6 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     from dataclasses import replace
 
     from detsampler.corpus import default_tokenizer
-    from detsampler.dataset import PackedDataset
     from detsampler.mixture_dataset import MixtureDataset
     from detsampler.prepare import prepare_index
 
@@ -167,22 +179,9 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
     prepared = [prepare_index(replace(base, data=src, tokenizer=str(tokenizer_path)), progress=rank == 0)
                 for src in config.mixture_sources]
-    layout_config = LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
-    layouts = [p.index.layout(layout_config) for p in prepared]
+    layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
-    plan = Plan(
-        num_samples=mixture,
-        seed=config.seed,
-        global_batch_size=config.global_batch_size,
-        micro_batch_size=config.micro_batch_size,
-        world_size=world_size,
-        batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
-        skip_steps=[tuple(r) for r in config.skip_steps] or None,
-    )
-    datasets = [
-        PackedDataset(p.index, lay, dataset=p.dataset, tokenizer=p.tokenizer, text_column=config.text_column)
-        if p.index.tokens is None else PackedDataset(p.index, lay)
-        for p, lay in zip(prepared, layouts)
-    ]
+    plan = _plan(config, mixture, world_size)
+    datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
     return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
                         dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])

@@ -1,0 +1,47 @@
+"""The ``detsampler`` command: train a tokenizer, build an index, and explain, verify and summarize a plan over it.
+
+Options map one to one onto the library's dataclasses:
+
+- index options -> :class:`detsampler.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
+  ``--cache-dir``, ``--num-proc``, ``--store-tokens/--no-store-tokens``, ``--max-documents``);
+- layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its ``seed``,
+  ``--window-docs``);
+- plan options -> :class:`detsampler.plan.Plan` (``--seed``, ``--global-batch-size``, ``--micro-batch-size``,
+  ``--world-size``, ``--batch-size-schedule``, ``--skip-steps``); the plan's ``num_samples`` is the layout's;
+- mixture options -> :class:`detsampler.mixture.MixtureConfig` (``--mixture-data`` for its ``sources``,
+  ``--mixture-weights``, ``--mixture-schedule``, ``--mixture-seed``, ``--mixture-names``). With ``--mixture-data``, each source
+  is indexed like ``--data`` (the other index options are shared, and so is the tokenizer: ``--tokenizer``, or else the
+  default one trained on the standard library), cut by the same layout options, and the plan draws from their mixture.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from detsampler.cli.build import cmd_build, cmd_tokenizer_train
+from detsampler.cli.options import OPTION_FIELDS
+from detsampler.cli.parser import build_parser
+from detsampler.cli.show import cmd_show
+from detsampler.cli.stats import cmd_stats, mixture_stats
+from detsampler.cli.verify import cmd_verify, verify_mixture_plan, verify_plan
+
+__all__ = ["main", "build_parser", "OPTION_FIELDS", "verify_plan", "verify_mixture_plan", "mixture_stats"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``detsampler`` entry point. Bad input is reported as ``detsampler: error: ...`` with exit status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats}
+    try:
+        if args.command == "tokenizer":
+            return cmd_tokenizer_train(args)
+        return commands[args.command](args)
+    except ValueError as exc:  # every bad input is a ValueError naming what is wrong
+        parser.exit(2, f"detsampler: error: {exc}\n")
+    return 0  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``detsampler tokenizer train`` and ``detsampler build``: make the tokenizer and the index, and print what was made."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from detsampler.cli.inputs import prepare
+from detsampler.cli.report import fmt_int, print_rows, rel
+
+__all__ = ["cmd_tokenizer_train", "cmd_build"]
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    """Train a sentencepiece model and print its path, sha256 and special ids."""
+    from detsampler.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(args.input, args.vocab_size, args.out)
+    print_rows([("model", tok.path), ("sha256", tok.sha256), ("vocab_size", tok.vocab_size), ("eos_id", tok.eos_id), ("pad_id", tok.pad_id)])
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or open the cached) index and print its summary, as text or ``--json``."""
+    prepared = prepare(args, verify_tokens=args.verify_tokens)
+    summary = prepared.index.summary()
+    summary["tokenizer_path"] = prepared.tokenizer.path
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    build = summary["build"]
+    print_rows([
+        ("index", rel(summary["path"])),
+        ("documents", fmt_int(summary["num_documents"])),
+        ("tokens", f"{fmt_int(summary['num_tokens'])} (+{fmt_int(summary['num_documents'])} EOS)"),
+        ("token dtype", summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)")),
+        ("text column", summary["text_column"]),
+        ("dataset fingerprint", summary["dataset_fingerprint"]),
+        ("tokenizer", f"{rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
+                      f"eos {summary['eos_id']}, pad {summary['pad_id']})"),
+        ("index fingerprint", summary["fingerprint"]),
+        ("built in", f"{build.get('seconds')} s, {fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
+                     f"num_proc={build.get('num_proc')}"),
+    ])
+    return 0

@@ -1,0 +1,55 @@
+"""What the commands read: the prepared index (or one per mixture source), their layouts, and the plan over them.
+
+Invariant: every source of a mixture is prepared with the same index options and the same tokenizer (``--tokenizer``, or
+else the default one trained on the standard library), and cut by the same layout options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from detsampler.cli.options import index_config, layout_config, plan_from_args
+from detsampler.layout import Layout
+from detsampler.mixture import MixtureConfig
+from detsampler.plan import Plan
+
+if TYPE_CHECKING:
+    from detsampler.prepare import Prepared
+
+__all__ = ["prepare", "prepare_sources", "mixture_plan"]
+
+
+def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
+    """The prepared index of the index options (built once, cached); with ``verify_tokens``, its token sha256 checked."""
+    from detsampler.index import TokenIndex
+    from detsampler.prepare import prepare_index
+
+    prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
+    if verify_tokens:
+        TokenIndex.open(prepared.index.path, verify_tokens=True)
+    return prepared
+
+
+def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Prepared]:
+    """One prepared index per mixture source, all with the same tokenizer."""
+    from dataclasses import replace
+
+    from detsampler.corpus import default_tokenizer
+    from detsampler.prepare import prepare_index
+
+    base = index_config(args)
+    tokenizer = base.tokenizer
+    if tokenizer is None:
+        tokenizer = default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
+    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=sys.stderr.isatty())
+            for src in config.sources]
+
+
+def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
+                 kind: str | None = None) -> tuple[list[Prepared], list[Layout], Plan]:
+    """(prepared sources, their layouts, the plan over their mixture)."""
+    prepared = prepare_sources(args, config)
+    layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
+    return prepared, layouts, plan_from_args(args, config.build(layouts))

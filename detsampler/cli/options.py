@@ -1,0 +1,214 @@
+"""The option <-> dataclass map of the ``detsampler`` command: option parsers, the option groups, and the dataclasses
+built back from parsed options.
+
+Invariant: every dest in :data:`OPTION_FIELDS` is added by exactly one ``add_*_options`` group, and the config built from
+parsed options takes each mapped field from its option and nothing else (tests check the map covers every field).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+from detsampler.mixture import Mixture, MixtureConfig
+from detsampler.plan import Plan
+
+if TYPE_CHECKING:
+    from detsampler.prepare import IndexConfig
+
+__all__ = [
+    "OPTION_FIELDS",
+    "add_index_options",
+    "add_layout_options",
+    "add_plan_options",
+    "add_mixture_options",
+    "step_range",
+    "index_config",
+    "layout_config",
+    "plan_from_args",
+    "mixture_config",
+]
+
+# option dest -> (dataclass, field): the one-to-one map the parser is built from (tests check it covers every field)
+OPTION_FIELDS: dict[str, tuple[str, str]] = {
+    "data": ("IndexConfig", "data"),
+    "text_column": ("IndexConfig", "text_column"),
+    "tokenizer": ("IndexConfig", "tokenizer"),
+    "vocab_size": ("IndexConfig", "vocab_size"),
+    "cache_dir": ("IndexConfig", "cache_dir"),
+    "num_proc": ("IndexConfig", "num_proc"),
+    "store_tokens": ("IndexConfig", "store_tokens"),
+    "max_documents": ("IndexConfig", "max_documents"),
+    "kind": ("LayoutConfig", "kind"),
+    "seq_len": ("LayoutConfig", "seq_len"),
+    "layout_seed": ("LayoutConfig", "seed"),
+    "window_docs": ("LayoutConfig", "window_docs"),
+    "seed": ("Plan", "seed"),
+    "global_batch_size": ("Plan", "global_batch_size"),
+    "micro_batch_size": ("Plan", "micro_batch_size"),
+    "world_size": ("Plan", "world_size"),
+    "batch_size_schedule": ("Plan", "batch_size_schedule"),
+    "skip_steps": ("Plan", "skip_steps"),
+    "mixture_data": ("MixtureConfig", "sources"),
+    "mixture_weights": ("MixtureConfig", "weights"),
+    "mixture_schedule": ("MixtureConfig", "schedule"),
+    "mixture_seed": ("MixtureConfig", "seed"),
+    "mixture_names": ("MixtureConfig", "names"),
+}
+
+
+# -- option value parsers --------------------------------------------------------------------------------------------------
+
+
+def _int_pairs(text: str, expected: str) -> list[tuple[int, int]]:
+    """``text`` as comma-separated ``X:Y`` integer pairs (empty parts ignored); else an error saying ``expected``."""
+    try:
+        rows = [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        rows = []
+    if not rows or any(len(r) != 2 for r in rows):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return rows  # type: ignore[return-value]
+
+
+def _schedule(text: str) -> list[tuple[int, int]]:
+    return _int_pairs(text, "FIRST_STEP:SIZE[,FIRST_STEP:SIZE...], e.g. 0:8,100:16")
+
+
+def _skip_ranges(text: str) -> list[tuple[int, int]]:
+    return _int_pairs(text, "FIRST:LAST[,FIRST:LAST...] (inclusive data steps), e.g. 100:199")
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """``A:B`` with ``0 <= A < B``: the steps ``A .. B-1``."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B (steps A .. B-1), got {text!r}") from None
+    if a < 0 or b <= a:
+        raise argparse.ArgumentTypeError(f"expected 0 <= A < B, got {text!r}")
+    return a, b
+
+
+def _csv(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def _weights_entry(text: str) -> tuple[int, list[str]]:
+    step, sep, weights = text.partition(":")
+    try:
+        first = int(step)
+    except ValueError:
+        first = -1
+    if not sep or first < 1 or not weights.strip():
+        raise argparse.ArgumentTypeError(f"expected FIRST_STEP:W,W,... with FIRST_STEP >= 1, e.g. 5000:0.4,0.2,0.4, got {text!r}")
+    return first, _csv(weights)
+
+
+# -- option groups ---------------------------------------------------------------------------------------------------------
+
+
+def add_mixture_options(p: argparse.ArgumentParser) -> None:
+    """The MixtureConfig options."""
+    g = p.add_argument_group("mixture (MixtureConfig)")
+    g.add_argument("--mixture-data", type=_csv, default=None, metavar="PATH,PATH,...",
+                   help="MixtureConfig.sources: draw from a mixture of these corpora (each indexed like --data) instead of --data")
+    g.add_argument("--mixture-weights", type=_csv, default=None, metavar="W,W,...",
+                   help="MixtureConfig.weights: one weight per source from step 0 (numbers or fractions such as 1/3)")
+    g.add_argument("--mixture-schedule", type=_weights_entry, action="append", default=None, metavar="STEP:W,W,...",
+                   help="MixtureConfig.schedule: weights from data step STEP on (repeat the option for more entries)")
+    g.add_argument("--mixture-seed", type=int, default=0, help="MixtureConfig.seed: interleaving and source shuffles (default: %(default)s)")
+    g.add_argument("--mixture-names", type=_csv, default=None, metavar="NAME,NAME,...",
+                   help="MixtureConfig.names: labels of the sources in reports (default: their paths)")
+
+
+def add_index_options(p: argparse.ArgumentParser) -> None:
+    """The IndexConfig options, defaulting to IndexConfig's defaults."""
+    from detsampler.prepare import IndexConfig
+
+    d = IndexConfig()
+    g = p.add_argument_group("index (IndexConfig)")
+    g.add_argument("--data", default=d.data, metavar="PATH",
+                   help="corpus: a text/json/jsonl/parquet file, a directory of them, or a save_to_disk directory "
+                        "(default: the running interpreter's standard library sources)")
+    g.add_argument("--text-column", default=d.text_column, help="column holding the documents (default: %(default)s)")
+    g.add_argument("--tokenizer", default=d.tokenizer, metavar="MODEL",
+                   help="sentencepiece .model file (default: train a BPE model of --vocab-size pieces on the corpus once, cached)")
+    g.add_argument("--vocab-size", type=int, default=d.vocab_size, help="vocabulary of the default tokenizer (default: %(default)s)")
+    g.add_argument("--cache-dir", default=d.cache_dir, metavar="DIR",
+                   help="where tokenizers and indexes are cached (default: $DETSAMPLER_CACHE or ./.cache/detsampler)")
+    g.add_argument("--num-proc", type=int, default=d.num_proc, help="tokenizer processes for a build (default: %(default)s)")
+    g.add_argument("--store-tokens", action=argparse.BooleanOptionalAction, default=d.store_tokens,
+                   help="store the tokens (default), or only counts and offsets, tokenizing samples on the fly")
+    g.add_argument("--max-documents", type=int, default=d.max_documents, metavar="N", help="use only the first N documents")
+
+
+def add_layout_options(p: argparse.ArgumentParser) -> None:
+    """The LayoutConfig options, defaulting to LayoutConfig's defaults."""
+    d = LayoutConfig()
+    g = p.add_argument_group("layout (LayoutConfig)")
+    g.add_argument("--kind", choices=LAYOUT_KINDS, default=d.kind, help="how documents are cut into samples (default: %(default)s)")
+    g.add_argument("--seq-len", type=int, default=d.seq_len, help="input tokens per sample (default: %(default)s)")
+    g.add_argument("--layout-seed", type=int, default=d.seed, help="LayoutConfig.seed: the document order (default: %(default)s)")
+    g.add_argument("--window-docs", type=int, default=d.window_docs, help="bestfit: documents packed together (default: %(default)s)")
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    """The Plan options (all but ``num_samples``, which is the layout's or the mixture's)."""
+    g = p.add_argument_group("plan (Plan)")
+    g.add_argument("--seed", type=int, default=0, help="Plan.seed: the per-epoch shuffle (default: %(default)s)")
+    g.add_argument("--global-batch-size", type=int, default=8, help="samples per step, all ranks (default: %(default)s)")
+    g.add_argument("--micro-batch-size", type=int, default=2, help="samples per rank per micro step (default: %(default)s)")
+    g.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (default: %(default)s)")
+    g.add_argument("--batch-size-schedule", type=_schedule, default=None, metavar="S:B[,S:B...]",
+                   help="global batch size ramp: FIRST_STEP:SIZE pairs from step 0; the last SIZE must equal --global-batch-size")
+    g.add_argument("--skip-steps", type=_skip_ranges, default=None, metavar="A:B[,A:B...]",
+                   help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them")
+
+
+# -- parsed options -> dataclasses -----------------------------------------------------------------------------------------
+
+
+def index_config(args: argparse.Namespace) -> IndexConfig:
+    """The IndexConfig of the parsed options (one option per field)."""
+    from detsampler.prepare import IndexConfig
+
+    return IndexConfig(**{f.name: getattr(args, f.name) for f in fields(IndexConfig)})
+
+
+def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutConfig:
+    """The LayoutConfig of the parsed options, with ``kind`` in place of ``--kind`` when given."""
+    return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
+
+
+def plan_from_args(args: argparse.Namespace, num_samples: int | Mixture) -> Plan:
+    """The Plan of the parsed options over ``num_samples`` (a count or a mixture)."""
+    return Plan(
+        num_samples,
+        seed=args.seed,
+        global_batch_size=args.global_batch_size,
+        micro_batch_size=args.micro_batch_size,
+        world_size=args.world_size,
+        batch_size_schedule=args.batch_size_schedule,
+        skip_steps=args.skip_steps,
+    )
+
+
+def mixture_config(args: argparse.Namespace) -> MixtureConfig | None:
+    """The mixture options as a MixtureConfig, or None without --mixture-data."""
+    if args.mixture_data is None:
+        for dest in ("mixture_weights", "mixture_schedule", "mixture_names"):
+            if getattr(args, dest) is not None:
+                raise ValueError(f"--{dest.replace('_', '-')} needs --mixture-data (the sources of the mixture)")
+        return None
+    if args.data is not None:
+        raise ValueError("give either --data (one corpus) or --mixture-data (a mixture), not both")
+    if args.mixture_weights is None:
+        raise ValueError("--mixture-data needs --mixture-weights, one weight per source")
+    return MixtureConfig(sources=args.mixture_data, weights=args.mixture_weights, schedule=args.mixture_schedule or (),
+                         seed=args.mixture_seed, names=args.mixture_names)

@@ -1,0 +1,82 @@
+"""The ``detsampler`` argument parser: the subcommands and their options.
+
+Invariant: show, verify and stats take every option of :data:`detsampler.cli.options.OPTION_FIELDS`; build takes the
+index options.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from detsampler.cli.options import add_index_options, add_layout_options, add_mixture_options, add_plan_options, step_range
+from detsampler.layout import LAYOUT_KINDS
+
+__all__ = ["build_parser"]
+
+
+def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
+    """Every option of OPTION_FIELDS: what a plan over an index (or a mixture) is computed from."""
+    add_index_options(p)
+    add_layout_options(p)
+    add_plan_options(p)
+    add_mixture_options(p)
+
+
+def _add_tokenizer_command(sub: Any) -> None:
+    """``detsampler tokenizer train``."""
+    tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    train = tok_sub.add_parser("train", help="train a BPE sentencepiece model", description=(
+        "Train a BPE sentencepiece model (byte fallback, identity normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3)."))
+    train.add_argument("--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)")
+    train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
+    train.add_argument("--out", required=True, metavar="PATH", help="where to write the .model file")
+
+
+def _add_build_command(sub: Any) -> None:
+    """``detsampler build``: the index options, and how to print."""
+    build = sub.add_parser("build", help="build (or open) the index and print its summary",
+                           description="Build the token index of the corpus (or open the cached one) and print its summary.")
+    add_index_options(build)
+    build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
+    build.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``detsampler COMMAND [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="detsampler",
+        description="Deterministic, resumable LLM data loading: build a token index and inspect the plan over it.",
+        epilog="Every option maps onto one field of IndexConfig, LayoutConfig or Plan; `detsampler COMMAND --help` lists them.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_tokenizer_command(sub)
+    _add_build_command(sub)
+
+    show = sub.add_parser("show", help="what a rank reads at a step: documents, token offsets, optionally text",
+                          description="Which documents and token offsets each rank reads at a step (and micro step), "
+                                      "with the decoded text on --decode: the tool for explaining a loss spike at step S.")
+    _add_plan_inputs(show)
+    show.add_argument("--step", type=int, required=True, help="the training step")
+    show.add_argument("--rank", type=int, default=None, help="one data-parallel rank (default: all)")
+    show.add_argument("--micro-step", type=int, default=None, help="one micro step of the step (default: all)")
+    show.add_argument("--decode", action="store_true", help="print each span's decoded text")
+    show.add_argument("--max-chars", type=int, default=160, help="--decode: characters of text per span (default: %(default)s, 0 = all)")
+
+    verify = sub.add_parser("verify", help="check a range of steps across all ranks: no duplicates, no gaps",
+                            description="Recompute the plan for steps A..B-1 on every rank and micro step and check that the "
+                                        "micro batches partition each step, no sample repeats within an epoch, and every "
+                                        "epoch the range covers completely reads every sample; print epoch coverage.")
+    _add_plan_inputs(verify)
+    verify.add_argument("--steps", type=step_range, required=True, metavar="A:B", help="steps A .. B-1")
+
+    stats = sub.add_parser("stats", help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
+                           description="Corpus and index counts, and per layout kind: samples per epoch, padding fraction, "
+                                       "dropped tokens, steps per epoch and the epoch reached at --step.")
+    _add_plan_inputs(stats)
+    stats.add_argument("--step", type=int, default=None, help="report the epoch reached at this step")
+    stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
+    stats.add_argument("--json", action="store_true", help="print the stats as JSON")
+    return parser

@@ -1,0 +1,105 @@
+"""``detsampler show``: which documents and token offsets each rank reads at a step (and micro step), optionally with the
+decoded text — the tool for explaining a loss spike at step S.
+
+Invariant: what is printed is what :func:`detsampler.locate.locate` computes for that (step, rank, micro step), the same
+call the data loader's batches come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from detsampler.cli.inputs import mixture_plan, prepare
+from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.report import fmt_weights
+from detsampler.layout import Layout
+from detsampler.plan import Plan
+
+if TYPE_CHECKING:
+    from detsampler.prepare import Prepared
+
+__all__ = ["cmd_show"]
+
+
+def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: int) -> str:
+    index = prepared.index
+    n = int(index.lengths[doc])
+    stop_tok = min(stop, n)
+    if index.tokens is not None:
+        ids = np.asarray(index.tokens[int(index.offsets[doc]) + start : int(index.offsets[doc]) + stop_tok]).tolist()
+    else:
+        text = prepared.dataset[int(doc)][index.text_column]
+        ids = prepared.tokenizer.encode_batch([text])[0][start:stop_tok]
+    text = prepared.tokenizer.decode(ids) if ids else ""
+    if stop > n:
+        text += "<EOS>"
+    if max_chars and len(text) > max_chars:
+        text = text[: max_chars // 2] + " [...] " + text[-(max_chars - max_chars // 2) :]
+    return repr(text)
+
+
+def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None, step: int) -> None:
+    layout = layouts[0]
+    data = f" (data step {plan.data_step(step)})" if plan.data_step(step) != step else ""
+    if labels is None:
+        where_from = f"epoch {plan.epoch(step)}"
+        per_epoch = f"{layout.num_samples} samples per epoch"
+    else:
+        weights = plan.stream.weights_at(plan.consumed(step))
+        where_from = f"mixture of {len(labels)} sources, weights {fmt_weights(weights)}"
+        per_epoch = "samples per epoch " + ", ".join(f"{n}: {lay.num_samples}" for n, lay in zip(labels, layouts))
+    print(
+        f"step {step}{data}: {where_from}, global batch {plan.batch_size(step)} samples at positions "
+        f"[{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro step(s) "
+        f"x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind} seq_len={layout.config.seq_len}, "
+        f"{per_epoch}"
+    )
+
+
+def _print_micro_batch(args: argparse.Namespace, plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None,
+                       prepared: Sequence[Prepared], rank: int, micro_step: int) -> None:
+    from detsampler.locate import locate
+
+    loc = locate(plan, layouts if labels is not None else layouts[0], args.step, rank=rank, micro_step=micro_step)
+    print(f"rank {rank} micro step {micro_step}:")
+    for i in range(len(loc.sample_ids)):
+        spans = loc.spans.sample(i)
+        ntok = sum(e - s for _, s, e in spans)
+        k = 0 if loc.sources is None else int(loc.sources[i])
+        source = "" if labels is None else f"source {labels[k]}  source sample {int(loc.source_sample_ids[i])}  "
+        epoch = "epoch" if labels is None else "source epoch"
+        print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
+              f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)")
+        src = prepared[k]
+        has_path = "path" in src.dataset.column_names
+        for doc, s, e in spans:
+            n = int(src.index.lengths[doc])
+            where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
+            eos = " + EOS" if e > n else ""
+            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
+            if args.decode:
+                print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print the step's header, then each selected (micro step, rank)'s samples, spans and optionally their text."""
+    config = mixture_config(args)
+    if config is None:
+        prepared = [prepare(args)]
+        layouts = [prepared[0].index.layout(layout_config(args))]
+        plan = plan_from_args(args, layouts[0].num_samples)
+        labels = None
+    else:
+        prepared, layouts, plan = mixture_plan(args, config)
+        labels = config.labels
+    step = args.step
+    ranks = range(plan.world_size) if args.rank is None else [args.rank]
+    micro_steps = range(plan.num_micro_steps(step)) if args.micro_step is None else [args.micro_step]
+    _print_step_header(plan, layouts, labels, step)
+    for a in micro_steps:
+        for r in ranks:
+            _print_micro_batch(args, plan, layouts, labels, prepared, r, a)
+    return 0

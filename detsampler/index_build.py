@@ -1,0 +1,197 @@
+"""Building a token index: validate, then (once per cache entry) tokenize into a temporary directory and rename it into
+place.
+
+Invariants: an index directory exists under its final name only once complete (written to a temporary directory, every
+file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens. One
+process builds, the others wait and open: with torch.distributed initialized, rank 0 builds and the others wait at a
+barrier; always, a file lock on the cache entry serializes builders across processes and jobs. torch is never imported
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from filelock import FileLock
+
+from detsampler.index_files import HEADER_BYTES, fsync_dir, fsync_file, npy_header, save_npy, sha256_file
+from detsampler.index_format import (
+    INDEX_FORMAT_VERSION,
+    INDEX_KIND,
+    TokenIndexError,
+    dataset_fingerprint,
+    default_cache_dir,
+    index_cache_key,
+    token_dtype,
+)
+from detsampler.index_tokenize import tokenize
+from detsampler.tokenizer import Tokenizer
+from detsampler.version import __version__
+
+if TYPE_CHECKING:
+    from detsampler.index import TokenIndex
+
+__all__ = ["build_index"]
+
+
+def _write_tokens(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, dtype: np.dtype,
+                  store_tokens: bool, progress: bool) -> tuple[np.ndarray, int]:
+    """Tokenize ``dataset``, streaming the tokens to ``tmp/tokens.npy`` (with ``store_tokens``; its header written last,
+    the file fsynced); returns the documents' lengths and the number of tokens."""
+    lengths_parts: list[np.ndarray] = []
+    num_tokens = 0
+    tokens_file = open(tmp / "tokens.npy", "wb") if store_tokens else None
+    try:
+        if tokens_file is not None:
+            tokens_file.write(b"\0" * HEADER_BYTES)
+        for lengths, flat in tokenize(dataset, tokenizer, text_column, num_proc, dtype, progress):
+            lengths_parts.append(lengths)
+            num_tokens += int(flat.size)
+            if tokens_file is not None:
+                tokens_file.write(flat.tobytes())
+        if tokens_file is not None:
+            tokens_file.seek(0)
+            tokens_file.write(npy_header(dtype, num_tokens))
+            tokens_file.flush()
+            os.fsync(tokens_file.fileno())
+    finally:
+        if tokens_file is not None:
+            tokens_file.close()
+    lengths = np.concatenate(lengths_parts) if lengths_parts else np.zeros(0, np.int64)
+    return lengths, num_tokens
+
+
+def _write_meta(tmp: Path, meta: dict) -> None:
+    """``tmp/meta.json``, written (to a temporary name, fsynced, renamed) after every other file: a directory without it
+    never opens."""
+    meta_tmp = tmp / "meta.json.tmp"
+    meta_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    fsync_file(meta_tmp)
+    os.replace(meta_tmp, tmp / "meta.json")  # meta.json last: a directory without it never opens
+    fsync_dir(tmp)
+
+
+def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool, key: str) -> dict:
+    """Write the complete index of ``dataset`` into the directory ``tmp``; returns its meta."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    start = time.perf_counter()
+    lengths, num_tokens = _write_tokens(tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress)
+    seconds = time.perf_counter() - start
+    if lengths.size != len(dataset):  # pragma: no cover - guards the batching
+        raise RuntimeError(f"tokenized {lengths.size} documents of {len(dataset)}")
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    save_npy(tmp / "lengths.npy", lengths)
+    save_npy(tmp / "offsets.npy", offsets)
+    names = ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store_tokens else [])
+    files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in names}
+    meta = {
+        "kind": INDEX_KIND,
+        "format_version": INDEX_FORMAT_VERSION,
+        "detsampler_version": __version__,
+        "cache_key": key,
+        "dataset_fingerprint": dataset_fingerprint(dataset),
+        "dataset_num_rows": len(dataset),
+        "text_column": text_column,
+        "store_tokens": store_tokens,
+        "tokenizer": tokenizer.describe(),
+        "token_dtype": dtype.name,
+        "num_documents": int(lengths.size),
+        "num_tokens": int(num_tokens),
+        "files": files,
+        "build": {"seconds": round(seconds, 3), "tokens_per_second": round(num_tokens / max(seconds, 1e-9)), "num_proc": num_proc},
+    }
+    _write_meta(tmp, meta)
+    if progress:
+        print(
+            f"detsampler: tokenized {lengths.size} documents, {num_tokens} tokens in {seconds:.2f} s "
+            f"({num_tokens / max(seconds, 1e-9):,.0f} tokens/s, num_proc={num_proc})",
+            file=sys.stderr,
+        )
+    return meta
+
+
+def _initialized_dist() -> Any:
+    """``torch.distributed`` when it is imported, initialized and has more than one rank (torch is never imported here)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
+def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int) -> None:
+    """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
+    from detsampler.corpus import check_text_column
+
+    check_text_column(dataset, text_column)
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(f"tokenizer must be a detsampler.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
+
+
+def build_index(
+    cls: type[TokenIndex],
+    dataset: Any,
+    tokenizer: Tokenizer,
+    text_column: str = "text",
+    cache_dir: str | os.PathLike | None = None,
+    num_proc: int = 1,
+    store_tokens: bool = True,
+    progress: bool = True,
+) -> TokenIndex:
+    """``TokenIndex.build``: open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
+    exist.
+
+    One process builds, the others wait and open: with torch.distributed initialized, rank 0 builds and the others wait
+    at a barrier; always, a file lock on the cache entry serializes builders across processes and jobs. (``cls`` is
+    :class:`~detsampler.index.TokenIndex`, whose ``open`` reads the result.)
+    """
+    _check_build_args(dataset, tokenizer, text_column, num_proc)
+    key = index_cache_key(dataset, tokenizer, text_column, store_tokens)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"index-{key}"
+    dist = _initialized_dist()
+    if dist is None and (final / "meta.json").is_file():
+        # complete by construction (renamed into place): no lock needed, so a read-only cache works. (With
+        # torch.distributed every rank goes through the barrier below, whatever it finds, so none is left waiting.)
+        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+    if dist is not None and dist.get_rank() != 0:
+        dist.barrier()  # rank 0 builds first
+        if not (final / "meta.json").is_file():
+            raise TokenIndexError(f"rank 0 did not build the index {str(final)!r}; see rank 0's error")
+        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+    try:
+        return _build_locked(cls, root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
+    finally:
+        if dist is not None:
+            dist.barrier()
+
+
+def _build_locked(cls: type[TokenIndex], root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
+    if (final / "meta.json").is_file():  # complete: open without the lock
+        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+    with FileLock(str(root / f"index-{key}.lock")):
+        if final.exists():
+            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+        for stale in root.glob(f".tmp-index-{key}-*"):  # left by killed builders; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = root / f".tmp-index-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            _write_index(tmp, dataset, tokenizer, text_column, num_proc, store_tokens, progress, key)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(root)
+    return cls.open(final, dataset=dataset, tokenizer=tokenizer)

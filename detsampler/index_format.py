@@ -1,0 +1,74 @@
+"""The identity and format of a token index: its format version, error type, token dtype, cache location and cache key.
+
+Invariant: an index's cache key is a function of the dataset fingerprint and row count, the tokenizer's sha256, the text
+column, ``store_tokens`` and :data:`INDEX_FORMAT_VERSION` only: the same inputs always name the same directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detsampler.tokenizer import Tokenizer
+
+__all__ = [
+    "INDEX_FORMAT_VERSION",
+    "INDEX_KIND",
+    "TokenIndexError",
+    "dataset_fingerprint",
+    "default_cache_dir",
+    "index_cache_key",
+    "token_dtype",
+]
+
+INDEX_FORMAT_VERSION = 1
+INDEX_KIND = "detsampler-token-index"
+
+
+class TokenIndexError(ValueError):
+    """An index that is missing, incomplete, corrupt, or built from another dataset or tokenizer."""
+
+
+def default_cache_dir() -> Path:
+    """``$DETSAMPLER_CACHE`` if set, else ``.cache/detsampler`` under the current directory."""
+    return Path(os.environ.get("DETSAMPLER_CACHE") or Path.cwd() / ".cache" / "detsampler")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits, else ``uint32``."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """The Hugging Face fingerprint of ``dataset`` (it changes whenever the data or a transform does)."""
+    fp = getattr(dataset, "_fingerprint", None)
+    if not isinstance(fp, str) or not fp:
+        raise ValueError(
+            f"dataset must be a datasets.Dataset with a fingerprint, got {type(dataset).__name__}; load it with "
+            "detsampler.corpus.load_corpus or datasets"
+        )
+    return fp
+
+
+def index_cache_key(dataset: Any, tokenizer: Tokenizer, text_column: str = "text", store_tokens: bool = True) -> str:
+    """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
+    h = hashlib.sha256(
+        json.dumps(
+            {
+                "format_version": INDEX_FORMAT_VERSION,
+                "dataset": dataset_fingerprint(dataset),
+                "num_rows": len(dataset),
+                "tokenizer": tokenizer.sha256,
+                "text_column": text_column,
+                "store_tokens": bool(store_tokens),
+            },
+            sort_keys=True,
+        ).encode()
+    )
+    return h.hexdigest()[:20]
+

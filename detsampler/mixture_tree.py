@@ -1,0 +1,86 @@
+"""The routing tree of one mixture segment: global positions -> (source, position in that source), integers only.
+
+Invariants (see :mod:`detsampler.mixture`, "Routing" and "Bound"): the sources of positive weight, in a seeded order, are
+the leaves of a balanced binary tree; a node of weight ``T`` whose left child weighs ``a`` sends its ``q``-th position left
+iff ``L(q + 1) > L(q)`` with ``L(q) = floor((q * a + r) / T)`` and a seeded phase ``r`` in ``[0, T)``; every value stays
+below ``2**62`` in int64 (``a, r < T <= MAX_DENOMINATOR``). :func:`leaf_counts` is the closed form of what :func:`route`
+does to a prefix of positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from detsampler.keys import stable_hash64
+
+__all__ = ["RouteNode", "build_tree", "route", "leaf_counts", "leaf_bounds"]
+
+
+@dataclass(frozen=True)
+class RouteNode:
+    """A node of a segment's routing tree: ``leaf`` is a source index, or ``-1`` for an inner node."""
+
+    weight: int
+    leaf: int = -1
+    left: RouteNode | None = None
+    right: RouteNode | None = None
+    phase: int = 0
+
+
+def build_tree(ints: tuple[int, ...], seed: int, first_step: int) -> RouteNode:
+    """The routing tree of integer weights ``ints`` for the segment starting at ``first_step``."""
+    # The sources of positive weight, in a seeded order (so that the interleaving pattern itself depends on the seed).
+    active = sorted((k for k, c in enumerate(ints) if c > 0), key=lambda k: stable_hash64("mixture-order", seed, first_step, k))
+
+    def build(ks: list[int]) -> RouteNode:
+        if len(ks) == 1:
+            return RouteNode(weight=ints[ks[0]], leaf=ks[0])
+        mid = len(ks) // 2
+        left, right = build(ks[:mid]), build(ks[mid:])
+        weight = left.weight + right.weight
+        phase = stable_hash64("mixture-phase", seed, first_step, *ks) % weight
+        return RouteNode(weight=weight, left=left, right=right, phase=phase)
+
+    return build(active)
+
+
+def _left_count(q: np.ndarray, node: RouteNode) -> np.ndarray:
+    """``L(q) = floor((q * a + r) / T)`` in int64 without overflow (``a, r < T <= 2**30``)."""
+    a, t = node.left.weight, node.weight
+    return (q // t) * a + ((q % t) * a + node.phase) // t
+
+
+def route(node: RouteNode, idx: np.ndarray, q: np.ndarray, out_source: np.ndarray, out_pos: np.ndarray) -> None:
+    """Send positions ``idx`` (the ``q``-th positions of ``node``) down to the leaves: fills source and leaf position."""
+    if node.leaf >= 0:
+        out_source[idx] = node.leaf
+        out_pos[idx] = q
+        return
+    lq = _left_count(q, node)
+    go_left = _left_count(q + 1, node) > lq
+    route(node.left, idx[go_left], lq[go_left], out_source, out_pos)
+    right = ~go_left
+    route(node.right, idx[right], q[right] - lq[right], out_source, out_pos)
+
+
+def leaf_counts(node: RouteNode, n: int, out: list[int]) -> None:
+    """How many of a segment's first ``n`` positions each source gets (exact, Python ints)."""
+    if node.leaf >= 0:
+        out[node.leaf] += n
+        return
+    left = (n * node.left.weight + node.phase) // node.weight
+    leaf_counts(node.left, left, out)
+    leaf_counts(node.right, n - left, out)
+
+
+def leaf_bounds(node: RouteNode, path: tuple[int, ...], out: list[Fraction]) -> None:
+    """The per-source bound ``sum_i w_k / W(u_i) = sum_i c_k / T(u_i)`` over the nodes below the root (the mixture module's docstring)."""
+    if node.leaf >= 0:
+        out[node.leaf] = sum((Fraction(node.weight, t) for t in path), Fraction(0))
+        return
+    leaf_bounds(node.left, path + (node.left.weight,), out)
+    leaf_bounds(node.right, path + (node.right.weight,), out)
+
