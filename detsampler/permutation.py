@@ -57,33 +57,29 @@ class _Network:
         high = self.bits - low
         return np.uint64(low), np.uint64(high), np.uint64((1 << low) - 1), np.uint64((1 << high) - 1)
 
-    def encrypt(self, x: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
-        """The network applied to ``x`` (uint64, not modified); ``select`` picks the round keys of a subset."""
+    def encrypt(self, x: np.ndarray) -> None:
+        """The network applied to ``x`` (uint64) in place; array round keys are shaped like ``x``."""
         low, high, low_mask, high_mask = self._widths
-        x, lo, f, scratch = x.copy(), np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        lo, f, scratch = np.empty_like(x), np.empty_like(x), np.empty_like(x)
         for rk in self.round_keys:
-            rk = rk if select is None or rk.ndim == 0 else rk[select]
             np.bitwise_and(x, low_mask, out=lo)
             self._round_function(lo, rk, high_mask, f, scratch)
             np.right_shift(x, low, out=x)
             np.bitwise_xor(x, f, out=x)
             np.left_shift(lo, high, out=lo)
             np.bitwise_or(x, lo, out=x)
-        return x
 
-    def decrypt(self, y: np.ndarray, select: np.ndarray | None = None) -> np.ndarray:
-        """The inverse of :meth:`encrypt`."""
+    def decrypt(self, y: np.ndarray) -> None:
+        """The inverse of :meth:`encrypt`, in place."""
         low, high, low_mask, high_mask = self._widths
-        y, lo, f, scratch = y.copy(), np.empty_like(y), np.empty_like(y), np.empty_like(y)
+        lo, f, scratch = np.empty_like(y), np.empty_like(y), np.empty_like(y)
         for rk in reversed(self.round_keys):
-            rk = rk if select is None or rk.ndim == 0 else rk[select]
             np.right_shift(y, high, out=lo)
             self._round_function(lo, rk, high_mask, f, scratch)
             np.bitwise_and(y, high_mask, out=y)
             np.bitwise_xor(y, f, out=y)
             np.left_shift(y, low, out=y)
             np.bitwise_or(y, lo, out=y)
-        return y
 
     @staticmethod
     def _round_function(lo: np.ndarray, rk: np.ndarray, mask: np.uint64, out: np.ndarray, scratch: np.ndarray) -> None:
@@ -149,35 +145,45 @@ def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
     return out
 
 
-def _walk(step, x: np.ndarray, n: int) -> np.ndarray:
-    """Apply ``step`` until every value is below ``n`` (cycle walking); ``step(values, select)`` maps a subset."""
-    y = step(x, None)
-    outside = np.flatnonzero(y >= np.uint64(n))
-    while outside.size:
-        y[outside] = step(y[outside], outside)
-        outside = outside[y[outside] >= np.uint64(n)]
-    return y
-
-
 _CHUNK = 1 << 15  # indices per pass: keeps the temporaries of a round in cache
 _FEW = 48  # up to this many indices with one key, Python ints beat numpy's per-call overhead
 
 
+def _trip(y: np.ndarray, where: np.ndarray | None, n: int, keys: np.ndarray, inverse: bool) -> np.ndarray:
+    """One pass of the network, in place, over ``y[where]`` (all of ``y`` when ``where`` is None), chunk by chunk;
+    returns the indices (into ``y``) of the values that are still outside ``[0, n)``."""
+    count = y.size if where is None else where.size
+    outside = []
+    for lo in range(0, count, _CHUNK):
+        sel = slice(lo, lo + _CHUNK) if where is None else where[lo : lo + _CHUNK]
+        net = _network(n, keys[sel] if keys.ndim else keys)
+        part = y[sel]  # a view for a slice, a copy for an index array
+        net.decrypt(part) if inverse else net.encrypt(part)
+        if where is not None:
+            y[sel] = part
+        walkers = np.flatnonzero(part >= np.uint64(n))
+        outside.append(walkers + lo if where is None else sel[walkers])
+    return np.concatenate(outside) if outside else np.zeros(0, dtype=np.int64)
+
+
 def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool) -> np.ndarray:
+    """Cycle walking over the whole array: each trip re-runs the network on every value still outside ``[0, n)``, so the
+    shrinking tail of walkers is handled in few, large passes (and the last few in Python ints)."""
     _check_domain(n)
-    arr = _as_indices(x, n, "value" if inverse else "index")
+    arr = _as_indices(x, n, "value" if inverse else "index")  # a fresh uint64 copy, walked in place
     shape = arr.shape
-    flat = arr.reshape(-1)
     keys = np.asarray(key if not isinstance(key, int) else key & ((1 << 64) - 1), dtype=np.uint64)
     keys = np.broadcast_to(keys, shape).reshape(-1) if keys.ndim else keys
-    if keys.ndim == 0 and flat.size <= _FEW:
-        return np.array(_walk_ints(flat.tolist(), n, int(keys), inverse), dtype=np.int64).reshape(shape)
-    out = np.empty(flat.shape, dtype=np.int64)
-    for lo in range(0, flat.size, _CHUNK):
-        part = slice(lo, lo + _CHUNK)
-        net = _network(n, keys[part] if keys.ndim else keys)
-        out[part] = _walk(net.decrypt if inverse else net.encrypt, flat[part], n)
-    return out.reshape(shape)
+    y = arr.reshape(-1)
+    if keys.ndim == 0 and y.size <= _FEW:
+        return np.array(_walk_ints(y.tolist(), n, int(keys), inverse), dtype=np.int64).reshape(shape)
+    outside = _trip(y, None, n, keys, inverse)
+    while outside.size:
+        if keys.ndim == 0 and outside.size <= _FEW:
+            y[outside] = _walk_ints(y[outside].tolist(), n, int(keys), inverse)
+            break
+        outside = _trip(y, outside, n, keys, inverse)
+    return y.view(np.int64).reshape(shape)  # every value is below 2**62: the same bits as int64
 
 
 def permute(x: np.ndarray | int, n: int, key: np.ndarray | int) -> np.ndarray:
