@@ -156,22 +156,21 @@ class PackedDataset(Dataset):
         doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
         g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id)
         L = self.seq_len
-        if self.kind == "concat":
-            input_ids, labels = g.tokens[:, :L], g.tokens[:, 1:].copy()
-            labels[~g.valid[:, 1:]] = -100
-            document_ids, span_pos = g.doc_ids[:, :L], g.span_positions[:, :L]
-        else:
-            input_ids, document_ids, span_pos = g.tokens, g.doc_ids, g.span_positions
-            labels = np.full_like(g.tokens, -100)
-            has_next = g.valid & ~g.last_in_span
-            labels[:, :-1][has_next[:, :-1]] = g.tokens[:, 1:][has_next[:, :-1]]
-        if self.restart_position_ids:
-            position_ids = span_pos
-        else:
-            position_ids = np.tile(np.arange(L, dtype=np.int64), (len(ids), 1))
-        # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block.
+        # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block;
+        # each field is written into it once.
         out = np.empty((len(FIELDS), len(ids), L), dtype=np.int64)
-        out[0], out[1], out[2], out[3] = input_ids, labels, position_ids, document_ids
+        input_ids, labels, position_ids, document_ids = out
+        if self.kind == "concat":
+            input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
+            labels[~g.valid[:, 1:]] = -100
+            span_pos = g.span_positions[:, :L]
+        else:
+            input_ids[:], document_ids[:] = g.tokens, g.doc_ids
+            labels.fill(-100)
+            has_next = g.valid[:, :-1] & ~g.last_in_span[:, :-1]
+            labels[:, :-1][has_next] = g.tokens[:, 1:][has_next]
+            span_pos = g.span_positions
+        position_ids[:] = span_pos if self.restart_position_ids else np.arange(L, dtype=np.int64)
         stacked = torch.from_numpy(out)
         return dict(zip(FIELDS, stacked.unbind(0)))
 
