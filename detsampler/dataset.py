@@ -162,7 +162,8 @@ class PackedDataset(Dataset):
         input_ids, labels, position_ids, document_ids = out
         if self.kind == "concat":
             input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
-            labels[~g.valid[:, 1:]] = -100
+            if not g.full:
+                labels[~g.valid[:, 1:]] = -100
             span_pos = g.span_positions[:, :L]
         else:
             input_ids[:], document_ids[:] = g.tokens, g.doc_ids

@@ -27,6 +27,7 @@ class Gathered:
     span_positions: np.ndarray  # int64, 0 on padding
     last_in_span: np.ndarray  # bool
     valid: np.ndarray  # bool
+    full: bool  # every cell holds a token (no padding anywhere)
 
 
 def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_lengths: np.ndarray) -> None:
@@ -96,4 +97,5 @@ def gather_spans(
         span_positions=_into_grid(span_positions, valid, shape, 0),
         last_in_span=_into_grid(last, valid, shape, False),
         valid=np.ones(shape, dtype=bool) if valid is None else valid,
+        full=full,
     )
