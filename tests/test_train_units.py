@@ -202,3 +202,28 @@ def test_learning_rate_schedule() -> None:
     assert lr_factor(cfg, 100) == pytest.approx(0.1)
     values = [lr_factor(cfg, s) for s in range(10, 101)]
     assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_thread_prefetcher_keeps_order_raises_where_the_reader_failed_and_stops():
+    import threading
+
+    from train.data import ThreadPrefetcher
+
+    assert list(ThreadPrefetcher(range(100), depth=3)) == list(range(100))
+
+    def failing():
+        yield from range(5)
+        raise RuntimeError("corrupt batch")
+
+    got = []
+    with pytest.raises(RuntimeError, match="corrupt batch"):
+        for item in ThreadPrefetcher(failing(), depth=2):
+            got.append(item)
+    assert got == [0, 1, 2, 3, 4]
+
+    endless = ThreadPrefetcher(iter(int, 1), depth=2)  # never ends
+    assert next(endless) == 0
+    endless.close()
+    assert not any(t.name == "batch-prefetch" and t.is_alive() and t is endless._thread for t in threading.enumerate())
+    with pytest.raises(ValueError, match="prefetch depth must be >= 1, got 0"):
+        ThreadPrefetcher(range(3), depth=0)

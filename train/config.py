@@ -117,6 +117,7 @@ class DataConfig:
     micro_batch_size: int = 2
     batch_size_schedule: tuple[tuple[int, int], ...] = ()
     num_workers: int = 0
+    prefetch_batches: int = 2  # micro batches a background thread reads ahead of the training loop (0: none)
     num_proc: int = 1  # index build processes
     store_tokens: bool = True  # False: the index keeps only lengths; batches are tokenized on the fly
     mixture_sources: tuple[str, ...] = ()
@@ -132,7 +133,7 @@ class DataConfig:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
         for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc"):
             _positive_int(self, name)
-        for name in ("max_documents", "num_workers", "vocab_size"):
+        for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
         object.__setattr__(self, "batch_size_schedule", schedule)

@@ -7,6 +7,8 @@ number of workers, which may change on resume). The DataLoader's only state is t
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -20,7 +22,7 @@ from detsampler.sampler import DeterministicBatchSampler
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
-__all__ = ["DataPipeline", "TimedIterator", "build_pipeline", "index_config"]
+__all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config"]
 
 
 class TimedIterator:
@@ -45,6 +47,64 @@ class TimedIterator:
         """Seconds waited since the last call."""
         waited, self.waited = self.waited, 0.0
         return waited
+
+
+_END = object()
+
+
+class ThreadPrefetcher:
+    """Iterates ``iterable`` in a background thread, up to ``depth`` items ahead, and hands the items over in order.
+
+    Only the time at which a batch is read changes, never which batch comes next: the DataLoader's order is the queue's.
+    The reader's exception is raised in the consumer at the item where it happened; :meth:`close` stops the reader.
+    """
+
+    def __init__(self, iterable: Any, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(iter(iterable),), name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self, it: Iterator[Any]) -> None:
+        try:
+            for item in it:
+                if not self._put(item):
+                    return
+        except BaseException as error:  # handed to the consumer, which raises it
+            self._put(_Raised(error))
+            return
+        self._put(_END)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = self._queue.get()
+        if item is _END:
+            raise StopIteration
+        if isinstance(item, _Raised):
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
 
 
 @dataclass

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from train import checkpoint as ckpt
 from train.config import TrainConfig, config_to_dict, load_config
-from train.data import DataPipeline, TimedIterator, build_pipeline, step_token_hashes
+from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
 from train.metrics import MetricsLog, sample_hash
 from train.model import Transformer
 
@@ -253,7 +253,10 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
 
     sampler = data.sampler(rt.rank, start_step, end_step)
     loader = data.loader(sampler, pin_memory=rt.is_cuda, persistent_workers=rt.is_cuda)
-    batches = TimedIterator(loader, time.perf_counter)
+    # NOTE: a reader thread keeps the next micro batches ready while the model computes (torch releases the GIL); the
+    # order, hence the data, is the DataLoader's.
+    prefetch = ThreadPrefetcher(loader, cfg.data.prefetch_batches) if cfg.data.prefetch_batches else None
+    batches = TimedIterator(prefetch or loader, time.perf_counter)
     model.train()
     t_last = time.perf_counter()
     if rt.is_cuda:
@@ -305,6 +308,8 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
                                         extra={"world_size": rt.world_size})
             log(rt, f"checkpoint {path} (resumes at step {next_step})")
             t_last = time.perf_counter()
+    if prefetch is not None:
+        prefetch.close()
     metrics.close()
     log(rt, f"done at step {end_step}")
 
