@@ -171,8 +171,9 @@ def test_elastic_resume_on_one_rank(baseline: Path, half_run: Path, tmp_path: Pa
 
 
 def test_two_dataloader_workers_match_zero(baseline: Path, tmp_path: Path, cache_dir: Path) -> None:
+    """Two DataLoader workers, read ahead by the prefetch thread, train exactly what the plain in-loop reads train."""
     run_dir = tmp_path / "run"
-    _train(run_dir, cache_dir, **{"data.num_workers": 2})
+    _train(run_dir, cache_dir, **{"data.num_workers": 2, "data.prefetch_batches": 2})
     _assert_same_steps(baseline, run_dir)
 
 

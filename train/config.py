@@ -117,7 +117,7 @@ class DataConfig:
     micro_batch_size: int = 2
     batch_size_schedule: tuple[tuple[int, int], ...] = ()
     num_workers: int = 0
-    prefetch_batches: int = 2  # micro batches a background thread reads ahead of the training loop (0: none)
+    prefetch_batches: int = 0  # micro batches a background thread reads ahead of the training loop (0: none)
     num_proc: int = 1  # index build processes
     store_tokens: bool = True  # False: the index keeps only lengths; batches are tokenized on the fly
     mixture_sources: tuple[str, ...] = ()

@@ -1,10 +1,13 @@
 """Benchmark 6: the trainer's data overhead, the median data-wait per step as a fraction of the median step time.
 
 The tiny model of ``make demo`` (train/configs/tiny.toml: default corpus, concat layout, seq_len 64, global batch 16 =
-2 ranks x micro batch 4 x 2 micro steps) trains on 2 CPU ranks under torchrun (gloo) three times: ``num_workers=0`` with
-no read-ahead (the DataLoader reads in the training loop), ``num_workers=0`` with the trainer's default
-``data.prefetch_batches=2`` (a thread reads the next micro batches while the model computes), and ``num_workers=2`` with
-it. The trainer logs, per step,
+2 ranks x micro batch 4 x 2 micro steps) trains on 2 CPU ranks under torchrun (gloo) three times: as configured
+(``num_workers=0``, ``prefetch_batches=0``: the DataLoader reads in the training loop), with ``prefetch_batches=2`` (a
+thread reads the next micro batches while the model computes), and with ``num_workers=2`` as well. The verdict is the
+configured run's; the others show what read-ahead buys and costs on 2 cores that already run both ranks. In the runs
+made while this benchmark was written, read-ahead removed the wait but left the step slower in two runs of three (the
+reader thread competes with the training loop for the interpreter lock on cores both ranks already use), so the CPU
+config leaves it off; the GPU config, whose loop mostly waits on the device, turns it on. The trainer logs, per step,
 the time it waited on the DataLoader (``data_wait_ms``: from asking for the step's first micro batch to holding its last)
 and the step's wall time (``step_ms``); the first ``WARMUP`` steps (worker start-up, first index reads) are left out.
 Both runs use the same data, so they are compared side by side.
@@ -62,22 +65,28 @@ def main() -> BenchResult:
         ["num_workers", "prefetch_batches", "data wait / step", "step time", "wait / step time", "fraction / best", "tokens/s", "steps"],
         rows,
     )
-    best = min(RUNS_CONFIGS, key=lambda c: runs[c]["fraction"])
-    met = runs[best]["fraction"] < TARGET
-    detail = (f"Best: num_workers={best[0]}, prefetch_batches={best[1]}: {runs[best]['data_wait_ms']:.2f} ms of "
-              f"{runs[best]['step_ms']:.1f} ms = {runs[best]['fraction']:.2%}.")
+    configured, ahead = runs[RUNS_CONFIGS[0]], runs[RUNS_CONFIGS[1]]
+    met = configured["fraction"] < TARGET
+    detail = (f"As configured (num_workers=0, prefetch_batches=0): {configured['data_wait_ms']:.2f} ms of "
+              f"{configured['step_ms']:.1f} ms = {configured['fraction']:.2%}.")
     if not met:
         detail += (
-            f" Gap: {runs[best]['fraction'] / TARGET:.1f}x. The tiny model's step is short (a few tens of ms), so the fixed cost of"
-            " handing a micro batch over (DataLoader iteration, and with workers a shared-memory hand-off between processes"
-            " on 2 cores that also run both ranks) weighs more than it would next to a real model's step."
+            f" Gap: {configured['fraction'] / TARGET:.2f}x. The tiny model's step is short, so the fixed cost of handing a"
+            " micro batch over (DataLoader iteration, the plan and the gather, about 0.4 ms a micro batch) weighs more than"
+            " it would next to a real model's step."
         )
+    notes = [
+        f"With prefetch_batches=2 the wait is {ahead['data_wait_ms']:.2f} ms ({ahead['fraction']:.2%}) and the step takes "
+        f"{ahead['step_ms']:.1f} ms against {configured['step_ms']:.1f} ms ({ahead['tokens_per_s']:,.0f} against "
+        f"{configured['tokens_per_s']:,.0f} tokens/s). Step times of these short runs vary by about 10% from run to run here."
+    ]
     return BenchResult(
         number=6,
         title="Trainer overhead",
         method=__doc__.split("\n\n", 1)[1].strip(),
         tables=[table],
         verdicts=[Verdict("median data-wait per step under 1% of the step time (tiny trainer, 2 CPU ranks)", met, detail)],
+        notes=notes,
         seconds=time.perf_counter() - t0,
     )
 
