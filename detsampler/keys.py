@@ -12,12 +12,12 @@ import struct
 
 import numpy as np
 
-__all__ = ["MASK64", "mix64", "stable_hash64", "subkeys"]
+__all__ = ["MASK64", "mix64", "mix64_int", "stable_hash64", "subkeys"]
 
 MASK64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)  # SplitMix64's finalizer
+_M1, _M2 = (np.uint64(m) for m in MIX_MULTIPLIERS)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
@@ -33,6 +33,16 @@ def mix64(x: np.ndarray | int) -> np.ndarray:
         z = z ^ (z >> _S27)
         z = z * _M2
         return z ^ (z >> _S31)
+
+
+def mix64_int(z: int) -> int:
+    """:func:`mix64` of one 64-bit Python int, without numpy (the same values)."""
+    m1, m2 = MIX_MULTIPLIERS
+    z ^= z >> 30
+    z = (z * m1) & MASK64
+    z ^= z >> 27
+    z = (z * m2) & MASK64
+    return z ^ (z >> 31)
 
 
 def stable_hash64(*parts: int | str | bytes) -> int:

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from detsampler.keys import _M1, _M2, _S27, _S30, _S31, MASK64, subkeys
+from detsampler.keys import _M1, _M2, _S27, _S30, _S31, mix64_int, subkeys
 
 __all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
 
@@ -111,15 +111,6 @@ def _network(n: int, keys: np.ndarray) -> _Network:
     return _Network(_domain_bits(n), tuple(subkeys(keys, i) for i in range(NUM_ROUNDS)))
 
 
-def _mix64_int(z: int) -> int:
-    """:func:`detsampler.keys.mix64` on one Python int (the same values)."""
-    z ^= z >> 30
-    z = (z * 0xBF58476D1CE4E5B9) & MASK64
-    z ^= z >> 27
-    z = (z * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
 def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
     """The network with cycle walking on a few Python ints: the numpy path's values, without its per-call overhead."""
     bits = _domain_bits(n)
@@ -135,10 +126,10 @@ def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
             for rk in round_keys:
                 if inverse:
                     lo = x >> high
-                    x = ((((x & high_mask) ^ (_mix64_int(lo ^ rk) & high_mask))) << low) | lo
+                    x = ((((x & high_mask) ^ (mix64_int(lo ^ rk) & high_mask))) << low) | lo
                 else:
                     lo = x & low_mask
-                    x = (lo << high) | ((x >> low) ^ (_mix64_int(lo ^ rk) & high_mask))
+                    x = (lo << high) | ((x >> low) ^ (mix64_int(lo ^ rk) & high_mask))
             if x < n:
                 break
         out.append(x)

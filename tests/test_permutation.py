@@ -108,3 +108,10 @@ def test_few_indices_path_equals_the_array_path(n, key, data):
     finally:
         permutation._FEW = saved
     np.testing.assert_array_equal(unpermute(few, n, key), x)
+
+
+@given(z=st.integers(min_value=0, max_value=2**64 - 1))
+def test_python_int_mix_equals_the_numpy_mix(z):
+    from detsampler.keys import mix64, mix64_int
+
+    assert mix64_int(z) == int(mix64(np.array([z], dtype=np.uint64))[0])
