@@ -14,8 +14,8 @@ from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.prepare import IndexConfig
-from detsampler.tokenizer import Tokenizer
+from detsampler.index.prepare import IndexConfig
+from detsampler.text.tokenizer import Tokenizer
 
 
 @pytest.fixture()

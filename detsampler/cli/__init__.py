@@ -2,7 +2,7 @@
 
 Options map one to one onto the library's dataclasses:
 
-- index options -> :class:`detsampler.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
+- index options -> :class:`detsampler.index.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
   ``--cache-dir``, ``--num-proc``, ``--store-tokens/--no-store-tokens``, ``--max-documents``);
 - layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its ``seed``,
   ``--window-docs``);
