@@ -201,7 +201,7 @@ def test_nothing_per_document_lives_in_python_containers(small_index):
             for name, value in vars(obj).items():
                 if isinstance(value, (list, tuple, dict, set)) and name != "meta":
                     assert len(value) < 16, (kind, type(obj).__name__, name, len(value))
-        assert isinstance(ds.index.tokens, np.memmap) and isinstance(ds.index.lengths, np.memmap)
+        assert isinstance(ds.index.tokens._array, np.memmap) and isinstance(ds.index.lengths._array, np.memmap)
 
 
 def test_core_modules_do_not_import_torch():

@@ -35,7 +35,10 @@ def test_index_holds_exactly_the_tokenized_documents(small_index, small_corpus, 
     assert meta["tokenizer"]["sha256"] == small_tokenizer.sha256
     assert meta["num_tokens"] == sum(map(len, ids))
     assert set(meta["files"]) == {"lengths.npy", "offsets.npy", "tokens.npy"}
-    assert isinstance(small_index.lengths, np.memmap) and isinstance(small_index.tokens, np.memmap)
+    from detsampler.index.checksums import VerifiedArray
+
+    assert isinstance(small_index.lengths, VerifiedArray) and isinstance(small_index.tokens, VerifiedArray)
+    assert isinstance(small_index.tokens._array, np.memmap)  # memory-mapped, checked chunk by chunk
 
 
 def test_token_dtype():
@@ -99,25 +102,25 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     lengths = np.load(p / "lengths.npy")
     lengths[1] += 1
     np.save(p / "lengths.npy", lengths)
-    with pytest.raises(TokenIndexError, match="lengths.npy's sha256 differs"):
-        TokenIndex.open(p)
+    with pytest.raises(TokenIndexError, match="lengths.npy chunk 0 .* fails its checksum"):
+        TokenIndex.open(p).lengths[1]
     # one edited token: caught by verify_tokens
     p = _copy_index(small_index, tmp_path / "tok")
     tokens = np.load(p / "tokens.npy")
     tokens[5] ^= 1
     np.save(p / "tokens.npy", tokens)
-    TokenIndex.open(p)  # sizes still match
-    with pytest.raises(TokenIndexError, match="tokens.npy's sha256 differs"):
+    TokenIndex.open(p)  # sizes still match: found when the chunk is read (tests/test_integrity.py), or by the full check
+    with pytest.raises(TokenIndexError, match="tokens.npy chunk 0 .* fails its checksum"):
         TokenIndex.open(p, verify_tokens=True)
     # a file replaced by a pickled object array: never loaded
     p = _copy_index(small_index, tmp_path / "pickle")
     meta = json.loads((p / "meta.json").read_text())
     np.save(p / "offsets.npy", np.array([object()] * 3, dtype=object), allow_pickle=True)
-    meta["files"]["offsets.npy"]["size"] = (p / "offsets.npy").stat().st_size
-    import hashlib
+    from detsampler.index.checksums import write_checksums
+    from detsampler.index.format import seal_meta
 
-    meta["files"]["offsets.npy"]["sha256"] = hashlib.sha256((p / "offsets.npy").read_bytes()).hexdigest()
-    (p / "meta.json").write_text(json.dumps(meta))
+    meta["files"]["offsets.npy"] = write_checksums(p, "offsets.npy")  # a consistent forgery, checksums and seal included
+    (p / "meta.json").write_text(json.dumps(seal_meta(meta)))
     with pytest.raises(TokenIndexError, match="offsets.npy is not a readable .npy file"):
         TokenIndex.open(p)
     # meta.json: broken, other version, missing
@@ -126,7 +129,7 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     with pytest.raises(TokenIndexError, match="meta.json is not valid JSON"):
         TokenIndex.open(p)
     meta = dict(small_index.meta, format_version=INDEX_FORMAT_VERSION + 1)
-    (p / "meta.json").write_text(json.dumps(meta))
+    (p / "meta.json").write_text(json.dumps(meta))  # the version is checked first, whatever the seal says
     with pytest.raises(TokenIndexError, match="format version"):
         TokenIndex.open(p)
     (p / "meta.json").unlink()

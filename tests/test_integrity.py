@@ -66,6 +66,24 @@ def test_the_tokens_of_another_index_with_equal_lengths_are_refused(small_tokeni
         TokenIndex.open(a.path, verify_tokens=True)
 
 
+def test_verify_tokens_reads_every_chunk(small_index, small_tokenizer, tmp_path, capsys):
+    """`detsampler verify --tokens` is the full check: it finds an edit in a chunk no sample has read yet."""
+    from detsampler.cli import main
+
+    root = tmp_path / "cache"
+    p = _copy(small_index, root / small_index.path.name)
+    args = ["--cache-dir", str(root), "--max-documents", "16", "--tokenizer", small_tokenizer.path, "--seq-len", "64",
+            "--global-batch-size", "4", "--steps", "0:2"]
+    assert main(["verify", *args, "--tokens"]) == 0
+    assert "every chunk checksum and sha256 verified" in capsys.readouterr().out
+    _edit_token(p, int(small_index.num_tokens) // 2)
+    assert main(["verify", *args]) == 0  # the plan alone does not read the edited chunk
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", *args, "--tokens"])
+    assert exit_.value.code == 2
+    assert "tokens.npy chunk" in capsys.readouterr().err
+
+
 # -- 10.3: meta.json -------------------------------------------------------------------------------------------------
 
 

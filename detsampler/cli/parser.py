@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "epoch the range covers completely reads every sample; print epoch coverage.")
     _add_plan_inputs(verify)
     verify.add_argument("--steps", type=step_range, required=True, metavar="A:B", help="steps A .. B-1")
+    verify.add_argument("--tokens", action="store_true",
+                        help="also check every chunk checksum and the sha256 of each index file (reads them all)")
 
     stats = sub.add_parser("stats", help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
                            description="Corpus and index counts, and per layout kind: samples per epoch, padding fraction, "

@@ -164,7 +164,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = mixture_config(args)
     if config is not None:
         return _cmd_verify_mixture(args, config)
-    prepared = prepare(args)
+    prepared = prepare(args, verify_tokens=getattr(args, "tokens", False))
+    if getattr(args, "tokens", False):
+        print(f"index files: every chunk checksum and sha256 verified ({prepared.index.num_tokens} tokens)")
     layout = prepared.index.layout(layout_config(args))
     plan = plan_from_args(args, layout.num_samples)
     a, b = args.steps
@@ -175,7 +177,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
-    _, layouts, plan = mixture_plan(args, config)
+    prepared, layouts, plan = mixture_plan(args, config)
+    if getattr(args, "tokens", False):
+        from detsampler.index import TokenIndex
+
+        for p in prepared:
+            TokenIndex.open(p.index.path, verify_tokens=True)
+        print(f"index files: every chunk checksum and sha256 verified ({len(prepared)} sources)")
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_header(report, plan, f"{layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header, save_npy, sha256_file
+from detsampler.index.checksums import write_checksums
+from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header, save_npy
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
@@ -30,6 +31,7 @@ from detsampler.index.format import (
     dataset_fingerprint,
     default_cache_dir,
     index_cache_key,
+    seal_meta,
     token_dtype,
 )
 from detsampler.index.reader import TokenIndex
@@ -90,7 +92,7 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str
     save_npy(tmp / "lengths.npy", lengths)
     save_npy(tmp / "offsets.npy", offsets)
     names = ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store_tokens else [])
-    files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in names}
+    files = {name: write_checksums(tmp, name) for name in names}
     meta = {
         "kind": INDEX_KIND,
         "format_version": INDEX_FORMAT_VERSION,
@@ -107,7 +109,7 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str
         "files": files,
         "build": {"seconds": round(seconds, 3), "tokens_per_second": round(num_tokens / max(seconds, 1e-9)), "num_proc": num_proc},
     }
-    _write_meta(tmp, meta)
+    _write_meta(tmp, seal_meta(meta))
     if progress:
         print(
             f"detsampler: tokenized {lengths.size} documents, {num_tokens} tokens in {seconds:.2f} s "

@@ -23,10 +23,13 @@ __all__ = [
     "dataset_fingerprint",
     "default_cache_dir",
     "index_cache_key",
+    "seal_meta",
+    "seal_ok",
     "token_dtype",
 ]
 
-INDEX_FORMAT_VERSION = 1
+# 2: per-chunk checksums of the arrays (``*.sums.npy``), a sealed meta.json, persisted layouts
+INDEX_FORMAT_VERSION = 2
 INDEX_KIND = "detsampler-token-index"
 
 
@@ -72,3 +75,21 @@ def index_cache_key(dataset: Any, tokenizer: Tokenizer, text_column: str = "text
     )
     return h.hexdigest()[:20]
 
+
+
+SEAL_FIELD = "meta_sha256"
+
+
+def _seal(record: dict) -> str:
+    body = {k: v for k, v in record.items() if k != SEAL_FIELD}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal_meta(record: dict) -> dict:
+    """``record`` with its seal: the sha256 of its canonical JSON without the seal (``meta_sha256``)."""
+    return {**record, SEAL_FIELD: _seal(record)}
+
+
+def seal_ok(record: dict) -> bool:
+    """Whether ``record`` carries the seal of exactly its content (any edit of a value breaks it)."""
+    return record.get(SEAL_FIELD) == _seal(record)

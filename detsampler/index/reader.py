@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from detsampler.index.checksums import VerifiedArray, load_sums, sums_name
 from detsampler.index.files import save_npy, sha256_file
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
@@ -36,6 +37,7 @@ from detsampler.index.format import (
     dataset_fingerprint,
     default_cache_dir,
     index_cache_key,
+    seal_ok,
     token_dtype,
 )
 from detsampler.keys import stable_hash64
@@ -79,24 +81,37 @@ def _read_meta(path: Path) -> dict:
             f"index {str(path)!r} has format version {meta.get('format_version')!r}, this detsampler reads version "
             f"{INDEX_FORMAT_VERSION}; delete the directory and rebuild"
         )
+    if not seal_ok(meta):
+        raise TokenIndexError(
+            f"index {str(path)!r}: meta.json fails its checksum (meta_sha256): it was edited after the build; delete the "
+            "directory and rebuild"
+        )
+    if path.name.startswith("index-") and path.name != f"index-{meta.get('cache_key')}":
+        raise TokenIndexError(f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's")
     return meta
 
 
-def _check_files(path: Path, files: Any, store: bool, verify_tokens: bool) -> None:
-    """Every file ``meta.json`` lists has its recorded size; the small files (and with ``verify_tokens`` the tokens) their
-    recorded sha256."""
-    expected = ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store else [])
-    for name in expected:
-        if name not in files:
-            raise TokenIndexError(f"index {str(path)!r}: meta.json does not list {name}; delete the directory and rebuild")
-        f = path / name
-        size = f.stat().st_size if f.is_file() else None
-        if size != files[name]["size"]:
-            raise TokenIndexError(
-                f"index {str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, the index recorded "
-                f"{files[name]['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
-            )
-    for name in ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store and verify_tokens else []):
+def _open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> VerifiedArray:
+    """``path/name`` memory-mapped behind its chunk checksums; its size, dtype, shape and checksum file checked now."""
+    record = files.get(name) if isinstance(files, dict) else None
+    if not isinstance(record, dict) or "sums" not in record:
+        raise TokenIndexError(f"index {str(path)!r}: meta.json does not list {name}; delete the directory and rebuild")
+    f = path / name
+    size = f.stat().st_size if f.is_file() else None
+    if size != record["size"]:
+        raise TokenIndexError(
+            f"index {str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, the index recorded "
+            f"{record['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
+        )
+    what = f"index {str(path)!r}"
+    sums = load_sums(path / sums_name(name), record["sums"], size, what)
+    return VerifiedArray(f, _load_array(path, name, dtype, shape), sums, what)
+
+
+def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> None:
+    """Every chunk of every array checked, and each file's sha256 (reads everything)."""
+    for name, arr in arrays.items():
+        arr.verify_all()
         if sha256_file(path / name) != files[name]["sha256"]:
             raise TokenIndexError(f"index {str(path)!r}: {name}'s sha256 differs from the recorded one: the file was edited; delete the directory and rebuild")
 
@@ -168,7 +183,8 @@ class TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
         With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also checks
-        the token file's sha256 (reads it all). Every mismatch is an :class:`TokenIndexError` naming what differs.
+        every chunk and the sha256 of every file (reads them all). Otherwise opening reads only ``meta.json`` and the
+        small checksum files: each chunk of the arrays is checked the first time this process reads it. Every mismatch is an :class:`TokenIndexError` naming what differs.
         """
         path = Path(path)
         meta = _read_meta(path)
@@ -179,11 +195,16 @@ class TokenIndex:
             vocab = int(meta["tokenizer"]["vocab_size"])
         except (KeyError, TypeError, ValueError) as exc:
             raise TokenIndexError(f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild") from None
-        _check_files(path, files, store, verify_tokens)
-        lengths = _load_array(path, "lengths.npy", np.dtype(np.int64), (n_docs,))
-        offsets = _load_array(path, "offsets.npy", np.dtype(np.int64), (n_docs + 1,))
-        tokens = _load_array(path, "tokens.npy", token_dtype(vocab), (n_tok,)) if store else None
-        if offsets[0] != 0 or offsets[-1] != n_tok or (n_docs and lengths.min() < 0):
+        arrays = {
+            "lengths.npy": _open_checked(path, files, "lengths.npy", np.dtype(np.int64), (n_docs,)),
+            "offsets.npy": _open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,)),
+        }
+        if store:
+            arrays["tokens.npy"] = _open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,))
+        if verify_tokens:
+            _verify_full(path, files, arrays)
+        lengths, offsets, tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays.get("tokens.npy")
+        if offsets[0] != 0 or offsets[-1] != n_tok:
             raise TokenIndexError(f"index {str(path)!r}: offsets/lengths are inconsistent with {n_tok} tokens; delete and rebuild")
         index = cls(path, meta, lengths, offsets, tokens)
         if dataset is not None:
@@ -205,7 +226,8 @@ class TokenIndex:
             raise TokenIndexError(f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}")
 
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Raise unless ``tokenizer`` is the model this index was built with (sha256)."""
+        """Raise unless ``tokenizer`` is the model this index was built with (sha256) and its EOS and padding ids are the
+        ones the index records (they are written into every sample)."""
         want = self.meta["tokenizer"]["sha256"]
         if tokenizer.sha256 != want:
             raise TokenIndexError(
@@ -213,6 +235,12 @@ class TokenIndex:
                 f"({self.meta['tokenizer'].get('path')}), got {tokenizer.sha256[:16]}... ({tokenizer.path}): the tokenizer "
                 "changed since the build; pass the original model or build the index again"
             )
+        for field in ("eos_id", "pad_id"):
+            if int(getattr(tokenizer, field)) != int(self.meta["tokenizer"][field]):
+                raise TokenIndexError(
+                    f"index {str(self.path)!r} records {field} {self.meta['tokenizer'][field]}, its tokenizer "
+                    f"({tokenizer.path}) has {field} {getattr(tokenizer, field)}: meta.json is wrong; rebuild the index"
+                )
 
     # -- reading
     def document_tokens(self, doc: int) -> np.ndarray:

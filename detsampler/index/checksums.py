@@ -1,0 +1,220 @@
+"""Per-chunk checksums of the large files of an index or a layout, verified lazily: each chunk the first time a process
+reads it.
+
+A checked file is cut into chunks of :data:`CHUNK_BYTES` bytes of the file (the ``.npy`` header is in chunk 0); its
+checksums are the CRC-32 of each chunk, kept in a small ``<stem>.sums.npy`` (uint32, one per chunk) whose own sha256 the
+directory's JSON record holds and :func:`load_sums` checks in full on open (it is 1/16384 of the file).
+
+Invariant: every element a :class:`VerifiedArray` returns lies in a chunk whose CRC-32 this process has checked against
+the recorded one; a mismatch raises :class:`ChecksumError` naming the file, the chunk and its byte range. Opening costs
+O(file size / CHUNK_BYTES) (the sums), never a read of the file; a read costs, besides the read, one CRC-32 of each chunk
+it touches for the first time (CRC-32 runs at ~1.7 GB/s on one core here: ~40 us per 64 KiB chunk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detsampler.index.format import TokenIndexError
+
+__all__ = ["CHUNK_BYTES", "ChecksumError", "VerifiedArray", "file_digests", "load_sums", "sums_name", "write_checksums"]
+
+CHUNK_BYTES = 1 << 16
+_SHIFT = CHUNK_BYTES.bit_length() - 1
+_READ_BYTES = 1 << 24
+
+
+class ChecksumError(TokenIndexError):
+    """A chunk of a checked file whose checksum differs from the one recorded when it was written."""
+
+
+def sums_name(name: str) -> str:
+    """The checksum file of data file ``name``: ``tokens.npy`` -> ``tokens.sums.npy``."""
+    return f"{name[:-4] if name.endswith('.npy') else name}.sums.npy"
+
+
+def file_digests(path: Path) -> tuple[str, np.ndarray]:
+    """The sha256 (hex) of the file at ``path`` and the CRC-32 of each of its :data:`CHUNK_BYTES` chunks, in one read."""
+    h = hashlib.sha256()
+    sums: list[int] = []
+    with open(path, "rb") as f:
+        while block := f.read(_READ_BYTES):
+            h.update(block)
+            view = memoryview(block)
+            sums.extend(zlib.crc32(view[i : i + CHUNK_BYTES]) for i in range(0, len(block), CHUNK_BYTES))
+    return h.hexdigest(), np.asarray(sums, dtype=np.uint32)
+
+
+def write_checksums(directory: Path, name: str) -> dict:
+    """Write ``directory/<stem>.sums.npy`` for data file ``name``; returns the file's record: size, sha256, chunk size and
+    its checksum file's name, size and sha256."""
+    from detsampler.index.files import save_npy, sha256_file
+
+    sha, sums = file_digests(directory / name)
+    sums_path = directory / sums_name(name)
+    save_npy(sums_path, sums)
+    return {
+        "size": (directory / name).stat().st_size,
+        "sha256": sha,
+        "sums": {"file": sums_path.name, "chunk_bytes": CHUNK_BYTES, "checksum": "crc32",
+                 "size": sums_path.stat().st_size, "sha256": sha256_file(sums_path)},
+    }
+
+
+def load_sums(path: Path, record: dict, data_size: int, what: str) -> np.ndarray:
+    """The chunk sums at ``path``, checked against ``record`` (``size``, ``sha256``) and the data file's size."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TokenIndexError(f"{what}: cannot read its checksums {path.name} ({exc.strerror})") from None
+    if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
+        raise TokenIndexError(f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited")
+    import io
+
+    sums = np.load(io.BytesIO(raw), allow_pickle=False)
+    if sums.dtype != np.uint32 or sums.shape != (-(-data_size // CHUNK_BYTES),):
+        raise TokenIndexError(f"{what}: {path.name} holds {sums.shape} {sums.dtype}, not one uint32 per chunk")
+    return sums
+
+
+class VerifiedArray:
+    """A read-only 1-D array, memory-mapped from a ``.npy`` file, whose reads are checked chunk by chunk (see module doc).
+
+    Reads: ``a[i]``, ``a[i:j]``, ``a[int_array]``, ``a.searchsorted(v, side)``; ``np.asarray(a)`` checks every chunk first
+    (a full read). ``verified`` counts the chunks this process has checked.
+    """
+
+    def __init__(self, path: Path, array: np.ndarray, sums: np.ndarray, what: str) -> None:
+        self.path = Path(path)
+        self._array = array
+        self._sums = sums
+        self._what = what
+        self._raw = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+        self._data_offset = int(getattr(array, "offset", 0)) if isinstance(array, np.memmap) else _npy_data_offset(path)
+        self._checked = np.zeros(len(sums), dtype=bool)
+
+    # -- array-like surface
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._array.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._array.dtype
+
+    @property
+    def size(self) -> int:
+        return int(self._array.size)
+
+    @property
+    def ndim(self) -> int:
+        return 1
+
+    @property
+    def verified(self) -> int:
+        return int(self._checked.sum())
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __repr__(self) -> str:
+        return f"VerifiedArray({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self.verify_all()
+        return np.asarray(self._array, dtype=dtype)
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
+
+    def __reduce__(self):
+        return (_reopen, (str(self.path), self._sums, self._what))
+
+    # -- checked reads
+    def __getitem__(self, key: Any) -> Any:
+        n = len(self._array)
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(n)
+            if hi > lo:
+                self._check_range(lo, hi - 1)
+            return self._array[key]
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (n if key < 0 else 0)
+            if 0 <= i < n:
+                self._check_range(i, i)
+            return self._array[key]
+        idx = np.asarray(key)
+        if idx.size:
+            self._check_elements(np.where(idx < 0, idx + n, idx).reshape(-1))
+        return self._array[idx]
+
+    def searchsorted(self, v: Any, side: str = "left") -> np.ndarray:
+        """``np.searchsorted`` over the (sorted) array; each answer is confirmed on checked elements around it, so a
+        corrupted element met on the way can never yield a wrong answer silently."""
+        pos = np.searchsorted(self._array, v, side=side)
+        p = np.asarray(pos).reshape(-1)
+        n = len(self._array)
+        around = np.concatenate([p[p > 0] - 1, p[p < n]])
+        if around.size:
+            self._check_elements(around)
+            vv = np.broadcast_to(np.asarray(v), np.shape(pos)).reshape(-1)
+            below = np.where(p > 0, self._array[np.maximum(p - 1, 0)], vv)
+            above = np.where(p < n, self._array[np.minimum(p, n - 1)], vv)
+            ok = (below < vv) | (p == 0) if side == "left" else (below <= vv) | (p == 0)
+            ok &= (vv <= above) | (p == n) if side == "left" else (vv < above) | (p == n)
+            if not ok.all():
+                self.verify_all()  # the array is not sorted where the search went: find the bad chunk
+                raise ChecksumError(f"{self._what}: {self.path.name} is not sorted around position {int(p[~ok][0])}")
+        return pos
+
+    def verify_all(self) -> None:
+        """Check every chunk not checked yet (reads the whole file once)."""
+        self._verify(np.flatnonzero(~self._checked))
+
+    # -- internals
+    def _check_range(self, first: int, last: int) -> None:
+        a = (self._data_offset + first * self.dtype.itemsize) >> _SHIFT
+        b = (self._data_offset + (last + 1) * self.dtype.itemsize - 1) >> _SHIFT
+        if not self._checked[a : b + 1].all():
+            self._verify(np.arange(a, b + 1))
+
+    def _check_elements(self, idx: np.ndarray) -> None:
+        chunks = (self._data_offset + idx.astype(np.int64, copy=False) * self.dtype.itemsize) >> _SHIFT
+        todo = chunks[~self._checked[chunks]]
+        if todo.size:
+            self._verify(np.unique(todo))
+
+    def _verify(self, chunks: np.ndarray) -> None:
+        raw = self._raw
+        for c in chunks.tolist():
+            if self._checked[c]:
+                continue
+            lo, hi = c * CHUNK_BYTES, min((c + 1) * CHUNK_BYTES, len(raw))
+            got = zlib.crc32(raw[lo:hi])
+            if got != int(self._sums[c]):
+                raise ChecksumError(
+                    f"{self._what}: {self.path.name} chunk {c} (bytes {lo}..{hi - 1}) fails its checksum (crc32 {got:08x}, "
+                    f"recorded {int(self._sums[c]):08x}): the file was edited or replaced after it was written"
+                )
+            self._checked[c] = True
+
+
+def _npy_data_offset(path: Path) -> int:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        np.lib.format._read_array_header(f, version)  # noqa: SLF001 - the only way to learn the header length
+        return f.tell()
+
+
+def _reopen(path: str, sums: np.ndarray, what: str) -> VerifiedArray:
+    p = Path(path)
+    try:
+        arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    except ValueError:  # an empty array cannot be memory-mapped
+        arr = np.load(p, allow_pickle=False)
+    return VerifiedArray(p, arr, sums, what)
