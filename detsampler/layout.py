@@ -11,26 +11,29 @@ seeded order (``document_order``), fixed for the whole run; the plan shuffles sa
 - ``document``: each sample is one piece of one document: a document of ``m = length + 1`` positions gives ``ceil(m / L)``
   consecutive pieces of ``L`` positions (the last one shorter); the rest of a sample is padding.
 - ``bestfit``: within windows of ``window_docs`` consecutive documents, documents are cut into pieces of ``L`` positions
-  (only documents longer than ``L`` are cut) and the pieces are packed into bins of ``L`` by best-fit decreasing. A sample is
-  a (window, bin) pair; only the number of bins per window is kept, and a window's packing is recomputed when asked for.
+  (only documents longer than ``L`` are cut) and the pieces are packed into bins of ``L`` by best-fit decreasing
+  (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again.
+
+Each layout holds a few arrays: computed in RAM from the lengths (:func:`make_layout`), or given, e.g. memory maps of a
+persisted layout (:mod:`detsampler.index.layouts`); it then reads the document order pointwise and holds nothing of size D.
 For ``document`` and ``bestfit`` every position of every document lies in exactly one sample per epoch
 (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from detsampler.keys import stable_hash64
+from detsampler.packing import Packed, pack_best_fit, pack_windows
 from detsampler.permutation import permute
 
 __all__ = [
     "BestFitLayout",
+    "BinPacking",
     "ConcatLayout",
     "DocumentLayout",
     "Layout",
@@ -38,7 +41,9 @@ __all__ = [
     "LayoutKind",
     "Spans",
     "document_order",
+    "documents_at",
     "make_layout",
+    "pack_best_fit",
 ]
 
 LayoutKind = Literal["concat", "document", "bestfit"]
@@ -134,6 +139,24 @@ def document_order(num_documents: int, seed: int) -> np.ndarray:
     return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
 
 
+def documents_at(positions: np.ndarray, num_documents: int, seed: int) -> np.ndarray:
+    """``document_order(num_documents, seed)[positions]``, computed pointwise: O(len(positions)), whatever the corpus."""
+    return permute(np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+
+
+def _take(arr: Any, idx: np.ndarray) -> np.ndarray:
+    """``arr[idx]`` as int64 (``arr`` an array, a memory map or a checked array)."""
+    return np.asarray(arr[idx], dtype=np.int64)
+
+
+def _before(ends: Any, pos: np.ndarray) -> np.ndarray:
+    """``ends[pos - 1]``, 0 where ``pos == 0``."""
+    out = np.zeros(len(pos), dtype=np.int64)
+    nz = pos > 0
+    out[nz] = _take(ends, pos[nz] - 1)
+    return out
+
+
 def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each i, the integers ``first[i] .. first[i] + counts[i] - 1``, concatenated, and the CSR offsets."""
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -142,17 +165,45 @@ def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.repeat(first, counts) + within, offsets
 
 
-class ConcatLayout:
-    """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L + 1)``."""
+class _Ordered:
+    """What the layouts share: the config, the lengths, and the seeded document order, in RAM (built from lengths) or
+    pointwise (opened from persisted arrays, where nothing of size D is held)."""
 
-    def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
+    config: LayoutConfig
+    lengths: Any
+    num_documents: int
+    _order: np.ndarray | None
+
+    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool) -> None:
         self.config = config
-        self.lengths = _check_lengths(lengths)
+        self.lengths = _check_lengths(lengths) if in_ram else lengths
         self.num_documents = len(self.lengths)
-        self.order = document_order(self.num_documents, config.seed)
-        self._extent = self.lengths[self.order] + 1  # positions per document, in stream order
-        self._ends = np.cumsum(self._extent)
-        self.num_tokens = int(self._ends[-1])
+        self._order = document_order(self.num_documents, config.seed) if in_ram else None
+
+    @property
+    def order(self) -> np.ndarray:
+        """The whole document order (O(D): for tests and tools; the layout itself reads it pointwise)."""
+        return self._order if self._order is not None else document_order(self.num_documents, self.config.seed)
+
+    def _docs(self, positions: np.ndarray) -> np.ndarray:
+        if self._order is not None:
+            return self._order[positions]
+        return documents_at(positions, self.num_documents, self.config.seed)
+
+    def _extents(self, docs: np.ndarray) -> np.ndarray:
+        return _take(self.lengths, docs) + 1
+
+
+class ConcatLayout(_Ordered):
+    """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L + 1)``.
+
+    ``ends[i]`` is the stream position just after the i-th document of the order (given: persisted, else computed).
+    """
+
+    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None) -> None:
+        self._init_lengths(config, lengths, in_ram=ends is None)
+        self.ends = np.cumsum(self.lengths[self._order] + 1) if ends is None else ends
+        self.num_tokens = int(self.ends[-1])
         self.num_samples = (self.num_tokens - 1) // config.seq_len
         if self.num_samples < 1:
             raise ValueError(
@@ -168,14 +219,15 @@ class ConcatLayout:
         ids = _check_sample_ids(sample_ids, self.num_samples)
         begin = ids * self.config.seq_len
         end = begin + self.config.seq_len + 1
-        first = np.searchsorted(self._ends, begin, side="right")
-        last = np.searchsorted(self._ends, end - 1, side="right")
+        first = np.asarray(self.ends.searchsorted(begin, side="right"), dtype=np.int64)
+        last = np.asarray(self.ends.searchsorted(end - 1, side="right"), dtype=np.int64)
         pos, offsets = _ranges(first, last - first + 1)
-        doc_begin = self._ends[pos] - self._extent[pos]
+        doc_begin = _before(self.ends, pos)
+        extent = _take(self.ends, pos) - doc_begin
         counts = np.diff(offsets)
         starts = np.maximum(np.repeat(begin, counts) - doc_begin, 0)
-        stops = np.minimum(np.repeat(end, counts) - doc_begin, self._extent[pos])
-        return Spans(offsets, self.order[pos], starts, stops)
+        stops = np.minimum(np.repeat(end, counts) - doc_begin, extent)
+        return Spans(offsets, self._docs(pos), starts, stops)
 
     def describe(self) -> dict:
         used = self.num_samples * self.config.seq_len
@@ -189,19 +241,21 @@ class ConcatLayout:
         }
 
 
-class DocumentLayout:
-    """Each sample is one piece of at most ``seq_len`` positions of one document, starting at a document boundary."""
+class DocumentLayout(_Ordered):
+    """Each sample is one piece of at most ``seq_len`` positions of one document, starting at a document boundary.
 
-    def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
-        self.config = config
-        self.lengths = _check_lengths(lengths)
-        self.num_documents = len(self.lengths)
-        self.order = document_order(self.num_documents, config.seed)
-        self._extent = self.lengths[self.order] + 1
-        self._pieces = -(-self._extent // config.seq_len)
-        self._ends = np.cumsum(self._pieces)
-        self.num_samples = int(self._ends[-1])
-        self.num_tokens = int(self._extent.sum())
+    ``ends[i]`` is the number of samples of the first ``i + 1`` documents of the order (given: persisted, with
+    ``num_tokens``; else computed).
+    """
+
+    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, num_tokens: int | None = None) -> None:
+        self._init_lengths(config, lengths, in_ram=ends is None)
+        if ends is None:
+            extent = self.lengths[self._order] + 1
+            ends, num_tokens = np.cumsum(-(-extent // config.seq_len)), int(extent.sum())
+        self.ends = ends
+        self.num_samples = int(self.ends[-1])
+        self.num_tokens = int(num_tokens)
 
     @property
     def sample_len(self) -> int:
@@ -209,11 +263,11 @@ class DocumentLayout:
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
-        pos = np.searchsorted(self._ends, ids, side="right")
-        piece = ids - (self._ends[pos] - self._pieces[pos])
-        starts = piece * self.config.seq_len
-        stops = np.minimum(starts + self.config.seq_len, self._extent[pos])
-        return Spans(np.arange(len(ids) + 1, dtype=np.int64), self.order[pos], starts, stops)
+        pos = np.asarray(self.ends.searchsorted(ids, side="right"), dtype=np.int64)
+        docs = self._docs(pos)
+        starts = (ids - _before(self.ends, pos)) * self.config.seq_len
+        stops = np.minimum(starts + self.config.seq_len, self._extents(docs))
+        return Spans(np.arange(len(ids) + 1, dtype=np.int64), docs, starts, stops)
 
     def describe(self) -> dict:
         return {
@@ -226,100 +280,70 @@ class DocumentLayout:
         }
 
 
-def pack_best_fit(extents: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Best-fit-decreasing packing of documents of ``extents`` positions into bins of ``capacity``.
+@dataclass(frozen=True)
+class BinPacking:
+    """A best-fit layout's bins, cumulative: window ``w`` holds bins ``window_bins[w]:window_bins[w+1]``, bin ``b`` holds
+    items ``bin_items[b]:bin_items[b+1]``, item ``j`` is piece ``item_pieces[j]`` of document ``item_docs[j]``."""
 
-    A document longer than ``capacity`` is cut into full pieces of ``capacity`` (each a bin of its own) and a remainder; all
-    remainders and short documents are packed by best-fit decreasing (ties broken by position, so the result is a pure
-    function of ``extents``). Returns ``(bin_offsets, item_docs, item_starts, item_stops)``: bin ``b`` holds items
-    ``bin_offsets[b]:bin_offsets[b+1]``, ``item_docs`` indexing into ``extents``.
+    window_bins: Any
+    bin_items: Any
+    item_docs: Any
+    item_pieces: Any
+
+
+def cumulative(packed: Packed) -> BinPacking:
+    """The cumulative form of a whole layout's :class:`~detsampler.packing.Packed`."""
+    window_bins = np.zeros(len(packed.bins_per_window) + 1, dtype=np.int64)
+    np.cumsum(packed.bins_per_window, out=window_bins[1:])
+    bin_items = np.zeros(len(packed.items_per_bin) + 1, dtype=np.int64)
+    np.cumsum(packed.items_per_bin, out=bin_items[1:])
+    return BinPacking(window_bins, bin_items, packed.item_docs, packed.item_pieces)
+
+
+class BestFitLayout(_Ordered):
+    """Best-fit-decreasing bins of ``seq_len`` positions within windows of ``window_docs`` consecutive documents.
+
+    Every window is packed once, when the layout is made (``packing`` given: persisted, with ``num_tokens``); locating a
+    sample reads its bin's items: O(items), never a repacking.
     """
-    extents = np.asarray(extents, dtype=np.int64)
-    full = extents // capacity
-    full_piece, _ = _ranges(np.zeros(len(extents), np.int64), full)
-    full_doc_idx = np.repeat(np.arange(len(extents)), full)
-    full_starts = full_piece * capacity
 
-    rest = extents - full * capacity
-    rest_idx = np.flatnonzero(rest)
-    rest_idx = rest_idx[np.argsort(-rest[rest_idx], kind="stable")]
-    free: list[tuple[int, int]] = []  # (remaining capacity, bin), sorted
-    members: list[list[int]] = []
-    for doc in rest_idx.tolist():
-        size = int(rest[doc])
-        k = bisect.bisect_left(free, (size, -1))
-        if k == len(free):
-            members.append([doc])
-            bisect.insort(free, (capacity - size, len(members) - 1))
-        else:
-            remaining, b = free.pop(k)
-            members[b].append(doc)
-            bisect.insort(free, (remaining - size, b))
-
-    packed_docs = np.fromiter((d for m in members for d in m), dtype=np.int64, count=len(rest_idx))
-    packed_counts = np.fromiter((len(m) for m in members), dtype=np.int64, count=len(members))
-    counts = np.concatenate([np.ones(len(full_doc_idx), np.int64), packed_counts])
-    bin_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=bin_offsets[1:])
-    docs = np.concatenate([full_doc_idx, packed_docs])
-    starts = np.concatenate([full_starts, full[packed_docs] * capacity])
-    stops = np.concatenate([full_starts + capacity, extents[packed_docs]])
-    return bin_offsets, docs, starts, stops
-
-
-class BestFitLayout:
-    """Best-fit-decreasing bins of ``seq_len`` positions within windows of ``window_docs`` consecutive documents."""
-
-    def __init__(self, config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> None:
-        self.config = config
-        self.lengths = _check_lengths(lengths)
-        self.num_documents = len(self.lengths)
-        self.order = document_order(self.num_documents, config.seed)
+    def __init__(self, config: LayoutConfig, lengths: Any, packing: BinPacking | None = None,
+                 num_tokens: int | None = None) -> None:
+        self._init_lengths(config, lengths, in_ram=packing is None)
         self.num_windows = -(-self.num_documents // config.window_docs)
-        self.num_tokens = int(self.lengths.sum()) + self.num_documents
-        if bins_per_window is None:
-            bins_per_window = np.array([len(self._pack(w)[0]) - 1 for w in range(self.num_windows)], dtype=np.int64)
-        self.bins_per_window = np.asarray(bins_per_window, dtype=np.int64)
-        if self.bins_per_window.shape != (self.num_windows,):
-            raise ValueError(f"bins_per_window must have {self.num_windows} entries, got {self.bins_per_window.shape}")
-        self._ends = np.cumsum(self.bins_per_window)
-        self.num_samples = int(self._ends[-1])
-        self._pack = lru_cache(maxsize=256)(self._pack)
+        if packing is None:
+            w = config.window_docs
+            docs = [self._order[i * w : (i + 1) * w] for i in range(self.num_windows)]
+            packing = cumulative(pack_windows(docs, [self.lengths[d] + 1 for d in docs], config.seq_len))
+            num_tokens = int(self.lengths.sum()) + self.num_documents
+        if len(packing.window_bins) != self.num_windows + 1:
+            raise ValueError(f"a packing of {len(packing.window_bins) - 1} windows, the layout has {self.num_windows}")
+        self.packing = packing
+        self.num_tokens = int(num_tokens)
+        self.num_samples = len(packing.bin_items) - 1
 
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
 
+    @property
+    def bins_per_window(self) -> np.ndarray:
+        """Bins of each window (int64, one per window)."""
+        return np.diff(np.asarray(self.packing.window_bins, dtype=np.int64))
+
     def window_documents(self, window: int) -> np.ndarray:
         """The document ids of window ``window``, in the seeded order."""
         w = self.config.window_docs
-        return self.order[window * w : (window + 1) * w]
-
-    def _pack(self, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        docs = self.window_documents(window)
-        bin_offsets, items, starts, stops = pack_best_fit(self.lengths[docs] + 1, self.config.seq_len)
-        return bin_offsets, docs[items], starts, stops
+        return self._docs(np.arange(window * w, min((window + 1) * w, self.num_documents), dtype=np.int64))
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
-        windows = np.searchsorted(self._ends, ids, side="right")
-        bins = ids - (self._ends[windows] - self.bins_per_window[windows])
-        counts = np.empty(len(ids), dtype=np.int64)
-        parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        for window in np.unique(windows).tolist():
-            where = np.flatnonzero(windows == window)
-            bin_offsets, docs, starts, stops = self._pack(window)
-            item, _ = _ranges(bin_offsets[bins[where]], np.diff(bin_offsets)[bins[where]])
-            counts[where] = np.diff(bin_offsets)[bins[where]]
-            parts.append((window, where, docs[item], starts[item], stops[item]))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        doc_ids = np.empty(offsets[-1], dtype=np.int64)
-        span_starts, span_stops = np.empty_like(doc_ids), np.empty_like(doc_ids)
-        for _, where, d, s, e in parts:
-            dest, _ = _ranges(offsets[where], counts[where])
-            doc_ids[dest], span_starts[dest], span_stops[dest] = d, s, e
-        return Spans(offsets, doc_ids, span_starts, span_stops)
+        first = _take(self.packing.bin_items, ids)
+        items, offsets = _ranges(first, _take(self.packing.bin_items, ids + 1) - first)
+        docs = _take(self.packing.item_docs, items)
+        starts = _take(self.packing.item_pieces, items) * self.config.seq_len
+        stops = np.minimum(starts + self.config.seq_len, self._extents(docs))
+        return Spans(offsets, docs, starts, stops)
 
     def describe(self) -> dict:
         return {
@@ -333,10 +357,13 @@ class BestFitLayout:
         }
 
 
-def make_layout(config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> Layout:
-    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted)."""
+def make_layout(config: LayoutConfig, lengths: np.ndarray) -> Layout:
+    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted), computed in RAM (O(D)).
+
+    For an index, ``index.layout(config)`` opens the persisted layout instead (memory maps, built once).
+    """
     if config.kind == "concat":
         return ConcatLayout(config, lengths)
     if config.kind == "document":
         return DocumentLayout(config, lengths)
-    return BestFitLayout(config, lengths, bins_per_window)
+    return BestFitLayout(config, lengths)

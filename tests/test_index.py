@@ -10,7 +10,6 @@ import pytest
 
 from detsampler.text.corpus import default_tokenizer
 from detsampler.index import INDEX_FORMAT_VERSION, TokenIndex, TokenIndexError, build_index, token_dtype
-from detsampler.layout import LayoutConfig, make_layout
 
 
 def _copy_index(index: TokenIndex, dest):
@@ -95,7 +94,7 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     p = _copy_index(small_index, tmp_path / "trunc")
     with open(p / "tokens.npy", "r+b") as f:
         f.truncate((p / "tokens.npy").stat().st_size - 2)
-    with pytest.raises(TokenIndexError, match="tokens.npy is .* bytes, the index recorded"):
+    with pytest.raises(TokenIndexError, match="tokens.npy is .* bytes, its record says"):
         TokenIndex.open(p)
     # one edited length, same size
     p = _copy_index(small_index, tmp_path / "edit")
@@ -135,24 +134,3 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     (p / "meta.json").unlink()
     with pytest.raises(TokenIndexError, match="no index at"):
         TokenIndex.open(p)
-
-
-def test_bestfit_bins_are_cached_next_to_the_index(small_index, tmp_path):
-    index = TokenIndex.open(_copy_index(small_index, tmp_path / "idx"))
-    import shutil
-
-    shutil.rmtree(index.path / "layouts", ignore_errors=True)  # other tests may have cached layouts in the session index
-    config = LayoutConfig(kind="bestfit", seq_len=128, seed=3, window_docs=5)
-    first = index.layout(config)
-    cached = list((index.path / "layouts").glob("bestfit-*.npy"))
-    assert len(cached) == 1
-    assert np.load(cached[0], allow_pickle=False).tolist() == first.bins_per_window.tolist()
-    second = index.layout(config)
-    fresh = make_layout(config, index.lengths)
-    assert second.num_samples == first.num_samples == fresh.num_samples
-    ids = np.arange(first.num_samples)
-    a, b = second.locate(ids), fresh.locate(ids)
-    assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("offsets", "doc_ids", "starts", "stops"))
-    index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=3, window_docs=5))
-    assert len(list((index.path / "layouts").glob("bestfit-*.npy"))) == 2
-    assert index.layout(LayoutConfig(kind="concat", seq_len=64)).num_samples > 0

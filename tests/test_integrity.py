@@ -116,24 +116,23 @@ def test_eos_and_pad_are_cross_checked_against_the_tokenizer(small_index, small_
 
 
 def _bestfit_bins_file(path):
-    """The file that holds the best-fit layout's bin counts (old format) or bin boundaries (persisted layouts)."""
-    (found,) = [f for f in (path / "layouts").rglob("*.npy") if "bestfit" in str(f) and "sums" not in f.name
-                and ("bins" in f.name or f.parent.name == "layouts")]
+    """The file that holds the best-fit layout's bin boundaries (items per bin, cumulative)."""
+    (found,) = (path / "layouts").rglob("bin_items.npy")
     return found
 
 
 def _tamper(f, how: str) -> None:
-    arr = np.load(f, mmap_mode="r+") if how != "header" else None
-    if how == "lower":
-        arr[-1] -= 1
-    elif how == "raise":
-        arr[-1] += 1
-    else:
+    if how == "header":
         raw = bytearray(f.read_bytes())
         raw[20] ^= 0x20  # inside the header dict
         f.write_bytes(bytes(raw))
-    if arr is not None:
-        arr.flush()
+        return
+    arr = np.load(f, mmap_mode="r+")
+    if how == "lower":
+        arr[len(arr) // 2] -= 1  # a bin in the middle loses an item: found by its chunk's checksum when first read
+    else:
+        arr[-1] += 1  # the last bin reaches past the items: found on open
+    arr.flush()
 
 
 @pytest.mark.parametrize("how", ["lower", "raise", "header"])

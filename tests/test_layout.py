@@ -89,12 +89,12 @@ def test_best_fit_decreasing_packs_tightly():
     assert bins == [[4, 6], [5, 5], [2, 3, 3]]
 
 
-def test_bestfit_caches_bin_counts_and_reports_padding():
+def test_bestfit_opens_a_given_packing_and_reports_padding():
     lengths = np.random.default_rng(0).integers(0, 300, size=500)
     config = LayoutConfig(kind="bestfit", seq_len=128, window_docs=64)
     layout = make_layout(config, lengths)
-    again = BestFitLayout(config, lengths, bins_per_window=layout.bins_per_window)
-    assert again.num_samples == layout.num_samples
+    again = BestFitLayout(config, lengths, packing=layout.packing, num_tokens=layout.num_tokens)
+    assert again.num_samples == layout.num_samples and again._order is None  # the order is read pointwise
     assert again.locate(np.arange(10)).sample(3) == layout.locate(np.arange(10)).sample(3)
     padding = layout.describe()["padding_fraction"]
     document = make_layout(LayoutConfig(kind="document", seq_len=128), lengths).describe()["padding_fraction"]

@@ -22,7 +22,17 @@ import numpy as np
 
 from detsampler.index.format import TokenIndexError
 
-__all__ = ["CHUNK_BYTES", "ChecksumError", "VerifiedArray", "file_digests", "load_sums", "sums_name", "write_checksums"]
+__all__ = [
+    "CHUNK_BYTES",
+    "ChecksumError",
+    "VerifiedArray",
+    "file_digests",
+    "load_array",
+    "load_sums",
+    "open_checked",
+    "sums_name",
+    "write_checksums",
+]
 
 CHUNK_BYTES = 1 << 16
 _SHIFT = CHUNK_BYTES.bit_length() - 1
@@ -30,7 +40,11 @@ _READ_BYTES = 1 << 24
 
 
 class ChecksumError(TokenIndexError):
-    """A chunk of a checked file whose checksum differs from the one recorded when it was written."""
+    """A chunk of a checked file whose checksum differs from the one recorded when it was written (``path``: the file)."""
+
+    def __init__(self, message: str, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def sums_name(name: str) -> str:
@@ -169,7 +183,7 @@ class VerifiedArray:
             ok &= (vv <= above) | (p == n) if side == "left" else (vv < above) | (p == n)
             if not ok.all():
                 self.verify_all()  # the array is not sorted where the search went: find the bad chunk
-                raise ChecksumError(f"{self._what}: {self.path.name} is not sorted around position {int(p[~ok][0])}")
+                raise ChecksumError(f"{self._what}: {self.path.name} is not sorted around position {int(p[~ok][0])}", self.path)
         return pos
 
     def verify_all(self) -> None:
@@ -199,9 +213,42 @@ class VerifiedArray:
             if got != int(self._sums[c]):
                 raise ChecksumError(
                     f"{self._what}: {self.path.name} chunk {c} (bytes {lo}..{hi - 1}) fails its checksum (crc32 {got:08x}, "
-                    f"recorded {int(self._sums[c]):08x}): the file was edited or replaced after it was written"
+                    f"recorded {int(self._sums[c]):08x}): the file was edited or replaced after it was written",
+                    self.path,
                 )
             self._checked[c] = True
+
+
+def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``path/name`` as a read-only memory map (allow_pickle=False), checked to have ``dtype`` and ``shape``."""
+    try:
+        empty = int(np.prod(shape)) == 0  # an empty array cannot be memory-mapped
+        arr = np.load(path / name, mmap_mode=None if empty else "r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise TokenIndexError(f"{str(path)!r}: {name} is not a readable .npy file ({exc}); delete the directory and rebuild") from None
+    if arr.dtype != dtype or arr.shape != shape:
+        raise TokenIndexError(
+            f"{str(path)!r}: {name} has dtype {arr.dtype} and shape {arr.shape}, its record says {np.dtype(dtype)} "
+            f"and {shape}: the file was edited or replaced; delete the directory and rebuild"
+        )
+    return arr
+
+
+def open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> VerifiedArray:
+    """``path/name`` memory-mapped behind its chunk checksums; its size, dtype, shape and checksum file checked now."""
+    record = files.get(name) if isinstance(files, dict) else None
+    if not isinstance(record, dict) or "sums" not in record:
+        raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
+    f = path / name
+    size = f.stat().st_size if f.is_file() else None
+    if size != record["size"]:
+        raise TokenIndexError(
+            f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
+            f"{record['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
+        )
+    what = str(path)
+    sums = load_sums(path / sums_name(name), record["sums"], size, what)
+    return VerifiedArray(f, load_array(path, name, dtype, shape), sums, what)
 
 
 def _npy_data_offset(path: Path) -> int:

@@ -6,7 +6,8 @@ Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``a
     offsets.npy   int64[num_documents + 1]   offsets[d] = sum(lengths[:d]); offsets[-1] = num_tokens
     tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
     meta.json     format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
-    layouts/      cached best-fit bin counts (one .npy per layout config and MAPPING_VERSION)
+    *.sums.npy    CRC-32 of each 64 KiB chunk of the three arrays (checked the first time a process reads the chunk)
+    layouts/      persisted layouts, one directory per layout config, MAPPING_VERSION and packing version
 
 Invariants: an index directory exists under its final name only once complete (it is written to a temporary directory,
 every file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens;
@@ -22,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detsampler.index.checksums import VerifiedArray, load_sums, sums_name
-from detsampler.index.files import save_npy, sha256_file
+from detsampler.index.checksums import VerifiedArray, open_checked
+from detsampler.index.files import sha256_file
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
@@ -40,26 +40,10 @@ from detsampler.index.format import (
     seal_ok,
     token_dtype,
 )
-from detsampler.keys import stable_hash64
-from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.layout import Layout, LayoutConfig
 from detsampler.text.tokenizer import Tokenizer
-from detsampler.version import MAPPING_VERSION
 
 __all__ = ["TokenIndex"]
-
-
-def _load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    try:
-        empty = int(np.prod(shape)) == 0  # an empty array cannot be memory-mapped
-        arr = np.load(path / name, mmap_mode=None if empty else "r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise TokenIndexError(f"index {str(path)!r}: {name} is not a readable .npy file ({exc}); delete the directory and rebuild") from None
-    if arr.dtype != dtype or arr.shape != shape:
-        raise TokenIndexError(
-            f"index {str(path)!r}: {name} has dtype {arr.dtype} and shape {arr.shape}, meta.json says {np.dtype(dtype)} "
-            f"and {shape}: the file was edited or replaced; delete the directory and rebuild"
-        )
-    return arr
 
 
 def _read_meta(path: Path) -> dict:
@@ -89,23 +73,6 @@ def _read_meta(path: Path) -> dict:
     if path.name.startswith("index-") and path.name != f"index-{meta.get('cache_key')}":
         raise TokenIndexError(f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's")
     return meta
-
-
-def _open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> VerifiedArray:
-    """``path/name`` memory-mapped behind its chunk checksums; its size, dtype, shape and checksum file checked now."""
-    record = files.get(name) if isinstance(files, dict) else None
-    if not isinstance(record, dict) or "sums" not in record:
-        raise TokenIndexError(f"index {str(path)!r}: meta.json does not list {name}; delete the directory and rebuild")
-    f = path / name
-    size = f.stat().st_size if f.is_file() else None
-    if size != record["size"]:
-        raise TokenIndexError(
-            f"index {str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, the index recorded "
-            f"{record['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
-        )
-    what = f"index {str(path)!r}"
-    sums = load_sums(path / sums_name(name), record["sums"], size, what)
-    return VerifiedArray(f, _load_array(path, name, dtype, shape), sums, what)
 
 
 def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> None:
@@ -196,11 +163,11 @@ class TokenIndex:
         except (KeyError, TypeError, ValueError) as exc:
             raise TokenIndexError(f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild") from None
         arrays = {
-            "lengths.npy": _open_checked(path, files, "lengths.npy", np.dtype(np.int64), (n_docs,)),
-            "offsets.npy": _open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,)),
+            "lengths.npy": open_checked(path, files, "lengths.npy", np.dtype(np.int64), (n_docs,)),
+            "offsets.npy": open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,)),
         }
         if store:
-            arrays["tokens.npy"] = _open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,))
+            arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,))
         if verify_tokens:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays.get("tokens.npy")
@@ -252,30 +219,13 @@ class TokenIndex:
         start = int(self.offsets[doc])
         return np.asarray(self.tokens[start : start + int(self.lengths[doc])])
 
-    def layout(self, config: LayoutConfig) -> Layout:
-        """The layout ``config`` over this index's documents; a best-fit layout's bin counts are cached in ``layouts/``.
+    def layout(self, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
+        """The layout ``config`` over this index's documents, persisted in ``layouts/`` beside it and opened as memory maps
+        (:mod:`detsampler.index.layouts`): built once, by the first process to ask (under a file lock, ``num_proc``
+        processes packing a best-fit layout); opened by every other process in O(1) of the corpus size."""
+        from detsampler.index.layouts import open_layout
 
-        The cache file is keyed by the layout config and ``MAPPING_VERSION`` and written atomically; when it cannot be written
-        (a read-only index) the layout is simply computed.
-        """
-        if config.kind != "bestfit":
-            return make_layout(config, self.lengths)
-        name = f"bestfit-{stable_hash64('bestfit-bins', MAPPING_VERSION, config.seq_len, config.seed, config.window_docs):016x}.npy"
-        cached = self.path / "layouts" / name
-        if cached.is_file():
-            try:
-                return make_layout(config, self.lengths, np.load(cached, allow_pickle=False))
-            except (ValueError, OSError):
-                pass  # a damaged cache file: recompute and rewrite it
-        layout = make_layout(config, self.lengths)
-        try:
-            cached.parent.mkdir(exist_ok=True)
-            tmp = cached.with_name(f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            save_npy(tmp, layout.bins_per_window)
-            os.replace(tmp, cached)
-        except OSError:
-            pass
-        return layout
+        return open_layout(self, config, num_proc=num_proc, progress=progress)
 
     def summary(self) -> dict:
         """Counts and identity, for ``detsampler build`` and logs."""

@@ -34,7 +34,7 @@ from detsampler.gather import gather_spans
 from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import check_texts
-from detsampler.layout import Layout, make_layout
+from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.text.tokenizer import Tokenizer
 
 __all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
@@ -84,7 +84,7 @@ class PackedDataset(Dataset):
         tokenizer: Tokenizer | None = None,
         text_column: str = "text",
     ) -> None:
-        if layout.num_documents != index.num_documents or not np.array_equal(getattr(layout, "lengths"), index.lengths):
+        if not _layout_matches(layout, index):
             raise ValueError(
                 f"the layout was made over other document lengths ({layout.num_documents} documents) than the index "
                 f"{str(index.path)!r} ({index.num_documents} documents): make it with index.layout(config)"
@@ -110,11 +110,13 @@ class PackedDataset(Dataset):
             )
 
     def __reduce__(self):
-        bins = getattr(self.layout, "bins_per_window", None)
+        # NOTE: a persisted layout pickles as (index path, config) and a worker reopens its memory maps: O(1) whatever the
+        # corpus. An in-RAM layout (make_layout, small corpora) is recomputed from its config in the worker.
+        layout = self.layout if hasattr(self.layout, "index_fingerprint") else self.layout.config
         kwargs = dict(
             restart_position_ids=self.restart_position_ids, dataset=self.dataset, tokenizer=self.tokenizer, text_column=self.text_column
         )
-        return (_rebuild, (self.index, self.layout.config, bins, kwargs))
+        return (_rebuild, (self.index, layout, kwargs))
 
     def __len__(self) -> int:
         return self.layout.num_samples
@@ -178,5 +180,18 @@ class PackedDataset(Dataset):
         return dict(zip(FIELDS, stacked.unbind(0)))
 
 
-def _rebuild(index: TokenIndex, config: Any, bins: np.ndarray | None, kwargs: dict) -> PackedDataset:
-    return PackedDataset(index, make_layout(config, index.lengths, bins), **kwargs)
+def _layout_matches(layout: Layout, index: TokenIndex) -> bool:
+    """Whether ``layout`` was made over ``index``'s documents: a persisted layout records the index's fingerprint; an
+    in-RAM one is compared length by length (O(D), small corpora)."""
+    if layout.num_documents != index.num_documents:
+        return False
+    fingerprint = getattr(layout, "index_fingerprint", None)
+    if fingerprint is not None:
+        return fingerprint == index.fingerprint
+    return np.array_equal(getattr(layout, "lengths"), index.lengths)
+
+
+def _rebuild(index: TokenIndex, layout: Any, kwargs: dict) -> PackedDataset:
+    if isinstance(layout, LayoutConfig):
+        layout = make_layout(layout, index.lengths)
+    return PackedDataset(index, layout, **kwargs)

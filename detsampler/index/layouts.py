@@ -1,0 +1,334 @@
+"""Persisted layouts: each layout of an index is built once, written beside the index, and opened by every process as
+memory maps.
+
+A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
+
+    ends.npy          int64[D]     concat: stream end of the i-th document of the order; document: samples up to it
+    window_bins.npy   int64[W+1]   bestfit: bins of window w are window_bins[w]:window_bins[w+1]
+    bin_items.npy     int64[B+1]   bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
+    item_docs.npy     int64[I]     bestfit: the item's document
+    item_pieces.npy   uint32[I]    bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the document
+    *.sums.npy        uint32       CRC-32 of each 64 KiB chunk of the file above (detsampler.index.checksums)
+    layout.json       config, versions, index fingerprint, counts, file sizes/sha256, sealed (written last)
+
+``<key>`` hashes the layout config, :data:`LAYOUT_FORMAT_VERSION`, ``MAPPING_VERSION`` and (bestfit)
+``PACKING_VERSION``, so a change of any of them names a new directory.
+
+Invariants: a directory exists under its final name only once complete (written to a temporary directory, fsynced,
+``layout.json`` last, renamed into place); one process builds it, under a file lock, never a collective; opening reads
+``layout.json`` and the checksum files only (O(D / 16384)), and every chunk of an array is checked the first time the
+process reads it. A layout directory found damaged on open, or a chunk that fails its checksum while locating, is rebuilt
+(under the lock) and the read retried: a tampered layout is recomputed, never served. Nothing of size D is held in RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from filelock import FileLock
+
+from detsampler.index.checksums import ChecksumError, open_checked, write_checksums
+from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header
+from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
+from detsampler.keys import stable_hash64
+from detsampler.layout import BestFitLayout, BinPacking, ConcatLayout, DocumentLayout, Layout, LayoutConfig, documents_at
+from detsampler.packing import PACKING_VERSION, Packed, pack_windows
+from detsampler.version import MAPPING_VERSION
+
+if TYPE_CHECKING:
+    from detsampler.index.reader import TokenIndex
+
+__all__ = ["LAYOUT_FORMAT_VERSION", "PersistedLayout", "build_layout", "layout_dir", "open_layout"]
+
+LAYOUT_FORMAT_VERSION = 1
+LAYOUT_KIND = "detsampler-layout"
+CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
+BLOCK_WINDOWS = 64  # best-fit windows per packing task
+log = logging.getLogger("detsampler")
+
+
+def layout_dir(index: TokenIndex, config: LayoutConfig) -> Path:
+    """Where the layout ``config`` of ``index`` lives (whether built or not)."""
+    packing = PACKING_VERSION if config.kind == "bestfit" else 0
+    window = config.window_docs if config.kind == "bestfit" else 0
+    key = stable_hash64("layout", LAYOUT_FORMAT_VERSION, MAPPING_VERSION, packing, config.kind, config.seq_len,
+                        config.seed, window)
+    name = f"{config.kind}-L{config.seq_len}-seed{config.seed}" + (f"-w{window}" if window else "") + f"-{key:016x}"
+    return index.path / "layouts" / name
+
+
+# -- writing --------------------------------------------------------------------------------------------------------------
+
+
+class _NpyStream:
+    """A 1-D ``.npy`` file written in pieces whose length is known only at the end (its header is written last)."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self._f = open(path, "wb")
+        self._f.write(b"\0" * HEADER_BYTES)
+
+    def write(self, values: np.ndarray) -> None:
+        self._f.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.count += len(values)
+
+    def close(self) -> None:
+        self._f.seek(0)
+        self._f.write(npy_header(self.dtype, self.count))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+
+def _bar(total: int, desc: str, progress: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="doc", desc=desc, disable=not progress, file=sys.stderr, leave=False)
+
+
+def _write_ends(tmp: Path, lengths: np.ndarray, config: LayoutConfig, progress: bool) -> dict:
+    """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory)."""
+    n = len(lengths)
+    out = _NpyStream(tmp / "ends.npy", np.int64)
+    carry, tokens = 0, 0
+    with _bar(n, f"{config.kind} layout", progress) as bar:
+        for a in range(0, n, CHUNK_DOCS):
+            extent = lengths[documents_at(np.arange(a, min(a + CHUNK_DOCS, n)), n, config.seed)].astype(np.int64) + 1
+            tokens += int(extent.sum())
+            ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
+            out.write(ends)
+            carry = int(ends[-1])
+            bar.update(len(extent))
+    out.close()
+    return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
+
+
+_WORKER_LENGTHS: np.ndarray | None = None
+
+
+def _init_packer(lengths_path: str) -> None:
+    global _WORKER_LENGTHS
+    _WORKER_LENGTHS = np.load(lengths_path, mmap_mode="r", allow_pickle=False)
+
+
+def _pack_block(lengths: np.ndarray, config: LayoutConfig, w0: int, w1: int) -> Packed:
+    """The packing of windows ``[w0, w1)``."""
+    n, w = len(lengths), config.window_docs
+    docs = documents_at(np.arange(w0 * w, min(w1 * w, n)), n, config.seed)
+    extents = lengths[docs].astype(np.int64) + 1
+    cuts = np.arange(w, len(docs), w)
+    return pack_windows(np.split(docs, cuts), np.split(extents, cuts), config.seq_len)
+
+
+def _pack_task(args: tuple[LayoutConfig, int, int]) -> Packed:
+    assert _WORKER_LENGTHS is not None
+    return _pack_block(_WORKER_LENGTHS, *args)
+
+
+def _packed_blocks(lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int):
+    """The packings of consecutive blocks of windows, in order, by ``num_proc`` processes (at most 4 per process in
+    flight)."""
+    num_windows = -(-len(lengths) // config.window_docs)
+    blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
+    if num_proc == 1:
+        for w0, w1 in blocks:
+            yield _pack_block(lengths, config, w0, w1)
+        return
+    ctx = get_context("fork") if "fork" in get_all_start_methods() else None
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_packer, initargs=(str(lengths_path),)) as pool:
+        pending: deque = deque()
+        for w0, w1 in blocks:
+            pending.append(pool.submit(_pack_task, (config, w0, w1)))
+            while len(pending) >= 4 * num_proc:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int,
+                   progress: bool) -> dict:
+    """The four arrays of a best-fit layout, every window packed (by ``num_proc`` processes), streamed to disk."""
+    files = {name: _NpyStream(tmp / f"{name}.npy", dt) for name, dt in
+             (("window_bins", np.int64), ("bin_items", np.int64), ("item_docs", np.int64), ("item_pieces", np.uint32))}
+    files["window_bins"].write(np.zeros(1, np.int64))
+    files["bin_items"].write(np.zeros(1, np.int64))
+    bins, items = 0, 0
+    with _bar(len(lengths), "bestfit layout", progress) as bar:
+        for packed in _packed_blocks(lengths, lengths_path, config, num_proc):
+            files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
+            files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
+            files["item_docs"].write(packed.item_docs)
+            files["item_pieces"].write(packed.item_pieces)
+            bins += int(packed.bins_per_window.sum())
+            items += len(packed.item_docs)
+            bar.update(min(len(packed.bins_per_window) * config.window_docs, bar.total - bar.n))
+    for f in files.values():
+        f.close()
+    return {"num_samples": bins, "num_items": items}
+
+
+def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: int, progress: bool) -> None:
+    start = time.perf_counter()
+    index.lengths.verify_all()  # the build reads every length: check them all once
+    lengths = np.asarray(index.lengths)  # the memory map itself, no copy
+    if config.kind == "bestfit":
+        counts = _write_bestfit(tmp, lengths, index.lengths.path, config, num_proc, progress)
+        counts["num_tokens"] = index.num_tokens + index.num_documents
+        names = ["window_bins.npy", "bin_items.npy", "item_docs.npy", "item_pieces.npy"]
+    else:
+        counts = _write_ends(tmp, lengths, config, progress)
+        names = ["ends.npy"]
+    if counts["num_samples"] < 1:
+        raise ValueError(f"the {config.kind} layout of seq_len={config.seq_len} has no complete sample: the corpus has "
+                         f"{index.num_tokens + index.num_documents} tokens with EOS")
+    record = {
+        "kind": LAYOUT_KIND, "format_version": LAYOUT_FORMAT_VERSION, "mapping_version": MAPPING_VERSION,
+        "packing_version": PACKING_VERSION, "config": asdict(config), "index_fingerprint": index.fingerprint,
+        "num_documents": index.num_documents, **counts,
+        "files": {name: write_checksums(tmp, name) for name in names},
+        "build": {"seconds": round(time.perf_counter() - start, 3), "num_proc": num_proc},
+    }
+    path = tmp / "layout.json"
+    path.write_text(json.dumps(seal_meta(record), indent=2, sort_keys=True) + "\n")
+    fsync_file(path)
+    fsync_dir(tmp)
+
+
+def build_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False,
+                 replace_damaged: bool = False) -> Path:
+    """Build the layout directory of ``config`` beside ``index`` unless it exists (one process under a file lock; the
+    others wait and find it complete). ``replace_damaged``: remove the existing directory first (it failed a check)."""
+    final = layout_dir(index, config)
+    final.parent.mkdir(exist_ok=True)
+    with FileLock(str(final.parent / f"{final.name}.lock")):
+        if replace_damaged and final.exists():
+            shutil.rmtree(final, ignore_errors=True)  # processes that map its files keep reading them until they reopen
+        if (final / "layout.json").is_file():
+            return final
+        for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by killed builders; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            _write_layout(tmp, index, config, num_proc, progress)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(final.parent)
+    return final
+
+
+# -- opening --------------------------------------------------------------------------------------------------------------
+
+
+def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
+    try:
+        record = json.loads((path / "layout.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise TokenIndexError(f"layout {str(path)!r}: layout.json is unreadable ({exc})") from None
+    expect = {"kind": LAYOUT_KIND, "format_version": LAYOUT_FORMAT_VERSION, "mapping_version": MAPPING_VERSION,
+              "config": asdict(config), "index_fingerprint": index.fingerprint, "num_documents": index.num_documents}
+    if config.kind == "bestfit":
+        expect["packing_version"] = PACKING_VERSION
+    wrong = [k for k, v in expect.items() if not isinstance(record, dict) or record.get(k) != v]
+    if wrong or not seal_ok(record):
+        raise TokenIndexError(f"layout {str(path)!r}: layout.json " + (f"differs in {wrong}" if wrong else "fails its seal"))
+    return record
+
+
+def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
+    """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work besides the checksum files."""
+    r = _read_record(path, index, config)
+    files, n, i64 = r["files"], index.num_documents, np.dtype(np.int64)
+    if config.kind != "bestfit":
+        ends = open_checked(path, files, "ends.npy", i64, (n,))
+        if config.kind == "concat":
+            if int(ends[-1]) != r["num_tokens"]:
+                raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_tokens']} tokens")
+            return ConcatLayout(config, index.lengths, ends)
+        if int(ends[-1]) != r["num_samples"]:
+            raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_samples']} samples")
+        return DocumentLayout(config, index.lengths, ends, r["num_tokens"])
+    b, m, w = int(r["num_samples"]), int(r["num_items"]), -(-n // config.window_docs)
+    packing = BinPacking(
+        window_bins=open_checked(path, files, "window_bins.npy", i64, (w + 1,)),
+        bin_items=open_checked(path, files, "bin_items.npy", i64, (b + 1,)),
+        item_docs=open_checked(path, files, "item_docs.npy", i64, (m,)),
+        item_pieces=open_checked(path, files, "item_pieces.npy", np.dtype(np.uint32), (m,)),
+    )
+    if int(packing.window_bins[-1]) != b or int(packing.bin_items[-1]) != m:
+        raise TokenIndexError(f"layout {str(path)!r}: its bin counts do not add up to {b} bins of {m} items")
+    return BestFitLayout(config, index.lengths, packing, r["num_tokens"])
+
+
+class PersistedLayout:
+    """A layout opened from its directory beside the index (see the module doc). It behaves as the layout it wraps, and
+    pickles as ``(index, config)``: a DataLoader worker reopens the memory maps, nothing of size D is copied."""
+
+    def __init__(self, index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> None:
+        self.index = index
+        self.path = layout_dir(index, config)
+        self.index_fingerprint = index.fingerprint
+        self._num_proc, self._progress = num_proc, progress
+        self.inner = self._open(config)
+
+    def _open(self, config: LayoutConfig) -> Layout:
+        if (self.path / "layout.json").is_file():
+            try:
+                return _open_dir(self.path, self.index, config)
+            except TokenIndexError as exc:
+                log.warning("detsampler: %s; rebuilding it", exc)
+                build_layout(self.index, config, self._num_proc, self._progress, replace_damaged=True)
+                return _open_dir(self.path, self.index, config)
+        build_layout(self.index, config, self._num_proc, self._progress)
+        return _open_dir(self.path, self.index, config)
+
+    def locate(self, sample_ids: np.ndarray) -> Any:
+        try:
+            return self.inner.locate(sample_ids)
+        except ChecksumError as exc:
+            if exc.path is None or exc.path.parent != self.path:
+                raise  # the index's own files: rebuilding the layout cannot help
+            log.warning("detsampler: %s; rebuilding the layout %s", exc, self.path.name)
+            build_layout(self.index, self.config, self._num_proc, self._progress, replace_damaged=True)
+            self.inner = _open_dir(self.path, self.index, self.config)
+            return self.inner.locate(sample_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __reduce__(self):
+        return (PersistedLayout, (self.index, self.config))
+
+    def __repr__(self) -> str:
+        return f"PersistedLayout({str(self.path)!r}, num_samples={self.num_samples})"
+
+
+def open_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
+    """The layout ``config`` of ``index``, persisted beside it (built first if needed, by one process under a lock).
+
+    When the index directory is read-only and the layout was never built, it is computed in RAM instead (with a warning).
+    """
+    try:
+        return PersistedLayout(index, config, num_proc, progress)
+    except PermissionError as exc:
+        from detsampler.layout import make_layout
+
+        log.warning("detsampler: cannot write the layout beside %s (%s): computing it in RAM", index.path, exc.strerror)
+        return make_layout(config, index.lengths)
