@@ -4,6 +4,7 @@ memory maps.
 A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
 
     ends.npy          int64[D]     concat: stream end of the i-th document of the order; document: samples up to it
+    ends.fence.npy    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB block)
     window_bins.npy   int64[W+1]   bestfit: bins of window w are window_bins[w]:window_bins[w+1]
     bin_items.npy     int64[B+1]   bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
     item_docs.npy     int64[I]     bestfit: the item's document
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from filelock import FileLock
 
-from detsampler.index.checksums import ChecksumError, open_checked, write_checksums
+from detsampler.index.checksums import ChecksumError, open_checked, write_checksums, write_fence
 from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.keys import stable_hash64
@@ -99,29 +100,17 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
     return tqdm(total=total, unit="doc", desc=desc, disable=not progress, file=sys.stderr, leave=False)
 
 
-def _write_ends(tmp: Path, lengths: np.ndarray, config: LayoutConfig, progress: bool) -> dict:
-    """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory)."""
-    n = len(lengths)
-    out = _NpyStream(tmp / "ends.npy", np.int64)
-    carry, tokens = 0, 0
-    with _bar(n, f"{config.kind} layout", progress) as bar:
-        for a in range(0, n, CHUNK_DOCS):
-            extent = lengths[documents_at(np.arange(a, min(a + CHUNK_DOCS, n)), n, config.seed)].astype(np.int64) + 1
-            tokens += int(extent.sum())
-            ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
-            out.write(ends)
-            carry = int(ends[-1])
-            bar.update(len(extent))
-    out.close()
-    return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
-
-
 _WORKER_LENGTHS: np.ndarray | None = None
 
 
-def _init_packer(lengths_path: str) -> None:
+def _init_worker(lengths_path: str) -> None:
     global _WORKER_LENGTHS
     _WORKER_LENGTHS = np.load(lengths_path, mmap_mode="r", allow_pickle=False)
+
+
+def _extents(lengths: np.ndarray, config: LayoutConfig, a: int, b: int) -> np.ndarray:
+    """Extents (``length + 1``) of the documents at positions ``[a, b)`` of the seeded order."""
+    return lengths[documents_at(np.arange(a, b), len(lengths), config.seed)].astype(np.int64) + 1
 
 
 def _pack_block(lengths: np.ndarray, config: LayoutConfig, w0: int, w1: int) -> Packed:
@@ -133,29 +122,47 @@ def _pack_block(lengths: np.ndarray, config: LayoutConfig, w0: int, w1: int) -> 
     return pack_windows(np.split(docs, cuts), np.split(extents, cuts), config.seq_len)
 
 
-def _pack_task(args: tuple[LayoutConfig, int, int]) -> Packed:
+def _task(args: tuple[str, LayoutConfig, int, int]) -> Any:
     assert _WORKER_LENGTHS is not None
-    return _pack_block(_WORKER_LENGTHS, *args)
+    what, config, a, b = args
+    return (_extents if what == "extents" else _pack_block)(_WORKER_LENGTHS, config, a, b)
 
 
-def _packed_blocks(lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int):
-    """The packings of consecutive blocks of windows, in order, by ``num_proc`` processes (at most 4 per process in
-    flight)."""
-    num_windows = -(-len(lengths) // config.window_docs)
-    blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
+def _ordered(what: str, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]],
+             num_proc: int):
+    """``_extents`` or ``_pack_block`` of each range, in order, by ``num_proc`` processes (at most 4 per process in
+    flight, so memory stays bounded)."""
     if num_proc == 1:
-        for w0, w1 in blocks:
-            yield _pack_block(lengths, config, w0, w1)
+        for a, b in ranges:
+            yield _extents(lengths, config, a, b) if what == "extents" else _pack_block(lengths, config, a, b)
         return
     ctx = get_context("fork") if "fork" in get_all_start_methods() else None
-    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_packer, initargs=(str(lengths_path),)) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(str(lengths_path),)) as pool:
         pending: deque = deque()
-        for w0, w1 in blocks:
-            pending.append(pool.submit(_pack_task, (config, w0, w1)))
+        for a, b in ranges:
+            pending.append(pool.submit(_task, (what, config, a, b)))
             while len(pending) >= 4 * num_proc:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+def _write_ends(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int,
+                progress: bool) -> dict:
+    """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory per process)."""
+    n = len(lengths)
+    out = _NpyStream(tmp / "ends.npy", np.int64)
+    carry, tokens = 0, 0
+    ranges = [(a, min(a + CHUNK_DOCS, n)) for a in range(0, n, CHUNK_DOCS)]
+    with _bar(n, f"{config.kind} layout", progress) as bar:
+        for extent in _ordered("extents", lengths, lengths_path, config, ranges, num_proc):
+            tokens += int(extent.sum())
+            ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
+            out.write(ends)
+            carry = int(ends[-1])
+            bar.update(len(extent))
+    out.close()
+    return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
 
 
 def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int,
@@ -167,7 +174,9 @@ def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: L
     files["bin_items"].write(np.zeros(1, np.int64))
     bins, items = 0, 0
     with _bar(len(lengths), "bestfit layout", progress) as bar:
-        for packed in _packed_blocks(lengths, lengths_path, config, num_proc):
+        num_windows = -(-len(lengths) // config.window_docs)
+        blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
+        for packed in _ordered("pack", lengths, lengths_path, config, blocks, num_proc):
             files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
             files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
             files["item_docs"].write(packed.item_docs)
@@ -189,8 +198,11 @@ def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: 
         counts["num_tokens"] = index.num_tokens + index.num_documents
         names = ["window_bins.npy", "bin_items.npy", "item_docs.npy", "item_pieces.npy"]
     else:
-        counts = _write_ends(tmp, lengths, config, progress)
+        counts = _write_ends(tmp, lengths, index.lengths.path, config, num_proc, progress)
         names = ["ends.npy"]
+    files = {name: write_checksums(tmp, name) for name in names}
+    if "ends.npy" in files:  # searched, not indexed: a fence lets a search read one block
+        files["ends.npy"]["fence"] = write_fence(tmp, "ends.npy")
     if counts["num_samples"] < 1:
         raise ValueError(f"the {config.kind} layout of seq_len={config.seq_len} has no complete sample: the corpus has "
                          f"{index.num_tokens + index.num_documents} tokens with EOS")
@@ -198,7 +210,7 @@ def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: 
         "kind": LAYOUT_KIND, "format_version": LAYOUT_FORMAT_VERSION, "mapping_version": MAPPING_VERSION,
         "packing_version": PACKING_VERSION, "config": asdict(config), "index_fingerprint": index.fingerprint,
         "num_documents": index.num_documents, **counts,
-        "files": {name: write_checksums(tmp, name) for name in names},
+        "files": files,
         "build": {"seconds": round(time.perf_counter() - start, 3), "num_proc": num_proc},
     }
     path = tmp / "layout.json"

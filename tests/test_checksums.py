@@ -1,0 +1,46 @@
+"""VerifiedArray: checked reads equal plain reads; a fenced search equals np.searchsorted; an edited chunk is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detsampler.index.checksums import ChecksumError, open_checked, write_checksums, write_fence
+from detsampler.index.files import save_npy
+
+
+def _checked(tmp_path, values: np.ndarray, fence: bool):
+    save_npy(tmp_path / "a.npy", values)
+    files = {"a.npy": write_checksums(tmp_path, "a.npy")}
+    if fence:
+        files["a.npy"]["fence"] = write_fence(tmp_path, "a.npy")
+    return open_checked(tmp_path, files, "a.npy", values.dtype, values.shape)
+
+
+@given(n=st.integers(1, 40_000), seed=st.integers(0, 2**32 - 1), side=st.sampled_from(["left", "right"]))
+def test_a_fenced_search_equals_numpy(tmp_path_factory, n, seed, side):
+    rng = np.random.default_rng(seed)
+    values = np.cumsum(rng.integers(0, 3, size=n))  # sorted, with runs of equal values across block boundaries
+    arr = _checked(tmp_path_factory.mktemp("a"), values, fence=True)
+    queries = np.concatenate([rng.integers(-2, values[-1] + 3, size=64), values[:: max(1, n // 50)]])
+    np.testing.assert_array_equal(arr.searchsorted(queries, side=side), np.searchsorted(values, queries, side=side))
+    idx = rng.integers(0, n, size=100)
+    np.testing.assert_array_equal(arr[idx], values[idx])
+    assert arr.verified <= len(arr._sums)
+
+
+@pytest.mark.parametrize("fence", [False, True])
+def test_an_edited_chunk_is_refused_by_reads_and_searches(tmp_path, fence):
+    values = np.arange(100_000, dtype=np.int64) * 2
+    arr = _checked(tmp_path, values, fence)
+    raw = np.load(tmp_path / "a.npy", mmap_mode="r+")
+    raw[50_000] += 1  # still sorted: only the checksum can tell
+    raw.flush()
+    del raw
+    assert arr.searchsorted(np.array([10]))[0] == 5  # another chunk: served
+    with pytest.raises(ChecksumError, match="a.npy chunk 6 .* fails its checksum"):
+        arr.searchsorted(np.array([100_000]))
+    with pytest.raises(ChecksumError):
+        arr[np.array([50_001])]
