@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pytest
 
-from detsampler.cli import OPTION_FIELDS, build_parser, main, verify_plan
+from detsampler.cli import OPTION_FIELDS, build_parser, main
+from detsampler.verify import verify_plan
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
