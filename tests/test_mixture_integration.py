@@ -48,7 +48,7 @@ def _run(capsys, argv):
 
 def _plan(layouts, schedule=None, skip_steps=None, seed=0) -> Plan:
     weights = [(0, WEIGHTS)] + (schedule or [])
-    return Plan(Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
+    return Plan(source=Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
                 skip_steps=skip_steps)
 
 

@@ -52,4 +52,4 @@ def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, config.build(layouts))
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts))

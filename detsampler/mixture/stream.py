@@ -201,7 +201,7 @@ class Mixture:
     def _check_placed(self) -> None:
         if self.step_positions is None:
             raise ValueError(
-                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(mixture, ...)), which places "
+                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)), which places "
                 "each entry at the position where its step starts"
             )
 
@@ -335,7 +335,7 @@ class Mixture:
             return None
         n, seq_len = self.sizes[k], int(layout.config.seq_len)
         full, rest = divmod(served, n)
-        per_epoch = n * seq_len if layout.config.kind == "concat" else int(layout.num_tokens)
+        per_epoch = int(layout.tokens_per_epoch)
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
         for lo in range(0, rest, chunk):
