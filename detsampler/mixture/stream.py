@@ -54,7 +54,7 @@ import numpy as np
 
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
+from detsampler.mixture.weights import parse_schedule
 from detsampler.permutation import permute
 
 __all__ = ["Mixture", "MixtureLookup", "Source"]

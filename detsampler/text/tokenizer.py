@@ -15,6 +15,8 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from detsampler.atomic import atomic_write
+
 __all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
@@ -180,10 +182,5 @@ def train_tokenizer(
         raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    atomic_write(out, buf.getvalue())
     return Tokenizer.load(out)

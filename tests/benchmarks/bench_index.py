@@ -39,7 +39,7 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
 
     from detsampler.text.corpus import default_tokenizer
     from detsampler.loader.dataset import PackedDataset, collate_micro_batch
-    from detsampler.index import TokenIndex, build_index, default_cache_dir
+    from detsampler.index import build_index, default_cache_dir
     from detsampler.index.tokenize import BATCH_DOCS
     from detsampler.layout import LayoutConfig
     from detsampler.plan import Plan
