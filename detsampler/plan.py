@@ -28,7 +28,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from detsampler.checks import check_positive_int
+from detsampler.checks import check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import permute
 from detsampler.version import MAPPING_VERSION
@@ -106,7 +106,7 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps entries must be (first, last) pairs of data steps, got {entry!r}")
         a, b = entry
         for v in (a, b):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_int(v):
                 raise ValueError(f"skip_steps entries must be pairs of integers, got {entry!r}")
         if a < 0:
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
@@ -136,7 +136,7 @@ def _epoch_key_int(base_key: int, epoch: int) -> int:
 
 
 def _check_step(step: int, name: str = "step") -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+    if not is_int(step):
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
@@ -231,7 +231,7 @@ class Plan:
             )
 
     def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"Got rank {rank!r}, allowed ranks are in [0, {self.world_size})")
         return int(rank)
 

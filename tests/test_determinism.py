@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-
 SCRIPT = """
 import hashlib, sys, numpy as np
 from detsampler import LayoutConfig, Plan, locate, make_layout

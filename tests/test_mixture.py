@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsampler import Mixture, Plan, check_resume
-from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.keys import subkeys
+from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.permutation import permute
 from tests.strategies import integer_weights, seeds, weight_schedules
 

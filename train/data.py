@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -232,9 +232,9 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from dataclasses import replace
 
-    from detsampler.text.corpus import default_tokenizer
-    from detsampler.loader.mixture_dataset import MixtureDataset
     from detsampler.index.prepare import prepare_index
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(config)
     tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path

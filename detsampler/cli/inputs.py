@@ -36,8 +36,8 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     """One prepared index per mixture source, all with the same tokenizer."""
     from dataclasses import replace
 
-    from detsampler.text.corpus import default_tokenizer
     from detsampler.index.prepare import prepare_index
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(args)
     tokenizer = base.tokenizer

@@ -23,6 +23,7 @@ import numpy as np
 from filelock import FileLock
 
 from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.checks import check_positive_int
 from detsampler.index.files import HEADER_BYTES, npy_header, save_npy, sha256_file
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
@@ -127,8 +128,7 @@ def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_
     from detsampler.text.corpus import check_text_column
 
     check_text_column(dataset, text_column)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
+    check_positive_int(num_proc, "num_proc")
     if not isinstance(tokenizer, Tokenizer):
         raise ValueError(f"tokenizer must be a detsampler.text.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
 
