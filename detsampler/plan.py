@@ -31,6 +31,7 @@ import numpy as np
 from detsampler.checks import check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import permute
+from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
 __all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
@@ -208,14 +209,7 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
-        if not schedule or schedule[0][0] != 0:
-            raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
-        for (s0, _), (s1, _) in zip(schedule, schedule[1:]):
-            if s1 <= s0:
-                raise ValueError(f"batch_size_schedule steps must be strictly increasing, got step {s1} after {s0}")
-        if any(b < 1 for _, b in schedule):
-            raise ValueError(f"batch_size_schedule sizes must be >= 1, got {schedule}")
+        schedule = list(parse_step_schedule(self.batch_size_schedule, check_positive_int, "batch_size_schedule"))
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
                 f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
