@@ -232,10 +232,6 @@ class Mixture:
         """The source index of each global position."""
         return self._locate(positions)[0]
 
-    def source_positions(self, positions: np.ndarray) -> np.ndarray:
-        """``p_k``: how many earlier global positions went to the same source."""
-        return self._locate(positions)[1]
-
     def lookup(self, positions: np.ndarray) -> MixtureLookup:
         """Source, source position, source epoch, source sample and global sample id of each global position."""
         source, pos = self._locate(positions)
