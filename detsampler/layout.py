@@ -32,6 +32,8 @@ from detsampler.packing import Packed, pack_best_fit, pack_windows
 from detsampler.permutation import permute
 
 __all__ = [
+    "LAYOUTS",
+    "LAYOUT_KINDS",
     "BestFitLayout",
     "BinPacking",
     "ConcatLayout",
@@ -46,8 +48,7 @@ __all__ = [
     "pack_best_fit",
 ]
 
-LayoutKind = Literal["concat", "document", "bestfit"]
-LAYOUT_KINDS: tuple[str, ...] = ("concat", "document", "bestfit")
+LayoutKind = Literal["concat", "document", "bestfit"]  # the keys of LAYOUTS (below), for type checkers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +61,8 @@ class LayoutConfig:
     window_docs: int = 1024  # bestfit only: documents packed together
 
     def __post_init__(self) -> None:
-        if self.kind not in LAYOUT_KINDS:
-            raise ValueError(f"layout kind must be one of {LAYOUT_KINDS}, got {self.kind!r}")
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"layout kind must be one of {tuple(LAYOUTS)}, got {self.kind!r}")
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if not isinstance(self.window_docs, int) or self.window_docs < 1:
@@ -96,11 +97,23 @@ class Spans:
 
 
 class Layout(Protocol):
-    """What the plan, the dataset and the tools need of a layout."""
+    """What the plan, the dataset, mixtures and the tools read of a layout; nothing else of it is used.
+
+    ``labels_cross_documents``: True when a sample is a window of one token stream whose label at the last input is the
+    next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels stay
+    within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
+    """
 
     config: LayoutConfig
     num_samples: int
     num_documents: int
+    num_tokens: int  # token positions of the corpus, one EOS per document counted
+    lengths: np.ndarray  # tokens of each document (EOS not counted), the array the layout was made over
+    labels_cross_documents: bool
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Input tokens one epoch of samples serves (padding not counted)."""
 
     @property
     def sample_len(self) -> int:
@@ -200,6 +213,8 @@ class ConcatLayout(_Ordered):
     ``ends[i]`` is the stream position just after the i-th document of the order (given: persisted, else computed).
     """
 
+    labels_cross_documents = True
+
     def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None) -> None:
         self._init_lengths(config, lengths, in_ram=ends is None)
         self.ends = np.cumsum(self.lengths[self._order] + 1) if ends is None else ends
@@ -214,6 +229,10 @@ class ConcatLayout(_Ordered):
     @property
     def sample_len(self) -> int:
         return self.config.seq_len + 1
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_samples * self.config.seq_len
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -248,6 +267,8 @@ class DocumentLayout(_Ordered):
     ``num_tokens``; else computed).
     """
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, num_tokens: int | None = None) -> None:
         self._init_lengths(config, lengths, in_ram=ends is None)
         if ends is None:
@@ -260,6 +281,10 @@ class DocumentLayout(_Ordered):
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -307,6 +332,8 @@ class BestFitLayout(_Ordered):
     sample reads its bin's items: O(items), never a repacking.
     """
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: Any, packing: BinPacking | None = None,
                  num_tokens: int | None = None) -> None:
         self._init_lengths(config, lengths, in_ram=packing is None)
@@ -330,6 +357,10 @@ class BestFitLayout(_Ordered):
     def bins_per_window(self) -> np.ndarray:
         """Bins of each window (int64, one per window)."""
         return np.diff(np.asarray(self.packing.window_bins, dtype=np.int64))
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def window_documents(self, window: int) -> np.ndarray:
         """The document ids of window ``window``, in the seeded order."""
@@ -357,13 +388,13 @@ class BestFitLayout(_Ordered):
         }
 
 
+LAYOUTS: dict[str, type] = {"concat": ConcatLayout, "document": DocumentLayout, "bestfit": BestFitLayout}
+LAYOUT_KINDS: tuple[str, ...] = tuple(LAYOUTS)
+
+
 def make_layout(config: LayoutConfig, lengths: np.ndarray) -> Layout:
     """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted), computed in RAM (O(D)).
 
     For an index, ``index.layout(config)`` opens the persisted layout instead (memory maps, built once).
     """
-    if config.kind == "concat":
-        return ConcatLayout(config, lengths)
-    if config.kind == "document":
-        return DocumentLayout(config, lengths)
-    return BestFitLayout(config, lengths)
+    return LAYOUTS[config.kind](config, lengths)

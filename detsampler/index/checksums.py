@@ -316,7 +316,7 @@ def _advise_random(arr: Any) -> None:
 def _npy_data_offset(path: Path) -> int:
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
-        np.lib.format._read_array_header(f, version)  # noqa: SLF001 - the only way to learn the header length
+        np.lib.format._read_array_header(f, version)
         return f.tell()
 
 

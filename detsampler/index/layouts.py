@@ -41,11 +41,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from filelock import FileLock
 
+from detsampler.atomic import fsync_dir, fsync_file
 from detsampler.index.checksums import ChecksumError, open_checked, write_checksums, write_fence
-from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header
+from detsampler.index.files import HEADER_BYTES, npy_header
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.keys import stable_hash64
-from detsampler.layout import BestFitLayout, BinPacking, ConcatLayout, DocumentLayout, Layout, LayoutConfig, documents_at
+from detsampler.layout import (
+    BestFitLayout,
+    BinPacking,
+    ConcatLayout,
+    DocumentLayout,
+    Layout,
+    LayoutConfig,
+    documents_at,
+)
 from detsampler.packing import PACKING_VERSION, Packed, pack_windows
 from detsampler.version import MAPPING_VERSION
 

@@ -35,7 +35,6 @@ from detsampler.index.format import (
     INDEX_KIND,
     TokenIndexError,
     dataset_fingerprint,
-    default_cache_dir,
     index_cache_key,
     seal_ok,
     token_dtype,

@@ -17,13 +17,13 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
+from detsampler.atomic import fsync_dir, fsync_file
 from detsampler.index.checksums import write_checksums
-from detsampler.index.files import fsync_dir, fsync_file
 from detsampler.index.format import INDEX_FORMAT_VERSION, INDEX_KIND, seal_meta
 from detsampler.index.reader import TokenIndex
 from detsampler.version import __version__
