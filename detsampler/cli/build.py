@@ -6,6 +6,7 @@ import argparse
 import json
 
 from detsampler.cli.inputs import prepare
+from detsampler.cli.options import layout_config
 from detsampler.cli.report import fmt_int, print_rows, rel
 
 __all__ = ["cmd_tokenizer_train", "cmd_build"]
@@ -21,8 +22,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build (or open the cached) index and print its summary, as text or ``--json``."""
+    """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
+    manifest (``--shard``, ``--finalize``, ``--sharded``)."""
+    if args.shard is not None or args.finalize or args.sharded:
+        from detsampler.cli.shards import cmd_build_sharded
+
+        return cmd_build_sharded(args)
     prepared = prepare(args, verify_tokens=args.verify_tokens)
+    if args.layout:
+        layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()
     summary["tokenizer_path"] = prepared.tokenizer.path
     if args.json:

@@ -47,6 +47,15 @@ def _add_build_command(sub: Any) -> None:
     add_index_options(build)
     build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
     build.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_layout_options(build)
+    build.add_argument("--layout", action="store_true",
+                       help="also build the persisted layout of --kind/--seq-len/... beside the index (once per corpus)")
+    sharded = build.add_argument_group("sharded index (one shard per input file of --data; needs --tokenizer)")
+    sharded.add_argument("--shard", default=None, metavar="I|auto",
+                         help="build only the shards I, I+N, I+2N, ... (auto: I = $RANK, N = $WORLD_SIZE, as torchrun sets)")
+    sharded.add_argument("--num-shards", type=int, default=None, metavar="N", help="the number of tasks N (with --shard I)")
+    sharded.add_argument("--finalize", action="store_true", help="write the manifest once every shard is built")
+    sharded.add_argument("--sharded", action="store_true", help="build every shard here, then the manifest")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -112,9 +112,21 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
 _WORKER_LENGTHS: np.ndarray | None = None
 
 
-def _init_worker(lengths_path: str) -> None:
+def _readable_lengths(index: Any) -> Any:
+    """The index's lengths for a build that reads them all: a single index's checked once and then read as the memory
+    map itself (no copy); a sharded index's through its shards."""
+    lengths = index.lengths
+    if hasattr(lengths, "verify_all"):
+        lengths.verify_all()
+        return np.asarray(lengths)
+    return lengths
+
+
+def _init_worker(index_path: str) -> None:
+    from detsampler.index.sharded import open_index
+
     global _WORKER_LENGTHS
-    _WORKER_LENGTHS = np.load(lengths_path, mmap_mode="r", allow_pickle=False)
+    _WORKER_LENGTHS = _readable_lengths(open_index(index_path))
 
 
 def _extents(lengths: np.ndarray, config: LayoutConfig, a: int, b: int) -> np.ndarray:
@@ -137,7 +149,7 @@ def _task(args: tuple[str, LayoutConfig, int, int]) -> Any:
     return (_extents if what == "extents" else _pack_block)(_WORKER_LENGTHS, config, a, b)
 
 
-def _ordered(what: str, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]],
+def _ordered(what: str, lengths: np.ndarray, index_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]],
              num_proc: int):
     """``_extents`` or ``_pack_block`` of each range, in order, by ``num_proc`` processes (at most 4 per process in
     flight, so memory stays bounded)."""
@@ -146,7 +158,7 @@ def _ordered(what: str, lengths: np.ndarray, lengths_path: Path, config: LayoutC
             yield _extents(lengths, config, a, b) if what == "extents" else _pack_block(lengths, config, a, b)
         return
     ctx = get_context("fork") if "fork" in get_all_start_methods() else None
-    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(str(lengths_path),)) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(str(index_path),)) as pool:
         pending: deque = deque()
         for a, b in ranges:
             pending.append(pool.submit(_task, (what, config, a, b)))
@@ -156,7 +168,7 @@ def _ordered(what: str, lengths: np.ndarray, lengths_path: Path, config: LayoutC
             yield pending.popleft().result()
 
 
-def _write_ends(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int,
+def _write_ends(tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int,
                 progress: bool) -> dict:
     """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory per process)."""
     n = len(lengths)
@@ -164,7 +176,7 @@ def _write_ends(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: Layo
     carry, tokens = 0, 0
     ranges = [(a, min(a + CHUNK_DOCS, n)) for a in range(0, n, CHUNK_DOCS)]
     with _bar(n, f"{config.kind} layout", progress) as bar:
-        for extent in _ordered("extents", lengths, lengths_path, config, ranges, num_proc):
+        for extent in _ordered("extents", lengths, index_path, config, ranges, num_proc):
             tokens += int(extent.sum())
             ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
             out.write(ends)
@@ -174,7 +186,7 @@ def _write_ends(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: Layo
     return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
 
 
-def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: LayoutConfig, num_proc: int,
+def _write_bestfit(tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int,
                    progress: bool) -> dict:
     """The four arrays of a best-fit layout, every window packed (by ``num_proc`` processes), streamed to disk."""
     files = {name: _NpyStream(tmp / f"{name}.npy", dt) for name, dt in
@@ -185,7 +197,7 @@ def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: L
     with _bar(len(lengths), "bestfit layout", progress) as bar:
         num_windows = -(-len(lengths) // config.window_docs)
         blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
-        for packed in _ordered("pack", lengths, lengths_path, config, blocks, num_proc):
+        for packed in _ordered("pack", lengths, index_path, config, blocks, num_proc):
             files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
             files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
             files["item_docs"].write(packed.item_docs)
@@ -200,14 +212,13 @@ def _write_bestfit(tmp: Path, lengths: np.ndarray, lengths_path: Path, config: L
 
 def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: int, progress: bool) -> None:
     start = time.perf_counter()
-    index.lengths.verify_all()  # the build reads every length: check them all once
-    lengths = np.asarray(index.lengths)  # the memory map itself, no copy
+    lengths = _readable_lengths(index)
     if config.kind == "bestfit":
-        counts = _write_bestfit(tmp, lengths, index.lengths.path, config, num_proc, progress)
+        counts = _write_bestfit(tmp, lengths, index.path, config, num_proc, progress)
         counts["num_tokens"] = index.num_tokens + index.num_documents
         names = ["window_bins.npy", "bin_items.npy", "item_docs.npy", "item_pieces.npy"]
     else:
-        counts = _write_ends(tmp, lengths, index.lengths.path, config, num_proc, progress)
+        counts = _write_ends(tmp, lengths, index.path, config, num_proc, progress)
         names = ["ends.npy"]
     files = {name: write_checksums(tmp, name) for name in names}
     if "ends.npy" in files:  # searched, not indexed: a fence lets a search read one block

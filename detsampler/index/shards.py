@@ -1,0 +1,121 @@
+"""Building a sharded index: one shard per input file, built by independent tasks, and a cheap final manifest.
+
+The input files of ``data`` (sorted, as :func:`~detsampler.text.corpus.load_corpus` reads a directory) are the shards:
+shard ``j`` is file ``j``, tokenized into an ordinary index under ``<cache>/shards/`` (keyed by the file's content, so a
+shard is reused by every sharded index that holds its file). Task ``i`` of ``n`` builds the shards ``j`` with
+``j % n == i`` (a Slurm array task, a Kubernetes job index, a torchrun rank: no collective, no process group); each
+finished shard leaves a claim ``<root>/claims/shard-<j>.json`` (written atomically after its index is complete).
+:func:`finalize` checks every claim against its file (size and mtime) and its index, and writes the manifest; a missing,
+stale or corrupt shard is named in the error. ``<root>`` is ``<cache>/sharded-<key>``, the key hashing the file list
+(names and sizes), the tokenizer, the text column and the options: adding a file makes a new root whose old shards are
+found built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from detsampler.atomic import atomic_write
+from detsampler.index.build import build_index
+from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError
+from detsampler.index.sharded import MANIFEST, ShardedIndex, write_manifest
+from detsampler.text.tokenizer import Tokenizer
+
+__all__ = ["build_shards", "finalize", "input_files", "shard_tasks", "sharded_root"]
+
+
+def input_files(data: str | os.PathLike) -> list[Path]:
+    """The files of ``data`` (a file or a directory of text/json/jsonl/parquet files), sorted: shard ``j`` is file ``j``."""
+    from detsampler.text.corpus import _EXTENSIONS
+
+    p = Path(data)
+    if not p.exists():
+        raise ValueError(f"data: {str(p)!r} does not exist")
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
+    if not files:
+        raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
+    return files
+
+
+def sharded_root(cache_dir: str | os.PathLike, files: list[Path], tokenizer: Tokenizer, text_column: str = "text",
+                 store_tokens: bool = True) -> Path:
+    """``<cache>/sharded-<key>``: the key hashes the files' names and sizes, the tokenizer and the options."""
+    body = json.dumps({"format_version": INDEX_FORMAT_VERSION, "tokenizer": tokenizer.sha256, "text_column": text_column,
+                       "store_tokens": store_tokens, "files": [[f.name, f.stat().st_size] for f in files]})
+    return Path(cache_dir) / f"sharded-{hashlib.sha256(body.encode()).hexdigest()[:20]}"
+
+
+def shard_tasks(num_files: int, task: int, num_tasks: int) -> list[int]:
+    """The shards task ``task`` of ``num_tasks`` builds: ``task, task + num_tasks, ...``."""
+    if not 0 <= task < num_tasks:
+        raise ValueError(f"--shard must be in [0, {num_tasks}) for --num-shards {num_tasks}, got {task}")
+    return list(range(task, num_files, num_tasks))
+
+
+def _claim_path(root: Path, j: int) -> Path:
+    return root / "claims" / f"shard-{j:05d}.json"
+
+
+def build_shards(files: list[Path], tokenizer: Tokenizer, root: Path, shards: list[int], text_column: str = "text",
+                 num_proc: int = 1, store_tokens: bool = True, progress: bool = True) -> list[Path]:
+    """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written."""
+    from detsampler.text.corpus import load_corpus
+
+    (root / "claims").mkdir(parents=True, exist_ok=True)
+    claims = []
+    for j in shards:
+        f = files[j]
+        stat = f.stat()
+        index = build_index(load_corpus(str(f), text_column), tokenizer, text_column=text_column,
+                            cache_dir=root.parent / "shards", num_proc=num_proc, store_tokens=store_tokens,
+                            progress=progress)
+        claim = {"shard": j, "input": str(f), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                 "path": os.path.relpath(index.path, root), "fingerprint": index.fingerprint,
+                 "num_documents": index.num_documents, "num_tokens": index.num_tokens}
+        atomic_write(_claim_path(root, j), json.dumps(claim, indent=2, sort_keys=True) + "\n")
+        claims.append(_claim_path(root, j))
+        if progress:
+            print(f"detsampler: shard {j} of {len(files)} ({f.name}): {index.num_documents} documents, "
+                  f"{index.num_tokens} tokens", file=sys.stderr)
+    return claims
+
+
+def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
+    """Shard ``j``'s manifest entry, from its claim, checked against its file and its index."""
+    f = files[j]
+    try:
+        claim = json.loads(_claim_path(root, j).read_text())
+    except (OSError, ValueError):
+        raise TokenIndexError(f"shard {j} ({f}) is missing: no complete build; build it with `detsampler build --shard "
+                              f"{j} --num-shards {len(files)}` (or any task count whose task {j} % n builds it)") from None
+    stat = f.stat()
+    if claim.get("input") != str(f) or claim.get("size") != stat.st_size or claim.get("mtime_ns") != stat.st_mtime_ns:
+        raise TokenIndexError(f"shard {j} ({f}) is stale: the file changed since its shard was built; build it again")
+    from detsampler.index.reader import TokenIndex
+
+    try:
+        index = TokenIndex.open(root / claim["path"])
+    except TokenIndexError as exc:
+        raise TokenIndexError(f"shard {j} ({f}) is corrupt: {exc}") from None
+    if index.fingerprint != claim.get("fingerprint"):
+        raise TokenIndexError(f"shard {j} ({f}) is not the index its claim names; build it again")
+    return {"kind": "detsampler", "path": claim["path"], "fingerprint": index.fingerprint, "input": f.name,
+            "num_documents": index.num_documents, "num_tokens": index.num_tokens}
+
+
+def finalize(root: Path, files: list[Path], tokenizer: Tokenizer | None = None) -> ShardedIndex:
+    """Write the manifest of ``root`` once every shard is complete (under a file lock; cheap: it reads only the claims and
+    each shard's meta) and open the sharded index. Raises naming the first missing, stale or corrupt shard."""
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{MANIFEST}.lock")):
+        if not (root / MANIFEST).is_file():
+            entries = [_entry(root, files, j) for j in range(len(files))]
+            write_manifest(root, entries, tokenizer.describe() if tokenizer is not None else None)
+    return ShardedIndex.open(root)
