@@ -126,3 +126,17 @@ def test_torchrun_ranks_build_their_shards_without_a_collective(corpus, tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     index = finalize(_root(corpus, cache, small_tokenizer), input_files(corpus))
     assert len(index.shards) == 4
+
+
+@pytest.mark.slow
+def test_the_ray_engine_builds_one_task_per_shard(corpus, tmp_path, small_tokenizer):
+    ray = pytest.importorskip("ray", reason="the optional extra detsampler[ray] is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cache = tmp_path / "cache"
+        assert main([*_args(corpus, cache, small_tokenizer), "--sharded", "--engine", "ray"]) == 0
+    finally:
+        ray.shutdown()
+    index = ShardedIndex.open(_root(corpus, cache, small_tokenizer))
+    single = build_index(load_corpus(str(corpus)), small_tokenizer, cache_dir=tmp_path / "single", progress=False)
+    np.testing.assert_array_equal(np.asarray(index.tokens), np.asarray(single.tokens))

@@ -56,6 +56,8 @@ def _add_build_command(sub: Any) -> None:
     sharded.add_argument("--num-shards", type=int, default=None, metavar="N", help="the number of tasks N (with --shard I)")
     sharded.add_argument("--finalize", action="store_true", help="write the manifest once every shard is built")
     sharded.add_argument("--sharded", action="store_true", help="build every shard here, then the manifest")
+    sharded.add_argument("--engine", choices=("local", "ray"), default="local",
+                         help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ def _task(args: argparse.Namespace) -> tuple[int, int] | None:
 def cmd_build_sharded(args: argparse.Namespace) -> int:
     """Build this task's shards (and, with ``--finalize`` or ``--sharded``, the manifest); print what was done."""
     from detsampler.index.format import default_cache_dir
-    from detsampler.index.shards import build_shards, finalize, input_files, shard_tasks, sharded_root
+    from detsampler.index.shards import build_shards, build_shards_ray, finalize, input_files, shard_tasks, sharded_root
     from detsampler.text.tokenizer import Tokenizer
 
     if args.data is None or args.tokenizer is None:
@@ -41,7 +41,9 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     root = sharded_root(cache, files, tokenizer, args.text_column, args.store_tokens)
     task = _task(args)
     todo = shard_tasks(len(files), *task) if task else (list(range(len(files))) if args.sharded else [])
-    if todo:
+    if todo and args.engine == "ray":
+        build_shards_ray(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens)
+    elif todo:
         build_shards(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, progress=True)
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
     if args.finalize or args.sharded:
@@ -49,4 +51,9 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
         print_rows([("sharded index", rel(str(root))), ("shards", len(index.shards)),
                     ("documents", fmt_int(index.num_documents)), ("tokens", fmt_int(index.num_tokens)),
                     ("fingerprint", index.fingerprint)])
+        if args.layout:
+            from detsampler.cli.options import layout_config
+
+            layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+            print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     return 0

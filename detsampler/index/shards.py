@@ -28,7 +28,7 @@ from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError
 from detsampler.index.sharded import MANIFEST, ShardedIndex, write_manifest
 from detsampler.text.tokenizer import Tokenizer
 
-__all__ = ["build_shards", "finalize", "input_files", "shard_tasks", "sharded_root"]
+__all__ = ["build_shards", "build_shards_ray", "finalize", "input_files", "shard_tasks", "sharded_root"]
 
 
 def input_files(data: str | os.PathLike) -> list[Path]:
@@ -87,14 +87,34 @@ def build_shards(files: list[Path], tokenizer: Tokenizer, root: Path, shards: li
     return claims
 
 
+def build_shards_ray(files: list[Path], tokenizer: Tokenizer, root: Path, shards: list[int], text_column: str = "text",
+                     num_proc: int = 1, store_tokens: bool = True) -> list[int]:
+    """:func:`build_shards` as one Ray task per shard on the Ray cluster this process is attached to (``ray.init()``
+    first, or ``$RAY_ADDRESS``; else a local instance is started). Ray schedules; nothing here does."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--engine ray needs Ray: pip install 'detsampler[ray]'") from None
+    if not ray.is_initialized():
+        ray.init()
+    model = tokenizer.path
+
+    @ray.remote(num_cpus=num_proc)
+    def build_one(j: int) -> int:
+        build_shards(files, Tokenizer.load(model), root, [j], text_column, num_proc, store_tokens, progress=False)
+        return j
+
+    return ray.get([build_one.remote(j) for j in shards])
+
+
 def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
     """Shard ``j``'s manifest entry, from its claim, checked against its file and its index."""
     f = files[j]
     try:
         claim = json.loads(_claim_path(root, j).read_text())
     except (OSError, ValueError):
-        raise TokenIndexError(f"shard {j} ({f}) is missing: no complete build; build it with `detsampler build --shard "
-                              f"{j} --num-shards {len(files)}` (or any task count whose task {j} % n builds it)") from None
+        raise TokenIndexError(f"shard {j} ({f}) is missing (never built, or its build did not finish): run the task that "
+                              f"builds it (task {j} % N of --num-shards N) again") from None
     stat = f.stat()
     if claim.get("input") != str(f) or claim.get("size") != stat.st_size or claim.get("mtime_ns") != stat.st_mtime_ns:
         raise TokenIndexError(f"shard {j} ({f}) is stale: the file changed since its shard was built; build it again")
