@@ -18,7 +18,7 @@ from detsampler.layout import LayoutConfig, make_layout
 
 
 def _copy(index: TokenIndex, dest):
-    shutil.copytree(index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
+    shutil.copytree(index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock", ".verified-*"))
     return dest
 
 
@@ -64,6 +64,18 @@ def test_the_tokens_of_another_index_with_equal_lengths_are_refused(small_tokeni
         TokenIndex.open(a.path).document_tokens(0)
     with pytest.raises(TokenIndexError, match=r"tokens\.npy"):
         TokenIndex.open(a.path, verify_tokens=True)
+
+
+def test_the_full_check_runs_once_per_index(small_index, tmp_path):
+    """What the trainer calls at start: every chunk and sha256 the first time, then a marker; an edit is found first."""
+    p = _copy(small_index, tmp_path / "once")
+    assert TokenIndex.open(p).verify_once() is True
+    assert TokenIndex.open(p).verify_once() is False  # the marker: not read again
+    q = _copy(small_index, tmp_path / "edited")
+    _edit_token(q, int(small_index.num_tokens) // 3)
+    with pytest.raises(TokenIndexError, match=r"tokens\.npy chunk .* fails its checksum"):
+        TokenIndex.open(q).verify_once()
+    assert not list(q.glob(".verified-*"))
 
 
 def test_verify_tokens_reads_every_chunk(small_index, small_tokenizer, tmp_path, capsys):

@@ -210,6 +210,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     # tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
+    index.verify_once()  # every chunk and sha256, once per new index (a marker beside it); reads stay checked anyway
     layout = index.layout(_layout_config(config))
     plan = _plan(config, world_size, num_samples=layout.num_samples)
     dataset = _packed_dataset(prepared, layout, config.text_column)
@@ -234,6 +235,8 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     from detsampler.loader.mixture_dataset import MixtureDataset
 
     prepared = prepare_sources(index_config(config), config.mixture_sources, progress=rank == 0)
+    for p in prepared:
+        p.index.verify_once()
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)

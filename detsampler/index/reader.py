@@ -208,6 +208,38 @@ class TokenIndex:
                     f"({tokenizer.path}) has {field} {getattr(tokenizer, field)}: meta.json is wrong; rebuild the index"
                 )
 
+    def verify_once(self) -> bool:
+        """The full check (every chunk, every file's sha256) the first time any process asks for this index; then a marker
+        beside it (named by the sealed meta) says it passed. Returns whether it ran. Later reads stay checked chunk by
+        chunk, so an edit after the full check is still refused when read."""
+        from filelock import FileLock
+
+        from detsampler.atomic import atomic_write
+
+        marker = self.path / f".verified-{self.meta['meta_sha256'][:16]}"
+        if marker.is_file():
+            return False
+        try:
+            lock = FileLock(str(self.path / ".verify.lock"))
+            lock.acquire()
+        except OSError:  # a read-only index: check, without a marker
+            _verify_full(self.path, self.meta["files"], self._arrays())
+            return True
+        try:
+            if marker.is_file():
+                return False
+            _verify_full(self.path, self.meta["files"], self._arrays())
+            atomic_write(marker, "ok\n")
+            return True
+        finally:
+            lock.release()
+
+    def _arrays(self) -> dict[str, VerifiedArray]:
+        arrays = {"lengths.npy": self.lengths, "offsets.npy": self.offsets}
+        if self.tokens is not None:
+            arrays["tokens.npy"] = self.tokens
+        return arrays
+
     # -- reading
     def document_tokens(self, doc: int) -> np.ndarray:
         """The stored tokens of document ``doc`` (without its EOS)."""
