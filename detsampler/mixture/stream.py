@@ -39,9 +39,8 @@ position it reached: ``p_k`` always counts exactly the earlier positions served 
 
 Cost: a batch of ``B`` positions costs O(B * depth + number of sources + number of segments it touches); memory O(B).
 
-Code: weights and schedules are read in :mod:`detsampler.mixture_weights`, the routing tree is
-:mod:`detsampler.mixture_tree`; this module holds :class:`Mixture` and :class:`MixtureConfig` (and re-exports
-``MAX_DENOMINATOR`` and ``normalize_weights``).
+Code: weights and schedules are read in :mod:`detsampler.mixture.weights`, the routing tree is
+:mod:`detsampler.mixture.tree`, the configuration in :mod:`detsampler.mixture.config`; this module holds :class:`Mixture`.
 """
 
 from __future__ import annotations
@@ -54,12 +53,11 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.mixture_tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture_config import MixtureConfig
-from detsampler.mixture_weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
+from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
+from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
 from detsampler.permutation import permute
 
-__all__ = ["MAX_DENOMINATOR", "Mixture", "MixtureConfig", "MixtureLookup", "Source", "normalize_weights"]
+__all__ = ["Mixture", "MixtureLookup", "Source"]
 
 
 class Source(Protocol):
@@ -203,7 +201,7 @@ class Mixture:
     def _check_placed(self) -> None:
         if self.step_positions is None:
             raise ValueError(
-                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(mixture, ...)), which places "
+                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)), which places "
                 "each entry at the position where its step starts"
             )
 
@@ -337,7 +335,7 @@ class Mixture:
             return None
         n, seq_len = self.sizes[k], int(layout.config.seq_len)
         full, rest = divmod(served, n)
-        per_epoch = n * seq_len if layout.config.kind == "concat" else int(layout.num_tokens)
+        per_epoch = int(layout.tokens_per_epoch)
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
         for lo in range(0, rest, chunk):
