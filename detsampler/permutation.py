@@ -22,7 +22,7 @@ from detsampler import permutation_v1, permutation_v2
 from detsampler.keys import MASK64
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
-__all__ = ["MAX_DOMAIN", "Permutation", "permute", "unpermute"]
+__all__ = ["MAX_DOMAIN", "Permutation", "check_mapping_version", "permute", "unpermute"]
 
 MAX_DOMAIN = 1 << 62
 _VERSIONS = {1: permutation_v1, 2: permutation_v2}
@@ -45,7 +45,8 @@ def _as_indices(x: np.ndarray | int, n: int, name: str) -> np.ndarray:
     return arr.astype(np.uint64)
 
 
-def _check_version(version: int) -> int:
+def check_mapping_version(version: int) -> int:
+    """``version`` as an int if this library can compute it, else a ValueError listing those it can."""
     if isinstance(version, bool) or version not in MAPPING_VERSIONS:
         raise ValueError(f"Got mapping version {version!r}, allowed mapping versions are {MAPPING_VERSIONS}")
     return int(version)
@@ -53,7 +54,7 @@ def _check_version(version: int) -> int:
 
 def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool, version: int) -> np.ndarray:
     _check_domain(n)
-    module = _VERSIONS[_check_version(version)]
+    module = _VERSIONS[check_mapping_version(version)]
     arr = _as_indices(x, n, "value" if inverse else "index")  # a fresh uint64 copy, walked in place
     shape = arr.shape
     keys = np.asarray(key if not isinstance(key, int) else key & MASK64, dtype=np.uint64)
@@ -85,7 +86,7 @@ class Permutation:
 
     def __post_init__(self) -> None:
         _check_domain(self.n)
-        _check_version(self.version)
+        check_mapping_version(self.version)
 
     def __len__(self) -> int:
         return self.n

@@ -49,6 +49,12 @@ def check_resume(old: Plan | dict, new: Plan, resume_step: int) -> None:
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
+    if before.get("mapping_version") != after.get("mapping_version"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "
+            f"{after.get('mapping_version')!r}, which reorders every epoch; resume with Plan(..., mapping_version="
+            f"{before.get('mapping_version')!r}) (the trainer and the CLI read it from the checkpoint)"
+        )
     for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"}):
         if before.get(key) != after.get(key):
             raise ValueError(

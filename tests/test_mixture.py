@@ -380,12 +380,35 @@ def test_pinned_mixture_ids():
     mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
     plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
     assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
+        [6, 73, 111, 9, 152, 105, 27, 37],
+        [171, 120, 179, 67, 167, 141, 168, 36],
+        [162, 101, 153, 43, 165, 104, 159, 95],
+    ]
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    assert far.tolist() == [1111496441, 2762344126, 592569563, 2653853202]
+
+
+def test_pinned_mixture_ids_version_1():
+    """Version 1's outputs, as the first release computed them (the routing is the same; the source shuffles differ)."""
+    mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
+    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)],
+                mapping_version=1)
+    assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
         [94, 93, 124, 92, 153, 118, 61, 74],
         [178, 131, 159, 48, 167, 103, 151, 35],
         [170, 145, 173, 56, 174, 141, 163, 53],
     ]
-    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1, mapping_version=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
     assert far.tolist() == [1061388743, 3747138047, 937306914, 3619923107]
+
+
+def test_mixture_and_plan_agree_on_the_mapping_version():
+    mix = Mixture([100, 50], [1, 1], seed=7, mapping_version=1)
+    assert Plan(source=mix, global_batch_size=4, micro_batch_size=2, mapping_version=1).stream.version == 1
+    with pytest.raises(ValueError, match="built for mapping version 1 but the Plan asks for 2"):
+        Plan(source=mix, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"allowed mapping versions are \(1, 2\)"):
+        Mixture([100, 50], [1, 1], seed=7, mapping_version=3)
 
 
 def test_far_positions_cost_what_near_ones_cost():

@@ -46,7 +46,7 @@ Code: weights and schedules are read in :mod:`detsampler.mixture.weights`, the r
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -55,7 +55,8 @@ import numpy as np
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
 from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
-from detsampler.permutation import permute
+from detsampler.permutation import check_mapping_version, permute
+from detsampler.version import MAPPING_VERSION
 
 __all__ = ["Mixture", "MixtureLookup", "Source"]
 
@@ -136,6 +137,7 @@ class Mixture:
     weights: Any
     seed: int
     step_positions: tuple[int, ...] | None = None  # global position of each schedule entry, set by a Plan
+    mapping_version: int | None = None  # of the source permutations, set by a Plan; None: the current MAPPING_VERSION
     sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
     schedule: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
@@ -150,6 +152,8 @@ class Mixture:
         object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
         object.__setattr__(self, "offsets", tuple(int(x) for x in np.cumsum([0] + sizes[:-1])))
+        if self.mapping_version is not None:
+            object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
         schedule = parse_schedule(self.weights, len(sizes))
         object.__setattr__(self, "schedule", schedule)
         object.__setattr__(self, "_trees", tuple(build_tree(ints, int(self.seed), step) for step, ints in schedule))
@@ -194,7 +198,22 @@ class Mixture:
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> Mixture:
         """This mixture with each schedule entry placed at ``consumed(first_step)``, the position where its step starts."""
-        return Mixture(self.sources, self.weights, self.seed, tuple(int(consumed(step)) for step, _ in self.schedule))
+        return Mixture(self.sources, self.weights, self.seed, tuple(int(consumed(step)) for step, _ in self.schedule),
+                       self.mapping_version)
+
+    def with_mapping_version(self, version: int) -> Mixture:
+        """This mixture drawing its source permutations from mapping version ``version`` (the plan's)."""
+        if self.mapping_version not in (None, version):
+            raise ValueError(
+                f"this Mixture was built for mapping version {self.mapping_version} but the Plan asks for {version}: "
+                f"give the version once, as Plan(..., mapping_version={self.mapping_version})"
+            )
+        return replace(self, mapping_version=version)
+
+    @property
+    def version(self) -> int:
+        """The mapping version of the source permutations."""
+        return MAPPING_VERSION if self.mapping_version is None else self.mapping_version
 
     # -- lookups ---------------------------------------------------------------------------------------------------------
 
@@ -247,7 +266,7 @@ class Mixture:
             n = self.sizes[k]
             e, within = epoch[sel], pos[sel] - epoch[sel] * n
             key = subkeys(self.source_key(int(k)), e)
-            sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]))
+            sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]), self.version)
         global_id = sample + np.asarray(self.offsets, dtype=np.int64)[source]
         return MixtureLookup(source, pos, epoch, sample, global_id)
 
@@ -339,6 +358,6 @@ class Mixture:
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
         for lo in range(0, rest, chunk):
-            ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key)
+            ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key, self.version)
             total += int(np.minimum(layout.locate(ids).num_tokens, seq_len).sum())
         return total
