@@ -167,6 +167,9 @@ class Plan:
     ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and the
     skip ranges are all in data steps, which equal training steps before the first skip range.
 
+    ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own seed),
+    and :func:`~detsampler.resume.check_resume` lets a resume change it.
+
     ``plan.stream`` is what the plan reads: the :class:`EpochStream` of ``num_samples``, or ``source`` placed on the plan's
     steps (``source.with_step_positions``: a mixture's weight schedule is given in steps, the stream needs positions).
     """

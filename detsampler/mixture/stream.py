@@ -55,7 +55,7 @@ import numpy as np
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
 from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
-from detsampler.permutation import check_mapping_version, permute
+from detsampler.permutation import MAX_DOMAIN, check_mapping_version, permute
 from detsampler.version import MAPPING_VERSION
 
 __all__ = ["Mixture", "MixtureLookup", "Source"]
@@ -85,8 +85,13 @@ def _frozen(value: Any) -> Any:
 
 
 
+MAX_POSITION = 1 << 62  # global positions are below it: every routing value (q + 1, q * a / T, p_k) then fits in int64
+MAX_SOURCE_SAMPLES = MAX_DOMAIN  # a source's epochs are permutations of at most 2**62 samples
+
+
 def _source_sizes(sources: Any) -> list[int]:
-    """``num_samples`` of each source (a layout or an int), each checked to be >= 1."""
+    """``num_samples`` of each source (a layout or an int), each in ``[1, 2**62]``, all together below ``2**63``: global
+    sample ids ``offset_k + i`` are int64."""
     if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
         raise ValueError(f"sources must be a non-empty list of layouts (or sample counts), got {sources!r}")
     sizes = []
@@ -94,7 +99,11 @@ def _source_sizes(sources: Any) -> list[int]:
         n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
+        if n > MAX_SOURCE_SAMPLES:
+            raise ValueError(f"sources[{k}] has {int(n)} samples; a source holds at most 2**62 (its epochs are permutations)")
         sizes.append(int(n))
+    if sum(sizes) > (1 << 63) - 1:
+        raise ValueError(f"the sources hold {sum(sizes)} samples in all; at most 2**63 - 1, so that global ids fit in int64")
     return sizes
 
 
@@ -103,10 +112,11 @@ def _placed_positions(step_positions: Any, num_entries: int) -> tuple[int, ...] 
     if step_positions is None:
         return (0,) if num_entries == 1 else None
     positions = tuple(int(p) for p in step_positions)
-    if len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:])):
+    if (len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:]))
+            or positions[-1] > MAX_POSITION):
         raise ValueError(
-            f"step_positions must give a non-decreasing position for each of the {num_entries} schedule entries "
-            f"starting at 0, got {positions}"
+            f"step_positions must be a non-decreasing position for each of the {num_entries} schedule entries, starting "
+            f"at 0 and at most 2**62, got {positions}"
         )
     return positions
 
@@ -230,9 +240,10 @@ class Mixture:
         g = np.asarray(positions)
         if g.dtype.kind not in "iu":
             raise TypeError(f"positions must be integers, got dtype {g.dtype}")
+        if g.size and (g.min() < 0 or g.max() >= MAX_POSITION):
+            bad = int(g.flat[np.flatnonzero((g.reshape(-1) < 0) | (g.reshape(-1) >= MAX_POSITION))[0]])
+            raise ValueError(f"Got position {bad}, allowed positions are in [0, 2**62)")
         g = g.astype(np.int64)
-        if g.size and g.min() < 0:
-            raise ValueError(f"positions must be >= 0, got {int(g.min())}")
         flat = g.reshape(-1)
         source = np.empty(flat.shape, dtype=np.int64)
         pos = np.empty(flat.shape, dtype=np.int64)
@@ -288,8 +299,8 @@ class Mixture:
     def served(self, position: int) -> np.ndarray:
         """How many of the global positions ``[0, position)`` each source served (exact; O(segments + sources))."""
         self._check_placed()
-        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
-            raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or not 0 <= position <= MAX_POSITION:
+            raise ValueError(f"position must be an integer in [0, 2**62], got {position!r}")
         j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
         counts = list(self._starts[j])
         leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
@@ -316,8 +327,10 @@ class Mixture:
 
     def discrepancy_bounds(self, segment: int = 0) -> list[Fraction]:
         """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the segment (0 if unused)."""
+        if isinstance(segment, bool) or not isinstance(segment, numbers.Integral) or not 0 <= segment < len(self._trees):
+            raise ValueError(f"Got segment {segment!r}, allowed segments are in [0, {len(self._trees)})")
         out = [Fraction(0)] * self.num_sources
-        leaf_bounds(self._trees[segment], (), out)
+        leaf_bounds(self._trees[int(segment)], (), out)
         return out
 
     def report(self, position: int, tokens: bool = True, chunk: int = 1 << 16) -> list[dict]:
