@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detsampler import permutation_v1, permutation_v2
+from detsampler.checks import is_int
 from detsampler.keys import MASK64
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
@@ -29,7 +30,7 @@ _VERSIONS = {1: permutation_v1, 2: permutation_v2}
 
 
 def _check_domain(n: int) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+    if not is_int(n):
         raise TypeError(f"n must be an integer, got {type(n).__name__}")
     if not 1 <= n <= MAX_DOMAIN:
         raise ValueError(f"n must be in [1, 2**62], got {n}")

@@ -32,9 +32,10 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from detsampler.checks import check_positive_int
+from detsampler.checks import check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import check_mapping_version, permute
+from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
 __all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
@@ -118,7 +119,7 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps entries must be (first, last) pairs of data steps, got {entry!r}")
         a, b = entry
         for v in (a, b):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_int(v):
                 raise ValueError(f"skip_steps entries must be pairs of integers, got {entry!r}")
         if a < 0:
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
@@ -148,7 +149,7 @@ def _epoch_key_int(base_key: int, epoch: int) -> int:
 
 
 def _check_step(step: int, name: str = "step") -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+    if not is_int(step):
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
@@ -225,14 +226,7 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
-        if not schedule or schedule[0][0] != 0:
-            raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
-        for (s0, _), (s1, _) in zip(schedule, schedule[1:]):
-            if s1 <= s0:
-                raise ValueError(f"batch_size_schedule steps must be strictly increasing, got step {s1} after {s0}")
-        if any(b < 1 for _, b in schedule):
-            raise ValueError(f"batch_size_schedule sizes must be >= 1, got {schedule}")
+        schedule = list(parse_step_schedule(self.batch_size_schedule, check_positive_int, "batch_size_schedule"))
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
                 f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
@@ -248,7 +242,7 @@ class Plan:
             )
 
     def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"Got rank {rank!r}, allowed ranks are in [0, {self.world_size})")
         return int(rank)
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from detsampler.cli import OPTION_FIELDS, build_parser, main
-from detsampler.verify import verify_plan
+from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig
 from detsampler.text.tokenizer import Tokenizer
+from detsampler.verify import verify_plan
 
 
 @pytest.fixture()

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from detsampler.cli import main
+from detsampler.index.prepare import IndexConfig, prepare_index
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 
 WEIGHTS = ["0.5", "0.3", "0.2"]

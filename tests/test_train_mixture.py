@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from detsampler.cli import main
+from detsampler.index.prepare import IndexConfig, prepare_index
 from detsampler.layout import LayoutConfig
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 from train.launch import run_training, train_command
 from train.metrics import read_metrics, sample_hash

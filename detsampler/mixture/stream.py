@@ -52,9 +52,10 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from detsampler.checks import check_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
+from detsampler.mixture.weights import parse_schedule
 from detsampler.permutation import MAX_DOMAIN, check_mapping_version, permute
 from detsampler.version import MAPPING_VERSION
 
@@ -97,7 +98,7 @@ def _source_sizes(sources: Any) -> list[int]:
     sizes = []
     for k, src in enumerate(sources):
         n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
         if n > MAX_SOURCE_SAMPLES:
             raise ValueError(f"sources[{k}] has {int(n)} samples; a source holds at most 2**62 (its epochs are permutations)")
@@ -156,8 +157,7 @@ class Mixture:
 
     def __post_init__(self) -> None:
         sizes = _source_sizes(self.sources)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
@@ -262,10 +262,6 @@ class Mixture:
         """The source index of each global position."""
         return self._locate(positions)[0]
 
-    def source_positions(self, positions: np.ndarray) -> np.ndarray:
-        """``p_k``: how many earlier global positions went to the same source."""
-        return self._locate(positions)[1]
-
     def lookup(self, positions: np.ndarray) -> MixtureLookup:
         """Source, source position, source epoch, source sample and global sample id of each global position."""
         source, pos = self._locate(positions)
@@ -299,8 +295,7 @@ class Mixture:
     def served(self, position: int) -> np.ndarray:
         """How many of the global positions ``[0, position)`` each source served (exact; O(segments + sources))."""
         self._check_placed()
-        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or not 0 <= position <= MAX_POSITION:
-            raise ValueError(f"position must be an integer in [0, 2**62], got {position!r}")
+        check_int(position, "position", minimum=0, maximum=MAX_POSITION)
         j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
         counts = list(self._starts[j])
         leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
