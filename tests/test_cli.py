@@ -188,3 +188,14 @@ def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_
         with pytest.raises(SystemExit) as exc:
             main(["show", *base_args, *opts, "--mapping-version", bad])
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_verify_with_skip_steps_reports_skipped_data_not_gaps(capsys, base_args, small_index):
+    """Issue 11, item 1: a correct plan with a skip range verifies OK; the skipped data is reported as skipped."""
+    opts = ["--kind", "concat", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    steps = 2 * layout.num_samples // 8
+    code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--skip-steps", "2:3", "--steps", f"0:{steps}"])
+    assert code == 0 and "OK: no duplicates, no gaps" in out, out
+    assert "skipped: data steps 2..3 (16 positions, never trained on" in out
+    assert "16 skipped, duplicates 0, gaps 0, complete" in out

@@ -208,8 +208,7 @@ class Mixture:
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> Mixture:
         """This mixture with each schedule entry placed at ``consumed(first_step)``, the position where its step starts."""
-        return Mixture(self.sources, self.weights, self.seed, tuple(int(consumed(step)) for step, _ in self.schedule),
-                       self.mapping_version)
+        return replace(self, step_positions=tuple(int(consumed(step)) for step, _ in self.schedule))
 
     def with_mapping_version(self, version: int) -> Mixture:
         """This mixture drawing its source permutations from mapping version ``version`` (the plan's)."""
