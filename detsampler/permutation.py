@@ -1,9 +1,9 @@
 """A keyed pseudo-random permutation of ``range(n)``, computed pointwise in O(1) memory, in each mapping version.
 
-``permute(x, n, key, version)`` dispatches on the mapping version (:data:`detsampler.version.MAPPING_VERSION` by default):
-version 2 (:mod:`detsampler.permutation_v2`) is an exact keyed shuffle for ``n <= 1024`` and a mixed-radix Feistel
-network with modular addition above; version 1 (:mod:`detsampler.permutation_v1`) is the XOR Feistel network of the first
-release, kept unchanged so that runs started on it resume exactly.
+``permute(x, n, key, version)`` dispatches on the mapping version (:data:`detsampler.version.MAPPING_VERSION` by
+default): version 2 (:mod:`detsampler.permutation_v2`) is an exact keyed shuffle for ``n <= 1024`` and a mixed-radix
+Feistel network with modular addition above; version 1 (:mod:`detsampler.permutation_v1`) is the XOR Feistel network of
+the first release, kept unchanged so that runs started on it resume exactly.
 
 Invariants (tests/test_permutation.py, tests/test_permutation_stats.py):
 - ``permute(·, n, key, v)`` is a bijection of ``[0, n)`` for every ``n >= 1``, every 64-bit key and every version;
@@ -73,13 +73,15 @@ def permute(x: np.ndarray | int, n: int, key: np.ndarray | int, version: int = M
 
 
 def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:
-    """The inverse of :func:`permute`: ``unpermute(permute(x, n, k, v), n, k, v) == x`` for every ``x`` in ``[0, n)``."""
+    """The inverse of :func:`permute`: ``unpermute(permute(x, n, k, v), n, k, v) == x`` for every ``x`` in
+    ``[0, n)``."""
     return _apply(y, n, key, True, version)
 
 
 @dataclass(frozen=True)
 class Permutation:
-    """The permutation of ``range(n)`` keyed by ``key``: ``perm[i]`` is the image of ``i``, ``perm.inverse(v)`` its preimage."""
+    """The permutation of ``range(n)`` keyed by ``key`` (in mapping version ``version``): ``perm[i]`` is the image of
+    ``i``, ``perm.inverse(v)`` its preimage."""
 
     n: int
     key: int

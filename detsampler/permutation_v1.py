@@ -1,14 +1,16 @@
-"""Mapping version 1 of the keyed permutation of ``range(n)`` (kept unchanged so that runs started on it resume exactly).
+"""Mapping version 1 of the keyed permutation of ``range(n)`` (kept unchanged so that runs started on it resume
+exactly).
 
 Construction: a Feistel network over ``bits = max(2, ceil(log2 n))`` bits, cut unevenly into a low part of ``bits // 2``
 bits and a high part of the rest, whose round function is SplitMix64's finalizer of (low part XOR round key); each round
-XORs the high part with it and rotates the two parts, so that every round is a bijection of ``[0, 2**bits)`` whatever the
-parity of ``bits``. Values that land in ``[n, 2**bits)`` are walked through the network again (cycle walking), which keeps
-the map a bijection of ``[0, n)``; since ``2**bits < 2n`` (for n > 4), fewer than two rounds trips are needed on average.
+XORs the high part with it and rotates the two parts, so that every round is a bijection of ``[0, 2**bits)`` whatever
+the parity of ``bits``. Values that land in ``[n, 2**bits)`` are walked through the network again (cycle walking), which
+keeps the map a bijection of ``[0, n)``; since ``2**bits < 2n`` (for n > 4), fewer than two rounds trips are needed on
+average.
 
-Known weaknesses, fixed by version 2 (:mod:`detsampler.permutation_v2`): XOR rounds are even permutations, so the parity of
-the result is a function of ``n`` alone; with a 1-bit half every round is affine over GF(2), so for ``n <= 8`` only 1344 of
-the ``n!`` orders are reachable.
+Known weaknesses, fixed by version 2 (:mod:`detsampler.permutation_v2`): XOR rounds are even permutations, so the parity
+of the result is a function of ``n`` alone; with a 1-bit half every round is affine over GF(2), so for ``n <= 8`` only
+1344 of the ``n!`` orders are reachable.
 """
 
 from __future__ import annotations

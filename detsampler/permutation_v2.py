@@ -2,8 +2,8 @@
 Feistel network with modular addition above it.
 
 - ``n <= SMALL_DOMAIN``: the permutation sorts ``range(n)`` by 64-bit keyed values ``v_i = subkeys(s, i)`` (a stable
-  argsort; ``s`` derived from the key): every order of ``range(n)`` is reachable, each with probability ``1/n!`` up to the
-  quality of the keyed values. Memory O(SMALL_DOMAIN) per key (cached).
+  argsort; ``s`` derived from the key): every order of ``range(n)`` is reachable, each with probability ``1/n!`` up to
+  the quality of the keyed values. Memory O(SMALL_DOMAIN) per key (cached).
 - ``n > SMALL_DOMAIN``: let ``r = bits // 2`` with ``bits = ceil(log2 n)``, and ``a`` the smallest even number with
   ``a * 2**r >= n``. A value ``x < a * 2**r`` is the pair ``(hi, lo) = (x >> r, x & (2**r - 1))``. Round ``i`` (of
   ``NUM_ROUNDS``) adds a keyed function of one half to the other: even rounds ``hi = (hi + F_i(lo)) mod a``, odd rounds
@@ -11,13 +11,13 @@ Feistel network with modular addition above it.
   half's range by a 64x64-bit multiply-high (``mulhi(z, a)``) or a shift (``z >> (64 - r)``). Values that land in
   ``[n, a * 2**r)`` (fewer than ``2 / a`` of them) walk through the network again (cycle walking).
 
-Why this shape: modular addition is not affine over GF(2), and adding a key-dependent offset to a half of even size is an odd
-permutation whenever the offset is odd, so the parity of the result depends on the key (an XOR round is always even); the
-mixed radix keeps the domain within a factor ``1 + 2/a`` of ``n``, so nearly no value walks (a power-of-two domain walks
-up to half of them).
+Why this shape: modular addition is not affine over GF(2), and adding a key-dependent offset to a half of even size is
+an odd permutation whenever the offset is odd, so the parity of the result depends on the key (an XOR round is always
+even); the mixed radix keeps the domain within a factor ``1 + 2/a`` of ``n``, so nearly no value walks (a power-of-two
+domain walks up to half of them).
 
-Invariants (tests/test_permutation.py, tests/test_permutation_stats.py): a bijection of ``[0, n)`` for every ``n`` and key;
-``inverse(apply(x)) == x``; the statistics of docs/design.md section 1 within 5 sigma of numpy's permutation.
+Invariants (tests/test_permutation.py, tests/test_permutation_stats.py): a bijection of ``[0, n)`` for every ``n`` and
+key; ``inverse(apply(x)) == x``; the statistics of docs/design.md section 1 within 5 sigma of numpy's permutation.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 
 
-# -- the small path: a keyed sort ------------------------------------------------------------------------------------------
+# -- the small path: a keyed sort --------------------------------------------------------------------------------------
 
 
 def _sort_orders(keys: np.ndarray, n: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def _small(x: np.ndarray, n: int, keys: np.ndarray, inverse: bool) -> np.ndarray
     return out
 
 
-# -- the large path: the mixed-radix Feistel network -------------------------------------------------------------------------
+# -- the large path: the mixed-radix Feistel network -------------------------------------------------------------------
 
 
 def _shape(n: int) -> tuple[int, int]:
@@ -94,7 +94,8 @@ def _scalar_round_keys(key: int) -> tuple[int, ...]:
 
 
 def _mix_top(v: np.ndarray, rk: np.ndarray | np.uint64, out: np.ndarray, scratch: np.ndarray) -> None:
-    """``out = `` SplitMix64's finalizer of ``v ^ rk`` without its last xorshift, whose top 31 bits are the finalizer's."""
+    """``out =`` SplitMix64's finalizer of ``v ^ rk`` without its last xorshift (its top 31 bits are the
+    finalizer's)."""
     np.bitwise_xor(v, rk, out=out)
     for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
         np.right_shift(out, shift, out=scratch)
@@ -103,7 +104,8 @@ def _mix_top(v: np.ndarray, rk: np.ndarray | np.uint64, out: np.ndarray, scratch
 
 
 def _mulhi(z: np.ndarray, a: np.uint64, scratch: np.ndarray) -> None:
-    """``z = (z * a) >> 64`` exactly, in place, for ``a < 2**32``: an unbiased-to-2**-32 map of uint64 onto ``[0, a)``."""
+    """``z = (z * a) >> 64`` exactly, in place, for ``a < 2**32``: a map of uint64 onto ``[0, a)``, uniform to within
+    ``2**-32``."""
     np.bitwise_and(z, _M32, out=scratch)
     np.multiply(scratch, a, out=scratch)
     np.right_shift(scratch, _S32, out=scratch)

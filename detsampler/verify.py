@@ -1,10 +1,11 @@
 """Audits of a plan: recompute what every rank reads and check it, and count what a layout and a plan serve.
 
-Invariants checked by :func:`verify_plan` / :func:`verify_mixture_plan`: the micro batches of each step partition the step's
-positions; no sample repeats within an epoch (per source and source epoch for a mixture); every epoch whose positions the
-range covers completely reads every sample, or skips it (data steps in a skip range between the audited steps are skipped:
-counted as such, never as gaps). :func:`layout_stats`, :func:`document_stats` and :func:`mixture_stats` read every number
-from the layout, the lengths and the plan; nothing is estimated. Numpy only (the CLI parses and prints around these).
+Invariants checked by :func:`verify_plan` / :func:`verify_mixture_plan`: the micro batches of each step partition the
+step's positions; no sample repeats within an epoch (per source and source epoch for a mixture); every epoch whose
+positions the range covers completely reads every sample, or skips it (data steps in a skip range between the audited
+steps are skipped: counted as such, never as gaps). :func:`layout_stats`, :func:`document_stats` and
+:func:`mixture_stats` read every number from the layout, the lengths and the plan; nothing is estimated. Numpy only (the
+CLI parses and prints around these).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def _partitions_step(plan: Plan, step: int, positions: np.ndarray) -> bool:
 
 
 def _epoch_row(epoch: int, read: np.ndarray, skipped: np.ndarray | None, n: int, complete: bool) -> dict[str, Any]:
-    """The report of one epoch of ``n`` samples: ``read[i]`` the reads of sample ``i`` by the audited steps, ``skipped[i]``
-    its positions in the skip ranges between them. Every position of a complete epoch is read or skipped, so a sample
-    read or skipped more than once is a duplicate and one neither read nor skipped a gap (counted only if ``complete``)."""
+    """The report of one epoch of ``n`` samples: ``read[i]`` the reads of sample ``i`` by the audited steps,
+    ``skipped[i]`` its positions in the skip ranges between them. Every position of a complete epoch is read or skipped,
+    so a sample read or skipped more than once is a duplicate and one neither read nor skipped a gap (counted only if
+    ``complete``)."""
     total = read if skipped is None else read + skipped
     seen = int((read > 0).sum())
     return {
@@ -65,8 +67,8 @@ def _data_spans(plan: Plan, start: int, stop: int) -> list[list[int]]:
 
 
 def _skipped(plan: Plan, start: int, stop: int, read: list[list[int]]) -> tuple[list[list[int]], dict[str, Any]]:
-    """(the position runs between the read runs: the data of the skip ranges inside the audited steps, and their summary:
-    the skipped data steps, clipped to the audited ones, and how many positions they hold)."""
+    """(the position runs between the read runs: the data of the skip ranges inside the audited steps, and their
+    summary: the skipped data steps, clipped to the audited ones, and how many positions they hold)."""
     spans = [[a[1], b[0]] for a, b in zip(read, read[1:]) if b[0] > a[1]]
     d_lo, d_hi = plan.data_step(start), plan.data_step(stop)
     steps = [[max(a, d_lo), min(b, d_hi - 1)] for a, b in (plan.skip_steps or ()) if max(a, d_lo) <= min(b, d_hi - 1)]
@@ -86,7 +88,8 @@ def _epoch_counts(plan: Plan, spans: list[list[int]], chunk: int) -> dict[int, n
     for positions in _chunks(spans, chunk):
         ids, epochs = plan.stream.sample_ids(positions), plan.stream.epochs(positions)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise ValueError(f"the plan's stream yields sample ids outside [0, {n}): {int(ids.min())} .. {int(ids.max())}")
+            lo, hi = int(ids.min()), int(ids.max())
+            raise ValueError(f"the plan's stream yields sample ids outside [0, {n}): {lo} .. {hi}")
         for e in np.unique(epochs).tolist():
             c = counts.setdefault(e, np.zeros(n, dtype=np.int64))
             c += np.bincount(ids[epochs == e], minlength=n)
@@ -94,9 +97,9 @@ def _epoch_counts(plan: Plan, spans: list[list[int]], chunk: int) -> dict[int, n
 
 
 def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
-    """Check steps ``[start, stop)`` over every rank and micro step: the micro batches partition each step's positions; no
-    sample repeats within an epoch; every epoch whose positions the range covers whole (read, or skipped by a skip range
-    inside it) reads or skips each sample exactly once. Returns a report; ``skipped`` sums up the skipped data."""
+    """Check steps ``[start, stop)`` over every rank and micro step: the micro batches partition each step's positions;
+    no sample repeats within an epoch; every epoch whose positions the range covers whole (read, or skipped by a skip
+    range inside it) reads or skips each sample exactly once. Returns a report; ``skipped`` sums up the skipped data."""
     n = plan.stream.num_samples
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [step for step in range(start, stop)
@@ -128,8 +131,8 @@ def _source_counts(mixture: Any, spans: list[list[int]], chunk: int) -> dict[tup
 
 def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
     """:func:`verify_plan` for a plan over a mixture: the same checks, per source and per source epoch (each source's
-    positions ``p_k`` of the range, read or skipped, are exactly ``[served_k(first), served_k(last))``, so a source epoch
-    inside them is complete and checked for gaps, whatever skip ranges lie in the range)."""
+    positions ``p_k`` of the range, read or skipped, are exactly ``[served_k(first), served_k(last))``, so a source
+    epoch inside them is complete and checked for gaps, whatever skip ranges lie in the range)."""
     mixture = plan.stream
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [step for step in range(start, stop)
@@ -144,7 +147,8 @@ def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16)
         for e in sorted({e for kk, e in set(read) | set(skip) if kk == k}):
             complete = int(served_first[k]) <= e * n and (e + 1) * n <= int(served_last[k])
             rows.append(_epoch_row(e, read.get((k, e), np.zeros(n, dtype=np.int64)), skip.get((k, e)), n, complete))
-        sources.append({"source": k, "num_samples": n, "served": [int(served_first[k]), int(served_last[k])], "epochs": rows})
+        served = [int(served_first[k]), int(served_last[k])]
+        sources.append({"source": k, "num_samples": n, "served": served, "epochs": rows})
     ok = not position_problems and all(_rows_ok(src["epochs"]) for src in sources)
     return {"steps": [start, stop], "positions": [first, last], "ok": ok, "position_problems": position_problems,
             "skipped": skipped, "sources": sources}

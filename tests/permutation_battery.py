@@ -1,10 +1,10 @@
 """A statistical battery for families of permutations of ``range(n)``, as z-scores against a uniform random permutation.
 
 Each statistic is computed over ``K`` permutations (rows of a ``K x n`` matrix) and returned as a z-score: how many
-standard deviations its total lies from the exact expectation for uniformly random permutations (or, for the order counts,
-Pearson's chi-square standardized). numpy's ``Generator.permutation`` is the reference: run through the same battery
-(:func:`numpy_rows`) its z-scores are those of a standard normal, so ``|z| < 5`` is a threshold that a uniform random
-permutation fails with probability about 6e-7 per statistic (tests/test_permutation_stats.py runs both).
+standard deviations its total lies from the exact expectation for uniformly random permutations (or, for the order
+counts, Pearson's chi-square standardized). numpy's ``Generator.permutation`` is the reference: run through the same
+battery (:func:`numpy_rows`) its z-scores are those of a standard normal, so ``|z| < 5`` is a threshold that a uniform
+random permutation fails with probability about 6e-7 per statistic (tests/test_permutation_stats.py runs both).
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ def orders_z(rows: np.ndarray) -> tuple[float, int]:
 
 
 def avalanche_z(rows: np.ndarray) -> float:
-    """The largest |z| over (input bit i, output bit j) of how often flipping bit i of the input flips bit j of the output.
+    """The largest |z| over (input bit i, output bit j) of how often flipping input bit i flips output bit j.
 
-    For a uniform permutation two distinct inputs get two distinct uniform outputs, so output bit j differs with probability
-    ``2 c (n - c) / (n (n - 1))``, ``c`` the number of values below ``n`` with bit j set.
+    For a uniform permutation two distinct inputs get two distinct uniform outputs, so output bit j differs with
+    probability ``2 c (n - c) / (n (n - 1))``, ``c`` the number of values below ``n`` with bit j set.
     """
     k, n = rows.shape
     bits = max(1, (n - 1).bit_length())
@@ -107,9 +107,9 @@ def avalanche_z(rows: np.ndarray) -> float:
 
 
 def four_point_z(rows: np.ndarray, samples_per_row: int = 64, seed: int = 0) -> float:
-    """How often ``P[x] ^ P[x^a] ^ P[x^b] ^ P[x^a^b] == 0`` for random distinct ``a, b`` (``n`` a power of two): an affine
-    map always gives 0, a uniform permutation with probability ``1 / (n - 3)`` (the fourth image is uniform among the
-    ``n - 3`` values left, and the XOR of the first three is one of those values)."""
+    """How often ``P[x] ^ P[x^a] ^ P[x^b] ^ P[x^a^b] == 0`` for random distinct ``a, b`` (``n`` a power of two): an
+    affine map always gives 0, a uniform permutation with probability ``1 / (n - 3)`` (the fourth image is uniform among
+    the ``n - 3`` values left, and the XOR of the first three is one of those values)."""
     k, n = rows.shape
     if n & (n - 1) or n < 8:
         raise ValueError(f"four_point_z needs n a power of two >= 8, got {n}")

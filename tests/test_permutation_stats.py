@@ -1,8 +1,9 @@
 """The permutation's statistics against a uniform random permutation, with thresholds calibrated on numpy's.
 
-Every statistic is a z-score (tests/permutation_battery.py); numpy's ``Generator.permutation`` passes the same battery at the
-same sizes (``test_numpy_passes_the_battery``), so ``|z| < 5`` is fair, and version 1 fails it
-(``test_version_1_fails_the_battery``), so the battery can fail. The keys are those the plan uses: consecutive epoch keys.
+Every statistic is a z-score (tests/permutation_battery.py); numpy's ``Generator.permutation`` passes the same battery
+at the same sizes (``test_numpy_passes_the_battery``), so ``|z| < 5`` is fair, and version 1 fails it
+(``test_version_1_fails_the_battery``), so the battery can fail. The keys are those the plan uses: consecutive epoch
+keys.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The audits of detsampler.verify with skip ranges: skipped data is accounted as skipped, real gaps are still found, and a
-mixture's source epochs are checked for gaps whether or not a skip range lies in the audited steps (issue 11, items 1, 2)."""
+"""The audits of detsampler.verify with skip ranges: skipped data is accounted as skipped, real gaps are still found,
+and a mixture's source epochs are checked for gaps whether or not a skip range lies in the audited steps (issue 11,
+items 1, 2)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ def test_skipped_data_is_not_a_gap():
     assert report["skipped"] == {"data_steps": [[2, 3]], "positions": 8}
     first, second, third = report["epochs"]
     assert (first["complete"], first["distinct_samples"], first["skipped_samples"], first["gaps"]) == (True, 12, 8, 0)
-    assert (second["complete"], second["distinct_samples"], second["skipped_samples"], second["gaps"]) == (True, 20, 0, 0)
+    row = (second["complete"], second["distinct_samples"], second["skipped_samples"], second["gaps"])
+    assert row == (True, 20, 0, 0)
     assert not third["complete"] and third["gaps"] is None
     assert verify_plan(Plan(20, 1, 4, 2, 2), 0, 12)["skipped"] == {"data_steps": [], "positions": 0}
 
 
 @dataclass(frozen=True)
 class _LosingStream:
-    """A deliberately broken epoch stream: position ``n - 1`` of each epoch re-reads sample 0, so sample ``n - 1`` is lost."""
+    """A deliberately broken epoch stream: position ``n - 1`` of each epoch re-reads sample 0 (sample ``n - 1`` is
+    lost)."""
 
     num_samples: int
 
