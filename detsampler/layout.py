@@ -148,13 +148,18 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def document_order(num_documents: int, seed: int) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation)."""
-    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+
+    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan epochs,
+    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the same
+    whatever version a plan reads it with (tests/test_pinned.py pins them once).
+    """
+    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
 
 
 def documents_at(positions: np.ndarray, num_documents: int, seed: int) -> np.ndarray:
     """``document_order(num_documents, seed)[positions]``, computed pointwise: O(len(positions)), whatever the corpus."""
-    return permute(np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+    return permute(np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
 
 
 def _take(arr: Any, idx: np.ndarray) -> np.ndarray:

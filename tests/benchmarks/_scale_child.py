@@ -48,7 +48,7 @@ def check_concat_spans(index: TokenIndex, layout, spans, sample_ids: np.ndarray)
     for i, c in enumerate(sample_ids.tolist()):
         at = c * L
         for d, start, stop in spans.sample(i):
-            pos = int(unpermute(np.array([d]), n, key)[0])
+            pos = int(unpermute(np.array([d]), n, key, version=1)[0])  # layouts use version 1's order
             begin = int(ends[pos - 1]) if pos else 0
             if int(ends[pos]) - begin != int(index.lengths[d]) + 1 or begin + start != at:
                 return False
