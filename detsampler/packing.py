@@ -2,7 +2,8 @@
 
 A window is ``window_docs`` consecutive documents of the seeded document order. Each window is packed on its own, so any
 range of windows can be packed by any process and the results concatenated: :func:`pack_windows` is a pure function of
-(lengths, config, window range). :data:`PACKING_VERSION` names the algorithm; persisted packings include it in their key.
+(lengths, config, window range). :data:`PACKING_VERSION` names the algorithm; persisted packings include it in their
+key.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def pack_best_fit(extents: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best-fit-decreasing packing of documents of ``extents`` positions into bins of ``capacity``.
 
-    A document longer than ``capacity`` is cut into full pieces of ``capacity`` (each a bin of its own) and a remainder; all
+    A document longer than ``capacity`` is cut into full pieces of ``capacity`` (a bin each) and a remainder; all
     remainders and short documents are packed by best-fit decreasing (ties broken by position, so the result is a pure
     function of ``extents``). Returns ``(bin_offsets, item_docs, item_starts, item_stops)``: bin ``b`` holds items
     ``bin_offsets[b]:bin_offsets[b+1]``, ``item_docs`` indexing into ``extents``.
@@ -78,8 +79,11 @@ class Packed:
     item_pieces: np.ndarray  # uint32
 
 
-def pack_windows(window_docs: list[np.ndarray] | tuple[np.ndarray, ...], extents: list[np.ndarray] | tuple[np.ndarray, ...],
-                 seq_len: int) -> Packed:
+def pack_windows(
+    window_docs: list[np.ndarray] | tuple[np.ndarray, ...],
+    extents: list[np.ndarray] | tuple[np.ndarray, ...],
+    seq_len: int,
+) -> Packed:
     """Pack each window (its document ids and their extents, ``lengths + 1``) by :func:`pack_best_fit`, concatenated."""
     bins, per_bin, docs, pieces = [], [], [], []
     for ids, ext in zip(window_docs, extents):
@@ -88,5 +92,5 @@ def pack_windows(window_docs: list[np.ndarray] | tuple[np.ndarray, ...], extents
         per_bin.append(np.diff(bin_offsets))
         docs.append(np.asarray(ids, dtype=np.int64)[items])
         pieces.append((starts // seq_len).astype(np.uint32))
-    cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
+    cat = lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt)
     return Packed(np.asarray(bins, dtype=np.int64), cat(per_bin, np.int64), cat(docs, np.int64), cat(pieces, np.uint32))

@@ -1,4 +1,5 @@
-"""VerifiedArray: checked reads equal plain reads; a fenced search equals np.searchsorted; an edited chunk is refused."""
+"""VerifiedArray: checked reads equal plain reads; a fenced search equals np.searchsorted; an edited chunk is
+refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Issue 10, items 2-4: an edited or swapped token file, an edited meta.json and a tampered layout cache are never served.
+"""Issue 10, items 2-4: an edited or swapped token file, an edited meta.json and a tampered layout cache are never
+served.
 
 Each test injects the fault into a copy of the session's index and asserts a clear refusal (or, for the layout cache,
 a correct recomputation).
@@ -55,9 +56,15 @@ def test_the_edited_chunk_is_refused_through_the_packed_dataset(small_index, tmp
 
 def test_the_tokens_of_another_index_with_equal_lengths_are_refused(small_tokenizer, tmp_path):
     texts = ["x = 1\n", "y = 2\n", "def f(a):\n    return a * 2\n" * 40]
-    a = build_index(datasets.Dataset.from_dict({"text": texts}), small_tokenizer, cache_dir=tmp_path / "a", progress=False)
-    b = build_index(datasets.Dataset.from_dict({"text": [texts[1], texts[0], texts[2]]}), small_tokenizer,
-                    cache_dir=tmp_path / "b", progress=False)
+    a = build_index(
+        datasets.Dataset.from_dict({"text": texts}), small_tokenizer, cache_dir=tmp_path / "a", progress=False
+    )
+    b = build_index(
+        datasets.Dataset.from_dict({"text": [texts[1], texts[0], texts[2]]}),
+        small_tokenizer,
+        cache_dir=tmp_path / "b",
+        progress=False,
+    )
     assert np.array_equal(a.lengths, b.lengths) and not np.array_equal(a.tokens, b.tokens)  # the premise
     shutil.copyfile(b.path / "tokens.npy", a.path / "tokens.npy")
     with pytest.raises(TokenIndexError, match=r"tokens\.npy.*checksum"):
@@ -84,8 +91,20 @@ def test_verify_tokens_reads_every_chunk(small_index, small_tokenizer, tmp_path,
 
     root = tmp_path / "cache"
     p = _copy(small_index, root / small_index.path.name)
-    args = ["--cache-dir", str(root), "--max-documents", "16", "--tokenizer", small_tokenizer.path, "--seq-len", "64",
-            "--global-batch-size", "4", "--steps", "0:2"]
+    args = [
+        "--cache-dir",
+        str(root),
+        "--max-documents",
+        "16",
+        "--tokenizer",
+        small_tokenizer.path,
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "4",
+        "--steps",
+        "0:2",
+    ]
     assert main(["verify", *args, "--tokens"]) == 0
     assert "every chunk checksum and sha256 verified" in capsys.readouterr().out
     _edit_token(p, int(small_index.num_tokens) // 2)
@@ -117,7 +136,9 @@ def test_eos_and_pad_are_cross_checked_against_the_tokenizer(small_index, small_
 
     p = _copy(small_index, tmp_path / "resealed")
     meta = json.loads((p / "meta.json").read_text())
-    meta["tokenizer"]["eos_id"] = small_tokenizer.pad_id  # a consistent-looking meta.json whose eos is not the tokenizer's
+    meta["tokenizer"]["eos_id"] = (
+        small_tokenizer.pad_id
+    )  # a consistent-looking meta.json whose eos is not the tokenizer's
     (p / "meta.json").write_text(json.dumps(seal_meta(meta), indent=2, sort_keys=True))
     TokenIndex.open(p)
     with pytest.raises(TokenIndexError, match="eos_id"):

@@ -1,5 +1,5 @@
-"""Persisted layouts (issue 12.1): built once beside the index, opened as memory maps, equal to the in-RAM layouts sample
-for sample; workers receive paths; a damaged layout is rebuilt, never served."""
+"""Persisted layouts (issue 12.1): built once beside the index, opened as memory maps, equal to the in-RAM layouts
+sample for sample; workers receive paths; a damaged layout is rebuilt, never served."""
 
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def test_bestfit_packs_the_same_with_two_processes(index, tmp_path):
 def test_the_key_holds_the_mapping_version_and_config(index, monkeypatch):
     base = layout_dir(index, CONFIGS[2])
     assert base.name.startswith("bestfit-L128-seed3-w5-")
-    assert layout_dir(index, LayoutConfig(kind="concat", seq_len=64, seed=1, window_docs=7)) == layout_dir(index, CONFIGS[0])
+    assert layout_dir(index, LayoutConfig(kind="concat", seq_len=64, seed=1, window_docs=7)) == layout_dir(
+        index, CONFIGS[0]
+    )
     concat = layout_dir(index, CONFIGS[0])
     monkeypatch.setattr("detsampler.index.layouts.PACKING_VERSION", 999)
     assert layout_dir(index, CONFIGS[2]) != base and layout_dir(index, CONFIGS[0]) == concat  # packing: bestfit only

@@ -45,11 +45,27 @@ def _root(corpus, cache, tokenizer) -> Path:
 def test_two_tasks_build_the_shards_and_the_manifest_equals_the_single_index(corpus, tmp_path, small_tokenizer, capsys):
     cache = tmp_path / "cache"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    tasks = [subprocess.Popen([sys.executable, "-m", "detsampler.cli", *_args(corpus, cache, small_tokenizer),
-                               "--shard", str(i), "--num-shards", "2"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    tasks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "detsampler.cli",
+                *_args(corpus, cache, small_tokenizer),
+                "--shard",
+                str(i),
+                "--num-shards",
+                "2",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     for t in tasks:
-        out, err = t.communicate(timeout=300)
+        _, err = t.communicate(timeout=300)
         assert t.returncode == 0, err
     assert main([*_args(corpus, cache, small_tokenizer), "--finalize"]) == 0
     assert "shards" in capsys.readouterr().out
@@ -120,9 +136,22 @@ def test_adding_a_file_adds_a_shard_and_reuses_the_others(corpus, tmp_path, smal
 def test_torchrun_ranks_build_their_shards_without_a_collective(corpus, tmp_path, small_tokenizer):
     """Under torchrun each rank builds shards rank, rank + world_size, ...; no process group is ever created."""
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "detsampler.cli",
-           *_args(corpus, cache, small_tokenizer), "--shard", "auto"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "detsampler.cli",
+        *_args(corpus, cache, small_tokenizer),
+        "--shard",
+        "auto",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     index = finalize(_root(corpus, cache, small_tokenizer), input_files(corpus))
     assert len(index.shards) == 4

@@ -48,9 +48,15 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
     if args.finalize or args.sharded:
         index = finalize(root, files, tokenizer)
-        print_rows([("sharded index", rel(str(root))), ("shards", len(index.shards)),
-                    ("documents", fmt_int(index.num_documents)), ("tokens", fmt_int(index.num_tokens)),
-                    ("fingerprint", index.fingerprint)])
+        print_rows(
+            [
+                ("sharded index", rel(str(root))),
+                ("shards", len(index.shards)),
+                ("documents", fmt_int(index.num_documents)),
+                ("tokens", fmt_int(index.num_tokens)),
+                ("fingerprint", index.fingerprint),
+            ]
+        )
         if args.layout:
             from detsampler.cli.options import layout_config
 

@@ -7,8 +7,8 @@ directory's JSON record holds and :func:`load_sums` checks in full on open (it i
 
 Invariant: every element a :class:`VerifiedArray` returns lies in a chunk whose CRC-32 this process has checked against
 the recorded one; a mismatch raises :class:`ChecksumError` naming the file, the chunk and its byte range. Opening costs
-O(file size / CHUNK_BYTES) (the sums), never a read of the file; a read costs, besides the read, one CRC-32 of each chunk
-it touches for the first time (CRC-32 runs at ~1.7 GB/s on one core here: ~40 us per 64 KiB chunk).
+O(file size / CHUNK_BYTES) (the sums), never a read of the file; a read costs, besides the read, one CRC-32 of each
+chunk it touches for the first time (CRC-32 runs at ~1.7 GB/s on one core here: ~40 us per 64 KiB chunk).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _READ_BYTES = 1 << 24
 
 
 class ChecksumError(TokenIndexError):
-    """A chunk of a checked file whose checksum differs from the one recorded when it was written (``path``: the file)."""
+    """A chunk of a file whose checksum differs from the one recorded when it was written (``path``: the file)."""
 
     def __init__(self, message: str, path: Path | None = None) -> None:
         super().__init__(message)
@@ -55,7 +55,7 @@ def sums_name(name: str) -> str:
 
 
 def file_digests(path: Path) -> tuple[str, np.ndarray]:
-    """The sha256 (hex) of the file at ``path`` and the CRC-32 of each of its :data:`CHUNK_BYTES` chunks, in one read."""
+    """The sha256 (hex) of the file at ``path`` and the CRC-32 of each of its :data:`CHUNK_BYTES` chunks (one read)."""
     h = hashlib.sha256()
     sums: list[int] = []
     with open(path, "rb") as f:
@@ -86,12 +86,14 @@ def _load_small(path: Path, record: dict, what: str) -> np.ndarray:
     except OSError as exc:
         raise TokenIndexError(f"{what}: cannot read {path.name} ({exc.strerror})") from None
     if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
-        raise TokenIndexError(f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited")
+        raise TokenIndexError(
+            f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited"
+        )
     return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
 def write_checksums(directory: Path, name: str) -> dict:
-    """Write ``directory/<stem>.sums.npy`` for data file ``name``; returns the file's record: size, sha256, chunk size and
+    """Write ``directory/<stem>.sums.npy`` for data file ``name``; returns the file's record: size, sha256, chunk size,
     its checksum file's name, size and sha256."""
     from detsampler.index.files import save_npy, sha256_file
 
@@ -101,8 +103,13 @@ def write_checksums(directory: Path, name: str) -> dict:
     return {
         "size": (directory / name).stat().st_size,
         "sha256": sha,
-        "sums": {"file": sums_path.name, "chunk_bytes": CHUNK_BYTES, "checksum": "crc32",
-                 "size": sums_path.stat().st_size, "sha256": sha256_file(sums_path)},
+        "sums": {
+            "file": sums_path.name,
+            "chunk_bytes": CHUNK_BYTES,
+            "checksum": "crc32",
+            "size": sums_path.stat().st_size,
+            "sha256": sha256_file(sums_path),
+        },
     }
 
 
@@ -113,7 +120,9 @@ def load_sums(path: Path, record: dict, data_size: int, what: str) -> np.ndarray
     except OSError as exc:
         raise TokenIndexError(f"{what}: cannot read its checksums {path.name} ({exc.strerror})") from None
     if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
-        raise TokenIndexError(f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited")
+        raise TokenIndexError(
+            f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited"
+        )
     import io
 
     sums = np.load(io.BytesIO(raw), allow_pickle=False)
@@ -123,13 +132,15 @@ def load_sums(path: Path, record: dict, data_size: int, what: str) -> np.ndarray
 
 
 class VerifiedArray:
-    """A read-only 1-D array, memory-mapped from a ``.npy`` file, whose reads are checked chunk by chunk (see module doc).
+    """A read-only 1-D array, memory-mapped from a ``.npy`` file, its reads checked chunk by chunk (see the module doc).
 
-    Reads: ``a[i]``, ``a[i:j]``, ``a[int_array]``, ``a.searchsorted(v, side)``; ``np.asarray(a)`` checks every chunk first
+    Reads: ``a[i]``, ``a[i:j]``, ``a[int_array]``, ``a.searchsorted(v, side)``; ``np.asarray(a)`` checks every chunk
     (a full read). ``verified`` counts the chunks this process has checked.
     """
 
-    def __init__(self, path: Path, array: np.ndarray, sums: np.ndarray, what: str, fence: np.ndarray | None = None) -> None:
+    def __init__(
+        self, path: Path, array: np.ndarray, sums: np.ndarray, what: str, fence: np.ndarray | None = None
+    ) -> None:
         self.path = Path(path)
         self._fence = fence  # sorted arrays: every FENCE_EVERY-th element, in RAM, so a search reads one block
         self._array = array
@@ -182,7 +193,7 @@ class VerifiedArray:
     def __getitem__(self, key: Any) -> Any:
         n = len(self._array)
         if isinstance(key, slice):
-            lo, hi, step = key.indices(n)
+            lo, hi, _ = key.indices(n)
             if hi > lo:
                 self._check_range(lo, hi - 1)
             return self._array[key]
@@ -215,7 +226,9 @@ class VerifiedArray:
             ok &= (vv <= above) | (p == n) if side == "left" else (vv < above) | (p == n)
             if not ok.all():
                 self.verify_all()  # the array is not sorted where the search went: find the bad chunk
-                raise ChecksumError(f"{self._what}: {self.path.name} is not sorted around position {int(p[~ok][0])}", self.path)
+                raise ChecksumError(
+                    f"{self._what}: {self.path.name} is not sorted around position {int(p[~ok][0])}", self.path
+                )
         return pos
 
     def _fenced_search(self, v: Any, side: str) -> np.ndarray:
@@ -259,7 +272,8 @@ class VerifiedArray:
             got = zlib.crc32(raw[lo:hi])
             if got != int(self._sums[c]):
                 raise ChecksumError(
-                    f"{self._what}: {self.path.name} chunk {c} (bytes {lo}..{hi - 1}) fails its checksum (crc32 {got:08x}, "
+                    f"{self._what}: {self.path.name} chunk {c} (bytes {lo}..{hi - 1}) fails its checksum "
+                    f"(crc32 {got:08x}, "
                     f"recorded {int(self._sums[c]):08x}): the file was edited or replaced after it was written",
                     self.path,
                 )
@@ -272,7 +286,9 @@ def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -
         empty = int(np.prod(shape)) == 0  # an empty array cannot be memory-mapped
         arr = np.load(path / name, mmap_mode=None if empty else "r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise TokenIndexError(f"{str(path)!r}: {name} is not a readable .npy file ({exc}); delete the directory and rebuild") from None
+        raise TokenIndexError(
+            f"{str(path)!r}: {name} is not a readable .npy file ({exc}); delete the directory and rebuild"
+        ) from None
     if arr.dtype != dtype or arr.shape != shape:
         raise TokenIndexError(
             f"{str(path)!r}: {name} has dtype {arr.dtype} and shape {arr.shape}, its record says {np.dtype(dtype)} "

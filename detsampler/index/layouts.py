@@ -4,8 +4,8 @@ memory maps.
 A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
 
     ends.npy          int64[D]     concat: stream end of the i-th document of the order; document: samples up to it
-    ends.fence.npy    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB block)
-    window_bins.npy   int64[W+1]   bestfit: bins of window w are window_bins[w]:window_bins[w+1]
+    ends.fence.npy    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB
+    block) window_bins.npy   int64[W+1]   bestfit: bins of window w are window_bins[w]:window_bins[w+1]
     bin_items.npy     int64[B+1]   bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
     item_docs.npy     int64[I]     bestfit: the item's document
     item_pieces.npy   uint32[I]    bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the document
@@ -18,8 +18,9 @@ A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs
 Invariants: a directory exists under its final name only once complete (written to a temporary directory, fsynced,
 ``layout.json`` last, renamed into place); one process builds it, under a file lock, never a collective; opening reads
 ``layout.json`` and the checksum files only (O(D / 16384)), and every chunk of an array is checked the first time the
-process reads it. A layout directory found damaged on open, or a chunk that fails its checksum while locating, is rebuilt
-(under the lock) and the read retried: a tampered layout is recomputed, never served. Nothing of size D is held in RAM.
+process reads it. A layout directory found damaged on open, or a chunk that fails its checksum while locating, is
+rebuilt (under the lock) and the read retried: a tampered layout is recomputed, never served. Nothing of size D is held
+in RAM.
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def layout_dir(index: TokenIndex, config: LayoutConfig) -> Path:
     """Where the layout ``config`` of ``index`` lives (whether built or not)."""
     packing = PACKING_VERSION if config.kind == "bestfit" else 0
     window = config.window_docs if config.kind == "bestfit" else 0
-    key = stable_hash64("layout", LAYOUT_FORMAT_VERSION, MAPPING_VERSION, packing, config.kind, config.seq_len,
-                        config.seed, window)
+    key = stable_hash64(
+        "layout", LAYOUT_FORMAT_VERSION, MAPPING_VERSION, packing, config.kind, config.seq_len, config.seed, window
+    )
     name = f"{config.kind}-L{config.seq_len}-seed{config.seed}" + (f"-w{window}" if window else "") + f"-{key:016x}"
     return index.path / "layouts" / name
 
 
-# -- writing --------------------------------------------------------------------------------------------------------------
+# -- writing -------------------------------------------------------------------------------------------------------
 
 
 class _NpyStream:
@@ -149,8 +151,9 @@ def _task(args: tuple[str, LayoutConfig, int, int]) -> Any:
     return (_extents if what == "extents" else _pack_block)(_WORKER_LENGTHS, config, a, b)
 
 
-def _ordered(what: str, lengths: np.ndarray, index_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]],
-             num_proc: int):
+def _ordered(
+    what: str, lengths: np.ndarray, index_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]], num_proc: int
+):
     """``_extents`` or ``_pack_block`` of each range, in order, by ``num_proc`` processes (at most 4 per process in
     flight, so memory stays bounded)."""
     if num_proc == 1:
@@ -168,8 +171,9 @@ def _ordered(what: str, lengths: np.ndarray, index_path: Path, config: LayoutCon
             yield pending.popleft().result()
 
 
-def _write_ends(tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int,
-                progress: bool) -> dict:
+def _write_ends(
+    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int, progress: bool
+) -> dict:
     """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory per process)."""
     n = len(lengths)
     out = _NpyStream(tmp / "ends.npy", np.int64)
@@ -186,11 +190,19 @@ def _write_ends(tmp: Path, lengths: np.ndarray, index_path: Path, config: Layout
     return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
 
 
-def _write_bestfit(tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int,
-                   progress: bool) -> dict:
+def _write_bestfit(
+    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int, progress: bool
+) -> dict:
     """The four arrays of a best-fit layout, every window packed (by ``num_proc`` processes), streamed to disk."""
-    files = {name: _NpyStream(tmp / f"{name}.npy", dt) for name, dt in
-             (("window_bins", np.int64), ("bin_items", np.int64), ("item_docs", np.int64), ("item_pieces", np.uint32))}
+    files = {
+        name: _NpyStream(tmp / f"{name}.npy", dt)
+        for name, dt in (
+            ("window_bins", np.int64),
+            ("bin_items", np.int64),
+            ("item_docs", np.int64),
+            ("item_pieces", np.uint32),
+        )
+    }
     files["window_bins"].write(np.zeros(1, np.int64))
     files["bin_items"].write(np.zeros(1, np.int64))
     bins, items = 0, 0
@@ -224,12 +236,19 @@ def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: 
     if "ends.npy" in files:  # searched, not indexed: a fence lets a search read one block
         files["ends.npy"]["fence"] = write_fence(tmp, "ends.npy")
     if counts["num_samples"] < 1:
-        raise ValueError(f"the {config.kind} layout of seq_len={config.seq_len} has no complete sample: the corpus has "
-                         f"{index.num_tokens + index.num_documents} tokens with EOS")
+        raise ValueError(
+            f"the {config.kind} layout of seq_len={config.seq_len} has no complete sample: the corpus has "
+            f"{index.num_tokens + index.num_documents} tokens with EOS"
+        )
     record = {
-        "kind": LAYOUT_KIND, "format_version": LAYOUT_FORMAT_VERSION, "mapping_version": MAPPING_VERSION,
-        "packing_version": PACKING_VERSION, "config": asdict(config), "index_fingerprint": index.fingerprint,
-        "num_documents": index.num_documents, **counts,
+        "kind": LAYOUT_KIND,
+        "format_version": LAYOUT_FORMAT_VERSION,
+        "mapping_version": MAPPING_VERSION,
+        "packing_version": PACKING_VERSION,
+        "config": asdict(config),
+        "index_fingerprint": index.fingerprint,
+        "num_documents": index.num_documents,
+        **counts,
         "files": files,
         "build": {"seconds": round(time.perf_counter() - start, 3), "num_proc": num_proc},
     }
@@ -239,8 +258,9 @@ def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: 
     fsync_dir(tmp)
 
 
-def build_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False,
-                 replace_damaged: bool = False) -> Path:
+def build_layout(
+    index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False, replace_damaged: bool = False
+) -> Path:
     """Build the layout directory of ``config`` beside ``index`` unless it exists (one process under a file lock; the
     others wait and find it complete). ``replace_damaged``: remove the existing directory first (it failed a check)."""
     final = layout_dir(index, config)
@@ -264,7 +284,7 @@ def build_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, pro
     return final
 
 
-# -- opening --------------------------------------------------------------------------------------------------------------
+# -- opening -------------------------------------------------------------------------------------------------------
 
 
 def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
@@ -272,18 +292,26 @@ def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
         record = json.loads((path / "layout.json").read_text())
     except (OSError, ValueError) as exc:
         raise TokenIndexError(f"layout {str(path)!r}: layout.json is unreadable ({exc})") from None
-    expect = {"kind": LAYOUT_KIND, "format_version": LAYOUT_FORMAT_VERSION, "mapping_version": MAPPING_VERSION,
-              "config": asdict(config), "index_fingerprint": index.fingerprint, "num_documents": index.num_documents}
+    expect = {
+        "kind": LAYOUT_KIND,
+        "format_version": LAYOUT_FORMAT_VERSION,
+        "mapping_version": MAPPING_VERSION,
+        "config": asdict(config),
+        "index_fingerprint": index.fingerprint,
+        "num_documents": index.num_documents,
+    }
     if config.kind == "bestfit":
         expect["packing_version"] = PACKING_VERSION
     wrong = [k for k, v in expect.items() if not isinstance(record, dict) or record.get(k) != v]
     if wrong or not seal_ok(record):
-        raise TokenIndexError(f"layout {str(path)!r}: layout.json " + (f"differs in {wrong}" if wrong else "fails its seal"))
+        raise TokenIndexError(
+            f"layout {str(path)!r}: layout.json " + (f"differs in {wrong}" if wrong else "fails its seal")
+        )
     return record
 
 
 def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
-    """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work besides the checksum files."""
+    """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work but the checksum files."""
     r = _read_record(path, index, config)
     files, n, i64 = r["files"], index.num_documents, np.dtype(np.int64)
     if config.kind != "bestfit":
@@ -355,7 +383,7 @@ class PersistedLayout:
 def open_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
     """The layout ``config`` of ``index``, persisted beside it (built first if needed, by one process under a lock).
 
-    When the index directory is read-only and the layout was never built, it is computed in RAM instead (with a warning).
+    When the index directory is read-only and the layout was never built, it is computed in RAM (with a warning).
     """
     try:
         return PersistedLayout(index, config, num_proc, progress)

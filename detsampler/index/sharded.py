@@ -1,6 +1,7 @@
 """A sharded index: a manifest over shards, opened as one index with global document ids.
 
-A sharded index directory holds ``manifest.json`` (sealed) and ``layouts/``; the manifest lists the shards in order, each
+A sharded index directory holds ``manifest.json`` (sealed) and ``layouts/``; the manifest lists the shards in order,
+each
 ``{"kind", "path", "fingerprint", "num_documents", "num_tokens"}``, its ``path`` relative to the manifest's directory.
 Shard ``k``'s documents are the global documents ``[doc_base[k], doc_base[k+1])`` and its tokens the global token
 positions ``[token_base[k], token_base[k+1])``. A shard is any reader :data:`SHARD_KINDS` can open: ``"detsampler"``, a
@@ -8,10 +9,10 @@ positions ``[token_base[k], token_base[k+1])``. A shard is any reader :data:`SHA
 register an opener giving the :class:`ShardReader` surface: ``lengths``, ``offsets``, ``tokens`` (1-D arrays, memory
 maps), ``fingerprint``, ``num_documents``, ``num_tokens``, ``eos_id``, ``pad_id``, ``vocab_size``.
 
-Invariants: :class:`ShardedIndex` reads like a ``TokenIndex`` (``lengths``, ``offsets``, ``tokens`` over global ids, each
-read going to the shard that holds it, nothing of size D materialized); its fingerprint hashes the shards' fingerprints in
-order, so adding, removing or rebuilding a shard changes it (and names new layouts); a missing, incomplete or corrupt shard
-is an error naming the shard.
+Invariants: :class:`ShardedIndex` reads like a ``TokenIndex`` (``lengths``, ``offsets``, ``tokens`` over global ids,
+each read going to the shard that holds it, nothing of size D materialized); its fingerprint hashes the shards'
+fingerprints in order, so adding, removing or rebuilding a shard changes it (and names new layouts); a missing,
+incomplete or corrupt shard is an error naming the shard.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,8 +58,14 @@ class ShardedArray:
     """The concatenation of one 1-D array per shard, read without materializing it: element ``i`` is
     ``parts[k][i - bases[k]] + add[k]`` for the shard ``k`` holding ``i``; ``tail`` (if given) is one last element."""
 
-    def __init__(self, parts: list[Any], bases: np.ndarray, add: np.ndarray | None = None, tail: int | None = None,
-                 dtype: Any = np.int64) -> None:
+    def __init__(
+        self,
+        parts: list[Any],
+        bases: np.ndarray,
+        add: np.ndarray | None = None,
+        tail: int | None = None,
+        dtype: Any = np.int64,
+    ) -> None:
         self._parts, self._bases, self._add, self._tail = parts, bases, add, tail
         self._n = int(bases[-1]) + (tail is not None)
         self.dtype = np.dtype(dtype)
@@ -100,14 +108,20 @@ class ShardedArray:
 def _open_shard(root: Path, entry: dict, k: int) -> ShardReader:
     kind, path = entry.get("kind"), root / str(entry.get("path"))
     if kind not in SHARD_KINDS:
-        raise TokenIndexError(f"sharded index {str(root)!r}: shard {k} has kind {kind!r}, known kinds are {sorted(SHARD_KINDS)}")
+        raise TokenIndexError(
+            f"sharded index {str(root)!r}: shard {k} has kind {kind!r}, known kinds are {sorted(SHARD_KINDS)}"
+        )
     try:
         shard = SHARD_KINDS[kind](path)
     except (TokenIndexError, OSError, ValueError) as exc:
-        raise TokenIndexError(f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) cannot be opened: {exc}") from None
+        raise TokenIndexError(
+            f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) cannot be opened: {exc}"
+        ) from None
     if shard.fingerprint != entry.get("fingerprint") or shard.num_documents != entry.get("num_documents"):
-        raise TokenIndexError(f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) is not the one the manifest "
-                              f"lists (fingerprint {shard.fingerprint}, manifest {entry.get('fingerprint')})")
+        raise TokenIndexError(
+            f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) is not the one the manifest "
+            f"lists (fingerprint {shard.fingerprint}, manifest {entry.get('fingerprint')})"
+        )
     return shard
 
 
@@ -123,9 +137,13 @@ def write_manifest(root: str | os.PathLike, entries: list[dict], tokenizer: dict
     from detsampler.atomic import atomic_write
 
     manifest = {
-        "kind": MANIFEST_KIND, "format_version": MANIFEST_VERSION, "cache_key": manifest_key(entries),
+        "kind": MANIFEST_KIND,
+        "format_version": MANIFEST_VERSION,
+        "cache_key": manifest_key(entries),
         "num_documents": sum(int(e["num_documents"]) for e in entries),
-        "num_tokens": sum(int(e["num_tokens"]) for e in entries), "tokenizer": tokenizer or {}, "shards": entries,
+        "num_tokens": sum(int(e["num_tokens"]) for e in entries),
+        "tokenizer": tokenizer or {},
+        "shards": entries,
     }
     Path(root).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(root) / MANIFEST, json.dumps(seal_meta(manifest), indent=2, sort_keys=True) + "\n")
@@ -152,15 +170,25 @@ class ShardedIndex:
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
-            raise TokenIndexError(f"sharded index {str(path)!r}: no readable {MANIFEST} ({exc}); finalize it with "
-                                  "`detsampler build --finalize`") from None
-        if manifest.get("kind") != MANIFEST_KIND or manifest.get("format_version") != MANIFEST_VERSION or not seal_ok(manifest):
-            raise TokenIndexError(f"sharded index {str(path)!r}: {MANIFEST} is not a version-{MANIFEST_VERSION} manifest "
-                                  "or fails its seal (edited); finalize it again")
+            raise TokenIndexError(
+                f"sharded index {str(path)!r}: no readable {MANIFEST} ({exc}); finalize it with "
+                "`detsampler build --finalize`"
+            ) from None
+        if (
+            manifest.get("kind") != MANIFEST_KIND
+            or manifest.get("format_version") != MANIFEST_VERSION
+            or not seal_ok(manifest)
+        ):
+            raise TokenIndexError(
+                f"sharded index {str(path)!r}: {MANIFEST} is not a version-{MANIFEST_VERSION} manifest "
+                "or fails its seal (edited); finalize it again"
+            )
         shards = [_open_shard(path, e, k) for k, e in enumerate(manifest["shards"])]
         eos = {(s.eos_id, s.pad_id, s.vocab_size) for s in shards}
         if len(eos) > 1:
-            raise TokenIndexError(f"sharded index {str(path)!r}: shards disagree on (eos_id, pad_id, vocab_size): {sorted(eos)}")
+            raise TokenIndexError(
+                f"sharded index {str(path)!r}: shards disagree on (eos_id, pad_id, vocab_size): {sorted(eos)}"
+            )
         return cls(path, manifest, shards)
 
     num_documents = property(lambda self: int(self.doc_base[-1]))
@@ -199,8 +227,15 @@ class ShardedIndex:
         return open_layout(self, config, num_proc=num_proc, progress=progress)
 
     def summary(self) -> dict:
-        return {"path": str(self.path), "num_shards": len(self.shards), "num_documents": self.num_documents,
-                "num_tokens": self.num_tokens, "fingerprint": self.fingerprint, "eos_id": self.eos_id, "pad_id": self.pad_id}
+        return {
+            "path": str(self.path),
+            "num_shards": len(self.shards),
+            "num_documents": self.num_documents,
+            "num_tokens": self.num_tokens,
+            "fingerprint": self.fingerprint,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+        }
 
 
 def open_index(path: str | os.PathLike) -> TokenIndex | ShardedIndex:

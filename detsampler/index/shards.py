@@ -32,7 +32,8 @@ __all__ = ["build_shards", "build_shards_ray", "finalize", "input_files", "shard
 
 
 def input_files(data: str | os.PathLike) -> list[Path]:
-    """The files of ``data`` (a file or a directory of text/json/jsonl/parquet files), sorted: shard ``j`` is file ``j``."""
+    """The files of ``data`` (a file or a directory of text/json/jsonl/parquet files), sorted: shard ``j`` is file
+    ``j``."""
     from detsampler.text.corpus import _EXTENSIONS
 
     p = Path(data)
@@ -44,11 +45,23 @@ def input_files(data: str | os.PathLike) -> list[Path]:
     return files
 
 
-def sharded_root(cache_dir: str | os.PathLike, files: list[Path], tokenizer: Tokenizer, text_column: str = "text",
-                 store_tokens: bool = True) -> Path:
+def sharded_root(
+    cache_dir: str | os.PathLike,
+    files: list[Path],
+    tokenizer: Tokenizer,
+    text_column: str = "text",
+    store_tokens: bool = True,
+) -> Path:
     """``<cache>/sharded-<key>``: the key hashes the files' names and sizes, the tokenizer and the options."""
-    body = json.dumps({"format_version": INDEX_FORMAT_VERSION, "tokenizer": tokenizer.sha256, "text_column": text_column,
-                       "store_tokens": store_tokens, "files": [[f.name, f.stat().st_size] for f in files]})
+    body = json.dumps(
+        {
+            "format_version": INDEX_FORMAT_VERSION,
+            "tokenizer": tokenizer.sha256,
+            "text_column": text_column,
+            "store_tokens": store_tokens,
+            "files": [[f.name, f.stat().st_size] for f in files],
+        }
+    )
     return Path(cache_dir) / f"sharded-{hashlib.sha256(body.encode()).hexdigest()[:20]}"
 
 
@@ -63,8 +76,16 @@ def _claim_path(root: Path, j: int) -> Path:
     return root / "claims" / f"shard-{j:05d}.json"
 
 
-def build_shards(files: list[Path], tokenizer: Tokenizer, root: Path, shards: list[int], text_column: str = "text",
-                 num_proc: int = 1, store_tokens: bool = True, progress: bool = True) -> list[Path]:
+def build_shards(
+    files: list[Path],
+    tokenizer: Tokenizer,
+    root: Path,
+    shards: list[int],
+    text_column: str = "text",
+    num_proc: int = 1,
+    store_tokens: bool = True,
+    progress: bool = True,
+) -> list[Path]:
     """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written."""
     from detsampler.text.corpus import load_corpus
 
@@ -73,22 +94,45 @@ def build_shards(files: list[Path], tokenizer: Tokenizer, root: Path, shards: li
     for j in shards:
         f = files[j]
         stat = f.stat()
-        index = build_index(load_corpus(str(f), text_column), tokenizer, text_column=text_column,
-                            cache_dir=root.parent / "shards", num_proc=num_proc, store_tokens=store_tokens,
-                            progress=progress)
-        claim = {"shard": j, "input": str(f), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                 "path": os.path.relpath(index.path, root), "fingerprint": index.fingerprint,
-                 "num_documents": index.num_documents, "num_tokens": index.num_tokens}
+        index = build_index(
+            load_corpus(str(f), text_column),
+            tokenizer,
+            text_column=text_column,
+            cache_dir=root.parent / "shards",
+            num_proc=num_proc,
+            store_tokens=store_tokens,
+            progress=progress,
+        )
+        claim = {
+            "shard": j,
+            "input": str(f),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "path": os.path.relpath(index.path, root),
+            "fingerprint": index.fingerprint,
+            "num_documents": index.num_documents,
+            "num_tokens": index.num_tokens,
+        }
         atomic_write(_claim_path(root, j), json.dumps(claim, indent=2, sort_keys=True) + "\n")
         claims.append(_claim_path(root, j))
         if progress:
-            print(f"detsampler: shard {j} of {len(files)} ({f.name}): {index.num_documents} documents, "
-                  f"{index.num_tokens} tokens", file=sys.stderr)
+            print(
+                f"detsampler: shard {j} of {len(files)} ({f.name}): {index.num_documents} documents, "
+                f"{index.num_tokens} tokens",
+                file=sys.stderr,
+            )
     return claims
 
 
-def build_shards_ray(files: list[Path], tokenizer: Tokenizer, root: Path, shards: list[int], text_column: str = "text",
-                     num_proc: int = 1, store_tokens: bool = True) -> list[int]:
+def build_shards_ray(
+    files: list[Path],
+    tokenizer: Tokenizer,
+    root: Path,
+    shards: list[int],
+    text_column: str = "text",
+    num_proc: int = 1,
+    store_tokens: bool = True,
+) -> list[int]:
     """:func:`build_shards` as one Ray task per shard on the Ray cluster this process is attached to (``ray.init()``
     first, or ``$RAY_ADDRESS``; else a local instance is started). Ray schedules; nothing here does."""
     try:
@@ -113,8 +157,10 @@ def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
     try:
         claim = json.loads(_claim_path(root, j).read_text())
     except (OSError, ValueError):
-        raise TokenIndexError(f"shard {j} ({f}) is missing (never built, or its build did not finish): run the task that "
-                              f"builds it (task {j} % N of --num-shards N) again") from None
+        raise TokenIndexError(
+            f"shard {j} ({f}) is missing (never built, or its build did not finish): run the task that "
+            f"builds it (task {j} % N of --num-shards N) again"
+        ) from None
     stat = f.stat()
     if claim.get("input") != str(f) or claim.get("size") != stat.st_size or claim.get("mtime_ns") != stat.st_mtime_ns:
         raise TokenIndexError(f"shard {j} ({f}) is stale: the file changed since its shard was built; build it again")
@@ -126,12 +172,18 @@ def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
         raise TokenIndexError(f"shard {j} ({f}) is corrupt: {exc}") from None
     if index.fingerprint != claim.get("fingerprint"):
         raise TokenIndexError(f"shard {j} ({f}) is not the index its claim names; build it again")
-    return {"kind": "detsampler", "path": claim["path"], "fingerprint": index.fingerprint, "input": f.name,
-            "num_documents": index.num_documents, "num_tokens": index.num_tokens}
+    return {
+        "kind": "detsampler",
+        "path": claim["path"],
+        "fingerprint": index.fingerprint,
+        "input": f.name,
+        "num_documents": index.num_documents,
+        "num_tokens": index.num_tokens,
+    }
 
 
 def finalize(root: Path, files: list[Path], tokenizer: Tokenizer | None = None) -> ShardedIndex:
-    """Write the manifest of ``root`` once every shard is complete (under a file lock; cheap: it reads only the claims and
+    """Write the manifest of ``root`` once every shard is complete (under a file lock; cheap: it reads the claims and
     each shard's meta) and open the sharded index. Raises naming the first missing, stale or corrupt shard."""
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{MANIFEST}.lock")):

@@ -41,7 +41,9 @@ def _write_arrays(tmp: Path, chunks: Iterable[np.ndarray], num_documents: int, p
     offsets = np.lib.format.open_memmap(tmp / "offsets.npy", mode="w+", dtype=np.int64, shape=(num_documents + 1,))
     offsets[0] = 0
     done = 0
-    with tqdm(total=num_documents, unit="doc", desc="lengths", disable=not progress, file=sys.stderr, leave=False) as bar:
+    with tqdm(
+        total=num_documents, unit="doc", desc="lengths", disable=not progress, file=sys.stderr, leave=False
+    ) as bar:
         for chunk in chunks:
             chunk = np.asarray(chunk, dtype=np.int64)
             if chunk.size and chunk.min() < 0:
@@ -61,10 +63,18 @@ def _write_arrays(tmp: Path, chunks: Iterable[np.ndarray], num_documents: int, p
     return num_tokens
 
 
-def write_lengths_index(root: str | os.PathLike, chunks: Iterable[np.ndarray], num_documents: int, identity: dict,
-                        vocab_size: int = 1 << 16, eos_id: int = 2, pad_id: int = 3, progress: bool = False) -> TokenIndex:
-    """Write (or open, if present) the lengths-only index of ``num_documents`` documents whose lengths ``chunks`` yields in
-    order, under ``root/index-<key>``; ``identity`` (JSON) names its content and makes the key."""
+def write_lengths_index(
+    root: str | os.PathLike,
+    chunks: Iterable[np.ndarray],
+    num_documents: int,
+    identity: dict,
+    vocab_size: int = 1 << 16,
+    eos_id: int = 2,
+    pad_id: int = 3,
+    progress: bool = False,
+) -> TokenIndex:
+    """Write (or open, if present) the lengths-only index of ``num_documents`` documents whose lengths ``chunks`` yields
+    in order, under ``root/index-<key>``; ``identity`` (JSON) names its content and makes the key."""
     key = hashlib.sha256(json.dumps({"format_version": INDEX_FORMAT_VERSION, **identity}, sort_keys=True).encode())
     key = key.hexdigest()[:20]
     root = Path(root)
@@ -78,11 +88,19 @@ def write_lengths_index(root: str | os.PathLike, chunks: Iterable[np.ndarray], n
         start = time.perf_counter()
         num_tokens = _write_arrays(tmp, chunks, num_documents, progress)
         meta = {
-            "kind": INDEX_KIND, "format_version": INDEX_FORMAT_VERSION, "detsampler_version": __version__, "cache_key": key,
-            "dataset_fingerprint": "lengths:" + key, "dataset_num_rows": num_documents, "text_column": "text",
-            "store_tokens": False, "identity": identity, "token_dtype": "uint16" if vocab_size <= 1 << 16 else "uint32",
+            "kind": INDEX_KIND,
+            "format_version": INDEX_FORMAT_VERSION,
+            "detsampler_version": __version__,
+            "cache_key": key,
+            "dataset_fingerprint": "lengths:" + key,
+            "dataset_num_rows": num_documents,
+            "text_column": "text",
+            "store_tokens": False,
+            "identity": identity,
+            "token_dtype": "uint16" if vocab_size <= 1 << 16 else "uint32",
             "tokenizer": {"vocab_size": vocab_size, "eos_id": eos_id, "pad_id": pad_id, "sha256": None, "path": None},
-            "num_documents": num_documents, "num_tokens": num_tokens,
+            "num_documents": num_documents,
+            "num_tokens": num_tokens,
             "files": {name: write_checksums(tmp, name) for name in ("lengths.npy", "offsets.npy")},
             "build": {"seconds": round(time.perf_counter() - start, 3), "num_proc": 1},
         }
@@ -105,10 +123,17 @@ def synthetic_lengths(num_documents: int, mean_length: int, seed: int, chunk: in
         yield rng.integers(1, 2 * mean_length, size=min(chunk, num_documents - a), dtype=np.int64)
 
 
-def synthetic_index(root: str | os.PathLike, num_documents: int, mean_length: int = 1000, seed: int = 0,
-                    progress: bool = False) -> TokenIndex:
-    """The lengths-only index of ``num_documents`` seeded random lengths (see :func:`synthetic_lengths`) under ``root``."""
-    identity = {"synthetic": True, "num_documents": num_documents, "mean_length": mean_length, "seed": seed,
-                "chunk": CHUNK_DOCS}
+def synthetic_index(
+    root: str | os.PathLike, num_documents: int, mean_length: int = 1000, seed: int = 0, progress: bool = False
+) -> TokenIndex:
+    """The lengths-only index of ``num_documents`` seeded random lengths (see :func:`synthetic_lengths`) under
+    ``root``."""
+    identity = {
+        "synthetic": True,
+        "num_documents": num_documents,
+        "mean_length": mean_length,
+        "seed": seed,
+        "chunk": CHUNK_DOCS,
+    }
     chunks = synthetic_lengths(num_documents, mean_length, seed)
     return write_lengths_index(root, chunks, num_documents, identity, progress=progress)

@@ -73,7 +73,9 @@ def _first_distributed(n: int, world_size: int) -> float:
 
 def main() -> None:
     args = json.loads(sys.stdin.read())
-    config = LayoutConfig(kind=args["kind"], seq_len=int(args["seq_len"]), window_docs=int(args.get("window_docs", 1024)))
+    config = LayoutConfig(
+        kind=args["kind"], seq_len=int(args["seq_len"]), window_docs=int(args.get("window_docs", 1024))
+    )
     B, W = int(args.get("micro_batch", 8)), int(args.get("world_size", 8))
     if args["mode"] == "distributed":
         import torch  # noqa: F401 - imported before the baseline, as the others import numpy
@@ -81,8 +83,15 @@ def main() -> None:
         reset = _reset_peak()
         base, base_anon = _status_bytes("VmRSS"), _status_bytes("RssAnon")
         seconds = _first_distributed(int(args["num_samples"]), W)
-        print(json.dumps({"open_first": seconds, "growth": _status_bytes("VmHWM") - base if reset else None,
-                          "anon_growth": _status_bytes("RssAnon") - base_anon}))
+        print(
+            json.dumps(
+                {
+                    "open_first": seconds,
+                    "growth": _status_bytes("VmHWM") - base if reset else None,
+                    "anon_growth": _status_bytes("RssAnon") - base_anon,
+                }
+            )
+        )
         return
     reset = _reset_peak()
     base, base_anon = _status_bytes("VmRSS"), _status_bytes("RssAnon")
@@ -110,10 +119,22 @@ def main() -> None:
     again.locate(first.sample_ids)
     reopen = time.perf_counter() - t
     ok = check_concat_spans(index, layout, first.spans, first.sample_ids) if config.kind == "concat" else None
-    print(json.dumps({
-        "open_first": open_first, "growth": growth, "anon_growth": anon, "chunks_read": chunks, "locate": statistics.median(times), "locate_warm": statistics.median(warm),
-        "pickled_bytes": len(blob), "reopen": reopen, "num_samples": layout.num_samples, "spans_ok": ok,
-    }))
+    print(
+        json.dumps(
+            {
+                "open_first": open_first,
+                "growth": growth,
+                "anon_growth": anon,
+                "chunks_read": chunks,
+                "locate": statistics.median(times),
+                "locate_warm": statistics.median(warm),
+                "pickled_bytes": len(blob),
+                "reopen": reopen,
+                "num_samples": layout.num_samples,
+                "spans_ok": ok,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
-"""Benchmark 7 ("scale"): per-process open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documents.
+"""Benchmark 7 ("scale"): per-process open time, memory growth and locate time per micro batch at 10^6 .. 10^9
+documents.
 
 For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
-each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a process's
-cost runs in a fresh interpreter (``_scale_child``), one after the other: open the index and the layout, plan, locate the
-first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch" and the growth of the
-process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages, shared by every process on
-the node); then the median ``locate`` of 50 random steps whose chunks are read for the first time (cold: each chunk's
-checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one locate). Side by side:
-today's in-RAM layouts (``make_layout(config, index.lengths)``) and ``torch.utils.data.DistributedSampler`` over the same
-number of samples (its first index). The build of a best-fit layout with 1 and 2 processes (``num_proc``) measures the
-parallel build. Sizes above ``DETSAMPLER_SCALE_MAX`` (default 10^8) and best-fit layouts above
+each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a
+process's cost runs in a fresh interpreter (``_scale_child``), one after the other: open the index and the layout, plan,
+locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch" and the
+growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages, shared by
+every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first time
+(cold: each chunk's checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one
+locate). Side by side: today's in-RAM layouts (``make_layout(config, index.lengths)``) and
+``torch.utils.data.DistributedSampler`` over the same number of samples (its first index). The build of a best-fit
+layout with 1 and 2 processes (``num_proc``) measures the parallel build. Sizes above ``DETSAMPLER_SCALE_MAX`` (default
+10^8) and best-fit layouts above
 ``DETSAMPLER_SCALE_MAX_BESTFIT`` (default 10^7: packing runs at ~4 us per document per process) are skipped with a
 message, as is 10^9 when the disk is short.
 """
@@ -34,7 +36,9 @@ DISTRIBUTED_MAX = 10**8  # DistributedSampler materializes a list of the samples
 
 
 def _limits() -> tuple[int, int]:
-    return int(float(os.environ.get("DETSAMPLER_SCALE_MAX", 1e8))), int(float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e7)))
+    return int(float(os.environ.get("DETSAMPLER_SCALE_MAX", 1e8))), int(
+        float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e7))
+    )
 
 
 def _child(index: Path, kind: str, mode: str, **extra) -> dict | None:
@@ -76,9 +80,16 @@ def _parallel_build(index_path: Path) -> dict[int, float]:
 def _row(label: str, r: dict | None, build: float | None) -> list:
     if r is None:
         return [label, "failed", "—", "—", "—", "—", "—", "—"]
-    return [label, fmt_seconds(build), fmt_seconds(r["open_first"]), fmt_bytes(r.get("growth")),
-            fmt_bytes(r.get("anon_growth")), fmt_seconds(r.get("locate")), fmt_seconds(r.get("locate_warm")),
-            fmt_seconds(r.get("reopen"))]
+    return [
+        label,
+        fmt_seconds(build),
+        fmt_seconds(r["open_first"]),
+        fmt_bytes(r.get("growth")),
+        fmt_bytes(r.get("anon_growth")),
+        fmt_seconds(r.get("locate")),
+        fmt_seconds(r.get("locate_warm")),
+        fmt_seconds(r.get("reopen")),
+    ]
 
 
 def main() -> BenchResult:
@@ -91,19 +102,28 @@ def main() -> BenchResult:
         kinds = [k for k in KINDS if k != "bestfit" or n <= max_bestfit]
         need, free = n * BYTES_PER_DOC, shutil.disk_usage(root).free
         if n > max_n or need > free:
-            notes.append(f"10^{len(str(n)) - 1} documents skipped: " + (f"needs ~{need / 1e9:.0f} GB of disk, {free / 1e9:.0f} GB free"
-                         if need > free else f"above DETSAMPLER_SCALE_MAX={max_n:.0e} (set it to run)"))
+            notes.append(
+                f"10^{len(str(n)) - 1} documents skipped: "
+                + (
+                    f"needs ~{need / 1e9:.0f} GB of disk, {free / 1e9:.0f} GB free"
+                    if need > free
+                    else f"above DETSAMPLER_SCALE_MAX={max_n:.0e} (set it to run)"
+                )
+            )
             continue
         if len(kinds) < len(KINDS):
-            notes.append(f"bestfit at 10^{len(str(n)) - 1} skipped: above DETSAMPLER_SCALE_MAX_BESTFIT={max_bestfit:.0e}")
+            notes.append(
+                f"bestfit at 10^{len(str(n)) - 1} skipped: above DETSAMPLER_SCALE_MAX_BESTFIT={max_bestfit:.0e}"
+            )
         path, builds[n] = _build(root / f"n{n}", n, kinds)
         for kind in kinds:
             results[(n, kind, "persisted")] = _child(path, kind, "persisted")
             if n <= IN_RAM_MAX and (kind != "bestfit" or n <= max_bestfit):
                 results[(n, kind, "in_ram")] = _child(path, kind, "in_ram")
         if n <= DISTRIBUTED_MAX and results.get((n, "concat", "persisted")):
-            results[(n, "concat", "distributed")] = _child(path, "concat", "distributed",
-                                                           num_samples=results[(n, "concat", "persisted")]["num_samples"])
+            results[(n, "concat", "distributed")] = _child(
+                path, "concat", "distributed", num_samples=results[(n, "concat", "persisted")]["num_samples"]
+            )
         if n == min(max_bestfit, 10**7):
             parallel = _parallel_build(path)
         shutil.rmtree(root / f"n{n}", ignore_errors=True)
@@ -112,10 +132,21 @@ def main() -> BenchResult:
 
 
 def _report(results: dict, builds: dict, parallel: dict, notes: list[str], seconds: float) -> BenchResult:
-    columns = ["contender", "build (once)", "open + first micro batch", "RSS growth", "private growth",
-               "locate (cold chunks)", "locate (warm)", "worker reopen"]
-    labels = {"persisted": "persisted layout (memory maps)", "in_ram": "today's in-RAM layout",
-              "distributed": "torch DistributedSampler (first index)"}
+    columns = [
+        "contender",
+        "build (once)",
+        "open + first micro batch",
+        "RSS growth",
+        "private growth",
+        "locate (cold chunks)",
+        "locate (warm)",
+        "worker reopen",
+    ]
+    labels = {
+        "persisted": "persisted layout (memory maps)",
+        "in_ram": "today's in-RAM layout",
+        "distributed": "torch DistributedSampler (first index)",
+    }
     tables = []
     for n in sorted(builds):
         rows = []
@@ -124,8 +155,12 @@ def _report(results: dict, builds: dict, parallel: dict, notes: list[str], secon
                 if (n, kind, mode) in results:
                     build = builds[n].get(kind) if mode == "persisted" else None
                     rows.append(_row(f"{kind}: {labels[mode]}", results[(n, kind, mode)], build))
-        opens = [results.get((n, k, m), {}) or {} for k in KINDS for m in ("persisted", "in_ram", "distributed")
-                 if (n, k, m) in results]
+        opens = [
+            results.get((n, k, m), {}) or {}
+            for k in KINDS
+            for m in ("persisted", "in_ram", "distributed")
+            if (n, k, m) in results
+        ]
         ratio = ratio_column([o.get("open_first") for o in opens], higher_is_better=False)
         for row, r in zip(rows, ratio):
             row.insert(3, r)
@@ -133,10 +168,22 @@ def _report(results: dict, builds: dict, parallel: dict, notes: list[str], secon
         tables.append(Table(f"{n:.0e} documents (index built in {fmt_seconds(builds[n]['index'])})", columns_n, rows))
     if parallel:
         t1, t2 = parallel[1], parallel[2]
-        tables.append(Table("best-fit layout build, 1 and 2 processes (num_proc)", ["processes", "wall time", "speed-up"],
-                            [["1", fmt_seconds(t1), "1.00x"], ["2", fmt_seconds(t2), f"{t1 / t2:.2f}x"]]))
-    return BenchResult(7, "Scale: open, memory and locate per process at 10^6 .. 10^9 documents", __doc__.split("\n\n", 1)[1],
-                       tables, _verdicts(results, builds, parallel), notes, seconds)
+        tables.append(
+            Table(
+                "best-fit layout build, 1 and 2 processes (num_proc)",
+                ["processes", "wall time", "speed-up"],
+                [["1", fmt_seconds(t1), "1.00x"], ["2", fmt_seconds(t2), f"{t1 / t2:.2f}x"]],
+            )
+        )
+    return BenchResult(
+        7,
+        "Scale: open, memory and locate per process at 10^6 .. 10^9 documents",
+        __doc__.split("\n\n", 1)[1],
+        tables,
+        _verdicts(results, builds, parallel),
+        notes,
+        seconds,
+    )
 
 
 def _verdicts(results: dict, builds: dict, parallel: dict) -> list[Verdict]:
@@ -147,9 +194,14 @@ def _verdicts(results: dict, builds: dict, parallel: dict) -> list[Verdict]:
     persisted = {k: results.get((top, k, "persisted")) for k in KINDS if results.get((top, k, "persisted"))}
     worst_open = max(r["open_first"] for r in persisted.values())
     worst_growth = max(r["growth"] for r in persisted.values())
-    out.append(Verdict(f"open + first micro batch < 100 ms and < 100 MB RSS growth per process, every layout kind (at "
-                       f"{top:.0e} documents, the largest run)", worst_open < 0.1 and worst_growth < 100e6,
-                       f"Worst over {sorted(persisted)}: {fmt_seconds(worst_open)}, {fmt_bytes(worst_growth)}."))
+    out.append(
+        Verdict(
+            f"open + first micro batch < 100 ms and < 100 MB RSS growth per process, every layout kind (at "
+            f"{top:.0e} documents, the largest run)",
+            worst_open < 0.1 and worst_growth < 100e6,
+            f"Worst over {sorted(persisted)}: {fmt_seconds(worst_open)}, {fmt_bytes(worst_growth)}.",
+        )
+    )
     ratios = []
     for k in persisted:
         a, b = results.get((low, k, "persisted")), results.get((top, k, "persisted"))
@@ -157,18 +209,33 @@ def _verdicts(results: dict, builds: dict, parallel: dict) -> list[Verdict]:
             ratios.append((k, b["locate"] / a["locate"], b["locate_warm"] / a["locate_warm"]))
     if ratios:
         worst = max(w for _, _, w in ratios)
-        out.append(Verdict(f"locate per micro batch at {top:.0e} within 2x of at {low:.0e} (judged on the steady state: "
-                           "chunks already read and checked)", worst <= 2.0,
-                           "Ratios (steady state / first read of each chunk, which at the large size includes reading "
-                           "the pages from disk and their CRC-32, while at the small size every file is in the page "
-                           "cache): " + ", ".join(f"{k} {w:.2f}x / {c:.2f}x" for k, c, w in ratios) + "."))
+        out.append(
+            Verdict(
+                f"locate per micro batch at {top:.0e} within 2x of at {low:.0e} (judged on the steady state: "
+                "chunks already read and checked)",
+                worst <= 2.0,
+                "Ratios (steady state / first read of each chunk, which at the large size includes reading "
+                "the pages from disk and their CRC-32, while at the small size every file is in the page "
+                "cache): " + ", ".join(f"{k} {w:.2f}x / {c:.2f}x" for k, c, w in ratios) + ".",
+            )
+        )
     reopen = max(r["reopen"] for (n, k, m), r in results.items() if m == "persisted" and r)
-    out.append(Verdict("a spawned worker's start (unpickle the layout, first locate) < 1 s whatever the corpus size",
-                       reopen < 1.0, f"Worst over every size and kind: {fmt_seconds(reopen)} (interpreter start not counted)."))
+    out.append(
+        Verdict(
+            "a spawned worker's start (unpickle the layout, first locate) < 1 s whatever the corpus size",
+            reopen < 1.0,
+            f"Worst over every size and kind: {fmt_seconds(reopen)} (interpreter start not counted).",
+        )
+    )
     if parallel:
         speedup = parallel[1] / parallel[2]
-        out.append(Verdict(">= 0.8 W speed-up of a parallel build with W = 2 processes (best-fit packing)", speedup >= 1.6,
-                           f"Measured {speedup:.2f}x."))
+        out.append(
+            Verdict(
+                ">= 0.8 W speed-up of a parallel build with W = 2 processes (best-fit packing)",
+                speedup >= 1.6,
+                f"Measured {speedup:.2f}x.",
+            )
+        )
     return out
 
 
