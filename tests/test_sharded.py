@@ -169,3 +169,17 @@ def test_the_ray_engine_builds_one_task_per_shard(corpus, tmp_path, small_tokeni
     index = ShardedIndex.open(_root(corpus, cache, small_tokenizer))
     single = build_index(load_corpus(str(corpus)), small_tokenizer, cache_dir=tmp_path / "single", progress=False)
     np.testing.assert_array_equal(np.asarray(index.tokens), np.asarray(single.tokens))
+
+
+def test_the_cli_reads_a_sharded_index_as_data(corpus, tmp_path, small_tokenizer, capsys):
+    cache = tmp_path / "cache"
+    assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
+    root = str(_root(corpus, cache, small_tokenizer))
+    plan = ["--data", root, "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache), "--kind", "bestfit",
+            "--seq-len", "64", "--global-batch-size", "4"]
+    capsys.readouterr()
+    assert main(["verify", *plan, "--steps", "0:20", "--tokens"]) == 0
+    assert "OK: no duplicates, no gaps" in capsys.readouterr().out
+    assert main(["show", *plan, "--step", "3", "--rank", "0", "--decode"]) == 0
+    out = capsys.readouterr().out
+    assert "doc " in out and "tokens [" in out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from detsampler.cli.options import index_config, layout_config, plan_from_args
 from detsampler.layout import Layout
@@ -18,7 +18,15 @@ from detsampler.plan import Plan
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
-__all__ = ["prepare", "prepare_sources", "mixture_plan"]
+__all__ = ["prepare", "prepare_sources", "mixture_plan", "verify_files"]
+
+
+def verify_files(index: Any) -> None:
+    """Every chunk checksum and file sha256 of ``index`` (of each shard of a sharded index): a full read."""
+    from detsampler.index import TokenIndex
+
+    for part in getattr(index, "shards", [index]):
+        TokenIndex.open(part.path, verify_tokens=True)
 
 
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
@@ -28,7 +36,7 @@ def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
 
     prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
     if verify_tokens:
-        TokenIndex.open(prepared.index.path, verify_tokens=True)
+        verify_files(prepared.index)
     return prepared
 
 

@@ -74,7 +74,7 @@ def _print_micro_batch(args: argparse.Namespace, plan: Plan, layouts: Sequence[L
         print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
               f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)")
         src = prepared[k]
-        has_path = "path" in src.dataset.column_names
+        has_path = src.dataset is not None and "path" in src.dataset.column_names
         for doc, s, e in spans:
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from detsampler.cli.inputs import mixture_plan, prepare
+from detsampler.cli.inputs import mixture_plan, prepare, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -63,10 +63,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     prepared, layouts, plan = mixture_plan(args, config)
     if getattr(args, "tokens", False):
-        from detsampler.index import TokenIndex
-
         for p in prepared:
-            TokenIndex.open(p.index.path, verify_tokens=True)
+            verify_files(p.index)
         print(f"index files: every chunk checksum and sha256 verified ({len(prepared)} sources)")
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)

@@ -74,8 +74,26 @@ def load_dataset_for(config: IndexConfig) -> Any:
     return ds
 
 
+def _prepare_sharded(config: IndexConfig) -> Prepared:
+    """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``): opened as one index,
+    with its tokenizer (required, checked); there is no dataset (its shards hold the tokens)."""
+    from detsampler.index.sharded import ShardedIndex
+
+    if config.tokenizer is None:
+        raise ValueError(f"data {config.data!r} is a sharded index: pass the tokenizer it was built with (--tokenizer)")
+    tokenizer = Tokenizer.load(config.tokenizer)
+    index = ShardedIndex.open(config.data)
+    index.check_tokenizer(tokenizer)
+    return Prepared(config, None, tokenizer, index)
+
+
 def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
-    """Load the corpus and tokenizer of ``config`` and build (or open the cached) index."""
+    """Load the corpus and tokenizer of ``config`` and build (or open the cached) index; a sharded index directory as
+    ``data`` is opened as it is."""
+    from detsampler.index.sharded import MANIFEST
+
+    if config.data is not None and (Path(config.data) / MANIFEST).is_file():
+        return _prepare_sharded(config)
     dataset = load_dataset_for(config)
     if config.tokenizer is not None:
         tokenizer = Tokenizer.load(config.tokenizer)
