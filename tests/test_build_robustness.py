@@ -44,7 +44,7 @@ BUILD = textwrap.dedent(
         pathlib.Path(gate, f"ready-{os.getpid()}").touch()
         while not pathlib.Path(gate, "go").exists():
             time.sleep(0.002)
-    if rank == 1:  # arrive late: rank 0's index is already in place, yet rank 0 waits for us at its barrier
+    if rank == 1 and not os.environ.get("ON_TIME"):  # arrive late: rank 0's index is already in place
         while not list(pathlib.Path(cache).glob("index-*/meta.json")):
             time.sleep(0.01)
     index = index_module.build_index(corpus, Tokenizer.load(model), cache_dir=cache,
@@ -57,8 +57,10 @@ BUILD = textwrap.dedent(
 )
 
 
-def _spawn(*args: str, gate: Path | None = None, num_proc: int = 1) -> subprocess.Popen:
+def _spawn(*args: str, gate: Path | None = None, num_proc: int = 1, on_time: bool = False) -> subprocess.Popen:
     env = dict(os.environ, NUM_PROC=str(num_proc), **({"GATE_DIR": str(gate)} if gate else {}))
+    if on_time:
+        env["ON_TIME"] = "1"
     return subprocess.Popen([sys.executable, "-c", BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -146,4 +148,25 @@ def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
                 p.kill()
                 p.wait()
     assert {r["path"] for r in results} == {results[0]["path"]}
-    assert {r["rank"]: r["built"] for r in results} == {0: 1, 1: 0}
+    assert sorted(r["built"] for r in results) == [0, 1]  # one rank built (whichever took the lock), the other opened
+
+
+def test_ranks_without_a_shared_filesystem_each_build_their_own(tmp_path, small_tokenizer):
+    """Issue 12: no collective around the build. Ranks whose cache directories differ (nodes without a shared filesystem)
+    each build the index under their own lock, instead of waiting at a barrier for rank 0's build they cannot see."""
+    world = 2
+    procs = [_spawn(small_tokenizer.path, str(tmp_path / f"node{r}"), "40", str(r), str(world), str(tmp_path / "rdzv"),
+                    on_time=True) for r in range(world)]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [r["built"] for r in results] == [1, 1]
+    assert Path(results[0]["path"]).name == Path(results[1]["path"]).name  # the same index, one copy per node
