@@ -208,8 +208,8 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
 
     if config.mixture_sources:
         return _build_mixture_pipeline(config, world_size, rank)
-    # Under torch.distributed, rank 0 builds while the others wait (build_index); a file lock serializes the default
-    # tokenizer's one-time training.
+    # One process builds the index (a file lock, no collective: each node builds its own copy without a shared filesystem);
+    # a file lock serializes the default tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
     index.verify_once()  # every chunk and sha256, once per new index (a marker beside it); reads stay checked anyway

@@ -3,9 +3,9 @@ place.
 
 Invariants: an index directory exists under its final name only once complete (written to a temporary directory, every
 file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens. One
-process builds, the others wait and open: with torch.distributed initialized, rank 0 builds and the others wait at a
-barrier; always, a file lock on the cache entry serializes builders across processes and jobs. torch is never imported
-here.
+process builds, the others wait and open: a file lock on the cache entry serializes builders across processes, ranks and
+jobs. There is no collective: ranks on nodes without a shared filesystem each build their own copy (one per node), and a
+build longer than a process group's timeout times nothing out. torch is never imported here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from detsampler.index.files import HEADER_BYTES, npy_header, save_npy
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
-    TokenIndexError,
     dataset_fingerprint,
     default_cache_dir,
     index_cache_key,
@@ -117,14 +116,6 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str
     return meta
 
 
-def _initialized_dist() -> Any:
-    """``torch.distributed`` when it is imported, initialized and has more than one rank (torch is never imported here)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-        return None
-    return dist
-
-
 def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int) -> None:
     """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
     from detsampler.text.corpus import check_text_column
@@ -147,8 +138,8 @@ def build_index(
     """Open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
     exist.
 
-    One process builds, the others wait and open: with torch.distributed initialized, rank 0 builds and the others wait
-    at a barrier; always, a file lock on the cache entry serializes builders across processes and jobs.
+    One process builds, the others wait and open: a file lock on the cache entry serializes builders across processes,
+    ranks and jobs (no collective, see the module doc).
 
     Args:
         dataset: a ``datasets.Dataset`` (its fingerprint names the cache entry).
@@ -167,21 +158,9 @@ def build_index(
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"index-{key}"
-    dist = _initialized_dist()
-    if dist is None and (final / "meta.json").is_file():
-        # complete by construction (renamed into place): no lock needed, so a read-only cache works. (With
-        # torch.distributed every rank goes through the barrier below, whatever it finds, so none is left waiting.)
+    if (final / "meta.json").is_file():  # complete by construction (renamed into place): no lock, a read-only cache works
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
-    if dist is not None and dist.get_rank() != 0:
-        dist.barrier()  # rank 0 builds first
-        if not (final / "meta.json").is_file():
-            raise TokenIndexError(f"rank 0 did not build the index {str(final)!r}; see rank 0's error")
-        return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
-    try:
-        return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
-    finally:
-        if dist is not None:
-            dist.barrier()
+    return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
 
 
 def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
