@@ -60,7 +60,7 @@ def test_plain_iteration_state_follows_every_micro_batch(plan, data):
     rank = data.draw(st.integers(min_value=0, max_value=plan.world_size - 1))
     start = data.draw(st.integers(min_value=0, max_value=3))
     consumed = data.draw(st.integers(min_value=0, max_value=8))
-    want = flat_micro_batches(plan, rank, start, start + 6)
+    want = flat_micro_batches(plan, rank, start, start + consumed + 1)
     sampler = DeterministicBatchSampler(plan, rank, start_step=start)
     it = iter(sampler)
     for k in range(consumed):
