@@ -9,13 +9,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pytest
 
-from detsampler.cli import OPTION_FIELDS, build_parser, main, verify_plan
+from detsampler.cli import OPTION_FIELDS, build_parser, main
+from detsampler.verify import verify_plan
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.prepare import IndexConfig
-from detsampler.tokenizer import Tokenizer
+from detsampler.index.prepare import IndexConfig
+from detsampler.text.tokenizer import Tokenizer
 
 
 @pytest.fixture()

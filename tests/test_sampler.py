@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detsampler.plan import Plan
-from detsampler.sampler import DeterministicBatchSampler
+from detsampler.loader.sampler import DeterministicBatchSampler
 from tests.strategies import plans
 
 

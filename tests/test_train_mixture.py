@@ -18,7 +18,7 @@ from detsampler.cli import main
 from detsampler.layout import LayoutConfig
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.prepare import IndexConfig, prepare_index
+from detsampler.index.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 from train.launch import run_training, train_command
 from train.metrics import read_metrics, sample_hash
@@ -34,8 +34,8 @@ NAMES = ["code", "docs", "text"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory):
-    from detsampler.corpus import default_corpus
-    from detsampler.tokenizer import train_tokenizer
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("train-mixture")
     texts = default_corpus(max_documents=24)["text"]

@@ -94,7 +94,7 @@ class DataConfig:
     ``source`` empty means the default corpus (the Python standard library); ``tokenizer`` empty means a
     ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
     cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
-    :class:`detsampler.prepare.IndexConfig` (``train.data.index_config``).
+    :class:`detsampler.index.prepare.IndexConfig` (``train.data.index_config``).
 
     A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the same
     tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.plan import Plan
-from detsampler.sampler import DeterministicBatchSampler
+from detsampler.loader.sampler import DeterministicBatchSampler
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -142,7 +142,7 @@ class DataPipeline:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
-        from detsampler.dataset import collate_micro_batch
+        from detsampler.loader.dataset import collate_micro_batch
 
         workers = self.config.num_workers
         return DataLoader(
@@ -156,9 +156,9 @@ class DataPipeline:
 
 
 def index_config(config: DataConfig) -> Any:
-    """The :class:`detsampler.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
+    """The :class:`detsampler.index.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
     cached index."""
-    from detsampler.prepare import IndexConfig
+    from detsampler.index.prepare import IndexConfig
 
     return IndexConfig(
         data=config.source or None,
@@ -192,7 +192,7 @@ def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
 
 def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
     """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the fly."""
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
 
     if prepared.index.tokens is None:
         return PackedDataset(prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column)
@@ -201,11 +201,11 @@ def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
 
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
     """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
-    from detsampler.prepare import prepare_index
+    from detsampler.index.prepare import prepare_index
 
     if config.mixture_sources:
         return _build_mixture_pipeline(config, world_size, rank)
-    # Under torch.distributed, rank 0 builds while the others wait (TokenIndex.build); a file lock serializes the default
+    # Under torch.distributed, rank 0 builds while the others wait (build_index); a file lock serializes the default
     # tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
@@ -228,12 +228,12 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
-    mixture and a :class:`detsampler.mixture_dataset.MixtureDataset` of their packed datasets."""
+    mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from dataclasses import replace
 
-    from detsampler.corpus import default_tokenizer
-    from detsampler.mixture_dataset import MixtureDataset
-    from detsampler.prepare import prepare_index
+    from detsampler.text.corpus import default_tokenizer
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.index.prepare import prepare_index
 
     base = index_config(config)
     tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path

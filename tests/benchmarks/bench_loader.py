@@ -48,13 +48,13 @@ TARGET_TITAN = 5.0
 
 
 def _setup():
-    from detsampler.corpus import default_corpus, default_tokenizer
-    from detsampler.index import TokenIndex
+    from detsampler.text.corpus import default_corpus, default_tokenizer
+    from detsampler.index import TokenIndex, build_index
 
     corpus = default_corpus(max_documents=NUM_DOCS)
     tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=corpus)
-    stored = TokenIndex.build(corpus, tokenizer, cache_dir=CACHE, progress=False)
-    counts = TokenIndex.build(corpus, tokenizer, cache_dir=CACHE, store_tokens=False, progress=False)
+    stored = build_index(corpus, tokenizer, cache_dir=CACHE, progress=False)
+    counts = build_index(corpus, tokenizer, cache_dir=CACHE, store_tokens=False, progress=False)
     return corpus, tokenizer, stored, counts
 
 
@@ -75,7 +75,7 @@ def _time_batches(batches, max_batches: int, budget: float) -> tuple[float, int]
 
 
 def detsampler_rate(dataset, num_workers: int) -> tuple[float, int]:
-    from detsampler.dataset import collate_micro_batch
+    from detsampler.loader.dataset import collate_micro_batch
 
     plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
     sampler = DeterministicBatchSampler(plan, rank=0, stop_step=MAX_BATCHES + 1)
@@ -156,7 +156,7 @@ def main() -> BenchResult:
     warnings.filterwarnings("ignore")
     logging.getLogger("datasets").setLevel(logging.ERROR)
     t_start = time.perf_counter()
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
 
     corpus, tokenizer, stored, counts = _setup()
     concat = stored.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN))

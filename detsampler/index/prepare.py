@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detsampler.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
-from detsampler.index import TokenIndex, default_cache_dir
-from detsampler.tokenizer import Tokenizer
+from detsampler.index.build import build_index
+from detsampler.index.format import default_cache_dir
+from detsampler.index.reader import TokenIndex
+from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
+from detsampler.text.tokenizer import Tokenizer
 
 __all__ = ["IndexConfig", "Prepared", "prepare_index"]
 
@@ -87,7 +89,7 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
             corpus=dataset if config.data is not None else None,
             text_column=config.text_column,
         )
-    index = TokenIndex.build(
+    index = build_index(
         dataset,
         tokenizer,
         text_column=config.text_column,

@@ -39,9 +39,8 @@ position it reached: ``p_k`` always counts exactly the earlier positions served 
 
 Cost: a batch of ``B`` positions costs O(B * depth + number of sources + number of segments it touches); memory O(B).
 
-Code: weights and schedules are read in :mod:`detsampler.mixture_weights`, the routing tree is
-:mod:`detsampler.mixture_tree`; this module holds :class:`Mixture` and :class:`MixtureConfig` (and re-exports
-``MAX_DENOMINATOR`` and ``normalize_weights``).
+Code: weights and schedules are read in :mod:`detsampler.mixture.weights`, the routing tree is
+:mod:`detsampler.mixture.tree`, the configuration in :mod:`detsampler.mixture.config`; this module holds :class:`Mixture`.
 """
 
 from __future__ import annotations
@@ -54,12 +53,11 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.mixture_tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture_config import MixtureConfig
-from detsampler.mixture_weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
+from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
+from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
 from detsampler.permutation import permute
 
-__all__ = ["MAX_DENOMINATOR", "Mixture", "MixtureConfig", "MixtureLookup", "Source", "normalize_weights"]
+__all__ = ["Mixture", "MixtureLookup", "Source"]
 
 
 class Source(Protocol):

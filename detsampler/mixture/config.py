@@ -1,6 +1,6 @@
 """The configuration of a data mixture (the TOML ``[mixture]`` table, the CLI's mixture options): :class:`MixtureConfig`.
 
-Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a :class:`~detsampler.mixture.Mixture`
+Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a :class:`~detsampler.mixture.stream.Mixture`
 without a weight or schedule error: every weight list and step is checked here, with the same messages.
 """
 
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from detsampler.mixture_weights import normalize_weights, parse_schedule
-
-if TYPE_CHECKING:
-    from detsampler.mixture import Mixture, Source
+from detsampler.mixture.stream import Mixture, Source
+from detsampler.mixture.weights import normalize_weights, parse_schedule
 
 __all__ = ["MixtureConfig"]
 
@@ -111,6 +109,4 @@ class MixtureConfig:
         """The mixture of ``sources`` (layouts, in the order of ``weights``)."""
         if len(sources) != self.num_sources:
             raise ValueError(f"the mixture config has {self.num_sources} weights but got {len(sources)} sources")
-        from detsampler.mixture import Mixture
-
         return Mixture(list(sources), self.weights_schedule(), self.seed)

@@ -31,9 +31,11 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from detsampler.gather import gather_spans
-from detsampler.index import TokenIndex, TokenIndexError, check_texts
+from detsampler.index.format import TokenIndexError
+from detsampler.index.reader import TokenIndex
+from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, make_layout
-from detsampler.tokenizer import Tokenizer
+from detsampler.text.tokenizer import Tokenizer
 
 __all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
 
