@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from detsampler.plan import Plan
-from detsampler.sampler import DeterministicBatchSampler
+from detsampler.loader.sampler import DeterministicBatchSampler
 from tests.strategies import plans
 
 
