@@ -3,7 +3,9 @@ the next micro batch not yet consumed."""
 
 from __future__ import annotations
 
+import sys
 import threading
+from types import FrameType
 from typing import Any, Iterable, Iterator, Mapping
 
 from torch.utils.data import Sampler
@@ -66,6 +68,7 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         self._lock = threading.Lock()
 
     def __iter__(self) -> _MicroBatches:
+        _refuse_resharding(self, sys._getframe(1))
         with self._lock:
             self._generation += 1
             self._iter_start = self._position
@@ -204,3 +207,27 @@ def _check_snapshots(batches: Iterable[Any]) -> None:
             f"steps() over a StatefulDataLoader with workers needs snapshot_every_n_steps=1 (got {every!r}): a restored "
             "loader replays the batches since its last snapshot, which steps() cannot see"
         )
+
+
+def _refuse_resharding(sampler: DeterministicBatchSampler, frame: FrameType | None) -> None:
+    """Refuse to be iterated by a wrapper that shards batch samplers across processes (``num_processes > 1``).
+
+    NOTE: accelerate's ``prepare`` wraps any batch sampler in a ``BatchSamplerShard`` that keeps every ``num_processes``-th
+    batch on each process. This sampler's micro batches are already its rank's share, so that wrapper would silently keep
+    1/W of them. The wrapper is the ``self`` of a calling frame that holds this sampler as its ``batch_sampler``.
+    """
+    for _ in range(3):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not sampler and getattr(owner, "batch_sampler", None) is sampler:
+            shards = getattr(owner, "num_processes", 1)
+            if isinstance(shards, int) and shards > 1:
+                raise RuntimeError(
+                    f"DeterministicBatchSampler is wrapped by {type(owner).__name__}(num_processes={shards}), which would "
+                    f"keep 1 of every {shards} of rank {sampler.rank}'s micro batches (they are already that rank's share): "
+                    "prepare the DataLoader with detsampler.integrations.hf.prepare_data_loader(accelerator, loader), or "
+                    "train with detsampler.integrations.hf.DetsamplerTrainer"
+                )
+            return
+        frame = frame.f_back
