@@ -69,6 +69,7 @@ def main() -> None:
     resume = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     accum = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=2, max_position_embeddings=SEQ_LEN)

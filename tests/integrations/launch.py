@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +56,12 @@ def check(runs: list[subprocess.CompletedProcess]) -> list[str]:
     for rank, run in enumerate(runs):
         assert run.returncode == 0, f"rank {rank} exited {run.returncode}:\n{run.stdout[-4000:]}"
     return [run.stdout for run in runs]
+
+
+def read_steps(path: Path) -> dict[int, list[list[int]]]:
+    """The micro batches (sample ids) each step read, from a rank's ids file of ``{"step": s, "ids": [...]}`` lines."""
+    out: dict[int, list[list[int]]] = defaultdict(list)
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        out[row["step"]].append(row["ids"])
+    return dict(out)

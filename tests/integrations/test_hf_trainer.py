@@ -3,25 +3,13 @@
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from pathlib import Path
-
 import pytest
 
 from tests.integrations._hf_child import PLAN
 from tests.integrations.launch import check, start, wait
+from tests.integrations.launch import read_steps as steps
 
 CHILD = "tests.integrations._hf_child"
-
-
-def steps(path: Path) -> dict[int, list[list[int]]]:
-    """The micro batches (sample ids) each step read, from a rank's ids file."""
-    out: dict[int, list[list[int]]] = defaultdict(list)
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        out[row["step"]].append(row["ids"])
-    return dict(out)
 
 
 @pytest.mark.slow
