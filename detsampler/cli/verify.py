@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import numpy as np
-
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.mixture import MixtureConfig
