@@ -1,8 +1,8 @@
 """The sampler's state names the next micro batch not yet consumed, however it is driven (issue 10, item 1).
 
-Driven directly (plain iteration), through ``.steps()``, and through torchdata's real ``StatefulDataLoader`` with 0 and 2
-workers (whose prefetching runs the sampler ahead of consumption): a restored sampler or loader yields exactly the next
-unconsumed micro batch, mid-step included. ``stop_step`` is absolute, and bad states are refused, never coerced.
+Driven directly (plain iteration), through ``.steps()``, and through torchdata's real ``StatefulDataLoader`` with 0 and
+2 workers (whose prefetching runs the sampler ahead of consumption): a restored sampler or loader yields exactly the
+next unconsumed micro batch, mid-step included. ``stop_step`` is absolute, and bad states are refused, never coerced.
 """
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from tests.strategies import plans
 
 
@@ -36,11 +35,16 @@ class Ids(Dataset):
 
 def flat_micro_batches(plan: Plan, rank: int, start_step: int, stop_step: int) -> list[list[int]]:
     """The uninterrupted sequence of ``rank``'s micro batches, straight from the plan."""
-    return [plan.micro_batch(s, a, rank).tolist() for s in range(start_step, stop_step) for a in range(plan.num_micro_steps(s))]
+    return [
+        plan.micro_batch(s, a, rank).tolist()
+        for s in range(start_step, stop_step)
+        for a in range(plan.num_micro_steps(s))
+    ]
 
 
 def position_after(plan: Plan, start_step: int, consumed: int) -> dict[str, int]:
-    """The state after ``consumed`` micro batches from ``start_step``: the step and its samples already taken by all ranks."""
+    """The state after ``consumed`` micro batches from ``start_step``: the step and its samples already taken by all
+    ranks."""
     step = start_step
     while consumed >= plan.num_micro_steps(step):
         consumed -= plan.num_micro_steps(step)
@@ -51,7 +55,7 @@ def position_after(plan: Plan, start_step: int, consumed: int) -> dict[str, int]
 PLAN = Plan(200, seed=3, global_batch_size=12, micro_batch_size=2, world_size=2)  # 3 micro steps per step
 
 
-# -- plain iteration ----------------------------------------------------------------------------------------------------
+# -- plain iteration ---------------------------------------------------------------------------------------------------
 
 
 @settings(max_examples=20)
@@ -131,7 +135,11 @@ def test_stop_step_before_start_step_is_refused():
         ({"step": "3"}, TypeError, "step must be an integer, got str"),
         ({"step": -1}, ValueError, "step must be >= 0, got -1"),
         ({"step": 1, "samples_in_step": 1.5}, TypeError, "samples_in_step must be an integer, got float"),
-        ({"step": 1, "samples_in_step": 3}, ValueError, "samples_in_step 3 of step 1 is not a whole number of micro steps"),
+        (
+            {"step": 1, "samples_in_step": 3},
+            ValueError,
+            "samples_in_step 3 of step 1 is not a whole number of micro steps",
+        ),
         ({"step": 1, "samples_in_step": 12}, ValueError, r"samples_in_step 12 of step 1 must be < its batch size 12"),
         ({}, ValueError, "missing 'step'"),
         ({"step": 1, "epoch": 0}, ValueError, r"unknown keys \['epoch'\]"),
@@ -152,11 +160,12 @@ def test_constructor_refuses_floats():
         DeterministicBatchSampler(PLAN, 0, stop_step=4.0)
 
 
-# -- elastic ------------------------------------------------------------------------------------------------------------
+# -- elastic -----------------------------------------------------------------------------------------------------------
 
 
 def test_mid_step_state_resumes_on_another_world_size():
-    """4 of the 12 samples of step 1 were consumed at world size 2; world size 1 with micro batch 4 continues with the rest."""
+    """4 of the 12 samples of step 1 were consumed at world size 2; world size 1 with micro batch 4 continues with the
+    rest."""
     samplers = [DeterministicBatchSampler(PLAN, r) for r in range(2)]
     its = [iter(s) for s in samplers]
     for it in its:
@@ -176,13 +185,15 @@ def test_mid_step_state_resumes_on_another_world_size():
         DeterministicBatchSampler(PLAN.with_world(1, 3), 0).load_state_dict({"step": 1, "samples_in_step": 4})
 
 
-# -- .steps() -----------------------------------------------------------------------------------------------------------
+# -- .steps() ----------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_steps_state_is_the_consumed_step_while_a_dataloader_prefetches(num_workers):
     sampler = DeterministicBatchSampler(PLAN, 1, start_step=2, stop_step=8)
-    loader = DataLoader(Ids(200), batch_sampler=sampler, num_workers=num_workers, prefetch_factor=4 if num_workers else None)
+    loader = DataLoader(
+        Ids(200), batch_sampler=sampler, num_workers=num_workers, prefetch_factor=4 if num_workers else None
+    )
     for step, micro_batches in sampler.steps(loader):
         assert [mb.tolist() for mb in micro_batches] == flat_micro_batches(PLAN, 1, step, step + 1)
         assert sampler.state_dict() == {"step": step + 1, "samples_in_step": 0}
@@ -192,7 +203,7 @@ def test_steps_state_is_the_consumed_step_while_a_dataloader_prefetches(num_work
     assert [s for s, _ in sampler.steps(DataLoader(Ids(200), batch_sampler=sampler))] == [5, 6, 7]
 
 
-# -- torchdata's StatefulDataLoader -------------------------------------------------------------------------------------
+# -- torchdata's StatefulDataLoader ------------------------------------------------------------------------------------
 
 
 def stateful_loader(sampler: DeterministicBatchSampler, num_workers: int) -> StatefulDataLoader:

@@ -1,12 +1,13 @@
 """Drop-ins for the trainers people use, each an optional extra imported only when its module is:
 
 - :mod:`~detsampler.integrations.hf`: ``transformers.Trainer`` and ``accelerate`` (``pip install 'detsampler[hf]'``);
-- :mod:`~detsampler.integrations.lightning`: a Lightning ``LightningDataModule`` (``pip install 'detsampler[lightning]'``);
+- :mod:`~detsampler.integrations.lightning`: a Lightning ``LightningDataModule`` (``pip install
+  'detsampler[lightning]'``);
 - :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``).
 
-torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler`` (docs/integrations.md).
-Each integration resumes from the step the trainer already checkpoints, the same on every rank, on any world size that
-divides the global batch; ``import detsampler.integrations`` imports none of the trainers.
+torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler``
+(docs/integrations.md). Each integration resumes from the step the trainer already checkpoints, the same on every rank,
+on any world size that divides the global batch; ``import detsampler.integrations`` imports none of the trainers.
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
-"""Hugging Face ``transformers.Trainer`` and ``accelerate`` over detsampler, resumed by the Trainer's own ``global_step``.
+"""Hugging Face ``transformers.Trainer`` and ``accelerate`` over detsampler, resumed by the Trainer's own
+``global_step``.
 
-Two things go wrong with a plain ``DataLoader(dataset, batch_sampler=sampler)`` handed to them, and both are handled here:
+Two things go wrong with a plain ``DataLoader(dataset, batch_sampler=sampler)`` handed to them, and both are handled
+here:
 
-- ``accelerator.prepare`` wraps every batch sampler in a ``BatchSamplerShard`` that keeps 1/W of the batches on each of W
-  processes; the sampler's micro batches are already the rank's share. :func:`prepare_data_loader` prepares the loader
+- ``accelerator.prepare`` wraps every batch sampler in a ``BatchSamplerShard`` that keeps 1/W of the batches on each of
+  W processes; the sampler's micro batches are already the rank's share. :func:`prepare_data_loader` prepares the loader
   and turns that wrapper into a pass-through; the naive use is refused by the sampler when iterated.
 - On resume, ``Trainer`` skips the batches of the steps already trained (``skip_first_batches``). The sampler restarts
   at the step instead, so :class:`DetsamplerTrainer` sets ``ignore_data_skip=True`` and, once the Trainer has read
   ``trainer_state.json``, starts the sampler at its ``global_step``.
 
-A Trainer step is one step of the plan: ``gradient_accumulation_steps`` micro batches of ``per_device_train_batch_size``
-samples per process, so the plan's ``global_batch_size`` must equal their product with the number of processes (checked,
-with the value to set). The plan is re-cut for the number of processes of each run (``Plan.with_world``), so a checkpoint
-resumes on another world size with the same global batches, given the matching ``gradient_accumulation_steps``.
+A Trainer step is one step of the plan: ``gradient_accumulation_steps`` micro batches of
+``per_device_train_batch_size`` samples per process, so the plan's ``global_batch_size`` must equal their product with
+the number of processes (checked, with the value to set). The plan is re-cut for the number of processes of each run
+(``Plan.with_world``), so a checkpoint resumes on another world size with the same global batches, given the matching
+``gradient_accumulation_steps``.
 """
 
 from __future__ import annotations
@@ -37,29 +40,36 @@ def unshard(prepared: DataLoader) -> DataLoader:
     """Make accelerate's sharding wrapper around a :class:`DeterministicBatchSampler` a pass-through (in place)."""
     if isinstance(prepared, DataLoaderDispatcher):
         raise ValueError(
-            "accelerate dispatches batches from process 0 (dispatch_batches=True); each rank reads its own micro batches "
-            "from a DeterministicBatchSampler: prepare with dispatch_batches=False"
+            "accelerate dispatches batches from process 0 (dispatch_batches=True); each rank reads its own micro "
+            "batches from a DeterministicBatchSampler: prepare with dispatch_batches=False"
         )
     wrapper = getattr(prepared, "batch_sampler", None)
     if isinstance(wrapper, DeterministicBatchSampler):
         return prepared  # one process: nothing was wrapped
     if not isinstance(getattr(wrapper, "batch_sampler", None), DeterministicBatchSampler):
-        raise ValueError(f"not a DataLoader over a DeterministicBatchSampler: its batch sampler is {type(wrapper).__name__}")
+        raise ValueError(
+            f"not a DataLoader over a DeterministicBatchSampler: its batch sampler is {type(wrapper).__name__}"
+        )
     if getattr(wrapper, "split_batches", False):
-        raise ValueError("accelerate's split_batches would split each micro batch across processes: use split_batches=False")
+        raise ValueError(
+            "accelerate's split_batches would split each micro batch across processes: use split_batches=False"
+        )
     wrapper.num_processes, wrapper.process_index = 1, 0
     return prepared
 
 
 def prepare_data_loader(accelerator: Any, loader: DataLoader) -> DataLoader:
-    """``accelerator.prepare(loader)`` (device placement, registration) without re-sharding the sampler's micro batches."""
+    """``accelerator.prepare(loader)`` (device placement, registration) without re-sharding the sampler's micro
+    batches."""
     return unshard(accelerator.prepare(loader))
 
 
 def trainer_plan(plan: Plan, args: Any, num_processes: int) -> Plan:
     """``plan`` cut for this run's processes and per-device batch; refuses a plan whose step is not one Trainer step."""
     if plan.batch_size_schedule is not None:
-        raise ValueError("a batch-size schedule changes the micro steps per step; transformers.Trainer accumulates a fixed number")
+        raise ValueError(
+            "a batch-size schedule changes the micro steps per step; transformers.Trainer accumulates a fixed number"
+        )
     cut = plan.with_world(num_processes, args.per_device_train_batch_size)
     micro_steps = cut.num_micro_steps(0)
     if micro_steps != args.gradient_accumulation_steps:

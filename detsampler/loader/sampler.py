@@ -1,12 +1,13 @@
-"""The torch adapter: a batch sampler that yields a rank's micro batches step by step, from any position, and whose state is
-the next micro batch not yet consumed."""
+"""The torch adapter: a batch sampler that yields a rank's micro batches step by step, from any position, and whose
+state is the next micro batch not yet consumed."""
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from torch.utils.data import Sampler
 
@@ -21,20 +22,20 @@ class DeterministicBatchSampler(Sampler[list[int]]):
     """The micro batches (lists of sample ids) of ``rank``, from step ``start_step`` up to (excluding) ``stop_step``.
 
     Pass it as ``batch_sampler=`` to a ``torch.utils.data.DataLoader`` (or torchdata's ``StatefulDataLoader``) over a
-    map-style dataset. It yields micro step ``0, 1, ...`` of each step of ``plan`` in turn; the DataLoader dispatches batches
-    to workers round-robin and returns them in order, so ``num_workers`` changes nothing but speed.
+    map-style dataset. It yields micro step ``0, 1, ...`` of each step of ``plan`` in turn; the DataLoader dispatches
+    batches to workers round-robin and returns them in order, so ``num_workers`` changes nothing but speed.
 
-    State: ``state_dict() == {"step": s, "samples_in_step": k}`` names the next micro batch not yet consumed: step ``s``,
-    whose first ``k`` samples (all ranks together: ``k = micro_step * world_size * micro_batch_size``) were consumed. It is
-    equal on every rank that consumed the same number of micro batches, and elastic: it loads into a plan of another
-    ``world_size`` or ``micro_batch_size`` (mid-step only where ``k`` is a whole number of its micro steps; at a step
-    boundary, ``k == 0``, always). ``{"step": s}`` alone means ``k == 0``. What counts as consumed:
+    State: ``state_dict() == {"step": s, "samples_in_step": k}`` names the next micro batch not yet consumed: step
+    ``s``, whose first ``k`` samples (all ranks together: ``k = micro_step * world_size * micro_batch_size``) were
+    consumed. It is equal on every rank that consumed the same number of micro batches, and elastic: it loads into a
+    plan of another ``world_size`` or ``micro_batch_size`` (mid-step only where ``k`` is a whole number of its micro
+    steps; at a step boundary, ``k == 0``, always). ``{"step": s}`` alone means ``k == 0``. What counts as consumed:
 
     - iterating the sampler directly (or a DataLoader without workers): each micro batch it yields;
     - :meth:`steps`: each step it hands out, even while a DataLoader's workers run the sampler ahead;
-    - torchdata's ``StatefulDataLoader``: the sampler's iterator is itself stateful (the position of the next micro batch it
-      yields), which the loader snapshots as it hands out each batch, so ``loader.state_dict()`` resumes at the next
-      micro batch the loader has not returned, mid-step included, with any ``num_workers``.
+    - torchdata's ``StatefulDataLoader``: the sampler's iterator is itself stateful (the position of the next micro
+      batch it yields), which the loader snapshots as it hands out each batch, so ``loader.state_dict()`` resumes at
+      the next micro batch the loader has not returned, mid-step included, with any ``num_workers``.
 
     A plain DataLoader with workers prefetches: without :meth:`steps` the sampler cannot see what was consumed, so
     checkpoint through :meth:`steps` or use ``StatefulDataLoader`` there. Every iteration starts at the state;
@@ -100,12 +101,12 @@ class DeterministicBatchSampler(Sampler[list[int]]):
             self._position = self._iter_start = position
 
     def steps(self, batches: Iterable[Any]) -> Iterator[tuple[int, list[Any]]]:
-        """Group ``batches`` (a DataLoader over this sampler, possibly wrapped) by step: yields ``(step, [micro batches])``.
+        """Group ``batches`` (a DataLoader over this sampler, possibly wrapped) by step: ``(step, micro_batches)``.
 
         The batches are labelled from where the sampler's newest iteration started or was restored (a restored
         ``StatefulDataLoader``'s position, mid-step included: the first step yielded then holds only its remaining micro
-        batches). Before each step is yielded, the state moves past it, so a checkpoint taken after training it resumes at
-        the next one, however far the DataLoader has run the sampler ahead.
+        batches). Before each step is yielded, the state moves past it, so a checkpoint taken after training it resumes
+        at the next one, however far the DataLoader has run the sampler ahead.
         """
         _check_snapshots(batches)
         it = iter(batches)
@@ -144,7 +145,9 @@ class DeterministicBatchSampler(Sampler[list[int]]):
             raise TypeError(f"state must be a dict like {{'step': 3}}, got {type(state).__name__}")
         unknown = sorted(str(key) for key in state if key not in _STATE_KEYS)
         if unknown:
-            raise ValueError(f"unknown keys {unknown} in the sampler state: expected 'step' and optionally 'samples_in_step'")
+            raise ValueError(
+                f"unknown keys {unknown} in the sampler state: expected 'step' and optionally 'samples_in_step'"
+            )
         if "step" not in state:
             raise ValueError("the sampler state is missing 'step'")
         step = _check_step(state["step"], "step")
@@ -153,7 +156,9 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         if self.stop_step is not None and (step, samples) > (self.stop_step, 0):
             raise ValueError(f"step {step} is past stop_step {self.stop_step}")
         if samples and samples >= self.plan.batch_size(step):
-            raise ValueError(f"samples_in_step {samples} of step {step} must be < its batch size {self.plan.batch_size(step)}")
+            raise ValueError(
+                f"samples_in_step {samples} of step {step} must be < its batch size {self.plan.batch_size(step)}"
+            )
         if samples % per_micro_step:
             raise ValueError(
                 f"samples_in_step {samples} of step {step} is not a whole number of micro steps of world_size * "
@@ -198,23 +203,25 @@ class _MicroBatches:
 def _check_snapshots(batches: Iterable[Any]) -> None:
     """Refuse a multi-process loader that snapshots its state less often than every batch.
 
-    NOTE: a ``StatefulDataLoader`` restored from a snapshot taken ``n`` batches back replays those batches internally, so the
-    first batch :meth:`DeterministicBatchSampler.steps` sees is not the restored position and its steps would be mislabelled.
+    NOTE: a ``StatefulDataLoader`` restored from a snapshot taken ``n`` batches back replays those batches internally,
+    so the first batch :meth:`DeterministicBatchSampler.steps` sees is not the restored position and its steps would be
+    mislabelled.
     """
     every = getattr(batches, "snapshot_every_n_steps", 1)
     if getattr(batches, "num_workers", 0) and every != 1:
         raise ValueError(
-            f"steps() over a StatefulDataLoader with workers needs snapshot_every_n_steps=1 (got {every!r}): a restored "
-            "loader replays the batches since its last snapshot, which steps() cannot see"
+            f"steps() over a StatefulDataLoader with workers needs snapshot_every_n_steps=1 (got {every!r}): a "
+            "restored loader replays the batches since its last snapshot, which steps() cannot see"
         )
 
 
 def _refuse_resharding(sampler: DeterministicBatchSampler, frame: FrameType | None) -> None:
     """Refuse to be iterated by a wrapper that shards batch samplers across processes (``num_processes > 1``).
 
-    NOTE: accelerate's ``prepare`` wraps any batch sampler in a ``BatchSamplerShard`` that keeps every ``num_processes``-th
-    batch on each process. This sampler's micro batches are already its rank's share, so that wrapper would silently keep
-    1/W of them. The wrapper is the ``self`` of a calling frame that holds this sampler as its ``batch_sampler``.
+    NOTE: accelerate's ``prepare`` wraps any batch sampler in a ``BatchSamplerShard`` that keeps every
+    ``num_processes``-th batch on each process. This sampler's micro batches are already its rank's share, so that
+    wrapper would silently keep 1/W of them. The wrapper is the ``self`` of a calling frame that holds this sampler as
+    its ``batch_sampler``.
     """
     for _ in range(3):
         if frame is None:
@@ -224,10 +231,11 @@ def _refuse_resharding(sampler: DeterministicBatchSampler, frame: FrameType | No
             shards = getattr(owner, "num_processes", 1)
             if isinstance(shards, int) and shards > 1:
                 raise RuntimeError(
-                    f"DeterministicBatchSampler is wrapped by {type(owner).__name__}(num_processes={shards}), which would "
-                    f"keep 1 of every {shards} of rank {sampler.rank}'s micro batches (they are already that rank's share): "
-                    "prepare the DataLoader with detsampler.integrations.hf.prepare_data_loader(accelerator, loader), or "
-                    "train with detsampler.integrations.hf.DetsamplerTrainer"
+                    f"DeterministicBatchSampler is wrapped by {type(owner).__name__}(num_processes={shards}), "
+                    f"which would keep 1 of every {shards} of rank {sampler.rank}'s micro batches (they are already "
+                    "that rank's share): prepare the DataLoader with "
+                    "detsampler.integrations.hf.prepare_data_loader(accelerator, loader), or train with "
+                    "detsampler.integrations.hf.DetsamplerTrainer"
                 )
             return
         frame = frame.f_back

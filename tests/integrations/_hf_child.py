@@ -71,12 +71,29 @@ def main() -> None:
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=SEQ_LEN)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+    )
     args = TrainingArguments(
-        output_dir=out, max_steps=MAX_STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=accum,
-        save_strategy="steps", save_steps=3, logging_steps=100, report_to=[], use_cpu=True, ddp_backend="gloo",
-        disable_tqdm=True, seed=0, learning_rate=1e-3,
+        output_dir=out,
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=accum,
+        save_strategy="steps",
+        save_steps=3,
+        logging_steps=100,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+        seed=0,
+        learning_rate=1e-3,
     )
     trainer = Recording(model=LlamaForCausalLM(config), args=args, train_dataset=Numbered(), plan=PLAN)
     trainer.ids_path = os.path.join(out, f"ids-{world}-{rank}.jsonl")

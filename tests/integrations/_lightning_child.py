@@ -3,7 +3,8 @@
     python -m tests.integrations._lightning_child OUT_DIR MODE [CKPT_PATH] [ACCUMULATE]
 
 MODE: ``full`` trains steps 0-5; ``kill`` exits the process hard after step 4 (``step=3.ckpt`` is on disk); ``resume``
-fits from CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to OUT_DIR/ids-<world>-<rank>.jsonl.
+fits from CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to
+OUT_DIR/ids-<world>-<rank>.jsonl.
 """
 
 from __future__ import annotations
@@ -59,15 +60,26 @@ def main() -> None:
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     os.makedirs(out, exist_ok=True)
     pl.seed_everything(0, verbose=False)
-    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), every_n_train_steps=3, save_top_k=-1,
-                                               filename="{step}")
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_steps=MAX_STEPS,
-        accumulate_grad_batches=accumulate, use_distributed_sampler=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[checkpoints] + ([KillAfterStep()] if mode == "kill" else []),
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=os.path.join(out, "ckpt"), every_n_train_steps=3, save_top_k=-1, filename="{step}"
     )
-    trainer.fit(Tiny(os.path.join(out, f"ids-{world}-{rank}.jsonl")), datamodule=DetsamplerDataModule(Numbered(), PLAN),
-                ckpt_path=ckpt)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp" if world > 1 else "auto",
+        max_steps=MAX_STEPS,
+        accumulate_grad_batches=accumulate,
+        use_distributed_sampler=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoints] + ([KillAfterStep()] if mode == "kill" else []),
+    )
+    trainer.fit(
+        Tiny(os.path.join(out, f"ids-{world}-{rank}.jsonl")),
+        datamodule=DetsamplerDataModule(Numbered(), PLAN),
+        ckpt_path=ckpt,
+    )
     print(f"rank {rank} of {world}: trained to step {trainer.global_step}", flush=True)
 
 

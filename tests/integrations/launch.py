@@ -24,18 +24,37 @@ def start(module: str, world_size: int, *args: str) -> list[subprocess.Popen]:
     port = str(free_port())
     procs = []
     for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                   HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            WANDB_MODE="disabled",
+            PYTHONPATH=str(ROOT),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """Each rank's completed process (return code and output), once all have exited; kills all on a timeout."""
     done = []
-    for rank, proc in enumerate(procs):
+    for proc in procs:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -1,5 +1,6 @@
-"""accelerate's prepare() shards any batch sampler across processes; detsampler's micro batches are already a rank's share,
-so the naive use would keep 1/W of them. It is refused with a message, and the integration's helper prepares without it."""
+"""accelerate's prepare() shards any batch sampler across processes; detsampler's micro batches are already a rank's
+share, so the naive use would keep 1/W of them. It is refused with a message, and the integration's helper prepares
+without it."""
 
 from __future__ import annotations
 
@@ -24,5 +25,7 @@ def test_unsharded_prepare_passes_every_micro_batch_through():
     from detsampler.integrations.hf import unshard
 
     sampler = DeterministicBatchSampler(PLAN, rank=1, stop_step=3)
-    prepared = unshard(prepare_data_loader(DataLoader(Ids(100), batch_sampler=sampler), num_processes=2, process_index=1))
+    prepared = unshard(
+        prepare_data_loader(DataLoader(Ids(100), batch_sampler=sampler), num_processes=2, process_index=1)
+    )
     assert [mb.tolist() for mb in prepared] == flat_micro_batches(PLAN, 1, 0, 3)

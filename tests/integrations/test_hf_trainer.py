@@ -1,5 +1,6 @@
-"""transformers.Trainer over detsampler on 2 CPU processes (gloo): killed and resumed from the Trainer's own checkpoint, on
-2 processes and on 1, each step reads the samples of the uninterrupted run; the naive accelerator.prepare is refused."""
+"""transformers.Trainer over detsampler on 2 CPU processes (gloo): killed and resumed from the Trainer's own
+checkpoint, on 2 processes and on 1, each step reads the samples of the uninterrupted run; the naive
+accelerator.prepare is refused."""
 
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path):
     first = [start(CHILD, 2, str(full), "full"), start(CHILD, 2, str(run), "kill")]
     outputs = check(wait(first[0]))
     check(wait(first[1]))  # the killed ranks exit 0 from os._exit(0)
-    assert all("naive prepare: DeterministicBatchSampler is wrapped by BatchSamplerShard(num_processes=2)" in o
-               for o in outputs)
+    assert all(
+        "naive prepare: DeterministicBatchSampler is wrapped by BatchSamplerShard(num_processes=2)" in o
+        for o in outputs
+    )
     assert (run / "checkpoint-3" / "trainer_state.json").exists() and not (run / "checkpoint-6").exists()
-    second = [start(CHILD, 2, str(again), "resume", str(run / "checkpoint-3")),
-              start(CHILD, 1, str(elastic), "resume", str(run / "checkpoint-3"), "4")]  # 1 process x 4 micro steps
+    second = [
+        start(CHILD, 2, str(again), "resume", str(run / "checkpoint-3")),
+        start(CHILD, 1, str(elastic), "resume", str(run / "checkpoint-3"), "4"),
+    ]  # 1 process x 4 micro steps
     check(wait(second[0]))
     check(wait(second[1]))
 
@@ -36,4 +41,6 @@ def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path):
     one = steps(elastic / "ids-1-0.jsonl")
     assert sorted(one) == [3, 4, 5]
     for s in (3, 4, 5):
-        assert sorted(i for mb in one[s] for i in mb) == sorted(i for r in range(2) for mb in reference[r][s] for i in mb)
+        assert sorted(i for mb in one[s] for i in mb) == sorted(
+            i for r in range(2) for mb in reference[r][s] for i in mb
+        )

@@ -21,15 +21,19 @@ def test_lightning_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path):
     check(wait(first[1]))
     ckpt = run / "ckpt" / "step=3.ckpt"
     assert ckpt.exists() and not (run / "ckpt" / "step=6.ckpt").exists()
-    second = [start(CHILD, 2, str(again), "resume", str(ckpt)),
-              start(CHILD, 1, str(elastic), "resume", str(ckpt)),  # 1 process x 2 micro batches of 4
-              start(CHILD, 1, str(tmp_path / "refused"), "resume", str(ckpt), "4")]  # another accumulate_grad_batches
+    second = [
+        start(CHILD, 2, str(again), "resume", str(ckpt)),
+        start(CHILD, 1, str(elastic), "resume", str(ckpt)),  # 1 process x 2 micro batches of 4
+        start(CHILD, 1, str(tmp_path / "refused"), "resume", str(ckpt), "4"),
+    ]  # another accumulate_grad_batches
     check(wait(second[0]))
     check(wait(second[1]))
     refused = wait(second[2])[0]
     assert refused.returncode != 0
-    assert ("the checkpoint was taken after 6 batches of the epoch, not a multiple of accumulate_grad_batches=4"
-            in refused.stdout)
+    assert (
+        "the checkpoint was taken after 6 batches of the epoch, not a multiple of accumulate_grad_batches=4"
+        in refused.stdout
+    )
 
     reference = {rank: steps(full / f"ids-2-{rank}.jsonl") for rank in range(2)}
     plan = PLAN.with_world(2, 2)
@@ -41,4 +45,6 @@ def test_lightning_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path):
     one = steps(elastic / "ids-1-0.jsonl")
     assert sorted(one) == [3, 4, 5]
     for s in (3, 4, 5):
-        assert sorted(i for mb in one[s] for i in mb) == sorted(i for r in range(2) for mb in reference[r][s] for i in mb)
+        assert sorted(i for mb in one[s] for i in mb) == sorted(
+            i for r in range(2) for mb in reference[r][s] for i in mb
+        )
