@@ -67,20 +67,39 @@ class DetsamplerDataLoader(BaseDataLoader):
         num_workers: int = 0
         """DataLoader worker processes."""
 
-    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int, local_batch_size: int,
-                 tokenizer: Any = None, snapshot_every_n_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        seq_len: int,
+        local_batch_size: int,
+        tokenizer: Any = None,
+        snapshot_every_n_steps: int | None = None,
+    ) -> None:
         dataset, stream = _dataset(config, seq_len)
-        global_batch_size = config.global_batch_size if config.global_batch_size > 0 else local_batch_size * dp_world_size
+        global_batch_size = config.global_batch_size
+        if global_batch_size <= 0:
+            global_batch_size = local_batch_size * dp_world_size
         counted = {"num_samples": stream} if isinstance(stream, int) else {"source": stream}
-        self.plan = Plan(**counted, seed=config.seed, global_batch_size=global_batch_size,
-                         micro_batch_size=local_batch_size, world_size=dp_world_size)
-        self.dataset: Dataset = dataset if isinstance(dataset, PackedDataset) else MixtureDataset(dataset, self.plan.stream)
+        self.plan = Plan(
+            **counted,
+            seed=config.seed,
+            global_batch_size=global_batch_size,
+            micro_batch_size=local_batch_size,
+            world_size=dp_world_size,
+        )
+        if not isinstance(dataset, PackedDataset):
+            dataset = MixtureDataset(dataset, self.plan.stream)
+        self.dataset: Dataset = dataset
         self.sampler = DeterministicBatchSampler(self.plan, dp_rank)
         self.num_workers = config.num_workers
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        loader = DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
-                            collate_fn=collate_micro_batch)
+        loader = DataLoader(
+            self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers, collate_fn=collate_micro_batch
+        )
         for _, micro_batches in self.sampler.steps(loader):
             for batch in micro_batches:
                 yield {"input": batch["input_ids"]}, batch["labels"]

@@ -1,8 +1,15 @@
-"""torchtitan's own classes over detsampler: the loader is a ``BaseDataLoader`` built from its ``Config`` as torchtitan's
-trainer builds it, iterated as its training loop does, checkpointed with DCP under "dataloader" and resumed at another
-dp degree (which torchtitan's own loader refuses): every step's global batch equals the uninterrupted run's."""
+"""torchtitan's own classes over detsampler: the loader is a ``BaseDataLoader`` built from its ``Config`` as
+torchtitan's trainer builds it, iterated as its training loop does, checkpointed with DCP under "dataloader" and resumed
+at another dp degree (which torchtitan's own loader refuses): each global batch equals the uninterrupted run's."""
 
 from __future__ import annotations
+
+import sys
+
+import pytest
+
+if sys.version_info < (3, 11):  # torchtitan 0.3.0 requires Python >= 3.11; the test extra installs it from there on
+    pytest.skip("torchtitan needs Python >= 3.11", allow_module_level=True)
 
 import torch.distributed.checkpoint as dcp
 from torchtitan.components.dataloader import BaseDataLoader
@@ -14,9 +21,16 @@ SEQ_LEN, GLOBAL_BATCH, LOCAL_BATCH = 32, 8, 2
 
 def build(index_paths, dp_world_size, dp_rank, **config):
     """What torchtitan's trainer calls: ``config.dataloader.build(...)`` with its runtime arguments."""
-    cfg = DetsamplerDataLoader.Config(index_paths=[str(p) for p in index_paths], global_batch_size=GLOBAL_BATCH, **config)
-    return cfg.build(dp_world_size=dp_world_size, dp_rank=dp_rank, tokenizer=None, seq_len=SEQ_LEN,
-                     local_batch_size=LOCAL_BATCH, snapshot_every_n_steps=1)
+    paths = [str(p) for p in index_paths]
+    cfg = DetsamplerDataLoader.Config(index_paths=paths, global_batch_size=GLOBAL_BATCH, **config)
+    return cfg.build(
+        dp_world_size=dp_world_size,
+        dp_rank=dp_rank,
+        tokenizer=None,
+        seq_len=SEQ_LEN,
+        local_batch_size=LOCAL_BATCH,
+        snapshot_every_n_steps=1,
+    )
 
 
 def train_steps(loaders, num_steps):
