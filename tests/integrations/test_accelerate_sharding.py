@@ -29,3 +29,25 @@ def test_unsharded_prepare_passes_every_micro_batch_through():
         prepare_data_loader(DataLoader(Ids(100), batch_sampler=sampler), num_processes=2, process_index=1)
     )
     assert [mb.tolist() for mb in prepared] == flat_micro_batches(PLAN, 1, 0, 3)
+
+
+def test_a_plan_whose_step_is_not_one_trainer_step_is_refused_with_the_value_to_set(tmp_path):
+    from transformers import TrainingArguments
+
+    from detsampler.integrations.hf import trainer_plan
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=3,
+        use_cpu=True,
+        report_to=[],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"2 processes x 2 per device x 2 micro steps: set gradient_accumulation_steps=2 "
+        r"\(it is 3\)",
+    ):
+        trainer_plan(PLAN, args, num_processes=2)
+    args.gradient_accumulation_steps = 4
+    assert trainer_plan(PLAN, args, num_processes=1).num_micro_steps(0) == 4  # the same plan on 1 process
