@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
+from detsampler.version import MAPPING_VERSION
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -188,6 +189,7 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
+        mapping_version=config.mapping_version or MAPPING_VERSION,
     )
 
 
