@@ -3,7 +3,7 @@
     python -m tests.integrations._hf_child OUT_DIR MODE [RESUME_FROM] [GRAD_ACCUM]
 
 MODE: ``full`` trains steps 0-5 (and first checks that the naive ``accelerator.prepare`` is refused); ``kill`` exits the
-process hard after step 4 (checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends
+process hard at global_step 4 (checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends
 ``{"step": s, "ids": [...]}`` per micro batch to OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
 """
 

@@ -2,8 +2,8 @@
 
     python -m tests.integrations._lightning_child OUT_DIR MODE [CKPT_PATH] [ACCUMULATE]
 
-MODE: ``full`` trains steps 0-5; ``kill`` exits the process hard at global_step 4 (steps 0-3 trained) (``step=3.ckpt`` is on disk); ``resume``
-fits from CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to
+MODE: ``full`` trains steps 0-5; ``kill`` exits the process hard at global_step 4 (``step=3.ckpt`` is on disk);
+``resume`` fits from CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to
 OUT_DIR/ids-<world>-<rank>.jsonl.
 """
 
