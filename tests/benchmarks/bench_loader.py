@@ -78,7 +78,7 @@ def detsampler_rate(dataset, num_workers: int) -> tuple[float, int]:
     from detsampler.loader.dataset import collate_micro_batch
 
     plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
-    sampler = DeterministicBatchSampler(plan, rank=0, num_steps=MAX_BATCHES + 1)
+    sampler = DeterministicBatchSampler(plan, rank=0, stop_step=MAX_BATCHES + 1)
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
     return _time_batches(loader, MAX_BATCHES, BUDGET_S)
 
