@@ -37,6 +37,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
+
 __all__ = [
     "COMPLETE",
     "DataFingerprintError",
@@ -83,49 +85,30 @@ def kill_point(name: str, step: int) -> None:
 
 
 def data_fingerprint(index_fingerprint: str, layout: dict, plan: dict) -> dict:
-    """What fixes the data stream of every step, with its hash under ``"hash"``.
-
-    ``layout`` is the layout's ``describe()`` (kind, seq_len, seed, window_docs and corpus counts), ``plan`` is
-    ``Plan.fingerprint()`` (mapping version, stream, seed, batch schedule). Neither holds the number of ranks, the micro
-    batch size or the number of workers, which may change on resume.
-    """
-    body = {"index": index_fingerprint, "layout": layout, "plan": plan}
-    text = json.dumps(body, sort_keys=True, default=str)
-    return {**json.loads(text), "hash": hashlib.sha256(text.encode()).hexdigest()[:16]}
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
-def fingerprint_changes(saved: dict, current: dict) -> list[str]:
-    """Human-readable differences ``key: saved -> current`` between two fingerprints (``hash`` left out)."""
-    a = {k: v for k, v in _flatten(saved).items() if k != "hash"}
-    b = {k: v for k, v in _flatten(current).items() if k != "hash"}
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    """The saved form of :class:`detsampler.resume.DataFingerprint` (what fixes the data stream of every step)."""
+    return DataFingerprint(index_fingerprint, layout, plan).to_dict()
 
 
 def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, resume_step: int | None = None) -> None:
-    """Raise DataFingerprintError naming what changed unless the two fingerprints hash the same.
+    """Raise DataFingerprintError naming what changed unless resuming ``current`` at ``resume_step`` continues ``saved``.
 
-    With ``plan`` (the resuming run's Plan) and ``resume_step``, a changed plan is accepted when only its future changed:
-    mixture schedule entries or skip ranges at or after the resume step (:func:`detsampler.resume.check_resume`); the index
-    and layout must still be the same.
+    The library's :func:`detsampler.resume.check_resume` decides: the index and the layout must be the same; the plan may
+    change only in its future (mixture schedule entries or skip ranges at or after the resume step). Without
+    ``resume_step`` the two fingerprints must hash the same. ``plan`` is accepted for compatibility and unused.
     """
-    if saved.get("hash") == current.get("hash"):
+    if saved.get("hash") == current.get("hash") and resume_step is None:
         return
-    if plan is not None and resume_step is not None and all(saved.get(k) == current.get(k) for k in ("index", "layout")):
-        from detsampler.resume import check_resume
-
-        try:
-            check_resume(saved["plan"], plan, resume_step)
+    try:
+        saved_fp, current_fp = DataFingerprint.from_dict(saved), DataFingerprint.from_dict(current)
+        if resume_step is None:
+            if saved_fp.hash != current_fp.hash:
+                raise ValueError("differs")
             return
-        except ValueError as exc:
+        check_resume(saved_fp, current_fp, resume_step)
+        return
+    except ValueError as exc:
+        same_source = all(saved.get(k) == current.get(k) for k in ("index", "layout"))
+        if same_source and resume_step is not None and str(exc) != "differs":
             raise DataFingerprintError(
                 f"checkpoint {path} (step {resume_step}): {exc}. Pass --allow-data-change to resume anyway, or start a new run."
             ) from None
