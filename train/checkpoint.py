@@ -17,7 +17,8 @@ next step to train: the batch sampler restarts there, and there is no other data
 Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (the shards of
 step 8 written by every rank, its DCP ``.metadata`` not yet) or ``after_save:8`` (after the rename), rank 0 prints
 ``DETSAMPLER_KILL_POINT <point>`` and sleeps so that the test can SIGKILL the process group at that moment;
-``before_step:S`` does the same when step S's data has been loaded, before it is trained (train.train).
+``before_step:S`` does the same when step S's data has been loaded, before it is trained, and ``before_init:0`` before
+rank 0 joins the process group, so that the other ranks wait in the rendezvous (train.train).
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
+from train.integrity import COMPLETE, CheckpointCorrupt, checkpoint_files, file_digests, verify_checkpoint, write_complete
 
 __all__ = [
     "COMPLETE",
+    "CheckpointCorrupt",
+    "CheckpointLoadError",
     "DataFingerprintError",
     "checkpoint_step",
     "complete_checkpoints",
@@ -52,9 +56,9 @@ __all__ = [
     "read_meta",
     "remove_incomplete",
     "save_checkpoint",
+    "verify",
 ]
 
-COMPLETE = "COMPLETE"
 FINGERPRINT_FILE = "data_fingerprint.json"
 KILL_POINT_ENV = "DETSAMPLER_TEST_KILL_POINT"
 _NAME = re.compile(r"^step_(\d{8,})$")
@@ -64,8 +68,12 @@ class DataFingerprintError(ValueError):
     """The checkpoint was trained on another data stream than the configuration describes."""
 
 
+class CheckpointLoadError(ValueError):
+    """A verified checkpoint does not load (e.g. the model configuration changed)."""
+
+
 def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
 def _barrier() -> None:
@@ -135,7 +143,7 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / COMPLETE).is_file() and (p / ".metadata").is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / COMPLETE).is_file()]
     return sorted(found, key=checkpoint_step)
 
 
@@ -157,10 +165,18 @@ def remove_incomplete(root: str | Path) -> list[Path]:
     return removed
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
 def read_meta(path: str | Path) -> dict:
-    """``{"step": s, "data": fingerprint}`` of a checkpoint, read from its DCP ``meta`` entry."""
+    """``{"step": s, "data": fingerprint}`` of a checkpoint, read from its DCP ``meta`` entry (verify it first)."""
     state: dict[str, Any] = {"meta": {"step": -1, "data": ""}}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointLoadError(f"checkpoint {path} cannot be read: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}
 
 
@@ -218,10 +234,10 @@ def save_checkpoint(
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
         (tmp / FINGERPRINT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        with open(tmp / COMPLETE, "w") as f:
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
+    digests = _hash_shards(tmp)
+    if _rank() == 0:
+        rest = sorted(set(checkpoint_files(tmp)) - set(digests))  # .metadata, data_fingerprint.json
+        write_complete(tmp, step, {**digests, **file_digests(tmp, rest)})
         _fsync_dir(tmp)
         if final.exists():  # a checkpoint of this step from an earlier, resumed attempt
             shutil.rmtree(final)
@@ -234,11 +250,41 @@ def save_checkpoint(
     return final
 
 
+def _hash_shards(tmp: Path) -> dict[str, dict[str, Any]]:
+    """The digests of every rank's DCP shard files (``__R_*.distcp``, R the writing rank), each rank hashing its own."""
+    mine = sorted(p.name for p in tmp.glob(f"__{_rank()}_*"))
+    parts: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    local = file_digests(tmp, mine)
+    if dist.is_initialized():
+        dist.all_gather_object(parts, local)
+    else:
+        parts = [local]
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def verify(path: Path) -> str | None:
+    """None when checkpoint ``path`` matches its ``COMPLETE`` record, else the first problem (collective: the ranks split
+    the files, and all return the same answer)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    try:
+        verify_checkpoint(path, _rank(), world)
+        problem = None
+    except CheckpointCorrupt as exc:
+        problem = str(exc)
+    problems: list[Any] = [problem] * world
+    if dist.is_initialized():
+        dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p is not None), None)
+
+
 def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict:
     """Load model, optimizer and scheduler state from checkpoint ``path`` in place (collective). Returns its meta."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "scheduler": "", "meta": {"step": -1, "data": ""}}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(json.loads(state["scheduler"]))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        scheduler.load_state_dict(json.loads(state["scheduler"]))
+    except Exception as exc:  # noqa: BLE001 - e.g. another model shape; the files were verified before
+        raise CheckpointLoadError(f"checkpoint {path} does not load into this model: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}

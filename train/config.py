@@ -127,12 +127,16 @@ class DataConfig:
     skip_steps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
-        from detsampler.layout import LAYOUT_KINDS
+        from detsampler.layout import LAYOUT_KINDS, LayoutConfig
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
-        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc"):
-            _positive_int(self, name)
+        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
+            _positive_int(self, name, 0 if name == "seed" else 1)
+        try:
+            LayoutConfig(kind=self.layout, seq_len=self.seq_len, seed=self.seed, window_docs=self.window_docs)
+        except ValueError as exc:
+            raise ValueError(f"DataConfig: {exc}") from None
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
