@@ -227,3 +227,20 @@ def test_thread_prefetcher_keeps_order_raises_where_the_reader_failed_and_stops(
     assert not any(t.name == "batch-prefetch" and t.is_alive() and t is endless._thread for t in threading.enumerate())
     with pytest.raises(ValueError, match="prefetch depth must be >= 1, got 0"):
         ThreadPrefetcher(range(3), depth=0)
+
+
+def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
+    """A NaN loss used to be written as a bare ``NaN``, which strict JSON parsers reject (issue 10 item 12)."""
+    import json
+
+    from train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    log.write({"event": "step", "step": 0, "loss": float("nan"), "extra": [float("inf"), 1.5]})
+    log.close()
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    record = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert record == {"event": "step", "step": 0, "loss": None, "extra": [None, 1.5]}

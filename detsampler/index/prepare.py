@@ -71,7 +71,7 @@ def load_dataset_for(config: IndexConfig) -> Any:
     if config.data is None:
         ds = default_corpus(max_documents=config.max_documents)
     else:
-        ds = load_corpus(config.data, config.text_column)
+        ds = load_corpus(config.data, config.text_column, cache_dir=config.cache_path)
         if config.max_documents is not None and config.max_documents < len(ds):
             ds = ds.select(range(config.max_documents))
     return ds
