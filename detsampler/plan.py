@@ -32,7 +32,12 @@ from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import permute
 from detsampler.version import MAPPING_VERSION
 
-__all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+__all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+
+# NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**38 steps of 2**24 samples
+# (2.7e11 steps, 16.8M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
+MAX_STEP = 2**38
+MAX_GLOBAL_BATCH_SIZE = 2**24
 
 
 class SampleStream(Protocol):
@@ -58,8 +63,10 @@ class EpochStream:
     seed: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 1:
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1 (no complete sample otherwise), got {self.num_samples!r}")
+        if self.num_samples > 2**62:
+            raise ValueError(f"num_samples must be <= 2**62 (int64 sample ids), got {self.num_samples}")
 
     @cached_property
     def base_key(self) -> int:
@@ -105,6 +112,8 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
         if b < a:
             raise ValueError(f"skip_steps range ({a}, {b}) is reversed: need first <= last (both inclusive)")
+        if b > MAX_STEP:
+            raise ValueError(f"skip_steps range ({a}, {b}) ends after the last possible data step 2**38 = {MAX_STEP}")
         rows.append((int(a), int(b)))
     rows.sort()
     for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
@@ -133,6 +142,8 @@ def _check_step(step: int, name: str = "step") -> int:
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
+    if step > MAX_STEP:
+        raise ValueError(f"{name} must be <= 2**38 = {MAX_STEP} (int64 sample positions), got {step}")
     return int(step)
 
 
@@ -167,6 +178,12 @@ class Plan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            if value > MAX_GLOBAL_BATCH_SIZE:
+                raise ValueError(f"{name} must be <= 2**24 = {MAX_GLOBAL_BATCH_SIZE} samples, got {value}")
+        if isinstance(self.num_samples, (bool, float, str)) or not (
+            isinstance(self.num_samples, (int, np.integer)) or hasattr(self.num_samples, "sample_ids")
+        ):
+            raise ValueError(f"num_samples must be an integer >= 1 or a sample stream (a Mixture), got {self.num_samples!r}")
         stream = EpochStream(self.num_samples, self.seed) if isinstance(self.num_samples, (int, np.integer)) else self.num_samples
         object.__setattr__(self, "stream", stream)
         schedule = self._normalized_schedule()
@@ -189,7 +206,12 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
+        for row in self.batch_size_schedule:
+            if len(row) != 2 or any(isinstance(v, (bool, float)) or not isinstance(v, (int, np.integer)) for v in row):
+                raise ValueError(f"batch_size_schedule rows must be (step, size) integer pairs, got {tuple(row)!r}")
         schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
+        if any(s > MAX_STEP or b > MAX_GLOBAL_BATCH_SIZE for s, b in schedule):
+            raise ValueError(f"batch_size_schedule steps must be <= 2**38 and sizes <= 2**24, got {schedule}")
         if not schedule or schedule[0][0] != 0:
             raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
         for (s0, _), (s1, _) in zip(schedule, schedule[1:]):

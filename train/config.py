@@ -279,7 +279,10 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} in config section [{name}]; allowed keys are {sorted(allowed)}")
-        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        try:
+            sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        except TypeError as exc:  # e.g. a number where a list of pairs belongs
+            raise ValueError(f"config section [{name}]: a value has the wrong type ({exc})") from None
     return TrainConfig(**sections)
 
 

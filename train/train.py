@@ -29,6 +29,7 @@ if __name__ == "__main__":  # NOTE: before torch is imported (seconds), so that 
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -42,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from detsampler.cli import show_library_log
 from train import checkpoint as ckpt
 from train.config import TrainConfig, config_to_dict, load_config
 from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
@@ -68,14 +70,31 @@ class Runtime:
         return self.device.type == "cuda"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are raised (one line, printed by rank 0 only), not printed by every rank."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ValueError(f"{self.prog}: {message} (see --help)")
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m train.train", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m train.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="TOML file (train/configs/tiny.toml, train/configs/gpu.toml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--run-dir", required=True, help="where metrics.jsonl, config.json and checkpoints/ go")
     p.add_argument("--resume", default="auto", help="auto | none | PATH of a checkpoint directory")
     p.add_argument("--allow-data-change", action="store_true", help="resume even if the data fingerprint differs")
-    p.add_argument("--stop-at", type=int, default=None, help="stop before this step (saving a checkpoint there)")
+    p.add_argument("--stop-at", type=_non_negative, default=None, help="stop before this step (saving a checkpoint there)")
     return p.parse_args(argv)
 
 
@@ -357,12 +376,14 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; a bad configuration, a refused resume or a locked run directory exits with status 2 and one line on stderr,
     printed by rank 0 only (every rank meets the same error)."""
-    args = parse_args(argv)
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:
+        args = parse_args(argv)
+        show_library_log(logging.INFO if rank0 else logging.WARNING)
         cfg = load_config(args.config, args.overrides)
         train(cfg, args.run_dir, args.resume, args.allow_data_change, args.stop_at)
     except (ValueError, OSError) as e:
-        if os.environ.get("RANK", "0") == "0":
+        if rank0:
             print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
         return 2
     return 0

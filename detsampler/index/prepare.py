@@ -44,6 +44,10 @@ class IndexConfig:
             raise ValueError(f"vocab_size must be an integer >= 300, got {self.vocab_size!r}")
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
             raise ValueError(f"num_proc must be an integer >= 1, got {self.num_proc!r}")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()):
+            raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
+        if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
+            raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
         if not isinstance(self.store_tokens, bool):
             raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
         if self.max_documents is not None and (

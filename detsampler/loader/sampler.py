@@ -71,5 +71,5 @@ class DeterministicBatchSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at ``state["step"]``: the next iteration starts there; ``num_steps`` keeps counting from it."""
-        step = _check_step(int(state["step"]), "step")
+        step = _check_step(state["step"], "step")  # an integer: 2.7 is refused, not truncated
         self.start_step = self._next_step = step

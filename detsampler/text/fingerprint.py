@@ -76,7 +76,10 @@ def _write_cache(path: Path, files: dict) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         logger.debug("content-hash cache %s not written: %s", path, exc)
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def content_fingerprint(root: str | os.PathLike, files: list[Path], kind: str,
