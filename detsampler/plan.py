@@ -34,10 +34,10 @@ from detsampler.version import MAPPING_VERSION
 
 __all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
 
-# NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**38 steps of 2**24 samples
-# (2.7e11 steps, 16.8M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
-MAX_STEP = 2**38
-MAX_GLOBAL_BATCH_SIZE = 2**24
+# NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**40 steps of 2**22 samples
+# (1.1e12 steps, 4.2M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
+MAX_STEP = 2**40
+MAX_GLOBAL_BATCH_SIZE = 2**22
 
 
 class SampleStream(Protocol):
@@ -113,7 +113,7 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
         if b < a:
             raise ValueError(f"skip_steps range ({a}, {b}) is reversed: need first <= last (both inclusive)")
         if b > MAX_STEP:
-            raise ValueError(f"skip_steps range ({a}, {b}) ends after the last possible data step 2**38 = {MAX_STEP}")
+            raise ValueError(f"skip_steps range ({a}, {b}) ends after the last possible data step 2**40 = {MAX_STEP}")
         rows.append((int(a), int(b)))
     rows.sort()
     for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
@@ -143,7 +143,7 @@ def _check_step(step: int, name: str = "step") -> int:
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
     if step > MAX_STEP:
-        raise ValueError(f"{name} must be <= 2**38 = {MAX_STEP} (int64 sample positions), got {step}")
+        raise ValueError(f"{name} must be <= 2**40 = {MAX_STEP} (int64 sample positions), got {step}")
     return int(step)
 
 
@@ -179,7 +179,7 @@ class Plan:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
             if value > MAX_GLOBAL_BATCH_SIZE:
-                raise ValueError(f"{name} must be <= 2**24 = {MAX_GLOBAL_BATCH_SIZE} samples, got {value}")
+                raise ValueError(f"{name} must be <= 2**22 = {MAX_GLOBAL_BATCH_SIZE} samples, got {value}")
         if isinstance(self.num_samples, (bool, float, str)) or not (
             isinstance(self.num_samples, (int, np.integer)) or hasattr(self.num_samples, "sample_ids")
         ):
@@ -211,7 +211,7 @@ class Plan:
                 raise ValueError(f"batch_size_schedule rows must be (step, size) integer pairs, got {tuple(row)!r}")
         schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
         if any(s > MAX_STEP or b > MAX_GLOBAL_BATCH_SIZE for s, b in schedule):
-            raise ValueError(f"batch_size_schedule steps must be <= 2**38 and sizes <= 2**24, got {schedule}")
+            raise ValueError(f"batch_size_schedule steps must be <= 2**40 and sizes <= 2**22, got {schedule}")
         if not schedule or schedule[0][0] != 0:
             raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
         for (s0, _), (s1, _) in zip(schedule, schedule[1:]):

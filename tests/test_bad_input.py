@@ -135,10 +135,10 @@ def test_tokenizer_train_to_an_unwritable_place(capsys, tmp_path: Path, out: str
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["show", "--step", str(2**60)], "step must be <= 2**38"),
+    [(["show", "--step", str(2**60)], "step must be <= 2**40"),
      (["verify", "--steps", "0:2", "--skip-steps", f"0:{10**20}"], "ends after the last possible data step"),
-     (["verify", "--steps", "0:2", "--global-batch-size", str(2**40)], "global_batch_size must be <= 2**24"),
-     (["stats", "--step", str(2**62)], "step must be <= 2**38"),
+     (["verify", "--steps", "0:2", "--global-batch-size", str(2**40)], "global_batch_size must be <= 2**22"),
+     (["stats", "--step", str(2**62)], "step must be <= 2**40"),
      (["show", "--step", "0", "--decode", "--max-chars", "-5"], "expected an integer >= 0, got -5")],
     ids=["step", "skip-steps", "global-batch-size", "stats-step", "max-chars"],
 )
