@@ -5,9 +5,10 @@ Layout of a checkpoint root::
     ROOT/step_00000008/      a complete checkpoint: DCP files, .metadata, data_fingerprint.json, COMPLETE
     ROOT/.tmp-step_00000010/ one being written (or left by a killed run): never read, removed at the next start
 
-Every rank writes its shards into the temporary directory with ``dcp.save``; then rank 0 writes the human-readable
-``data_fingerprint.json`` and the ``COMPLETE`` marker and renames the directory into place. A directory named ``step_N``
-that holds ``COMPLETE`` is therefore whole; the newest complete checkpoint is the one with the highest N.
+Every rank writes its shards into the temporary directory with ``dcp.save`` and hashes them; then rank 0 writes the
+human-readable ``data_fingerprint.json`` and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`) and
+renames the directory into place. A directory named ``step_N`` that holds ``COMPLETE`` is therefore whole; before a load
+every file is checked against ``COMPLETE`` (:func:`verify`; which checkpoint a run resumes from: :mod:`train.rundir`).
 
 Content: ``model`` and ``optim`` (sharded, from ``get_state_dict``; DCP reshards them when the number of ranks changes),
 ``scheduler`` (the LR scheduler's state as JSON) and ``meta`` = ``{"step": s, "data": fingerprint JSON}``. DCP keeps the
