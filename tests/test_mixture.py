@@ -520,6 +520,8 @@ def test_small_mixture_flaws_of_issue_11():
         (0, (1, 1)), (3, (1, 2)))
     with pytest.raises(ValueError, match=r"weights must be one weight per source or a schedule .*got a 2-D array"):
         Mixture([10, 10], np.array([[0.5, 0.5]]), 0)
+    config = MixtureConfig(weights=np.array([np.float32(0.1), np.float32(0.9)]), schedule=[(5, np.array([1, 1]))])
+    assert config.build([10, 10]).schedule == ((0, (1, 9)), (5, (1, 1)))
     with pytest.raises(ValueError, match="names must be a list of strings, one per source, got 'ab'"):
         MixtureConfig(weights=[1, 1], names="ab")
     with pytest.raises(ValueError, match=r"Got segment 5, allowed segments are in \[0, 1\)"):

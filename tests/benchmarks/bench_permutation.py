@@ -144,7 +144,7 @@ def main() -> BenchResult:
 
     det_rate, v1_rate = med[0], med[1]
     gap = "" if det_rate >= TARGET else (
-        f" Gap: {TARGET / det_rate:.2f}x short. What limits it: each index goes through 8 Feistel rounds of about 12 numpy "
+        f" Gap: {TARGET / det_rate:.2f}x short. What limits it: each index goes through 8 Feistel rounds of about 14 numpy "
         "element-wise passes (SplitMix64's finalizer, a multiply-high or a shift, a modular add) over chunks of 16,384 "
         "uint64 values. Timings were taken on a shared machine: see the load average above."
     )
