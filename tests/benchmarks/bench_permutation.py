@@ -5,7 +5,11 @@ Contenders, side by side in this process (single-threaded: numpy's permutation a
 - ``numpy.random.permutation`` (the legacy ``RandomState``; also ``Generator.permutation``): materializes all N (O(N) memory);
 - Grain ``MapDataset.range(N).shuffle(seed)`` (O(1) memory): indices read one at a time through its public ``ds[i]``.
 Bijectivity: every contender's image of ``range(N)`` is checked to be exactly ``range(N)`` at N = 2**16 + 1 (asked for by
-the issue) and at N = 2**18 + 1.
+the issue), 2**17 + 1 and 2**18 + 1. Grain's ``index_shuffle`` (``index_shuffle.cc``) sizes its Simon cipher's block as
+``ceil(log2(max_index))`` bits rounded up to even, at least 16, with ``max_index = N - 1``; when ``max_index = 2**(2j)``
+with ``2j >= 16`` that block holds ``[0, 2**(2j))`` only, one value short: ``max_index`` is never produced and the index
+``max_index`` (its high bit dropped) lands on another index's image. At odd exponents the block is rounded up a bit and
+the shuffle is a bijection, which the ``2**17 + 1`` row checks.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ __all__ = ["main"]
 
 THROUGHPUT_N = 10**7
 GRAIN_SAMPLE = 200_000  # Grain indices read per repeat (it goes one index per Python call)
-BIJECTIVITY_NS = (2**16 + 1, 2**18 + 1)
+BIJECTIVITY_NS = (2**16 + 1, 2**17 + 1, 2**18 + 1)
 TARGET = 1e7
 SEED = 1234
 

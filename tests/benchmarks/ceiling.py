@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CeilingRun", "ceiling_runs", "span_addresses"]
+__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "slice_copy", "span_addresses", "span_pieces"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,34 @@ def _rates(fn, repeats: int, tokens: int) -> tuple[float, float, float]:
     return float(np.median(rates)), float(rates.min()), float(rates.max())
 
 
+def span_pieces(spans, offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int, bool]]:
+    """Per span: (its first address in the flat token array, its number of positions, whether it ends at the EOS)."""
+    begin = (offsets[spans.doc_ids] + spans.starts).tolist()
+    size = (spans.stops - spans.starts).tolist()
+    at_eos = (spans.stops == lengths[spans.doc_ids] + 1).tolist()
+    return list(zip(begin, size, at_eos))
+
+
+def slice_copy(tokens: np.ndarray, pieces: list[tuple[int, int, bool]], eos_id: int, out: np.ndarray) -> np.ndarray:
+    """The spans' tokens, one slice copy per span, into ``out`` (the EOS written where a span reaches it)."""
+    p = 0
+    for s, n, eos in pieces:
+        m = n - 1 if eos else n
+        out[p : p + m] = tokens[s : s + m]
+        if eos:
+            out[p + m] = eos_id
+        p += n
+    return out[:p]
+
+
+def gather_copy(tokens: np.ndarray, spans, offsets: np.ndarray, lengths: np.ndarray, eos_id: int) -> np.ndarray:
+    """The spans' tokens by one fancy-index gather (EOS set by mask)."""
+    addr, eos = span_addresses(spans, offsets, lengths)
+    got = tokens[addr]
+    got[eos] = eos_id
+    return got
+
+
 def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeats: int = 7) -> list[CeilingRun]:
     """The three copies of ``batches`` (a list of Spans) from ``index.tokens``; ``per_batch`` positions each."""
     tokens, eos_id = index.tokens, index.eos_id
@@ -57,35 +85,22 @@ def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeat
     lengths = np.asarray(index.lengths, dtype=np.int64)
     out = np.empty(per_batch, dtype=tokens.dtype)
     starts = [min(int(offsets[b.doc_ids[0]] + b.starts[0]), tokens.size - per_batch) for b in batches]
-    pieces = []
-    for b in batches:
-        begin = (offsets[b.doc_ids] + b.starts).tolist()
-        size = (b.stops - b.starts).tolist()
-        at_eos = (b.stops == lengths[b.doc_ids] + 1).tolist()
-        pieces.append(list(zip(begin, size, at_eos)))
+    pieces = [span_pieces(b, offsets, lengths) for b in batches]
 
     def memcpy() -> None:
         for s in starts:
             np.copyto(out, tokens[s : s + per_batch])
 
-    def slice_copy() -> None:
-        for spans in pieces:
-            p = 0
-            for s, n, eos in spans:
-                m = n - 1 if eos else n
-                out[p : p + m] = tokens[s : s + m]
-                if eos:
-                    out[p + m] = eos_id
-                p += n
+    def slices() -> None:
+        for p in pieces:
+            slice_copy(tokens, p, eos_id, out)
 
     def gather() -> None:
         for b in batches:
-            addr, eos = span_addresses(b, offsets, lengths)
-            got = tokens[addr]
-            got[eos] = eos_id
+            gather_copy(tokens, b, offsets, lengths, eos_id)
 
     runs = []
-    for name, fn in (("memcpy of the same bytes", memcpy), ("per-span slice copy loop", slice_copy), ("vectorized gather", gather)):
+    for name, fn in (("memcpy of the same bytes", memcpy), ("per-span slice copy loop", slices), ("vectorized gather", gather)):
         fn()  # warm the page cache and the code path
         runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
     return runs

@@ -26,6 +26,7 @@ __all__ = [
     "write_megatron",
     "write_megatron_synthetic",
     "megatron_gpt_dataset",
+    "megatron_blended_dataset",
     "write_token_file",
     "olmo_fsl_dataset",
     "olmo_fsl_loader",
@@ -87,20 +88,28 @@ def write_megatron(prefix: Path, documents: Iterable[np.ndarray], eos_id: int, d
     return prefix
 
 
-def write_megatron_synthetic(prefix: Path, lengths: np.ndarray, vocab: int, eos_id: int, chunk: int = 1_000_000) -> Path:
-    """A ``.bin``/``.idx`` of ``len(lengths)`` documents of the given lengths (EOS included), random token ids, through
-    ``IndexedDatasetBuilder.add_document`` a chunk of documents at a time (one sequence per document of the chunk)."""
+def write_megatron_synthetic(prefix: Path, lengths: np.ndarray, source: np.ndarray, eos_id: int, chunk: int = 250_000) -> Path:
+    """A ``.bin``/``.idx`` of ``len(lengths)`` documents of the given lengths (EOS included), their tokens read in turn
+    from ``source`` (a real token stream, repeated as often as needed), through ``IndexedDatasetBuilder.add_document`` a
+    chunk of documents at a time (one sequence per document of the chunk)."""
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     if _megatron_prefix_done(prefix):
         return prefix
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
     builder = IndexedDatasetBuilder(str(prefix.with_suffix(".bin")), dtype=np.uint16)
+    at = 0
     for lo in range(0, len(lengths), chunk):
         part = lengths[lo : lo + chunk]
-        tokens = rng.integers(0, vocab, int(part.sum()), dtype=np.uint16)
+        n = int(part.sum())
+        pieces, need = [], n
+        while need:
+            take = source[at : at + need]
+            pieces.append(take)
+            need -= take.size
+            at = (at + take.size) % source.size
+        tokens = np.concatenate(pieces).astype(np.uint16)
         tokens[np.cumsum(part) - 1] = eos_id
         builder.add_document(torch.from_numpy(tokens.astype(np.int32)), part.tolist())
     builder.finalize(str(prefix.with_suffix(".idx")))
@@ -122,6 +131,15 @@ class _TokenIds:
 def megatron_gpt_dataset(prefix: Path, num_samples: int, seq_len: int, vocab_size: int, eos_id: int, cache: Path, seed: int = 0):
     """The train split of megatron's ``GPTDataset`` over ``prefix`` (all documents), built as a user does through
     ``BlendedMegatronDatasetBuilder``; its document/sample/shuffle indices are cached under ``cache``."""
+    return megatron_blended_dataset([prefix], None, num_samples, seq_len, vocab_size, eos_id, cache, seed)
+
+
+def megatron_blended_dataset(
+    prefixes: list[Path], weights: list[float] | None, num_samples: int, seq_len: int, vocab_size: int, eos_id: int,
+    cache: Path, seed: int = 0,
+):
+    """Megatron's train split over ``prefixes`` blended by ``weights`` (a ``BlendedDataset`` when there are several, the
+    ``GPTDataset`` itself for one), through ``BlendedMegatronDatasetBuilder``; indices cached under ``cache``."""
     _quiet()
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -129,8 +147,7 @@ def megatron_gpt_dataset(prefix: Path, num_samples: int, seq_len: int, vocab_siz
     config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq_len,
-        blend=([str(prefix)], None),
-        split="100,0,0",
+        blend_per_split=[([str(p) for p in prefixes], weights), None, None],
         path_to_cache=str(cache),
         tokenizer=_TokenIds(vocab_size, eos_id, -1),
         reset_position_ids=False,
@@ -139,8 +156,20 @@ def megatron_gpt_dataset(prefix: Path, num_samples: int, seq_len: int, vocab_siz
         create_attention_mask=False,
         mmap_bin_files=True,
     )
+    _single_process_group(cache)
     train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None], lambda: True, config).build()
     return train
+
+
+def _single_process_group(directory: Path) -> None:
+    """A one-rank gloo process group (megatron's BlendedDataset asks for the rank when it writes its cache)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        directory.mkdir(parents=True, exist_ok=True)
+        init = directory / f".pg-{os.getpid()}"
+        init.unlink(missing_ok=True)
+        dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
 
 
 # -- OLMo-core
