@@ -12,8 +12,8 @@ from tests.benchmarks.run_all import _as_markdown, discover, render
 def test_discovery_follows_the_issue_numbering():
     names = discover()
     assert {"resume", "memory", "permutation"} <= set(names)
-    known = [n for n in names if n in ("resume", "memory", "loader", "index", "permutation", "trainer")]
-    order = ["resume", "memory", "loader", "index", "permutation", "trainer"]
+    known = [n for n in names if n in ("resume", "memory", "loader", "index", "permutation", "trainer", "scale")]
+    order = ["resume", "memory", "loader", "index", "permutation", "trainer", "scale"]
     assert known == [n for n in order if n in known]
 
 
