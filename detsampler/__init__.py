@@ -11,16 +11,20 @@ from typing import Any
 
 from detsampler.layout import BestFitLayout, ConcatLayout, DocumentLayout, Layout, LayoutConfig, Spans, make_layout
 from detsampler.locate import Located, locate
-from detsampler.mixture import Mixture, MixtureLookup
+from detsampler.mixture import Mixture, MixtureConfig, MixtureLookup
 from detsampler.permutation import Permutation, permute, unpermute
 from detsampler.plan import EpochStream, Plan
 from detsampler.resume import check_resume
 from detsampler.version import MAPPING_VERSION, __version__
 
+# Above the core: imported on first use, so that ``import detsampler`` imports neither torch, datasets nor sentencepiece.
 _LAZY = {
-    "DeterministicBatchSampler": "detsampler.sampler",
-    "MixtureDataset": "detsampler.mixture_dataset",
-    "PackedDataset": "detsampler.dataset",
+    "DeterministicBatchSampler": "detsampler.loader",
+    "MixtureDataset": "detsampler.loader",
+    "PackedDataset": "detsampler.loader",
+    "TokenIndex": "detsampler.index",
+    "build_index": "detsampler.index",
+    "Tokenizer": "detsampler.text",
 }
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "LayoutConfig",
     "Located",
     "Mixture",
+    "MixtureConfig",
     "MixtureLookup",
     "Permutation",
     "Plan",
@@ -43,8 +48,7 @@ __all__ = [
     "make_layout",
     "permute",
     "unpermute",
-
-]
+]  # the lazy names (below) are left out so that `from detsampler import *` stays torch-free
 
 
 def __getattr__(name: str) -> Any:

@@ -33,7 +33,7 @@ def cache_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_corpus():
     """The first 16 standard-library sources by path: real documents, a few hundred thousand characters."""
-    from detsampler.corpus import default_corpus
+    from detsampler.text.corpus import default_corpus
 
     return default_corpus(max_documents=16)
 
@@ -41,7 +41,7 @@ def small_corpus():
 @pytest.fixture(scope="session")
 def small_tokenizer(cache_root, small_corpus):
     """A 512-piece BPE tokenizer trained on ``small_corpus`` (cached for the session)."""
-    from detsampler.corpus import default_tokenizer
+    from detsampler.text.corpus import default_tokenizer
 
     return default_tokenizer(cache_root, vocab_size=512, corpus=small_corpus)
 
@@ -49,6 +49,6 @@ def small_tokenizer(cache_root, small_corpus):
 @pytest.fixture(scope="session")
 def small_index(cache_root, small_corpus, small_tokenizer):
     """The token index of ``small_corpus`` with stored tokens."""
-    from detsampler.index import TokenIndex
+    from detsampler.index import build_index
 
-    return TokenIndex.build(small_corpus, small_tokenizer, cache_dir=cache_root, progress=False)
+    return build_index(small_corpus, small_tokenizer, cache_dir=cache_root, progress=False)

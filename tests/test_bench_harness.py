@@ -62,7 +62,7 @@ def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):
     import numpy as np
 
     from detsampler import LayoutConfig, Plan
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
     from tests.benchmarks.ceiling import ceiling_runs, gather_copy, slice_copy, span_pieces
 
     seq_len, batch = 64, 4

@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detsampler.corpus import default_corpus
-from detsampler.index import TokenIndex, TokenIndexError
+from detsampler.index import TokenIndex, TokenIndexError, build_index
+from detsampler.text.corpus import default_corpus
 
 BUILD = textwrap.dedent(
     """
     import json, os, pathlib, sys, time
     import detsampler.index as index_module
-    import detsampler.index_build as build_module
-    from detsampler.corpus import default_corpus
-    from detsampler.tokenizer import Tokenizer
+    import detsampler.index.build as build_module
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import Tokenizer
 
     model, cache, n_docs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     calls = []
@@ -47,10 +47,10 @@ BUILD = textwrap.dedent(
     if rank == 1:  # arrive late: rank 0's index is already in place, yet rank 0 waits for us at its barrier
         while not list(pathlib.Path(cache).glob("index-*/meta.json")):
             time.sleep(0.01)
-    index = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache,
+    index = index_module.build_index(corpus, Tokenizer.load(model), cache_dir=cache,
                                           num_proc=int(os.environ.get("NUM_PROC", "1")), progress=False)
     if rank or len(sys.argv) > 4:  # distributed: a second build finds the index on every rank, and nobody hangs
-        again = index_module.TokenIndex.build(corpus, Tokenizer.load(model), cache_dir=cache, progress=False)
+        again = index_module.build_index(corpus, Tokenizer.load(model), cache_dir=cache, progress=False)
         assert again.path == index.path
     print(json.dumps({"rank": rank, "path": str(index.path), "built": len(calls), "num_tokens": index.num_tokens}))
     """
@@ -105,7 +105,7 @@ def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment
         TokenIndex.open(final)
     with pytest.raises(TokenIndexError, match="no meta.json"):
         TokenIndex.open(temps()[0])  # the half-written directory itself does not open either
-    index = TokenIndex.build(corpus, small_tokenizer, cache_dir=tmp_path, progress=False)
+    index = build_index(corpus, small_tokenizer, cache_dir=tmp_path, progress=False)
     assert index.path == final and not temps()  # the stale temporary directory was removed
     TokenIndex.open(final, dataset=corpus, tokenizer=small_tokenizer, verify_tokens=True)
     assert index.lengths.tolist() == [len(d) for d in small_tokenizer.encode_batch(corpus["text"])]

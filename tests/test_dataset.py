@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from detsampler.dataset import PackedDataset, collate_micro_batch
-from detsampler.index import TokenIndex, TokenIndexError
+from detsampler.index import TokenIndex, TokenIndexError, build_index
 from detsampler.layout import LayoutConfig, make_layout
+from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
-from detsampler.sampler import DeterministicBatchSampler
 
 
 def _docs_with_eos(index: TokenIndex) -> list[np.ndarray]:
@@ -120,7 +120,7 @@ def test_batched_read_equals_per_sample_reference(small_index, kind, seq_len, se
 
 @pytest.fixture(scope="module")
 def lean_index(tmp_path_factory, small_corpus, small_tokenizer):
-    return TokenIndex.build(small_corpus, small_tokenizer, cache_dir=tmp_path_factory.mktemp("lean"), store_tokens=False, progress=False)
+    return build_index(small_corpus, small_tokenizer, cache_dir=tmp_path_factory.mktemp("lean"), store_tokens=False, progress=False)
 
 
 @pytest.mark.parametrize("kind", ["concat", "document", "bestfit"])
@@ -136,7 +136,7 @@ def test_on_the_fly_equals_stored(small_index, lean_index, small_corpus, small_t
 def test_on_the_fly_needs_text_and_checks_lengths(tmp_path, small_tokenizer):
     texts = ["alpha = 1\n", "def beta():\n    pass\n", "gamma = [1, 2, 3]\n"]
     ds = datasets.Dataset(datasets.table.InMemoryTable.from_pydict({"text": texts}), fingerprint="fixed-fingerprint")
-    index = TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, store_tokens=False, progress=False)
+    index = build_index(ds, small_tokenizer, cache_dir=tmp_path, store_tokens=False, progress=False)
     layout = index.layout(LayoutConfig(kind="document", seq_len=8))
     with pytest.raises(ValueError, match="stores no tokens"):
         PackedDataset(index, layout)
@@ -208,7 +208,7 @@ def test_core_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, detsampler, detsampler.index, detsampler.corpus, detsampler.cli, detsampler.prepare, detsampler.gather; "
+    code = ("import sys, detsampler, detsampler.index, detsampler.text.corpus, detsampler.cli, detsampler.index.prepare, detsampler.gather; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
     import detsampler

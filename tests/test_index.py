@@ -8,9 +8,9 @@ import datasets
 import numpy as np
 import pytest
 
-from detsampler.corpus import default_tokenizer
-from detsampler.index import INDEX_FORMAT_VERSION, TokenIndex, TokenIndexError, token_dtype
+from detsampler.index import INDEX_FORMAT_VERSION, TokenIndex, TokenIndexError, build_index, token_dtype
 from detsampler.layout import LayoutConfig, make_layout
+from detsampler.text.corpus import default_tokenizer
 
 
 def _copy_index(index: TokenIndex, dest):
@@ -43,22 +43,22 @@ def test_token_dtype():
 
 
 def test_build_again_opens_the_cache(small_index, small_corpus, small_tokenizer, cache_root, capsys):
-    again = TokenIndex.build(small_corpus, small_tokenizer, cache_dir=cache_root, progress=True)
+    again = build_index(small_corpus, small_tokenizer, cache_dir=cache_root, progress=True)
     assert again.path == small_index.path and again.meta == small_index.meta
     assert "tokenized" not in capsys.readouterr().err  # nothing was tokenized
 
 
 def test_num_proc_and_store_tokens_options(tmp_path, small_corpus, small_tokenizer, small_index):
-    par = TokenIndex.build(small_corpus, small_tokenizer, cache_dir=tmp_path, num_proc=2, progress=False)
+    par = build_index(small_corpus, small_tokenizer, cache_dir=tmp_path, num_proc=2, progress=False)
     assert np.array_equal(par.tokens, small_index.tokens) and np.array_equal(par.lengths, small_index.lengths)
-    lean = TokenIndex.build(small_corpus, small_tokenizer, cache_dir=tmp_path, store_tokens=False, progress=False)
+    lean = build_index(small_corpus, small_tokenizer, cache_dir=tmp_path, store_tokens=False, progress=False)
     assert lean.path != par.path and lean.tokens is None and not (lean.path / "tokens.npy").exists()
     assert np.array_equal(lean.lengths, small_index.lengths)
 
 
 def test_empty_documents_and_bad_text(tmp_path, small_tokenizer):
     ds = datasets.Dataset.from_dict({"text": ["", "def f():\n    return 1\n", "", "x = 2\n"]})
-    index = TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
+    index = build_index(ds, small_tokenizer, cache_dir=tmp_path, progress=False)
     assert index.lengths[0] == 0 and index.lengths[2] == 0 and index.num_documents == 4
     many = ["x = 1\n"] * 300 + [None]
     cases = (
@@ -69,12 +69,12 @@ def test_empty_documents_and_bad_text(tmp_path, small_tokenizer):
     for column, num_proc, what in cases:
         ds = datasets.Dataset.from_dict({"text": column})
         with pytest.raises(ValueError, match=f"{what}, not a string"):
-            TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, num_proc=num_proc, progress=False)
+            build_index(ds, small_tokenizer, cache_dir=tmp_path, num_proc=num_proc, progress=False)
         assert not list(tmp_path.glob(".tmp-index-*")), "a failed build leaves no temporary directory"
     with pytest.raises(ValueError, match="text_column 'content' is not a column"):
-        TokenIndex.build(ds, small_tokenizer, text_column="content", cache_dir=tmp_path)
+        build_index(ds, small_tokenizer, text_column="content", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="num_proc"):
-        TokenIndex.build(ds, small_tokenizer, cache_dir=tmp_path, num_proc=0)
+        build_index(ds, small_tokenizer, cache_dir=tmp_path, num_proc=0)
 
 
 def test_open_checks_dataset_and_tokenizer(small_index, small_corpus, small_tokenizer, cache_root):

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from detsampler.cli import main
+from detsampler.index.prepare import IndexConfig, prepare_index
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 
 WEIGHTS = ["0.5", "0.3", "0.2"]
@@ -48,7 +47,7 @@ def _run(capsys, argv):
 
 def _plan(layouts, schedule=None, skip_steps=None, seed=0) -> Plan:
     weights = [(0, WEIGHTS)] + (schedule or [])
-    return Plan(Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
+    return Plan(source=Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
                 skip_steps=skip_steps)
 
 
@@ -115,16 +114,16 @@ def test_mixture_options_bad_input(capsys, mixture_args, mixture_paths):
 def test_packed_mixture_dataset_through_a_dataloader(num_workers, mixture_paths, mixture_layouts, small_tokenizer, cache_root):
     import torch
 
-    from detsampler.dataset import PackedDataset, collate_micro_batch
-    from detsampler.mixture_dataset import MixtureDataset
-    from detsampler.sampler import DeterministicBatchSampler
+    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.loader.sampler import DeterministicBatchSampler
 
     indexes = [prepare_index(IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False).index
                for p in mixture_paths]
     packed = [PackedDataset(index, layout) for index, layout in zip(indexes, mixture_layouts)]
     plan = _plan(mixture_layouts, [(2, [1, 1, 1])])
     dataset = MixtureDataset(packed, plan.stream)
-    from detsampler.dataset import MicroBatch
+    from detsampler.loader.dataset import MicroBatch
 
     assert isinstance(dataset.__getitems__([0, plan.stream.offsets[2], 1]), MicroBatch)  # the batched path
     sampler = DeterministicBatchSampler(plan, rank=0, num_steps=4)

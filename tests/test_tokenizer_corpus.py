@@ -10,8 +10,8 @@ import sys
 import datasets
 import pytest
 
-from detsampler.corpus import default_corpus, load_corpus, stdlib_files
-from detsampler.tokenizer import Tokenizer, train_tokenizer
+from detsampler.text.corpus import default_corpus, load_corpus, stdlib_files
+from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
 
 def test_tokenizer_identity_and_roundtrip(small_tokenizer, small_corpus):
@@ -62,7 +62,7 @@ def test_default_corpus_sorted_and_deterministic_across_processes(small_corpus):
     assert all("site-packages" not in p for p in stdlib_files() for p in [p[0]])
     again = default_corpus(max_documents=16)
     assert again._fingerprint == small_corpus._fingerprint
-    code = "from detsampler.corpus import default_corpus; print(default_corpus(max_documents=16)._fingerprint)"
+    code = "from detsampler.text.corpus import default_corpus; print(default_corpus(max_documents=16)._fingerprint)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == small_corpus._fingerprint
     assert default_corpus(max_documents=15)._fingerprint != small_corpus._fingerprint

@@ -70,8 +70,8 @@ def _train(run_dir: Path, cache_dir: Path, *, nproc: int = 2, torchrun: bool = T
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The index cache of these runs, holding a small tokenizer trained on the runs' 120 documents."""
-    from detsampler.corpus import default_corpus
-    from detsampler.tokenizer import train_tokenizer
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("cache")
     train_tokenizer(None, 512, root / TOKENIZER, texts=default_corpus(max_documents=120)["text"])

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from detsampler.layout import Layout, LayoutConfig
+from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
-from detsampler.sampler import DeterministicBatchSampler
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -126,7 +126,7 @@ class DataPipeline:
     @property
     def masked_attention(self) -> bool:
         """Whether attention must be masked per document (document and bestfit layouts)."""
-        return self.layout.config.kind != "concat"
+        return not self.layout.labels_cross_documents
 
     def fingerprint(self) -> dict:
         """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
@@ -142,7 +142,7 @@ class DataPipeline:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
-        from detsampler.dataset import collate_micro_batch
+        from detsampler.loader.dataset import collate_micro_batch
 
         workers = self.config.num_workers
         return DataLoader(
@@ -156,9 +156,9 @@ class DataPipeline:
 
 
 def index_config(config: DataConfig) -> Any:
-    """The :class:`detsampler.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
+    """The :class:`detsampler.index.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
     cached index."""
-    from detsampler.prepare import IndexConfig
+    from detsampler.index.prepare import IndexConfig
 
     return IndexConfig(
         data=config.source or None,
@@ -177,10 +177,11 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
     return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
 
 
-def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
-    """The plan of ``config`` over ``num_samples`` (a layout's sample count, or a mixture)."""
+def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None) -> Plan:
+    """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples=num_samples,
+        source=source,
         seed=config.seed,
         global_batch_size=config.global_batch_size,
         micro_batch_size=config.micro_batch_size,
@@ -192,7 +193,7 @@ def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
 
 def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
     """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the fly."""
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
 
     if prepared.index.tokens is None:
         return PackedDataset(prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column)
@@ -201,16 +202,16 @@ def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
 
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
     """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
-    from detsampler.prepare import prepare_index
+    from detsampler.index.prepare import prepare_index
 
     if config.mixture_sources:
         return _build_mixture_pipeline(config, world_size, rank)
-    # Under torch.distributed, rank 0 builds while the others wait (TokenIndex.build); a file lock serializes the default
+    # Under torch.distributed, rank 0 builds while the others wait (build_index); a file lock serializes the default
     # tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, layout.num_samples, world_size)
+    plan = _plan(config, world_size, num_samples=layout.num_samples)
     dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
@@ -228,12 +229,12 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
-    mixture and a :class:`detsampler.mixture_dataset.MixtureDataset` of their packed datasets."""
+    mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from dataclasses import replace
 
-    from detsampler.corpus import default_tokenizer
-    from detsampler.mixture_dataset import MixtureDataset
-    from detsampler.prepare import prepare_index
+    from detsampler.index.prepare import prepare_index
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(config)
     tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
@@ -241,7 +242,7 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
                 for src in config.mixture_sources]
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
-    plan = _plan(config, mixture, world_size)
+    plan = _plan(config, world_size, source=mixture)
     datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
     return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
                         dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])

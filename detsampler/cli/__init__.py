@@ -2,7 +2,7 @@
 
 Options map one to one onto the library's dataclasses:
 
-- index options -> :class:`detsampler.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
+- index options -> :class:`detsampler.index.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
   ``--cache-dir``, ``--num-proc``, ``--store-tokens/--no-store-tokens``, ``--max-documents``);
 - layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its ``seed``,
   ``--window-docs``);
@@ -23,10 +23,10 @@ from detsampler.cli.build import cmd_build, cmd_tokenizer_train
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser
 from detsampler.cli.show import cmd_show
-from detsampler.cli.stats import cmd_stats, mixture_stats
-from detsampler.cli.verify import cmd_verify, verify_mixture_plan, verify_plan
+from detsampler.cli.stats import cmd_stats
+from detsampler.cli.verify import cmd_verify
 
-__all__ = ["main", "build_parser", "OPTION_FIELDS", "verify_plan", "verify_mixture_plan", "mixture_stats"]
+__all__ = ["main", "build_parser", "OPTION_FIELDS"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

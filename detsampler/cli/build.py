@@ -13,7 +13,7 @@ __all__ = ["cmd_tokenizer_train", "cmd_build"]
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train a sentencepiece model and print its path, sha256 and special ids."""
-    from detsampler.tokenizer import train_tokenizer
+    from detsampler.text.tokenizer import train_tokenizer
 
     tok = train_tokenizer(args.input, args.vocab_size, args.out)
     print_rows([("model", tok.path), ("sha256", tok.sha256), ("vocab_size", tok.vocab_size), ("eos_id", tok.eos_id), ("pad_id", tok.pad_id)])

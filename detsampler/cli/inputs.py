@@ -16,7 +16,7 @@ from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 
 if TYPE_CHECKING:
-    from detsampler.prepare import Prepared
+    from detsampler.index.prepare import Prepared
 
 __all__ = ["prepare", "prepare_sources", "mixture_plan"]
 
@@ -24,7 +24,7 @@ __all__ = ["prepare", "prepare_sources", "mixture_plan"]
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
     """The prepared index of the index options (built once, cached); with ``verify_tokens``, its token sha256 checked."""
     from detsampler.index import TokenIndex
-    from detsampler.prepare import prepare_index
+    from detsampler.index.prepare import prepare_index
 
     prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
     if verify_tokens:
@@ -36,8 +36,8 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     """One prepared index per mixture source, all with the same tokenizer."""
     from dataclasses import replace
 
-    from detsampler.corpus import default_tokenizer
-    from detsampler.prepare import prepare_index
+    from detsampler.index.prepare import prepare_index
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(args)
     tokenizer = base.tokenizer
@@ -52,4 +52,4 @@ def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, config.build(layouts))
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts))

@@ -16,7 +16,7 @@ from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
 
 if TYPE_CHECKING:
-    from detsampler.prepare import IndexConfig
+    from detsampler.index.prepare import IndexConfig
 
 __all__ = [
     "OPTION_FIELDS",
@@ -129,7 +129,7 @@ def add_mixture_options(p: argparse.ArgumentParser) -> None:
 
 def add_index_options(p: argparse.ArgumentParser) -> None:
     """The IndexConfig options, defaulting to IndexConfig's defaults."""
-    from detsampler.prepare import IndexConfig
+    from detsampler.index.prepare import IndexConfig
 
     d = IndexConfig()
     g = p.add_argument_group("index (IndexConfig)")
@@ -176,7 +176,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
 
 def index_config(args: argparse.Namespace) -> IndexConfig:
     """The IndexConfig of the parsed options (one option per field)."""
-    from detsampler.prepare import IndexConfig
+    from detsampler.index.prepare import IndexConfig
 
     return IndexConfig(**{f.name: getattr(args, f.name) for f in fields(IndexConfig)})
 
@@ -186,10 +186,11 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
     return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
 
 
-def plan_from_args(args: argparse.Namespace, num_samples: int | Mixture) -> Plan:
-    """The Plan of the parsed options over ``num_samples`` (a count or a mixture)."""
+def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, source: Mixture | None = None) -> Plan:
+    """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples,
+        source=source,
         seed=args.seed,
         global_batch_size=args.global_batch_size,
         micro_batch_size=args.micro_batch_size,

@@ -19,7 +19,7 @@ from detsampler.layout import Layout
 from detsampler.plan import Plan
 
 if TYPE_CHECKING:
-    from detsampler.prepare import Prepared
+    from detsampler.index.prepare import Prepared
 
 __all__ = ["cmd_show"]
 

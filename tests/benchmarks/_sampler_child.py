@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from detsampler import Plan
-from detsampler.sampler import DeterministicBatchSampler
+from detsampler.loader.sampler import DeterministicBatchSampler
 from tests.benchmarks.common import peak_rss_bytes
 
 MICRO_BATCH = 8

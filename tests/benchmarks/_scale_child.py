@@ -53,8 +53,8 @@ def _det_index(data: Path):
 def _detsampler(data: Path, kind: str, cold: bool):
     """(first micro batch at step k, random micro batch reader) for a detsampler layout or a three-source mixture."""
     from detsampler import DeterministicBatchSampler, LayoutConfig, Mixture, Plan
-    from detsampler.dataset import PackedDataset
-    from detsampler.mixture_dataset import MixtureDataset
+    from detsampler.loader.dataset import PackedDataset
+    from detsampler.loader.mixture_dataset import MixtureDataset
 
     if cold:
         shutil.rmtree(data / "det" / "layouts", ignore_errors=True)
@@ -62,11 +62,12 @@ def _detsampler(data: Path, kind: str, cold: bool):
     index = _det_index(data)
     layout = index.layout(LayoutConfig(kind="bestfit" if kind == "bestfit" else "concat", seq_len=SEQ_LEN))
     ds = PackedDataset(index, layout)
-    stream = len(ds)
     if kind == "mixture":
-        stream = Mixture([layout, layout, layout], WEIGHTS, seed=0)
-        ds = MixtureDataset([ds, ds, ds], stream)
-    plan = Plan(stream, seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
+        mixture = Mixture([layout, layout, layout], WEIGHTS, seed=0)
+        ds = MixtureDataset([ds, ds, ds], mixture)
+        plan = Plan(source=mixture, seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
+    else:
+        plan = Plan(len(ds), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
 
     def batch(step: int):
         ids = next(iter(DeterministicBatchSampler(plan, rank=0, start_step=step, num_steps=step + 1)))
@@ -133,13 +134,16 @@ def _preload() -> None:
     import olmo_core.data  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    import detsampler.dataset  # noqa: F401
-    import detsampler.mixture_dataset  # noqa: F401
+    import detsampler.loader.dataset  # noqa: F401
+    import detsampler.loader.mixture_dataset  # noqa: F401
 
 
 def run(contender: str, data: Path, step: int, cold: bool, random_batches: int) -> dict:
+    import torch
+
     peers._quiet()
     _preload()
+    torch.set_num_threads(1)  # as in a DataLoader worker; torch's intra-op threads on 2 shared cores only add contention
     before = _status_bytes("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()

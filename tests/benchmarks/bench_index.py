@@ -3,7 +3,7 @@
 All numbers come from one run, on the same documents (the default corpus unless ``--data``) and the same cores:
 
 - raw sentencepiece: ``Encode(texts, num_threads=1)`` and ``Encode(texts, num_threads=P)`` over every document;
-- ``TokenIndex.build(num_proc=P)`` from scratch (tokenize, write, fsync, checksum), in tokens/s;
+- ``build_index(num_proc=P)`` from scratch (tokenize, write, fsync, checksum), in tokens/s;
 - ``PackedDataset.get_batch`` over the plan's micro batches for each layout, in samples/s and tokens/s, with stored tokens
   and on the fly (``store_tokens=False``), and through a DataLoader with the DeterministicBatchSampler;
 
@@ -18,7 +18,6 @@ import os
 import tempfile
 import time
 from typing import Sequence
-
 
 __all__ = ["main", "run"]
 
@@ -37,13 +36,14 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
     import torch
     from torch.utils.data import DataLoader
 
-    from detsampler.corpus import default_tokenizer
-    from detsampler.dataset import PackedDataset, collate_micro_batch
-    from detsampler.index import _BATCH_DOCS, TokenIndex, default_cache_dir
+    from detsampler.index import build_index, default_cache_dir
+    from detsampler.index.prepare import IndexConfig, load_dataset_for
+    from detsampler.index.tokenize import BATCH_DOCS
     from detsampler.layout import LayoutConfig
+    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+    from detsampler.loader.sampler import DeterministicBatchSampler
     from detsampler.plan import Plan
-    from detsampler.prepare import IndexConfig, load_dataset_for
-    from detsampler.sampler import DeterministicBatchSampler
+    from detsampler.text.corpus import default_tokenizer
 
     torch.set_num_threads(1)
     cache = cache_dir or str(default_cache_dir())
@@ -54,7 +54,7 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
                      "micro_batch_size": micro_batch_size}
 
     # raw encode in the build's batches of documents (one huge call would mostly measure Python's GC on millions of ints)
-    chunks = [texts[i : i + _BATCH_DOCS] for i in range(0, len(texts), _BATCH_DOCS)]
+    chunks = [texts[i : i + BATCH_DOCS] for i in range(0, len(texts), BATCH_DOCS)]
     n_tokens = sum(len(doc) for chunk in chunks for doc in tokenizer.encode_batch(chunk))
     results["tokens"] = n_tokens
     raw1 = _best_of(lambda: [tokenizer.encode_batch(c, num_threads=1) for c in chunks], repeat)
@@ -66,10 +66,10 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
         builds = []
         for i in range(repeat):
             t = time.perf_counter()
-            index = TokenIndex.build(dataset, tokenizer, cache_dir=os.path.join(tmp, f"b{i}"), num_proc=num_proc, progress=False)
+            index = build_index(dataset, tokenizer, cache_dir=os.path.join(tmp, f"b{i}"), num_proc=num_proc, progress=False)
             builds.append(time.perf_counter() - t)
         results["build_tokens_per_s"] = n_tokens / min(builds)
-        lean = TokenIndex.build(dataset, tokenizer, cache_dir=os.path.join(tmp, "lean"), num_proc=num_proc, store_tokens=False,
+        lean = build_index(dataset, tokenizer, cache_dir=os.path.join(tmp, "lean"), num_proc=num_proc, store_tokens=False,
                                 progress=False)
         results["layouts"] = {}
         for kind in ("concat", "document", "bestfit"):
@@ -106,7 +106,7 @@ def report(r: dict) -> None:
           f"(cpu_count={r['cpu_count']}), seq_len={r['seq_len']}, micro batch {r['micro_batch_size']}")
     print(f"  raw sentencepiece encode, 1 thread      {r['raw_encode_tokens_per_s_1thread']:>14,.0f} tokens/s")
     print(f"  raw sentencepiece encode, {r['num_proc']} thread(s)   {raw:>14,.0f} tokens/s")
-    print(f"  TokenIndex.build, num_proc={r['num_proc']}           {r['build_tokens_per_s']:>14,.0f} tokens/s  "
+    print(f"  build_index, num_proc={r['num_proc']}           {r['build_tokens_per_s']:>14,.0f} tokens/s  "
           f"= {r['build_tokens_per_s'] / raw:.2f} x raw encode ({r['build_tokens_per_s'] / r['raw_encode_tokens_per_s_1thread']:.2f} x 1 thread)")
     print(f"  {'layout':<9} {'stored samples/s':>17} {'tokens/s':>14} {'x raw encode':>13} {'on-the-fly samples/s':>21} "
           f"{'DataLoader samples/s':>21}")

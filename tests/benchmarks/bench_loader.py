@@ -4,7 +4,7 @@ Data: the first 600 files of the default corpus (the Python standard library's s
 8,000 pieces trained on them, detsampler indexes built once under ``.cache/bench`` (with and without stored tokens). Samples
 of 2,048 tokens, 8 a micro batch, one rank; the "training loop" only touches each batch. Throughput is input tokens
 (8 x 2,048 a batch) over the time from the first batch to the last (worker start-up left out); each run stops after
-its batch count or its time budget. All contenders run in this process, one worker count at a time, all of them at
+its batch count or its time budget; torch runs one intra-op thread (as in a DataLoader worker). All contenders run in this process, one worker count at a time, all of them at
 that count before the next.
 
 **Stored tokens** (every contender reads the same token ids from a memory map; the peers' files are written from
@@ -58,13 +58,13 @@ TARGET_CEILING = 0.7
 
 
 def _setup():
-    from detsampler.corpus import default_corpus, default_tokenizer
-    from detsampler.index import TokenIndex
+    from detsampler.text.corpus import default_corpus, default_tokenizer
+    from detsampler.index import build_index
 
     corpus = default_corpus(max_documents=NUM_DOCS)
     tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=corpus)
-    stored = TokenIndex.build(corpus, tokenizer, cache_dir=CACHE, progress=False)
-    counts = TokenIndex.build(corpus, tokenizer, cache_dir=CACHE, store_tokens=False, progress=False)
+    stored = build_index(corpus, tokenizer, cache_dir=CACHE, progress=False)
+    counts = build_index(corpus, tokenizer, cache_dir=CACHE, store_tokens=False, progress=False)
     return corpus, tokenizer, stored, counts
 
 
@@ -97,7 +97,7 @@ def _time_batches(batches, max_batches: int = MAX_BATCHES, budget: float = BUDGE
 
 
 def detsampler_loader(dataset, num_workers: int):
-    from detsampler.dataset import collate_micro_batch
+    from detsampler.loader.dataset import collate_micro_batch
 
     plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
     sampler = DeterministicBatchSampler(plan, rank=0, num_steps=MAX_BATCHES + 1)
@@ -150,7 +150,7 @@ def _peer_inputs(corpus, tokenizer, stored) -> dict:
 
 def _stored_contenders(stored, inputs, tokenizer) -> dict:
     """Name -> (num_workers -> iterable of batches)."""
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
 
     concat = PackedDataset(stored, stored.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)))
     bestfit = PackedDataset(stored, stored.layout(LayoutConfig(kind="bestfit", seq_len=SEQ_LEN)))
@@ -179,7 +179,7 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
 def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from detsampler.dataset import PackedDataset
+    from detsampler.loader.dataset import PackedDataset
 
     fly = PackedDataset(counts, counts.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)), dataset=corpus, tokenizer=tokenizer)
     hf_tok = HuggingFaceTokenizer(tokenizer_path=str(inputs["hf_tokenizer"]))
@@ -261,7 +261,11 @@ def _limits(dataset, stored, concat_layout) -> list[str]:
 
 
 def main() -> BenchResult:
+    import torch
+
     peers._quiet()
+    torch.set_num_threads(1)  # the main process reads like a DataLoader worker (which has one thread): no contender
+    # gains or loses from torch's intra-op threads fighting the run's own workers for 2 cores
     t_start = time.perf_counter()
     corpus, tokenizer, stored, counts = _setup()
     inputs = _peer_inputs(corpus, tokenizer, stored)

@@ -36,11 +36,10 @@ import statistics
 import time
 import warnings
 
-import torch
 from torch.utils.data import DataLoader
 
 from detsampler import Plan
-from detsampler.sampler import DeterministicBatchSampler
+from detsampler.loader.sampler import DeterministicBatchSampler
 from tests.benchmarks._resume_child import CheapDataset
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_seconds, ratio_column, run_child
 

@@ -8,7 +8,7 @@ model), written once under ``.cache/bench/scale`` by Megatron's own ``IndexedDat
 over the same offsets (its lengths exclude the EOS, which detsampler keeps virtual). Samples of 2,048 tokens, micro
 batches of 8, one rank.
 
-Every (contender, N) runs in a fresh interpreter (``_scale_child``), twice:
+Every (contender, N) runs in a fresh interpreter (``_scale_child``, one torch thread, as a DataLoader worker has), twice:
 - **cold**: its index cache removed first; the clock runs from nothing built to the first micro batch at step 0
   (Megatron: ``BlendedMegatronDatasetBuilder.build()`` writes its document, sample and shuffle indices; OLMo-core: the
   dataset's ``prepare()`` and the loader's global indices; detsampler: the layout, which for ``bestfit`` packs every

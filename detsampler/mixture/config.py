@@ -1,6 +1,6 @@
 """The configuration of a data mixture (the TOML ``[mixture]`` table, the CLI's mixture options): :class:`MixtureConfig`.
 
-Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a :class:`~detsampler.mixture.Mixture`
+Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a :class:`~detsampler.mixture.stream.Mixture`
 without a weight or schedule error: every weight list and step is checked here, with the same messages.
 """
 
@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from detsampler.mixture_weights import normalize_weights, parse_schedule
-
-if TYPE_CHECKING:
-    from detsampler.mixture import Mixture, Source
+from detsampler.checks import check_int
+from detsampler.mixture.stream import Mixture, Source
+from detsampler.mixture.weights import normalize_weights, parse_schedule
 
 __all__ = ["MixtureConfig"]
 
@@ -83,8 +82,7 @@ class MixtureConfig:
         object.__setattr__(self, "schedule", tuple(rows))
         if rows and rows[0][0] == 0:
             raise ValueError("schedule entries start after step 0: the weights at step 0 are `weights`")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         if self.names is not None:
             object.__setattr__(self, "names", _checked_names(self.names, len(self.weights)))
         if self.sources is not None:
@@ -111,6 +109,4 @@ class MixtureConfig:
         """The mixture of ``sources`` (layouts, in the order of ``weights``)."""
         if len(sources) != self.num_sources:
             raise ValueError(f"the mixture config has {self.num_sources} weights but got {len(sources)} sources")
-        from detsampler.mixture import Mixture
-
         return Mixture(list(sources), self.weights_schedule(), self.seed)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.tokenizer import Tokenizer
+from detsampler.text.tokenizer import Tokenizer
 
 __all__ = [
     "INDEX_FORMAT_VERSION",
@@ -50,7 +50,7 @@ def dataset_fingerprint(dataset: Any) -> str:
     if not isinstance(fp, str) or not fp:
         raise ValueError(
             f"dataset must be a datasets.Dataset with a fingerprint, got {type(dataset).__name__}; load it with "
-            "detsampler.corpus.load_corpus or datasets"
+            "detsampler.text.corpus.load_corpus or datasets"
         )
     return fp
 

@@ -50,7 +50,7 @@ class MixtureDataset(Dataset):
             parts.append(ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local])
             wheres.append(where)
         if parts and all(isinstance(getattr(p, "batch", None), dict) for p in parts):
-            from detsampler.dataset import MicroBatch
+            from detsampler.loader.dataset import MicroBatch
 
             order = torch.as_tensor(np.argsort(np.concatenate(wheres), kind="stable"))
             keys = parts[0].batch.keys()

@@ -14,6 +14,8 @@ import numbers
 from fractions import Fraction
 from typing import Any, Sequence
 
+from detsampler.checks import is_int
+
 __all__ = ["MAX_DENOMINATOR", "normalize_weights", "parse_schedule"]
 
 MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
@@ -96,7 +98,7 @@ def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int
         return ((0, normalize_weights(weights, num_sources)),)
     rows = []
     for i, (step, ws) in enumerate(weights):
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        if not is_int(step) or step < 0:
             raise ValueError(f"weights schedule entry {i}: the first step must be an integer >= 0, got {step!r}")
         rows.append((int(step), normalize_weights(ws, num_sources, f"weights schedule entry {i} (step {step})")))
     if rows[0][0] != 0:

@@ -17,13 +17,15 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from filelock import FileLock
 
-from detsampler.index_files import HEADER_BYTES, fsync_dir, fsync_file, npy_header, save_npy, sha256_file
-from detsampler.index_format import (
+from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.checks import check_positive_int
+from detsampler.index.files import HEADER_BYTES, npy_header, save_npy, sha256_file
+from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
     TokenIndexError,
@@ -32,12 +34,10 @@ from detsampler.index_format import (
     index_cache_key,
     token_dtype,
 )
-from detsampler.index_tokenize import tokenize
-from detsampler.tokenizer import Tokenizer
+from detsampler.index.reader import TokenIndex
+from detsampler.index.tokenize import tokenize
+from detsampler.text.tokenizer import Tokenizer
 from detsampler.version import __version__
-
-if TYPE_CHECKING:
-    from detsampler.index import TokenIndex
 
 __all__ = ["build_index"]
 
@@ -72,11 +72,7 @@ def _write_tokens(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: st
 def _write_meta(tmp: Path, meta: dict) -> None:
     """``tmp/meta.json``, written (to a temporary name, fsynced, renamed) after every other file: a directory without it
     never opens."""
-    meta_tmp = tmp / "meta.json.tmp"
-    meta_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    fsync_file(meta_tmp)
-    os.replace(meta_tmp, tmp / "meta.json")  # meta.json last: a directory without it never opens
-    fsync_dir(tmp)
+    atomic_write(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool, key: str) -> dict:
@@ -129,17 +125,15 @@ def _initialized_dist() -> Any:
 
 def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int) -> None:
     """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
-    from detsampler.corpus import check_text_column
+    from detsampler.text.corpus import check_text_column
 
     check_text_column(dataset, text_column)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
+    check_positive_int(num_proc, "num_proc")
     if not isinstance(tokenizer, Tokenizer):
-        raise ValueError(f"tokenizer must be a detsampler.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
+        raise ValueError(f"tokenizer must be a detsampler.text.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
 
 
 def build_index(
-    cls: type[TokenIndex],
     dataset: Any,
     tokenizer: Tokenizer,
     text_column: str = "text",
@@ -148,12 +142,23 @@ def build_index(
     store_tokens: bool = True,
     progress: bool = True,
 ) -> TokenIndex:
-    """``TokenIndex.build``: open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
+    """Open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
     exist.
 
     One process builds, the others wait and open: with torch.distributed initialized, rank 0 builds and the others wait
-    at a barrier; always, a file lock on the cache entry serializes builders across processes and jobs. (``cls`` is
-    :class:`~detsampler.index.TokenIndex`, whose ``open`` reads the result.)
+    at a barrier; always, a file lock on the cache entry serializes builders across processes and jobs.
+
+    Args:
+        dataset: a ``datasets.Dataset`` (its fingerprint names the cache entry).
+        tokenizer: the tokenizer that encodes ``dataset[text_column]``.
+        text_column: the column holding each document's text.
+        cache_dir: where index directories live (default :func:`~detsampler.index.format.default_cache_dir`).
+        num_proc: tokenizer processes.
+        store_tokens: store the tokens (else only their counts: tokens are made on the fly).
+        progress: show a progress bar and a summary line on stderr.
+
+    Returns:
+        The opened :class:`~detsampler.index.reader.TokenIndex`, checked against ``dataset`` and ``tokenizer``.
     """
     _check_build_args(dataset, tokenizer, text_column, num_proc)
     key = index_cache_key(dataset, tokenizer, text_column, store_tokens)
@@ -164,25 +169,25 @@ def build_index(
     if dist is None and (final / "meta.json").is_file():
         # complete by construction (renamed into place): no lock needed, so a read-only cache works. (With
         # torch.distributed every rank goes through the barrier below, whatever it finds, so none is left waiting.)
-        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+        return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     if dist is not None and dist.get_rank() != 0:
         dist.barrier()  # rank 0 builds first
         if not (final / "meta.json").is_file():
             raise TokenIndexError(f"rank 0 did not build the index {str(final)!r}; see rank 0's error")
-        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+        return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     try:
-        return _build_locked(cls, root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
+        return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
     finally:
         if dist is not None:
             dist.barrier()
 
 
-def _build_locked(cls: type[TokenIndex], root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
+def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
     if (final / "meta.json").is_file():  # complete: open without the lock
-        return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+        return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     with FileLock(str(root / f"index-{key}.lock")):
         if final.exists():
-            return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+            return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
         for stale in root.glob(f".tmp-index-{key}-*"):  # left by killed builders; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-index-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -194,4 +199,4 @@ def _build_locked(cls: type[TokenIndex], root: Path, final: Path, key: str, data
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         fsync_dir(root)
-    return cls.open(final, dataset=dataset, tokenizer=tokenizer)
+    return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from detsampler.tokenizer import Tokenizer
+from detsampler.text.tokenizer import Tokenizer
 
 __all__ = ["BATCH_DOCS", "check_texts", "encode_documents", "tokenize"]
 

@@ -13,48 +13,36 @@ every file fsynced, ``meta.json`` last, then renamed into place), so a build kil
 :meth:`TokenIndex.open` checks the format version, every file's size and shape, and the small files' checksums, so a
 truncated or edited index is an error and never a wrong sample. Nothing an index holds is ever executed.
 
-The build path lives in :mod:`detsampler.index_build` (atomic temporary-directory write, locking, distributed build) and
-:mod:`detsampler.index_tokenize` (the tokenization pool); the format's identity in :mod:`detsampler.index_format`. Their
-names used by code and tests are re-exported here.
+The build path lives in :mod:`detsampler.index.build` (``build_index``: atomic temporary-directory write, locking,
+distributed build) and :mod:`detsampler.index.tokenize` (the tokenization pool); the format's identity in
+:mod:`detsampler.index.format`. This module only reads.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detsampler.index_build import build_index
-from detsampler.index_files import save_npy, sha256_file
-from detsampler.index_format import (
+from detsampler.atomic import atomic_write
+from detsampler.index.files import npy_bytes, sha256_file
+from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
     TokenIndexError,
     dataset_fingerprint,
-    default_cache_dir,
     index_cache_key,
     token_dtype,
 )
-from detsampler.index_tokenize import BATCH_DOCS as _BATCH_DOCS  # noqa: F401 - re-exported (benchmarks)
-from detsampler.index_tokenize import check_texts, encode_documents  # noqa: F401 - re-exported
 from detsampler.keys import stable_hash64
 from detsampler.layout import Layout, LayoutConfig, make_layout
-from detsampler.tokenizer import Tokenizer
+from detsampler.text.tokenizer import Tokenizer
 from detsampler.version import MAPPING_VERSION
 
-__all__ = [
-    "INDEX_FORMAT_VERSION",
-    "TokenIndexError",
-    "TokenIndex",
-    "check_texts",
-    "dataset_fingerprint",
-    "default_cache_dir",
-    "token_dtype",
-]
+__all__ = ["TokenIndex"]
 
 
 def _load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -77,7 +65,7 @@ def _read_meta(path: Path) -> dict:
     if not meta_path.is_file():
         raise TokenIndexError(
             f"no index at {str(path)!r} (no meta.json: never built, or the build was interrupted); build it with "
-            "TokenIndex.build or `detsampler build`"
+            "detsampler.index.build_index or `detsampler build`"
         )
     try:
         meta = json.loads(meta_path.read_text())
@@ -173,9 +161,7 @@ class TokenIndex:
         """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
         return index_cache_key(dataset, tokenizer, text_column, store_tokens)
 
-    # -- build / open
-    build = classmethod(build_index)  # TokenIndex.build(dataset, tokenizer, ...): see detsampler.index_build.build_index
-
+    # -- open
     @classmethod
     def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: Tokenizer | None = None, verify_tokens: bool = False) -> TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
@@ -212,7 +198,7 @@ class TokenIndex:
             raise TokenIndexError(
                 f"index {str(self.path)!r} was built from a dataset with fingerprint {self.meta['dataset_fingerprint']} and "
                 f"{self.meta['dataset_num_rows']} rows, got fingerprint {fp} and {len(dataset)} rows: the dataset changed "
-                "since the build; build the index again (TokenIndex.build / `detsampler build`)"
+                "since the build; build the index again (build_index / `detsampler build`)"
             )
         if text_column is not None and text_column != self.text_column:
             raise TokenIndexError(f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}")
@@ -255,9 +241,7 @@ class TokenIndex:
         layout = make_layout(config, self.lengths)
         try:
             cached.parent.mkdir(exist_ok=True)
-            tmp = cached.with_name(f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            save_npy(tmp, layout.bins_per_window)
-            os.replace(tmp, cached)
+            atomic_write(cached, npy_bytes(layout.bins_per_window))
         except OSError:
             pass
         return layout

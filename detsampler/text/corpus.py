@@ -18,7 +18,7 @@ import datasets
 import pyarrow as pa
 from filelock import FileLock
 
-from detsampler.tokenizer import Tokenizer, train_tokenizer
+from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = ["DEFAULT_VOCAB_SIZE", "check_text_column", "default_corpus", "default_tokenizer", "load_corpus", "stdlib_files"]
 

@@ -1,0 +1,30 @@
+"""The token index: per-document token counts and (optionally) the tokens, on disk, memory-mapped.
+
+- :mod:`~detsampler.index.reader`: :class:`TokenIndex`, opened and checked (it only reads);
+- :mod:`~detsampler.index.build`: :func:`build_index`, the atomic, locked, once-per-job build;
+- :mod:`~detsampler.index.tokenize`: the tokenization pool that feeds the build;
+- :mod:`~detsampler.index.format`: the format version, cache key and error type;
+- :mod:`~detsampler.index.files`: ``.npy`` writing and checksums.
+"""
+
+from __future__ import annotations
+
+from detsampler.index.build import build_index
+from detsampler.index.format import (
+    INDEX_FORMAT_VERSION,
+    TokenIndexError,
+    dataset_fingerprint,
+    default_cache_dir,
+    token_dtype,
+)
+from detsampler.index.reader import TokenIndex
+
+__all__ = [
+    "INDEX_FORMAT_VERSION",
+    "TokenIndex",
+    "TokenIndexError",
+    "build_index",
+    "dataset_fingerprint",
+    "default_cache_dir",
+    "token_dtype",
+]

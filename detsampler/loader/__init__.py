@@ -1,0 +1,17 @@
+"""The torch adapters: what a ``torch.utils.data.DataLoader`` needs, over the numpy core and the index.
+
+- :mod:`~detsampler.loader.sampler`: :class:`DeterministicBatchSampler`, a rank's micro batches from any step;
+- :mod:`~detsampler.loader.dataset`: :class:`PackedDataset`, a map-style dataset of packed samples over a token index;
+- :mod:`~detsampler.loader.mixture_dataset`: :class:`MixtureDataset`, the same over a mixture of sources.
+
+(Named ``loader``, not ``torch``: a sub-package called ``torch`` would read as the real one in every traceback and
+``from . import torch``.)
+"""
+
+from __future__ import annotations
+
+from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+from detsampler.loader.mixture_dataset import MixtureDataset
+from detsampler.loader.sampler import DeterministicBatchSampler
+
+__all__ = ["DeterministicBatchSampler", "MixtureDataset", "PackedDataset", "collate_micro_batch"]
