@@ -58,7 +58,7 @@ def test_document_states_cores_date_load_and_every_verdict():
 
 
 def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):
-    """Benchmark 3's ceiling copies exactly the positions detsampler's concat samples hold (inputs and the last label)."""
+    """Benchmark 3's ceiling copies exactly what detsampler's concat samples hold (inputs and the last label)."""
     import numpy as np
 
     from detsampler import LayoutConfig, Plan

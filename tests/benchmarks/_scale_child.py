@@ -2,10 +2,11 @@
 from its warm cache for a resume), take its first micro batch at ``step``, then read random micro batches.
 
 Reads its arguments as JSON on stdin: ``contender``, ``data`` (a directory written by ``bench_scale.write_corpus``),
-``step``, ``cold`` (remove the contender's cache first), ``random_batches``; prints one JSON line: ``first_batch_s`` (from
-nothing built in this process to the first micro batch at ``step`` in hand), ``rss_growth`` (peak resident size reached
-meanwhile minus the size before; the peak mark is reset through ``/proc/self/clear_refs``), ``cache_bytes`` (what the
-contender wrote to disk for its index), ``random_tokens_per_s`` (input tokens of random micro batches read one by one).
+``step``, ``cold`` (remove the contender's cache first), ``random_batches``; prints one JSON line: ``first_batch_s``
+(from nothing built in this process to the first micro batch at ``step`` in hand), ``rss_growth`` (peak resident size
+reached meanwhile minus the size before; the peak mark is reset through ``/proc/self/clear_refs``), ``cache_bytes``
+(what the contender wrote to disk for its index), ``random_tokens_per_s`` (input tokens of random micro batches read one
+by one).
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def _megatron(data: Path, kind: str, cold: bool):
     samples = int(meta["num_tokens"] + meta["num_documents"]) // SEQ_LEN - 1
     prefix = data / "corpus"
     if kind == "blend":
-        ds = peers.megatron_blended_dataset([prefix] * 3, WEIGHTS, samples, SEQ_LEN, meta["vocab"], meta["eos_id"], cache)
+        ds = peers.megatron_blended_dataset(
+            [prefix] * 3, WEIGHTS, samples, SEQ_LEN, meta["vocab"], meta["eos_id"], cache
+        )
     else:
         ds = peers.megatron_gpt_dataset(prefix, samples, SEQ_LEN, meta["vocab"], meta["eos_id"], cache)
 
@@ -129,12 +132,12 @@ CONTENDERS = {
 
 def _preload() -> None:
     """Import every contender's modules before the clock starts (an import is not part of an index build)."""
-    import megatron.core.datasets.blended_megatron_dataset_builder  # noqa: F401
+    import megatron.core.datasets.blended_megatron_dataset_builder
     import megatron.core.datasets.gpt_dataset  # noqa: F401
     import olmo_core.data  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    import detsampler.loader.dataset  # noqa: F401
+    import detsampler.loader.dataset
     import detsampler.loader.mixture_dataset  # noqa: F401
 
 
@@ -143,7 +146,8 @@ def run(contender: str, data: Path, step: int, cold: bool, random_batches: int) 
 
     peers._quiet()
     _preload()
-    torch.set_num_threads(1)  # as in a DataLoader worker; torch's intra-op threads on 2 shared cores only add contention
+    # one thread, as in a DataLoader worker: torch's intra-op threads on 2 shared cores only add contention
+    torch.set_num_threads(1)
     before = _status_bytes("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()

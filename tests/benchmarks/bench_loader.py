@@ -1,11 +1,11 @@
-"""Benchmark 3: tokens/s delivered to the training loop: detsampler against the real peers, like for like, and the ceiling.
+"""Benchmark 3: tokens/s into the training loop: detsampler against the real peers, like for like, and the ceiling.
 
-Data: the first 600 files of the default corpus (the Python standard library's sources), a sentencepiece BPE tokenizer of
-8,000 pieces trained on them, detsampler indexes built once under ``.cache/bench`` (with and without stored tokens). Samples
-of 2,048 tokens, 8 a micro batch, one rank; the "training loop" only touches each batch. Throughput is input tokens
-(8 x 2,048 a batch) over the time from the first batch to the last (worker start-up left out); each run stops after
-its batch count or its time budget; torch runs one intra-op thread (as in a DataLoader worker). All contenders run in this process, one worker count at a time, all of them at
-that count before the next.
+Data: the first 600 files of the default corpus (the Python standard library's sources), a sentencepiece BPE tokenizer
+of 8,000 pieces trained on them, detsampler indexes built once under ``.cache/bench`` (with and without stored tokens).
+Samples of 2,048 tokens, 8 a micro batch, one rank; the "training loop" only touches each batch. Throughput is input
+tokens (8 x 2,048 a batch) over the time from the first batch to the last (worker start-up left out); each run stops
+after its batch count or its time budget; torch runs one intra-op thread (as in a DataLoader worker). All contenders run
+in this process, one worker count at a time, all of them at that count before the next.
 
 **Stored tokens** (every contender reads the same token ids from a memory map; the peers' files are written from
 detsampler's index by the peers' own writers, each document's tokens then EOS):
@@ -58,8 +58,8 @@ TARGET_CEILING = 0.7
 
 
 def _setup():
-    from detsampler.text.corpus import default_corpus, default_tokenizer
     from detsampler.index import build_index
+    from detsampler.text.corpus import default_corpus, default_tokenizer
 
     corpus = default_corpus(max_documents=NUM_DOCS)
     tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=corpus)
@@ -105,7 +105,7 @@ def detsampler_loader(dataset, num_workers: int):
 
 
 class TokenChunks:
-    """A Grain data source (``__len__`` / ``__getitem__``): the i-th ``seq_len + 1`` slice of a raw token file, int64."""
+    """A Grain data source (``__len__`` / ``__getitem__``): the i-th ``seq_len + 1`` slice of a token file, int64."""
 
     def __init__(self, path: Path, seq_len: int) -> None:
         self.path, self.seq_len = path, seq_len
@@ -156,10 +156,20 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
     bestfit = PackedDataset(stored, stored.layout(LayoutConfig(kind="bestfit", seq_len=SEQ_LEN)))
     n_samples = (MAX_BATCHES + 2) * MICRO_BATCH
     megatron = peers.megatron_gpt_dataset(
-        inputs["megatron_prefix"], n_samples, SEQ_LEN, tokenizer.vocab_size, stored.eos_id, CACHE / "peers" / "megatron-cache"
+        inputs["megatron_prefix"],
+        n_samples,
+        SEQ_LEN,
+        tokenizer.vocab_size,
+        stored.eos_id,
+        CACHE / "peers" / "megatron-cache",
     )
     olmo = peers.olmo_fsl_dataset(
-        [inputs["token_file"]], SEQ_LEN, tokenizer.vocab_size, stored.eos_id, stored.pad_id, CACHE / "peers" / "olmo-work"
+        [inputs["token_file"]],
+        SEQ_LEN,
+        tokenizer.vocab_size,
+        stored.eos_id,
+        stored.pad_id,
+        CACHE / "peers" / "olmo-work",
     )
 
     def olmo_loader(w: int):
@@ -167,13 +177,17 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
         loader.reshuffle(epoch=1)
         return loader
 
-    return {
-        "detsampler concat": lambda w: detsampler_loader(concat, w),
-        "detsampler bestfit": lambda w: detsampler_loader(bestfit, w),
-        "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron, batch_size=MICRO_BATCH, num_workers=w),
-        "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": olmo_loader,
-        "Grain MapDataset shuffle -> batch": lambda w: grain_batches(inputs["token_file"], w),
-    }, concat, bestfit
+    return (
+        {
+            "detsampler concat": lambda w: detsampler_loader(concat, w),
+            "detsampler bestfit": lambda w: detsampler_loader(bestfit, w),
+            "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron, batch_size=MICRO_BATCH, num_workers=w),
+            "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": olmo_loader,
+            "Grain MapDataset shuffle -> batch": lambda w: grain_batches(inputs["token_file"], w),
+        },
+        concat,
+        bestfit,
+    )
 
 
 def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
@@ -181,7 +195,9 @@ def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
 
     from detsampler.loader.dataset import PackedDataset
 
-    fly = PackedDataset(counts, counts.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)), dataset=corpus, tokenizer=tokenizer)
+    fly = PackedDataset(
+        counts, counts.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)), dataset=corpus, tokenizer=tokenizer
+    )
     hf_tok = HuggingFaceTokenizer(tokenizer_path=str(inputs["hf_tokenizer"]))
     sp_tok = peers.SentencePieceForTitan(tokenizer)
 
@@ -206,7 +222,7 @@ def _run_group(contenders: dict) -> dict:
         for name, make in contenders.items():
             try:
                 out[(name, w)] = _time_batches(make(w))
-            except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the others still run
+            except Exception as exc:
                 out[(name, w)] = f"{type(exc).__name__}: {str(exc)[:120]}"
     return out
 
@@ -225,7 +241,9 @@ def _group_table(title: str, rates: dict, names: list[str], ceiling: float) -> t
             i += 1
     best = max((v, k) for k, v in zip([(n, w) for n in names for w in WORKERS], values) if v)
     strongest = f"Strongest contender: {best[1][0]} with num_workers={best[1][1]} ({fmt_rate(best[0], ' tokens/s')})."
-    table = Table(title, ["contender", "num_workers", "tokens/s", "/ ceiling", "rate / best", "batches timed"], rows, [strongest])
+    table = Table(
+        title, ["contender", "num_workers", "tokens/s", "/ ceiling", "rate / best", "batches timed"], rows, [strongest]
+    )
     return table, strongest
 
 
@@ -251,9 +269,11 @@ def _limits(dataset, stored, concat_layout) -> list[str]:
     t_locate = per_batch(lambda i: concat_layout.locate(np.asarray(i)))
     t_batch = per_batch(dataset.get_batch)
     return [
-        f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate {t_locate:.0f} µs; "
+        f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate "
+        f"{t_locate:.0f} µs; "
         f"PackedDataset.get_batch (locate, gather, four int64 fields of 8 x 2,048) {t_batch:.0f} µs. The ceiling's "
-        f"memcpy moves a batch's {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.itemsize:,} bytes in a few µs: the loader's "
+        f"memcpy moves a batch's {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.itemsize:,} bytes in a few µs: the "
+        "loader's "
         "cost is its fixed per-batch work (Python and numpy calls on a handful of ids, the DataLoader's fetch) and "
         "writing 32 bytes of int64 per position (input ids, labels, positions, document ids) where the ceiling copies "
         f"{stored.tokens.itemsize}.",
@@ -279,25 +299,33 @@ def main() -> BenchResult:
     runs = ceiling_runs(stored, spans, MICRO_BATCH * (SEQ_LEN + 1), MAX_BATCHES * MICRO_BATCH * SEQ_LEN)
     ceiling = max(r.median for r in runs)
     ceiling_rows = [
-        [r.name, fmt_rate(r.median, " tokens/s"), f"{fmt_rate(r.low, '')} - {fmt_rate(r.high, '')}", f"{r.median / ceiling:.3f}"]
+        [
+            r.name,
+            fmt_rate(r.median, " tokens/s"),
+            f"{fmt_rate(r.low, '')} - {fmt_rate(r.high, '')}",
+            f"{r.median / ceiling:.3f}",
+        ]
         for r in runs
     ]
     ceiling_table = Table(
-        f"The ceiling: copies of the same batches' tokens from the memory map (median of 7 passes over {MAX_BATCHES} batches)",
+        f"The ceiling: copies of the same batches' tokens from the memory map (median of 7 passes over "
+        f"{MAX_BATCHES} batches)",
         ["copy", "tokens/s", "spread (min - max)", "/ ceiling"],
         ceiling_rows,
     )
-    stored_table, stored_best = _group_table(
-        f"Stored tokens: tokens/s into the training loop ({stored.num_tokens:,} tokens in {stored.num_documents} documents; "
+    stored_table, _ = _group_table(
+        f"Stored tokens: tokens/s into the training loop ({stored.num_tokens:,} tokens in {stored.num_documents} "
+        "documents; "
         f"seq_len {SEQ_LEN}, micro batch {MICRO_BATCH})",
         stored_rates,
         list(stored_contenders),
         ceiling,
     )
     stored_table.notes.append(
-        f"bestfit padding fraction: {bestfit_ds.layout.describe()['padding_fraction']:.3f} (delivered positions include it)."
+        f"bestfit padding fraction: {bestfit_ds.layout.describe()['padding_fraction']:.3f} (delivered positions "
+        "include it)."
     )
-    fly_table, fly_best = _group_table(
+    fly_table, _ = _group_table(
         "Tokenized on the fly: tokens/s into the training loop (same texts)", fly_rates, list(fly_contenders), ceiling
     )
     texts = corpus["text"][:200]
@@ -322,10 +350,13 @@ def main() -> BenchResult:
         f"Like for like, stored: detsampler concat {fmt_rate(ours, ' tokens/s')} against the strongest peer's "
         f"{fmt_rate(best_peer_stored, ' tokens/s')} ({ours / best_peer_stored:.2f}x).",
         f"Like for like, on the fly: detsampler concat {fmt_rate(fly_ours, ' tokens/s')} against the strongest peer's "
-        f"{fmt_rate(best_peer_fly, ' tokens/s')} ({fly_ours / best_peer_fly:.2f}x). detsampler tokenizes each document a "
-        "sample touches whole, for every sample that touches it (a document longer than a sample is tokenized again for "
+        f"{fmt_rate(best_peer_fly, ' tokens/s')} ({fly_ours / best_peer_fly:.2f}x). detsampler tokenizes each "
+        "document a "
+        "sample touches whole, for every sample that touches it (a document longer than a sample is tokenized "
+        "again for "
         "each of its samples); a stream tokenizes each document once.",
-        "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds contention here.",
+        "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds "
+        "contention here.",
     ]
     return BenchResult(
         3,

@@ -8,7 +8,7 @@ model), written once under ``.cache/bench/scale`` by Megatron's own ``IndexedDat
 over the same offsets (its lengths exclude the EOS, which detsampler keeps virtual). Samples of 2,048 tokens, micro
 batches of 8, one rank.
 
-Every (contender, N) runs in a fresh interpreter (``_scale_child``, one torch thread, as a DataLoader worker has), twice:
+Every (contender, N) runs in a fresh interpreter (``_scale_child``; one torch thread, as in a DataLoader worker), twice:
 - **cold**: its index cache removed first; the clock runs from nothing built to the first micro batch at step 0
   (Megatron: ``BlendedMegatronDatasetBuilder.build()`` writes its document, sample and shuffle indices; OLMo-core: the
   dataset's ``prepare()`` and the loader's global indices; detsampler: the layout, which for ``bestfit`` packs every
@@ -19,8 +19,8 @@ Every (contender, N) runs in a fresh interpreter (``_scale_child``, one torch th
   loader's ``load_state_dict`` with ``batches_processed = k``; detsampler: ``DeterministicBatchSampler(start_step=k)``),
   then random micro batches one by one (Megatron ``ds[i]``, OLMo-core ``loader[step]``, detsampler
   ``__getitems__``) for the random-access rate.
-The mixture rows blend three sources that are the same documents (weights 0.5, 0.3, 0.2): Megatron's
-``BlendedDataset`` builds its dataset and sample indices of ``num_samples`` entries; detsampler's ``Mixture`` builds none.
+The mixture rows blend three sources that are the same documents (weights 0.5, 0.3, 0.2): Megatron's ``BlendedDataset``
+builds its dataset and sample indices of ``num_samples`` entries; detsampler's ``Mixture`` builds none.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ SIZES = (1_000_000, 10_000_000)
 MIXTURE_SIZES = (1_000_000,)
 RANDOM_BATCHES = 20
 TIMEOUT_S = 300
-CONTENDERS = ("detsampler concat", "detsampler bestfit", "Megatron GPTDataset", "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader")
+CONTENDERS = (
+    "detsampler concat",
+    "detsampler bestfit",
+    "Megatron GPTDataset",
+    "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader",
+)
 MIXTURES = ("detsampler Mixture (3 sources)", "Megatron BlendedDataset (3 sources)")
 
 
@@ -77,7 +82,11 @@ def _source_tokens() -> tuple[np.ndarray, int, int]:
 
 
 def _measure(contender: str, data: Path, step: int) -> tuple[dict | None, dict | None]:
-    cold = run_child("tests.benchmarks._scale_child", dict(contender=contender, data=str(data), step=0, cold=True, random_batches=0), TIMEOUT_S)
+    cold = run_child(
+        "tests.benchmarks._scale_child",
+        dict(contender=contender, data=str(data), step=0, cold=True, random_batches=0),
+        TIMEOUT_S,
+    )
     if cold is None:
         return None, None
     warm = run_child(
@@ -101,19 +110,44 @@ def _table(n: int, step: int, names: tuple[str, ...], results: dict, title: str)
         if cold[i] is None:
             rows.append([name, f"did not finish within {TIMEOUT_S} s or failed (see the run's output)"] + ["—"] * 8)
             continue
-        rows.append([
-            name, fmt_seconds(build[i]), cols[0][i], fmt_bytes(rss[i]), cols[1][i], fmt_bytes(cold[i]["cache_bytes"]),
-            fmt_seconds(resume[i]), cols[2][i], fmt_rate(rand[i], " tokens/s"), cols[3][i],
-        ])
+        rows.append(
+            [
+                name,
+                fmt_seconds(build[i]),
+                cols[0][i],
+                fmt_bytes(rss[i]),
+                cols[1][i],
+                fmt_bytes(cold[i]["cache_bytes"]),
+                fmt_seconds(resume[i]),
+                cols[2][i],
+                fmt_rate(rand[i], " tokens/s"),
+                cols[3][i],
+            ]
+        )
     notes = []
-    for label, values, better in (("cold build", build, min), ("RSS growth", rss, min), ("resume", resume, min), ("random access", rand, max)):
+    for label, values, better in (
+        ("cold build", build, min),
+        ("RSS growth", rss, min),
+        ("resume", resume, min),
+        ("random access", rand, max),
+    ):
         known = [(v, names[i]) for i, v in enumerate(values) if v is not None]
         if known:
             notes.append(f"Strongest on {label}: {better(known)[1]}.")
     return Table(
         f"{title}: {n:,} documents, resume at step {step:,}",
-        ["contender", "cold: first batch", "/ best", "RSS growth", "/ best", "on disk", "resume at step k", "/ best",
-         "random micro batches", "/ best"],
+        [
+            "contender",
+            "cold: first batch",
+            "/ best",
+            "RSS growth",
+            "/ best",
+            "on disk",
+            "resume at step k",
+            "/ best",
+            "random micro batches",
+            "/ best",
+        ],
         rows,
         [" ".join(notes)],
     )
@@ -137,7 +171,8 @@ def main() -> BenchResult:
         "Megatron's and OLMo-core's O(N) index builds would take minutes each on 2 cores; detsampler's concat layout "
         "keeps a cumulative sum of the lengths (O(documents), 8 bytes each) and bestfit a bin count per window, so "
         "its cold cost grows with N too (the plan and the permutation do not: benchmark 2).",
-        f"Machine: {os.cpu_count()} cores; each number is one run in a fresh process (no repeats: the cold builds write "
+        f"Machine: {os.cpu_count()} cores; each number is one run in a fresh process (no repeats: the cold builds "
+        "write "
         "files and take seconds).",
     ]
     return BenchResult(

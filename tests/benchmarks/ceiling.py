@@ -100,7 +100,11 @@ def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeat
             gather_copy(tokens, b, offsets, lengths, eos_id)
 
     runs = []
-    for name, fn in (("memcpy of the same bytes", memcpy), ("per-span slice copy loop", slices), ("vectorized gather", gather)):
+    for name, fn in (
+        ("memcpy of the same bytes", memcpy),
+        ("per-span slice copy loop", slices),
+        ("vectorized gather", gather),
+    ):
         fn()  # warm the page cache and the code path
         runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
     return runs

@@ -1,7 +1,8 @@
 """The real peers, driven through their own public APIs, over the same corpus and tokens as detsampler.
 
 Each helper builds what a peer's own documentation asks a user to build (Megatron's ``.bin``/``.idx`` written by its
-``IndexedDatasetBuilder``, OLMo-core's raw token array, a torchtitan dataset entry and a Hugging Face tokenizer) and returns
+``IndexedDatasetBuilder``, OLMo-core's raw token array, a torchtitan dataset entry and a Hugging Face tokenizer) and
+returns
 the peer's own dataset or loader object. Inputs hold the same tokens as detsampler's index: each document's tokens
 followed by the EOS id (detsampler's EOS is virtual, the peers store it). ``missing()`` names the peers that are not
 installed, so a benchmark can say why a contender did not run instead of failing.
@@ -15,24 +16,25 @@ import logging
 import os
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 __all__ = [
     "PEER_MODULES",
-    "missing",
-    "write_megatron",
-    "write_megatron_synthetic",
-    "megatron_gpt_dataset",
+    "SentencePieceForTitan",
+    "hf_tokenizer_dir",
     "megatron_blended_dataset",
-    "write_token_file",
+    "megatron_gpt_dataset",
+    "missing",
     "olmo_fsl_dataset",
     "olmo_fsl_loader",
-    "hf_tokenizer_dir",
     "titan_loader",
-    "SentencePieceForTitan",
+    "write_megatron",
+    "write_megatron_synthetic",
+    "write_token_file",
 ]
 
 PEER_MODULES = {
@@ -59,7 +61,7 @@ def missing() -> dict[str, str]:
     for name, module in PEER_MODULES.items():
         try:
             importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not raised
+        except Exception as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
     return out
 
@@ -88,7 +90,9 @@ def write_megatron(prefix: Path, documents: Iterable[np.ndarray], eos_id: int, d
     return prefix
 
 
-def write_megatron_synthetic(prefix: Path, lengths: np.ndarray, source: np.ndarray, eos_id: int, chunk: int = 250_000) -> Path:
+def write_megatron_synthetic(
+    prefix: Path, lengths: np.ndarray, source: np.ndarray, eos_id: int, chunk: int = 250_000
+) -> Path:
     """A ``.bin``/``.idx`` of ``len(lengths)`` documents of the given lengths (EOS included), their tokens read in turn
     from ``source`` (a real token stream, repeated as often as needed), through ``IndexedDatasetBuilder.add_document`` a
     chunk of documents at a time (one sequence per document of the chunk)."""
@@ -128,15 +132,23 @@ class _TokenIds:
         return OrderedDict({"class": "detsampler-bench", "vocab_size": self.vocab_size, "eod": self.eod})
 
 
-def megatron_gpt_dataset(prefix: Path, num_samples: int, seq_len: int, vocab_size: int, eos_id: int, cache: Path, seed: int = 0):
+def megatron_gpt_dataset(
+    prefix: Path, num_samples: int, seq_len: int, vocab_size: int, eos_id: int, cache: Path, seed: int = 0
+):
     """The train split of megatron's ``GPTDataset`` over ``prefix`` (all documents), built as a user does through
     ``BlendedMegatronDatasetBuilder``; its document/sample/shuffle indices are cached under ``cache``."""
     return megatron_blended_dataset([prefix], None, num_samples, seq_len, vocab_size, eos_id, cache, seed)
 
 
 def megatron_blended_dataset(
-    prefixes: list[Path], weights: list[float] | None, num_samples: int, seq_len: int, vocab_size: int, eos_id: int,
-    cache: Path, seed: int = 0,
+    prefixes: list[Path],
+    weights: list[float] | None,
+    num_samples: int,
+    seq_len: int,
+    vocab_size: int,
+    eos_id: int,
+    cache: Path,
+    seed: int = 0,
 ):
     """Megatron's train split over ``prefixes`` blended by ``weights`` (a ``BlendedDataset`` when there are several, the
     ``GPTDataset`` itself for one), through ``BlendedMegatronDatasetBuilder``; indices cached under ``cache``."""
@@ -207,7 +219,8 @@ def olmo_fsl_dataset(paths: list[Path], seq_len: int, vocab_size: int, eos_id: i
 
 
 def olmo_fsl_loader(dataset, global_batch_tokens: int, work_dir: Path, num_workers: int = 0, seed: int = 0):
-    """OLMo-core's ``NumpyFSLDataLoader`` (shuffled; one rank) over ``dataset``, its global indices built in ``work_dir``."""
+    """OLMo-core's ``NumpyFSLDataLoader`` (shuffled; one rank) over ``dataset``, its global indices built in
+    ``work_dir``."""
     from olmo_core.data import NumpyFSLDataLoader
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +274,8 @@ def _titan_base():
 
 class SentencePieceForTitan:
     """detsampler's sentencepiece tokenizer behind torchtitan's ``BaseTokenizer`` interface (made a subclass on first
-    use, so this module imports without torchtitan): the same tokenizer as detsampler's rows, for a like-for-like row."""
+    use, so this module imports without torchtitan): the same tokenizer as detsampler's rows, for a like-for-like
+    row."""
 
     def __new__(cls, tokenizer: Any):
         base = _titan_base()
@@ -273,7 +287,7 @@ class SentencePieceForTitan:
 
             def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, **_: Any) -> list[int]:
                 ids = self.tok.encode(text)
-                return ids + [self.eos_id] if add_eos else ids
+                return [*ids, self.eos_id] if add_eos else ids
 
             def decode(self, ids: list[int], **_: Any) -> str:
                 return self.tok.decode(ids)
