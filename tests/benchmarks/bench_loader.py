@@ -322,6 +322,11 @@ def main() -> BenchResult:
         ceiling,
     )
     stored_table.notes.append(
+        "What each yields per micro batch: detsampler four int64 [8, 2048] tensors (input ids, labels, position ids, "
+        "document ids) in one block; Megatron tokens, labels, loss mask and position ids per sample, collated; "
+        "OLMo-core input ids and instance indices; Grain (as driven here) the input ids alone, as numpy."
+    )
+    stored_table.notes.append(
         f"bestfit padding fraction: {bestfit_ds.layout.describe()['padding_fraction']:.3f} (delivered positions "
         "include it)."
     )
