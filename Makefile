@@ -17,7 +17,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The import contracts of pyproject.toml ([tool.importlinter]: the tiers point down), then the tests.
 test: $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed

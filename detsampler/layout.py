@@ -143,8 +143,13 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def document_order(num_documents: int, seed: int) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation)."""
-    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+
+    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan epochs,
+    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the same
+    whatever version a plan reads it with (tests/test_pinned.py pins them once).
+    """
+    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
 
 
 def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -40,7 +40,8 @@ def check_resume(old: Plan | dict, new: Plan, resume_step: int) -> None:
     """Raise ValueError unless ``new`` reads what ``old`` read at every training step before ``resume_step``.
 
     ``old`` is the checkpointed run's plan or its ``fingerprint()`` (as saved, JSON round trips allowed). Allowed: another
-    ``world_size``/``micro_batch_size``; mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
+    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by its
+    own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
     starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
     """
     check_int(resume_step, "resume_step", minimum=0)
@@ -48,7 +49,15 @@ def check_resume(old: Plan | dict, new: Plan, resume_step: int) -> None:
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
-    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"}):
+    if before.get("mapping_version") != after.get("mapping_version"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "
+            f"{after.get('mapping_version')!r}, which reorders every epoch; resume with Plan(..., mapping_version="
+            f"{before.get('mapping_version')!r}) (the trainer and the CLI read it from the checkpoint)"
+        )
+    # The plan's seed keys only the epoch shuffles of ``num_samples``; a source stream (a mixture) has its own seed.
+    unused = {"seed"} if before["stream"].get("kind") != "epochs" and after["stream"].get("kind") != "epochs" else set()
+    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"} - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
                 f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the new "

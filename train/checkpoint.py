@@ -46,6 +46,7 @@ __all__ = [
     "complete_checkpoints",
     "data_fingerprint",
     "fingerprint_changes",
+    "saved_mapping_version",
     "kill_point",
     "latest_checkpoint",
     "load_checkpoint",
@@ -103,6 +104,14 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: value}
+
+
+def saved_mapping_version(saved: dict) -> int:
+    """The mapping version a checkpoint's data fingerprint records (its plan's), which a resume must keep."""
+    version = saved.get("plan", {}).get("mapping_version") if isinstance(saved, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DataFingerprintError(f"the checkpoint's data fingerprint records no mapping version (plan: {saved.get('plan')!r})")
+    return version
 
 
 def fingerprint_changes(saved: dict, current: dict) -> list[str]:

@@ -101,6 +101,8 @@ class DataConfig:
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too (see
     :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
     trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
+    ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint
+    records and starts a new run on the current one.
     """
 
     source: str = ""
@@ -125,9 +127,16 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
+    mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS
+        from detsampler.version import MAPPING_VERSIONS
+
+        version = self.mapping_version
+        if isinstance(version, bool) or not isinstance(version, int) or (version != 0 and version not in MAPPING_VERSIONS):
+            raise ValueError(f"DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
+                             f"{MAPPING_VERSIONS}, got {self.mapping_version!r}")
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")

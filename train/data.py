@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
+from detsampler.version import MAPPING_VERSION
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -188,6 +189,7 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
+        mapping_version=config.mapping_version or MAPPING_VERSION,
     )
 
 
@@ -230,16 +232,10 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
-    from dataclasses import replace
-
-    from detsampler.index.prepare import prepare_index
+    from detsampler.index.prepare import prepare_sources
     from detsampler.loader.mixture_dataset import MixtureDataset
-    from detsampler.text.corpus import default_tokenizer
 
-    base = index_config(config)
-    tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
-    prepared = [prepare_index(replace(base, data=src, tokenizer=str(tokenizer_path)), progress=rank == 0)
-                for src in config.mixture_sources]
+    prepared = prepare_sources(index_config(config), config.mixture_sources, progress=rank == 0)
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)

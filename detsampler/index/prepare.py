@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
@@ -16,7 +16,7 @@ from detsampler.index.reader import TokenIndex
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
 from detsampler.text.tokenizer import Tokenizer
 
-__all__ = ["IndexConfig", "Prepared", "prepare_index"]
+__all__ = ["IndexConfig", "Prepared", "prepare_index", "prepare_sources"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,3 +96,13 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         progress=progress,
     )
     return Prepared(config, dataset, tokenizer, index)
+
+
+def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = True) -> list[Prepared]:
+    """One prepared index per mixture source (``base`` with ``data`` set to each source), all with one tokenizer.
+
+    Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on the
+    standard library (never a model trained per source, which would make token ids incomparable across sources).
+    """
+    tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
+    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]

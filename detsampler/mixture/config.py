@@ -34,6 +34,8 @@ def _schedule_rows(schedule: Any) -> list[tuple[Any, Any]]:
 
 def _checked_names(names: Any, num_sources: int) -> tuple[str, ...]:
     """``names`` as a tuple: one distinct non-empty string per source."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise ValueError(f"names must be a list of strings, one per source, got {names!r}")
     out = tuple(names)
     if len(out) != num_sources or not all(isinstance(n, str) and n for n in out):
         raise ValueError(f"names must be one non-empty string per source ({num_sources}), got {names!r}")

@@ -86,9 +86,6 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.Decode([int(i) for i in ids])
 
-    def id_to_piece(self, token_id: int) -> str:
-        return self._sp.IdToPiece(int(token_id))
-
     def describe(self) -> dict:
         return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
 
