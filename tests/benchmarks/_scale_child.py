@@ -131,14 +131,21 @@ CONTENDERS = {
 
 
 def _preload() -> None:
-    """Import every contender's modules before the clock starts (an import is not part of an index build)."""
-    import megatron.core.datasets.blended_megatron_dataset_builder
-    import megatron.core.datasets.gpt_dataset  # noqa: F401
-    import olmo_core.data  # noqa: F401
-    import torch.distributed  # noqa: F401
+    """Import every contender's modules before the clock starts (an import is not part of an index build); a peer that
+    is not installed fails its own run later, not the others'."""
+    import contextlib
+    import importlib
 
-    import detsampler.loader.dataset
-    import detsampler.loader.mixture_dataset  # noqa: F401
+    for module in (
+        "megatron.core.datasets.blended_megatron_dataset_builder",
+        "megatron.core.datasets.gpt_dataset",
+        "olmo_core.data",
+        "torch.distributed",
+        "detsampler.loader.dataset",
+        "detsampler.loader.mixture_dataset",
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
 
 
 def run(contender: str, data: Path, step: int, cold: bool, random_batches: int) -> dict:

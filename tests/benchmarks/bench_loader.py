@@ -134,18 +134,46 @@ def grain_batches(path: Path, num_workers: int):
 
 
 def _peer_inputs(corpus, tokenizer, stored) -> dict:
-    """Build (once) what each peer reads: the same tokens as ``stored``, each document's then EOS."""
+    """Build (once) what each peer reads: the same tokens as ``stored``, each document's then EOS. A peer that is not
+    installed leaves its exception in place of its input, and its rows say why they did not run."""
     offsets, lengths = np.asarray(stored.offsets), np.asarray(stored.lengths)
 
     def docs():
         return (stored.tokens[offsets[i] : offsets[i] + lengths[i]] for i in range(stored.num_documents))
 
     tag = f"stdlib{stored.num_documents}-{str(stored.meta['dataset_fingerprint'])[:8]}-{tokenizer.sha256[:8]}"
-    out = {}
-    out["megatron_prefix"] = peers.write_megatron(CACHE / "peers" / "megatron" / tag, docs(), stored.eos_id)
-    out["token_file"] = peers.write_token_file(CACHE / "peers" / "tokens" / f"{tag}.npy", docs(), stored.eos_id)
-    out["hf_tokenizer"] = peers.hf_tokenizer_dir(CACHE / "peers" / f"hf-bpe{VOCAB}-{tag}", corpus["text"], VOCAB)
+    builders = {
+        "megatron_prefix": lambda: peers.write_megatron(CACHE / "peers" / "megatron" / tag, docs(), stored.eos_id),
+        "token_file": lambda: peers.write_token_file(CACHE / "peers" / "tokens" / f"{tag}.npy", docs(), stored.eos_id),
+        "hf_tokenizer": lambda: peers.hf_tokenizer_dir(CACHE / "peers" / f"hf-bpe{VOCAB}-{tag}", corpus["text"], VOCAB),
+    }
+    out: dict = {}
+    for key, build in builders.items():
+        try:
+            out[key] = build()
+        except Exception as exc:  # reported in the rows that need it
+            out[key] = exc
     return out
+
+
+def _need(inputs: dict, key: str):
+    """``inputs[key]``, or the reason it could not be built, raised."""
+    value = inputs[key]
+    if isinstance(value, Exception):
+        raise RuntimeError(f"could not run: {type(value).__name__}: {value}")
+    return value
+
+
+def _lazy(build):
+    """``build()`` on first use, then its result: a peer that cannot be built fails its own rows, not the benchmark."""
+    box: list = []
+
+    def get():
+        if not box:
+            box.append(build())
+        return box[0]
+
+    return get
 
 
 def _stored_contenders(stored, inputs, tokenizer) -> dict:
@@ -155,25 +183,20 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
     concat = PackedDataset(stored, stored.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)))
     bestfit = PackedDataset(stored, stored.layout(LayoutConfig(kind="bestfit", seq_len=SEQ_LEN)))
     n_samples = (MAX_BATCHES + 2) * MICRO_BATCH
-    megatron = peers.megatron_gpt_dataset(
-        inputs["megatron_prefix"],
-        n_samples,
-        SEQ_LEN,
-        tokenizer.vocab_size,
-        stored.eos_id,
-        CACHE / "peers" / "megatron-cache",
+    vocab, eos = tokenizer.vocab_size, stored.eos_id
+    megatron = _lazy(
+        lambda: peers.megatron_gpt_dataset(
+            _need(inputs, "megatron_prefix"), n_samples, SEQ_LEN, vocab, eos, CACHE / "peers" / "megatron-cache"
+        )
     )
-    olmo = peers.olmo_fsl_dataset(
-        [inputs["token_file"]],
-        SEQ_LEN,
-        tokenizer.vocab_size,
-        stored.eos_id,
-        stored.pad_id,
-        CACHE / "peers" / "olmo-work",
+    olmo = _lazy(
+        lambda: peers.olmo_fsl_dataset(
+            [_need(inputs, "token_file")], SEQ_LEN, vocab, eos, stored.pad_id, CACHE / "peers" / "olmo-work"
+        )
     )
 
     def olmo_loader(w: int):
-        loader = peers.olmo_fsl_loader(olmo, MICRO_BATCH * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
+        loader = peers.olmo_fsl_loader(olmo(), MICRO_BATCH * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
         loader.reshuffle(epoch=1)
         return loader
 
@@ -181,9 +204,9 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
         {
             "detsampler concat": lambda w: detsampler_loader(concat, w),
             "detsampler bestfit": lambda w: detsampler_loader(bestfit, w),
-            "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron, batch_size=MICRO_BATCH, num_workers=w),
+            "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron(), batch_size=MICRO_BATCH, num_workers=w),
             "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": olmo_loader,
-            "Grain MapDataset shuffle -> batch": lambda w: grain_batches(inputs["token_file"], w),
+            "Grain MapDataset shuffle -> batch": lambda w: grain_batches(_need(inputs, "token_file"), w),
         },
         concat,
         bestfit,
@@ -191,15 +214,19 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
 
 
 def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
     from detsampler.loader.dataset import PackedDataset
 
     fly = PackedDataset(
         counts, counts.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN)), dataset=corpus, tokenizer=tokenizer
     )
-    hf_tok = HuggingFaceTokenizer(tokenizer_path=str(inputs["hf_tokenizer"]))
-    sp_tok = peers.SentencePieceForTitan(tokenizer)
+
+    def hf_tokenizer():
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        return HuggingFaceTokenizer(tokenizer_path=str(_need(inputs, "hf_tokenizer")))
+
+    hf_tok = _lazy(hf_tokenizer)
+    sp_tok = _lazy(lambda: peers.SentencePieceForTitan(tokenizer))
 
     def stream(path):
         return corpus.select_columns(["text"]).to_iterable_dataset(num_shards=4)
@@ -207,10 +234,10 @@ def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
     return {
         "detsampler concat (sentencepiece)": lambda w: detsampler_loader(fly, w),
         "torchtitan HuggingFaceTextDataLoader (HF tokenizers BPE)": lambda w: peers.titan_loader(
-            "detsampler_bench", stream, hf_tok, SEQ_LEN, MICRO_BATCH, w
+            "detsampler_bench", stream, hf_tok(), SEQ_LEN, MICRO_BATCH, w
         ),
         "torchtitan HuggingFaceTextDataLoader (sentencepiece)": lambda w: peers.titan_loader(
-            "detsampler_bench", stream, sp_tok, SEQ_LEN, MICRO_BATCH, w
+            "detsampler_bench", stream, sp_tok(), SEQ_LEN, MICRO_BATCH, w
         ),
     }, hf_tok
 
@@ -352,16 +379,12 @@ def main() -> BenchResult:
         ),
     ]
     notes = [
-        f"Like for like, stored: detsampler concat {fmt_rate(ours, ' tokens/s')} against the strongest peer's "
-        f"{fmt_rate(best_peer_stored, ' tokens/s')} ({ours / best_peer_stored:.2f}x).",
-        f"Like for like, on the fly: detsampler concat {fmt_rate(fly_ours, ' tokens/s')} against the strongest peer's "
-        f"{fmt_rate(best_peer_fly, ' tokens/s')} ({fly_ours / best_peer_fly:.2f}x). detsampler tokenizes each "
-        "document a "
-        "sample touches whole, for every sample that touches it (a document longer than a sample is tokenized "
-        "again for "
-        "each of its samples); a stream tokenizes each document once.",
-        "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds "
-        "contention here.",
+        _like_for_like("stored", ours, best_peer_stored),
+        _like_for_like("on the fly", fly_ours, best_peer_fly)
+        + " detsampler tokenizes each document a sample touches whole, for every sample that touches it (a document "
+        "longer than a sample is tokenized again for each of its samples); a stream tokenizes each document once.",
+        "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds contention "
+        "here.",
     ]
     return BenchResult(
         3,
@@ -374,13 +397,25 @@ def main() -> BenchResult:
     )
 
 
+def _like_for_like(kind: str, ours: float, best_peer: float) -> str:
+    if not best_peer:
+        return f"Like for like, {kind}: no peer ran (see the failed rows)."
+    return (
+        f"Like for like, {kind}: detsampler concat {fmt_rate(ours, ' tokens/s')} against the strongest peer's "
+        f"{fmt_rate(best_peer, ' tokens/s')} ({ours / best_peer:.2f}x)."
+    )
+
+
 def _tokenizer_rates(texts: list[str], sp, hf) -> str:
     """Single-thread encode rate of both tokenizers over the same texts (what on-the-fly loading pays per token)."""
     rates = []
-    for name, enc in (("sentencepiece", sp.encode), ("HF tokenizers BPE", lambda t: hf.encode(t))):
-        t0 = time.perf_counter()
-        n = sum(len(enc(t)) for t in texts)
-        rates.append(f"{name} {fmt_rate(n / (time.perf_counter() - t0), ' tokens/s')}")
+    for name, enc in (("sentencepiece", sp.encode), ("HF tokenizers BPE", lambda t: hf().encode(t))):
+        try:
+            t0 = time.perf_counter()
+            n = sum(len(enc(t)) for t in texts)
+            rates.append(f"{name} {fmt_rate(n / (time.perf_counter() - t0), ' tokens/s')}")
+        except Exception as exc:
+            rates.append(f"{name} could not run ({type(exc).__name__})")
     return "Encode alone, one thread, first 200 texts: " + ", ".join(rates) + "."
 
 

@@ -207,7 +207,7 @@ def accelerate_times() -> tuple[dict[int, float | None], dict[int, str]]:
         offset = _offset(k)[1]
         if offset == 0 and runs[0]:
             times[k], how[k] = runs[0]["seconds"], "measured" if k == 0 else "measured (the epoch-start run)"
-        elif k in runs and runs[k]:
+        elif runs.get(k):
             times[k], how[k] = runs[k]["seconds"], "measured"
         elif runs[0] and runs[10**6]:
             per_sample = (runs[10**6]["seconds"] - runs[0]["seconds"]) / _offset(10**6)[1]
@@ -215,6 +215,16 @@ def accelerate_times() -> tuple[dict[int, float | None], dict[int, str]]:
         else:
             times[k], how[k] = None, "failed: killed (memory?) or past 240 s"
     return times, how
+
+
+def _or_reason(measure, how: dict | None = None) -> tuple[dict, dict]:
+    """``measure()``'s times (and how each was got), or, when the peer cannot run here, why, in every row."""
+    try:
+        out = measure()
+    except Exception as exc:
+        reason = f"could not run: {type(exc).__name__}: {str(exc)[:100]}"
+        return {k: None for k in STEPS}, {k: reason for k in STEPS}
+    return (out, how) if how is not None else out
 
 
 # -- plain DataLoader that skips -------------------------------------------------------------------------------------------
@@ -251,15 +261,15 @@ def main() -> BenchResult:
     per_sample = torchdata_skip_cost()
     td, td_how, td_real = torchdata_times(per_sample)
     skip, skip_how, skip_run = skip_times()
-    grain_t = grain_times()
-    acc, acc_how = accelerate_times()
+    grain_t, grain_how = _or_reason(grain_times, {k: "measured" for k in STEPS})
+    acc, acc_how = _or_reason(accelerate_times)
 
     contenders = [
         ("detsampler (start_step=k)", det, {k: "measured" for k in STEPS}),
         ("plain DataLoader, skip k batches", skip, skip_how),
         ("torchdata StatefulDataLoader, load_state_dict", td, td_how),
         ("HF datasets IterableDataset, load_state_dict", hf, {k: "measured" for k in STEPS}),
-        ("Grain MapDataset iterator, set_state", grain_t, {k: "measured" for k in STEPS}),
+        ("Grain MapDataset iterator, set_state", grain_t, grain_how),
         ("accelerate skip_first_batches", acc, acc_how),
     ]
     tables = []
