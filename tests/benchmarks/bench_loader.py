@@ -24,6 +24,9 @@ detsampler's index by the peers' own writers, each document's tokens then EOS):
   8,000 pieces trained on the same texts (its ``HuggingFaceTokenizer``) and once with detsampler's sentencepiece
   tokenizer behind its ``BaseTokenizer`` interface (the same tokenizer as detsampler's row).
 
+**Resume on the fly**: torchtitan's loader restored from its own ``state_dict()`` taken after 60 batches (and checked
+against the batch the uninterrupted loader yields next), against detsampler's ``start_step=60``.
+
 **The ceiling** (tests/benchmarks/ceiling.py): the fastest of a ``memcpy`` of the same number of bytes, a per-span slice
 copy loop, and a vectorized gather, all from the same memory map, page cache warm, over the batches detsampler's concat
 rows deliver; median of 7 passes with the spread. It writes the stored dtype only, so it bounds what any loader could
@@ -41,7 +44,7 @@ from torch.utils.data import DataLoader
 from detsampler import DeterministicBatchSampler, LayoutConfig, Plan
 from tests.benchmarks import peers
 from tests.benchmarks.ceiling import ceiling_runs
-from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_rate, ratio_column
+from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_rate, fmt_seconds, ratio_column
 
 __all__ = ["main"]
 
@@ -239,7 +242,7 @@ def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
         "torchtitan HuggingFaceTextDataLoader (sentencepiece)": lambda w: peers.titan_loader(
             "detsampler_bench", stream, sp_tok(), SEQ_LEN, MICRO_BATCH, w
         ),
-    }, hf_tok
+    }, hf_tok, fly
 
 
 def _run_group(contenders: dict) -> dict:
@@ -317,9 +320,10 @@ def main() -> BenchResult:
     corpus, tokenizer, stored, counts = _setup()
     inputs = _peer_inputs(corpus, tokenizer, stored)
     stored_contenders, concat_ds, bestfit_ds = _stored_contenders(stored, inputs, tokenizer)
-    fly_contenders, hf_tok = _fly_contenders(corpus, tokenizer, counts, inputs)
+    fly_contenders, hf_tok, fly_dataset = _fly_contenders(corpus, tokenizer, counts, inputs)
     stored_rates = _run_group(stored_contenders)
     fly_rates = _run_group(fly_contenders)
+    resume_table = _resume_table(fly_contenders, fly_dataset)
 
     plan = Plan(concat_ds.layout.num_samples, seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
     spans = [concat_ds.layout.locate(plan.micro_batch(s, 0, 0)) for s in range(1, MAX_BATCHES + 1)]
@@ -390,10 +394,69 @@ def main() -> BenchResult:
         3,
         "Loader throughput",
         __doc__.split("\n", 2)[2].strip(),
-        [ceiling_table, stored_table, fly_table],
+        [ceiling_table, stored_table, fly_table, resume_table],
         verdicts,
         notes,
         time.perf_counter() - t_start,
+    )
+
+
+RESUME_STEP = 60  # steps into benchmark 3's corpus (about 40% of an epoch)
+
+
+def _titan_resume(make) -> tuple[float, bool]:
+    """torchtitan's own restore: run ``RESUME_STEP`` batches, take ``state_dict()``, build a fresh loader, time its
+    ``load_state_dict`` and first batch; and whether that batch equals the one the uninterrupted loader yields next."""
+    loader = make(0)
+    it = iter(loader)
+    for _ in range(RESUME_STEP):
+        next(it)
+    state = loader.state_dict()
+    want = _input_ids(next(it))
+    t0 = time.perf_counter()
+    fresh = make(0)
+    fresh.load_state_dict(state)
+    got = _input_ids(next(iter(fresh)))
+    return time.perf_counter() - t0, bool((got == want).all())
+
+
+def _detsampler_resume(dataset) -> float:
+    from detsampler.loader.dataset import collate_micro_batch
+
+    t0 = time.perf_counter()
+    plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
+    sampler = DeterministicBatchSampler(plan, rank=0, start_step=RESUME_STEP)
+    next(iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_micro_batch)))
+    return time.perf_counter() - t0
+
+
+def _resume_table(fly_contenders: dict, fly_dataset) -> Table:
+    """Resume at step ``RESUME_STEP`` on the fly: torchtitan's restore against detsampler's ``start_step``."""
+    rows, times = [], []
+    for name in fly_contenders:
+        if not name.startswith("torchtitan"):
+            continue
+        try:
+            seconds, same = _titan_resume(fly_contenders[name])
+            rows.append([name + ", load_state_dict", fmt_seconds(seconds), "yes" if same else "NO"])
+            times.append(seconds)
+        except Exception as exc:
+            rows.append([name, f"failed: {type(exc).__name__}: {str(exc)[:100]}", "—"])
+            times.append(None)
+    det = _detsampler_resume(fly_dataset)
+    rows.insert(0, ["detsampler concat (sentencepiece), start_step", fmt_seconds(det), "yes (tests/test_sampler.py)"])
+    times.insert(0, det)
+    for row, ratio in zip(rows, ratio_column(times, higher_is_better=False)):
+        row.insert(2, ratio)
+    return Table(
+        f"Tokenized on the fly: time to the first batch after resuming at step {RESUME_STEP} (same corpus, new loader)",
+        ["contender", "time to first batch", "time / best", "same batch as the uninterrupted run"],
+        rows,
+        [
+            "torchtitan's state is its token buffers and the Hugging Face IterableDataset's position (shard and "
+            "example in shard): a restore re-reads the shard up to that example and tokenizes nothing before it. "
+            "detsampler computes the step's documents and tokenizes them whole."
+        ],
     )
 
 
