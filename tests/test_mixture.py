@@ -262,7 +262,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 
     per_step: dict[int, list[np.ndarray]] = {s: [] for s in range(start, stop)}
     for rank in range(plan.world_size):
-        sampler = DeterministicBatchSampler(plan, rank, start_step=start, num_steps=stop - start)
+        sampler = DeterministicBatchSampler(plan, rank, start_step=start, stop_step=stop)
         loader = torch.utils.data.DataLoader(_IdDataset(), batch_sampler=sampler, num_workers=num_workers)
         for step, micro_batches in sampler.steps(loader):
             for a, mb in enumerate(micro_batches):
@@ -273,7 +273,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
                     assert (workers == worker).all()
                     assert a in plan.worker_micro_batches(step, rank, worker, num_workers, start_step=start)
                 per_step[step].append(ids)
-        assert sampler.state_dict() == {"step": stop}
+        assert sampler.state_dict() == {"step": stop, "samples_in_step": 0}
     return per_step
 
 
@@ -362,7 +362,7 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
     mix = Mixture([13, 7, 30], [(0, [2, 1, 0]), (3, [1, 1, 2])], seed=9)
     plan = Plan(source=mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
     dataset = MixtureDataset([_Tagged(k, n) for k, n in enumerate(mix.sizes)], mix)
-    sampler = DeterministicBatchSampler(plan, rank=1, num_steps=6)
+    sampler = DeterministicBatchSampler(plan, rank=1, stop_step=6)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):

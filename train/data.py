@@ -140,7 +140,7 @@ class DataPipeline:
         )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
-        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
+        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
         from detsampler.loader.dataset import collate_micro_batch

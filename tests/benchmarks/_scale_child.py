@@ -71,7 +71,7 @@ def _detsampler(data: Path, kind: str, cold: bool):
         plan = Plan(len(ds), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
 
     def batch(step: int):
-        ids = next(iter(DeterministicBatchSampler(plan, rank=0, start_step=step, num_steps=step + 1)))
+        ids = next(iter(DeterministicBatchSampler(plan, rank=0, start_step=step, stop_step=step + 1)))
         return ds.__getitems__(ids)
 
     return batch, batch, (data / "det").glob("**/*")

@@ -103,7 +103,7 @@ def detsampler_loader(dataset, num_workers: int):
     from detsampler.loader.dataset import collate_micro_batch
 
     plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
-    sampler = DeterministicBatchSampler(plan, rank=0, num_steps=MAX_BATCHES + 1)
+    sampler = DeterministicBatchSampler(plan, rank=0, stop_step=MAX_BATCHES + 1)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
 
 
