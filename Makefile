@@ -27,6 +27,7 @@ demo: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
 	$(PY) -m tests.benchmarks.run_all
 
 clean:
