@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
+	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -27,7 +28,6 @@ demo: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
 	$(PY) -m tests.benchmarks.run_all
 
 clean:
