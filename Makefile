@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
+	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
 	touch $@
 
 venv: $(VENV)/.installed

@@ -22,6 +22,7 @@ For ``document`` and ``bestfit`` every position of every document lies in exactl
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -63,9 +64,15 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
             raise ValueError(f"layout kind must be one of {tuple(LAYOUTS)}, got {self.kind!r}")
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
-        if not isinstance(self.window_docs, int) or self.window_docs < 1:
+        if self.kind != "concat" and self.seq_len < 2:
+            # NOTE: a document/bestfit sample holds seq_len positions and its labels are the next ones within it: with one
+            # position there is no label, and training on it gives a NaN loss.
+            raise ValueError(f"seq_len must be >= 2 for the {self.kind} layout (a sample of 1 token has no label), got 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.window_docs, bool) or not isinstance(self.window_docs, int) or self.window_docs < 1:
             raise ValueError(f"window_docs must be an integer >= 1, got {self.window_docs!r}")
 
 

@@ -66,15 +66,28 @@ def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool, ve
 def permute(x: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:
     """The images of indices ``x`` (in ``[0, n)``) under the permutation keyed by ``key``, as int64, shaped like ``x``.
 
-    ``key`` is a 64-bit integer, or a uint64 array broadcastable to ``x`` (one key per index, e.g. one per epoch);
-    ``version`` the mapping version whose permutation to compute.
+    Args:
+        x: indices in ``[0, n)`` (an int or an integer array of any shape).
+        n: the domain size, ``1 <= n <= 2**62``.
+        key: a 64-bit integer, or a uint64 array broadcastable to ``x`` (one key per index, e.g. one per epoch).
+        version: the mapping version whose permutation to compute (``MAPPING_VERSIONS``).
+
+    Returns:
+        ``permute(x)`` as int64, shaped like ``x``: a bijection of ``[0, n)`` for every key, O(1) memory per index.
     """
     return _apply(x, n, key, False, version)
 
 
 def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:
     """The inverse of :func:`permute`: ``unpermute(permute(x, n, k, v), n, k, v) == x`` for every ``x`` in
-    ``[0, n)``."""
+    ``[0, n)``.
+
+    Args:
+        y: images in ``[0, n)``; ``n``, ``key``, ``version`` as for :func:`permute`.
+
+    Returns:
+        The preimages as int64, shaped like ``y``.
+    """
     return _apply(y, n, key, True, version)
 
 

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from detsampler.keys import MASK64, _M1, _M2, _S27, _S30, subkeys
+from detsampler.keys import _M1, _M2, _S27, _S30, MASK64, subkeys
 
 __all__ = ["NUM_ROUNDS", "SMALL_DOMAIN", "apply"]
 

@@ -32,13 +32,18 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from detsampler.checks import check_positive_int, is_int
+from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import check_mapping_version, permute
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
-__all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+__all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+
+# NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**40 steps of 2**22 samples
+# (1.1e12 steps, 4.2M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
+MAX_STEP = 2**40
+MAX_GLOBAL_BATCH_SIZE = 2**22
 
 
 class SampleStream(Protocol):
@@ -72,7 +77,7 @@ class EpochStream:
     mapping_version: int = MAPPING_VERSION
 
     def __post_init__(self) -> None:
-        check_positive_int(self.num_samples, "num_samples")
+        check_int(self.num_samples, "num_samples (int64 sample ids)", minimum=1, maximum=2**62)
         check_mapping_version(self.mapping_version)
 
     @cached_property
@@ -125,6 +130,8 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
         if b < a:
             raise ValueError(f"skip_steps range ({a}, {b}) is reversed: need first <= last (both inclusive)")
+        if b > MAX_STEP:
+            raise ValueError(f"skip_steps range ({a}, {b}) ends after the last possible data step 2**40 = {MAX_STEP}")
         rows.append((int(a), int(b)))
     rows.sort()
     for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
@@ -153,6 +160,8 @@ def _check_step(step: int, name: str = "step") -> int:
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
+    if step > MAX_STEP:
+        raise ValueError(f"{name} must be <= 2**40 = {MAX_STEP} (int64 sample positions), got {step}")
     return int(step)
 
 
@@ -190,7 +199,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
-            check_positive_int(getattr(self, name), name)
+            check_int(getattr(self, name), name, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
         object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
         object.__setattr__(self, "stream", self._unplaced_stream())
         schedule = self._normalized_schedule()
@@ -226,7 +235,10 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        schedule = list(parse_step_schedule(self.batch_size_schedule, check_positive_int, "batch_size_schedule"))
+        size = lambda value, label: check_int(value, label, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)  # noqa: E731
+        schedule = list(parse_step_schedule(self.batch_size_schedule, size, "batch_size_schedule"))
+        if schedule[-1][0] > MAX_STEP:
+            raise ValueError(f"batch_size_schedule steps must be <= 2**40 = {MAX_STEP}, got {schedule[-1][0]}")
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
                 f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"

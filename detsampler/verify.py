@@ -99,7 +99,18 @@ def _epoch_counts(plan: Plan, spans: list[list[int]], chunk: int) -> dict[int, n
 def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
     """Check steps ``[start, stop)`` over every rank and micro step: the micro batches partition each step's positions;
     no sample repeats within an epoch; every epoch whose positions the range covers whole (read, or skipped by a skip
-    range inside it) reads or skips each sample exactly once. Returns a report; ``skipped`` sums up the skipped data."""
+    range inside it) reads or skips each sample exactly once.
+
+    Args:
+        plan: the plan to audit (an epoch stream; see :func:`verify_mixture_plan` for mixtures).
+        start: the first training step audited.
+        stop: one past the last step audited.
+        chunk: positions per vectorized batch (memory is O(chunk + samples per epoch)).
+
+    Returns:
+        A report: ``ok``, ``position_problems`` (steps whose micro batches do not partition them), one row per epoch
+        (``duplicates``, ``gaps`` where the epoch is covered whole, ``skipped``), and ``skipped`` summed.
+    """
     n = plan.stream.num_samples
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [step for step in range(start, stop)
@@ -132,7 +143,15 @@ def _source_counts(mixture: Any, spans: list[list[int]], chunk: int) -> dict[tup
 def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
     """:func:`verify_plan` for a plan over a mixture: the same checks, per source and per source epoch (each source's
     positions ``p_k`` of the range, read or skipped, are exactly ``[served_k(first), served_k(last))``, so a source
-    epoch inside them is complete and checked for gaps, whatever skip ranges lie in the range)."""
+    epoch inside them is complete and checked for gaps, whatever skip ranges lie in the range).
+
+    Args:
+        plan: a plan whose ``stream`` is a :class:`~detsampler.mixture.Mixture`; ``start``, ``stop``, ``chunk`` as for
+            :func:`verify_plan`.
+
+    Returns:
+        A report: ``ok``, ``position_problems`` and, per source, its served range and one row per source epoch.
+    """
     mixture = plan.stream
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [step for step in range(start, stop)

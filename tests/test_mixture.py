@@ -10,11 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsampler import Mixture, Plan, check_resume
+from detsampler import Mixture, Plan
 from detsampler.keys import subkeys
 from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.permutation import permute
+from detsampler.resume import DataFingerprint
+from detsampler.resume import check_resume as check_fingerprints
 from tests.strategies import integer_weights, seeds, weight_schedules
+
+
+def check_resume(old, new, resume_step):
+    """The library's check over two fingerprints that differ only in their plans (one index, one layout)."""
+
+    def fp(plan):
+        return DataFingerprint("index", {"kind": "concat"}, plan if isinstance(plan, dict) else plan.fingerprint())
+
+    check_fingerprints(fp(old), fp(new), resume_step)
+
 
 
 def _prefix_counts(sources: np.ndarray, num_sources: int) -> np.ndarray:
@@ -494,7 +506,7 @@ def test_sizes_and_positions_beyond_int64_arithmetic_are_refused():
     assert served.tolist() == [int(k == look.source[0]) for k in range(3)]
     with pytest.raises(ValueError, match=r"Got position 4611686018427387904, allowed positions are in \[0, 2\*\*62\)"):
         last.sample_ids(np.array([2**62]))
-    with pytest.raises(ValueError, match=r"position must be an integer >= 0 and <= 4611686018427387904, got 4611686018427387905"):
+    with pytest.raises(ValueError, match=r"position must be an integer <= 4611686018427387904, got 4611686018427387905"):
         last.served(2**62 + 1)
     with pytest.raises(ValueError, match=r"step_positions must be .* at most 2\*\*62"):
         Mixture([10, 20], [(0, [1, 1]), (5, [1, 2])], 0, step_positions=(0, 2**62 + 8))
@@ -508,6 +520,8 @@ def test_small_mixture_flaws_of_issue_11():
         (0, (1, 1)), (3, (1, 2)))
     with pytest.raises(ValueError, match=r"weights must be one weight per source or a schedule .*got a 2-D array"):
         Mixture([10, 10], np.array([[0.5, 0.5]]), 0)
+    config = MixtureConfig(weights=np.array([np.float32(0.1), np.float32(0.9)]), schedule=[(5, np.array([1, 1]))])
+    assert config.build([10, 10]).schedule == ((0, (1, 9)), (5, (1, 1)))
     with pytest.raises(ValueError, match="names must be a list of strings, one per source, got 'ab'"):
         MixtureConfig(weights=[1, 1], names="ab")
     with pytest.raises(ValueError, match=r"Got segment 5, allowed segments are in \[0, 1\)"):

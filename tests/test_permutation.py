@@ -12,7 +12,6 @@ from detsampler.permutation import MAX_DOMAIN, Permutation, permute, unpermute
 from detsampler.version import MAPPING_VERSIONS
 from tests.strategies import domain_sizes, seeds
 
-
 versions = st.sampled_from(MAPPING_VERSIONS)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from detsampler import MAPPING_VERSION, LayoutConfig, Plan, make_layout, permute
-from detsampler.version import MAPPING_VERSIONS
 from detsampler.keys import stable_hash64
+from detsampler.version import MAPPING_VERSIONS
 
 
 def test_mapping_version():

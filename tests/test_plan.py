@@ -139,15 +139,18 @@ def test_bad_step_rank_and_micro_step():
 
 def test_mapping_version_is_chosen_recorded_and_kept_on_resume():
     """Version 1 stays computable (its exact orders: tests/test_pinned.py); a resume may not change the version."""
-    from detsampler import check_resume
+    from detsampler import DataFingerprint, check_resume
     from detsampler.version import MAPPING_VERSION
+
+    def fp(plan):  # one index and one layout: only the plans differ
+        return DataFingerprint("index", {"kind": "concat"}, plan.fingerprint())
 
     v1, v2 = Plan(1000, 3, 8, 2, mapping_version=1), Plan(1000, 3, 8, 2)
     assert v2.mapping_version == MAPPING_VERSION == 2
     assert (v1.fingerprint()["mapping_version"], v2.fingerprint()["mapping_version"]) == (1, 2)
     assert not np.array_equal(v1.global_batch(0), v2.global_batch(0))
-    check_resume(v1.fingerprint(), v1.with_world(2, 2), 5)
+    check_resume(fp(v1).to_dict(), fp(v1.with_world(2, 2)), 5)
     with pytest.raises(ValueError, match=r"changes the mapping version from 1 to 2.*Plan\(\.\.\., mapping_version=1\)"):
-        check_resume(v1.fingerprint(), v2, 5)
+        check_resume(fp(v1), fp(v2), 5)
     with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
         Plan(1000, 3, 8, 2, mapping_version=3)

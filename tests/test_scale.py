@@ -33,7 +33,7 @@ def test_a_1e8_document_index_opens_and_locates_without_reading_it(tmp_path):
     index.layout(LayoutConfig(kind="concat", seq_len=2048))  # built once, here
     args = {"index": str(index.path), "kind": "concat", "seq_len": 2048, "mode": "persisted", "repeats": 20}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.benchmarks._scale_child"],
+        [sys.executable, "-m", "tests.benchmarks._corpus_scale_child"],
         input=json.dumps(args),
         capture_output=True,
         text=True,

@@ -242,3 +242,18 @@ def test_the_mapping_version_comes_from_the_config_else_the_checkpoint_else_the_
     assert _data_config(DataConfig(mapping_version=2), v1_meta).mapping_version == 2  # as asked (the fingerprint check refuses)
     with pytest.raises(DataFingerprintError, match="records no mapping version"):
         saved_mapping_version({"plan": {"seed": 0}})
+def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
+    """A NaN loss used to be written as a bare ``NaN``, which strict JSON parsers reject (issue 10 item 12)."""
+    import json
+
+    from train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    log.write({"event": "step", "step": 0, "loss": float("nan"), "extra": [float("inf"), 1.5]})
+    log.close()
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    record = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert record == {"event": "step", "step": 0, "loss": None, "extra": [None, 1.5]}

@@ -130,7 +130,7 @@ class DataConfig:
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
 
     def __post_init__(self) -> None:
-        from detsampler.layout import LAYOUT_KINDS
+        from detsampler.layout import LAYOUT_KINDS, LayoutConfig
         from detsampler.version import MAPPING_VERSIONS
 
         version = self.mapping_version
@@ -140,8 +140,12 @@ class DataConfig:
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
-        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc"):
-            _positive_int(self, name)
+        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
+            _positive_int(self, name, 0 if name == "seed" else 1)
+        try:
+            LayoutConfig(kind=self.layout, seq_len=self.seq_len, seed=self.seed, window_docs=self.window_docs)
+        except ValueError as exc:
+            raise ValueError(f"DataConfig: {exc}") from None
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
@@ -284,7 +288,10 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} in config section [{name}]; allowed keys are {sorted(allowed)}")
-        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        try:
+            sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        except TypeError as exc:  # e.g. a number where a list of pairs belongs
+            raise ValueError(f"config section [{name}]: a value has the wrong type ({exc})") from None
     return TrainConfig(**sections)
 
 

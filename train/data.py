@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
+from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
-from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
 __all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config"]
@@ -131,13 +131,13 @@ class DataPipeline:
 
     def fingerprint(self) -> dict:
         """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
+        return self.data_fingerprint().to_dict()
+
+    def data_fingerprint(self) -> DataFingerprint:
+        """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index provides its identity)."""
         if self.sources is None:
-            return data_fingerprint(str(self.index.fingerprint), self.layout.describe(), self.plan.fingerprint())
-        return data_fingerprint(
-            ",".join(str(index.fingerprint) for index, _ in self.sources),
-            {"mixture": [layout.describe() for _, layout in self.sources]},
-            self.plan.fingerprint(),
-        )
+            return DataFingerprint.of(self.index, self.layout, self.plan)
+        return DataFingerprint.of([index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan)
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)

@@ -43,6 +43,10 @@ class IndexConfig:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
         check_int(self.vocab_size, "vocab_size", minimum=300)
         check_positive_int(self.num_proc, "num_proc")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()):
+            raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
+        if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
+            raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
         if not isinstance(self.store_tokens, bool):
             raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
         if self.max_documents is not None:
@@ -68,7 +72,7 @@ def load_dataset_for(config: IndexConfig) -> Any:
     if config.data is None:
         ds = default_corpus(max_documents=config.max_documents)
     else:
-        ds = load_corpus(config.data, config.text_column)
+        ds = load_corpus(config.data, config.text_column, cache_dir=config.cache_path)
         if config.max_documents is not None and config.max_documents < len(ds):
             ds = ds.select(range(config.max_documents))
     return ds

@@ -18,7 +18,7 @@ import numpy as np
 
 from detsampler.schedule import parse_step_schedule
 
-__all__ = ["MAX_DENOMINATOR", "normalize_weights", "parse_schedule"]
+__all__ = ["MAX_DENOMINATOR", "as_weight_list", "normalize_weights", "parse_schedule"]
 
 MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
 
@@ -65,6 +65,7 @@ def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "wei
 
     Raises ValueError for a wrong count, a negative, non-finite or non-numeric weight, or all weights zero.
     """
+    weights = as_weight_list(weights, name)
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ValueError(f"{name} must be a list of {num_sources} numbers, got {weights!r}")
     if len(weights) != num_sources:
@@ -86,7 +87,7 @@ def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "wei
     return _quantize(fracs, total, weights, name)
 
 
-def _as_list(weights: Any, where: str) -> Any:
+def as_weight_list(weights: Any, where: str) -> Any:
     """A 1-D numpy array of weights as a list of its elements (numpy scalars kept, so float32 reads as float32)."""
     if isinstance(weights, np.ndarray):
         if weights.ndim != 1:
@@ -100,9 +101,9 @@ def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int
     """``weights`` as a schedule of ``(first_step, integer weights)``: a plain list of numbers is ``[(0, weights)]``.
 
     Weight lists may be 1-D numpy arrays (the weights of a schedule entry too)."""
-    weights = _as_list(weights, "weights")
+    weights = as_weight_list(weights, "weights")
     if isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
-        weights = [(e[0], _as_list(e[1], f"weights schedule entry {i}"))
+        weights = [(e[0], as_weight_list(e[1], f"weights schedule entry {i}"))
                    if isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2 else e
                    for i, e in enumerate(weights)]
     is_schedule = (

@@ -1,140 +1,186 @@
-"""Child process of benchmark 7 (and of tests/test_scale.py): open an index and one layout in a fresh interpreter, read
-the first micro batch, then time more micro batches; report time, RSS growth and chunks read as JSON on stdout.
+"""One contender of benchmark 7 in a fresh interpreter: build its index over the synthetic corpus in ``data`` (cold, or
+from its warm cache for a resume), take its first micro batch at ``step``, then read random micro batches.
 
-Reads ``{"index": PATH, "kind": K, "seq_len": L, "mode": "persisted" | "in_ram" | "distributed", "micro_batch": B,
-"world_size": W, "repeats": R}`` on stdin. ``persisted`` opens ``index.layout(config)`` (built beforehand);
-``in_ram`` is today's ``make_layout(config, index.lengths)``; ``distributed`` is ``torch.utils.data.DistributedSampler``
-over the same number of samples (first index only: it has no layout). RSS growth is the peak resident size reached
-while opening and reading the first micro batch minus the resident size just before (peak mark reset through
-``/proc/self/clear_refs``), as in benchmark 2; memory-mapped pages read count in it.
+Reads its arguments as JSON on stdin: ``contender``, ``data`` (a directory written by ``bench_scale.write_corpus``),
+``step``, ``cold`` (remove the contender's cache first), ``random_batches``; prints one JSON line: ``first_batch_s``
+(from nothing built in this process to the first micro batch at ``step`` in hand), ``rss_growth`` (peak resident size
+reached meanwhile minus the size before; the peak mark is reset through ``/proc/self/clear_refs``), ``cache_bytes``
+(what the contender wrote to disk for its index), ``random_tokens_per_s`` (input tokens of random micro batches read one
+by one).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
-import statistics
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from detsampler.index import TokenIndex
-from detsampler.index import layouts as _layouts  # noqa: F401 - imported before the baseline, like everything else
-from detsampler.layout import LayoutConfig, make_layout
-from detsampler.locate import locate
-from detsampler.permutation import unpermute
-from detsampler.plan import Plan
+from tests.benchmarks import peers
 from tests.benchmarks._sampler_child import _reset_peak, _status_bytes
+from tests.benchmarks.common import peak_rss_bytes
+
+SEQ_LEN = 2048
+MICRO_BATCH = 8
+WEIGHTS = [0.5, 0.3, 0.2]  # the mixture rows: three sources over the same documents
 
 
-def _chunks_read(index: TokenIndex, layout) -> int:
-    """64 KiB chunks of the index's and the layout's files this process has read (and checked)."""
-    inner = getattr(layout, "inner", layout)
-    arrays = [index.lengths, index.offsets, *vars(inner).values()]
-    if getattr(inner, "packing", None) is not None:
-        arrays += list(vars(inner.packing).values())
-    return sum(a.verified for a in arrays if hasattr(a, "verified"))
+def _meta(data: Path) -> dict:
+    return json.loads((data / "meta.json").read_text())
 
 
-def check_concat_spans(index: TokenIndex, layout, spans, sample_ids: np.ndarray) -> bool:
-    """Each concat sample is stream tokens [cL, cL + L + 1): checked through the inverse document order and the index's
-    own lengths (independently of how the layout found the spans)."""
-    from detsampler.keys import stable_hash64
+def _det_index(data: Path):
+    """detsampler's TokenIndex over the same files: stored lengths exclude the EOS, which detsampler keeps virtual."""
+    from detsampler.index import TokenIndex
 
-    L, n = layout.config.seq_len, index.num_documents
-    key = stable_hash64("document-order", layout.config.seed)
-    ends = layout.ends
-    for i, c in enumerate(sample_ids.tolist()):
-        at = c * L
-        for d, start, stop in spans.sample(i):
-            pos = int(unpermute(np.array([d]), n, key, version=1)[0])  # layouts use version 1's order
-            begin = int(ends[pos - 1]) if pos else 0
-            if int(ends[pos]) - begin != int(index.lengths[d]) + 1 or begin + start != at:
-                return False
-            at += stop - start
-        if at != c * L + L + 1:
-            return False
-    return True
+    meta = _meta(data)
+    lengths = np.load(data / "det_lengths.npy", mmap_mode="r")
+    offsets = np.load(data / "det_offsets.npy", mmap_mode="r")
+    tokens = np.memmap(data / "corpus.bin", dtype=np.uint16, mode="r")
+    index_meta = {
+        "num_documents": len(lengths),
+        "num_tokens": int(meta["num_tokens"]),
+        "tokenizer": {"vocab_size": meta["vocab"], "eos_id": meta["eos_id"], "pad_id": meta["eos_id"]},
+        "store_tokens": True,
+        "text_column": "text",
+        "cache_key": f"bench-scale-{len(lengths)}",
+    }
+    return TokenIndex(data / "det", index_meta, lengths, offsets, tokens)
 
 
-def _first_distributed(n: int, world_size: int) -> float:
-    import torch  # noqa: F401
-    from torch.utils.data import DistributedSampler
+def _detsampler(data: Path, kind: str, cold: bool):
+    """(first micro batch at step k, random micro batch reader) for a detsampler layout or a three-source mixture."""
+    from detsampler import DeterministicBatchSampler, LayoutConfig, Mixture, Plan
+    from detsampler.loader.dataset import PackedDataset
+    from detsampler.loader.mixture_dataset import MixtureDataset
 
-    class Sized:
-        def __len__(self) -> int:
-            return n
+    if cold:
+        shutil.rmtree(data / "det" / "layouts", ignore_errors=True)
+    (data / "det").mkdir(exist_ok=True)
+    index = _det_index(data)
+    layout = index.layout(LayoutConfig(kind="bestfit" if kind == "bestfit" else "concat", seq_len=SEQ_LEN))
+    ds = PackedDataset(index, layout)
+    if kind == "mixture":
+        mixture = Mixture([layout, layout, layout], WEIGHTS, seed=0)
+        ds = MixtureDataset([ds, ds, ds], mixture)
+        plan = Plan(source=mixture, seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
+    else:
+        plan = Plan(len(ds), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
 
+    def batch(step: int):
+        ids = next(iter(DeterministicBatchSampler(plan, rank=0, start_step=step, stop_step=step + 1)))
+        return ds.__getitems__(ids)
+
+    return batch, batch, (data / "det").glob("**/*")
+
+
+def _megatron(data: Path, kind: str, cold: bool):
+    meta = _meta(data)
+    cache = data / f"megatron-cache-{kind}"
+    if cold:
+        shutil.rmtree(cache, ignore_errors=True)
+    samples = int(meta["num_tokens"] + meta["num_documents"]) // SEQ_LEN - 1
+    prefix = data / "corpus"
+    if kind == "blend":
+        ds = peers.megatron_blended_dataset(
+            [prefix] * 3, WEIGHTS, samples, SEQ_LEN, meta["vocab"], meta["eos_id"], cache
+        )
+    else:
+        ds = peers.megatron_gpt_dataset(prefix, samples, SEQ_LEN, meta["vocab"], meta["eos_id"], cache)
+
+    def batch(step: int):
+        return [ds[step * MICRO_BATCH + j] for j in range(MICRO_BATCH)]
+
+    return batch, batch, cache.glob("**/*")
+
+
+def _olmo(data: Path, kind: str, cold: bool):
+    meta = _meta(data)
+    work = data / "olmo-work"
+    if cold:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(exist_ok=True)
+    ds = peers.olmo_fsl_dataset([data / "corpus.bin"], SEQ_LEN, meta["vocab"], meta["eos_id"], meta["eos_id"], work)
+    loader = peers.olmo_fsl_loader(ds, MICRO_BATCH * SEQ_LEN, work)
+
+    def resume(step: int):
+        """The trainer's path: load a state dict that has ``step`` batches processed, reshuffle, take the next batch."""
+        state = loader.state_dict()
+        state.update(batches_processed=step, tokens_processed=step * MICRO_BATCH * SEQ_LEN, epoch=1)
+        loader.load_state_dict(state)
+        loader.reshuffle(epoch=1)
+        return next(iter(loader))
+
+    def random(step: int):
+        return loader[step]  # its random access to a batch of the current epoch
+
+    return resume, random, work.glob("**/*")
+
+
+CONTENDERS = {
+    "detsampler concat": lambda d, c: _detsampler(d, "concat", c),
+    "detsampler bestfit": lambda d, c: _detsampler(d, "bestfit", c),
+    "detsampler Mixture (3 sources)": lambda d, c: _detsampler(d, "mixture", c),
+    "Megatron GPTDataset": lambda d, c: _megatron(d, "gpt", c),
+    "Megatron BlendedDataset (3 sources)": lambda d, c: _megatron(d, "blend", c),
+    "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": lambda d, c: _olmo(d, "fsl", c),
+}
+
+
+def _preload() -> None:
+    """Import every contender's modules before the clock starts (an import is not part of an index build); a peer that
+    is not installed fails its own run later, not the others'."""
+    import contextlib
+    import importlib
+
+    for module in (
+        "megatron.core.datasets.blended_megatron_dataset_builder",
+        "megatron.core.datasets.gpt_dataset",
+        "olmo_core.data",
+        "torch.distributed",
+        "detsampler.loader.dataset",
+        "detsampler.loader.mixture_dataset",
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+
+def run(contender: str, data: Path, step: int, cold: bool, random_batches: int) -> dict:
+    import torch
+
+    peers._quiet()
+    _preload()
+    # one thread, as in a DataLoader worker: torch's intra-op threads on 2 shared cores only add contention
+    torch.set_num_threads(1)
+    before = _status_bytes("VmRSS")
+    reset = _reset_peak()
     t0 = time.perf_counter()
-    next(iter(DistributedSampler(Sized(), num_replicas=world_size, rank=0, shuffle=True, seed=0)))
-    return time.perf_counter() - t0
+    first_batch, batch, cache_files = CONTENDERS[contender](data, cold)
+    first_batch(step)
+    first = time.perf_counter() - t0
+    peak = _status_bytes("VmHWM") if reset else peak_rss_bytes()
+    cache_bytes = sum(p.stat().st_size for p in cache_files if p.is_file())
+    rng = np.random.default_rng(1)
+    steps = rng.integers(0, max(1, step * 2), random_batches)
+    t0 = time.perf_counter()
+    for s in steps:
+        batch(int(s))
+    elapsed = time.perf_counter() - t0
+    return {
+        "first_batch_s": first,
+        "rss_growth": (peak or 0) - (before or 0),
+        "cache_bytes": cache_bytes,
+        "random_tokens_per_s": random_batches * MICRO_BATCH * SEQ_LEN / elapsed if random_batches else None,
+    }
 
 
 def main() -> None:
     args = json.loads(sys.stdin.read())
-    config = LayoutConfig(
-        kind=args["kind"], seq_len=int(args["seq_len"]), window_docs=int(args.get("window_docs", 1024))
-    )
-    B, W = int(args.get("micro_batch", 8)), int(args.get("world_size", 8))
-    if args["mode"] == "distributed":
-        import torch  # noqa: F401 - imported before the baseline, as the others import numpy
-
-        reset = _reset_peak()
-        base, base_anon = _status_bytes("VmRSS"), _status_bytes("RssAnon")
-        seconds = _first_distributed(int(args["num_samples"]), W)
-        print(
-            json.dumps(
-                {
-                    "open_first": seconds,
-                    "growth": _status_bytes("VmHWM") - base if reset else None,
-                    "anon_growth": _status_bytes("RssAnon") - base_anon,
-                }
-            )
-        )
-        return
-    reset = _reset_peak()
-    base, base_anon = _status_bytes("VmRSS"), _status_bytes("RssAnon")
-    t0 = time.perf_counter()
-    index = TokenIndex.open(args["index"])
-    layout = index.layout(config) if args["mode"] == "persisted" else make_layout(config, index.lengths)
-    plan = Plan(layout.num_samples, seed=0, global_batch_size=B * W, micro_batch_size=B, world_size=W)
-    far = layout.num_samples // (2 * B * W)  # mid-epoch
-    first = locate(plan, layout, step=far, rank=W - 1, micro_step=0)
-    open_first = time.perf_counter() - t0
-    growth = _status_bytes("VmHWM") - base if reset else None
-    anon = _status_bytes("RssAnon") - base_anon  # private memory; the rest of the growth is mapped file pages (shared)
-    chunks = _chunks_read(index, layout)
-    rng = np.random.default_rng(0)
-    steps = rng.integers(0, max(1, layout.num_samples // (B * W)), size=int(args.get("repeats", 50))).tolist()
-    times, warm = [], []
-    for timed in (times, warm):  # first pass: chunks read for the first time (checked); second: the same, all checked
-        for s in steps:
-            t = time.perf_counter()
-            locate(plan, layout, step=s, rank=0, micro_step=0)
-            timed.append(time.perf_counter() - t)
-    t = time.perf_counter()
-    blob = pickle.dumps(layout)
-    again = pickle.loads(blob)
-    again.locate(first.sample_ids)
-    reopen = time.perf_counter() - t
-    ok = check_concat_spans(index, layout, first.spans, first.sample_ids) if config.kind == "concat" else None
-    print(
-        json.dumps(
-            {
-                "open_first": open_first,
-                "growth": growth,
-                "anon_growth": anon,
-                "chunks_read": chunks,
-                "locate": statistics.median(times),
-                "locate_warm": statistics.median(warm),
-                "pickled_bytes": len(blob),
-                "reopen": reopen,
-                "num_samples": layout.num_samples,
-                "spans_ok": ok,
-            }
-        )
-    )
+    out = run(args["contender"], Path(args["data"]), int(args["step"]), bool(args["cold"]), int(args["random_batches"]))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
