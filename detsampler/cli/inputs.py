@@ -27,7 +27,7 @@ def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
     from detsampler.index.prepare import prepare_index
 
     prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
-    if verify_tokens:
+    if verify_tokens and prepared.dataset is not None:  # a pre-tokenized source has no recorded token checksum
         TokenIndex.open(prepared.index.path, verify_tokens=True)
     return prepared
 

@@ -33,7 +33,10 @@ def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: i
     else:
         text = prepared.dataset[int(doc)][index.text_column]
         ids = prepared.tokenizer.encode_batch([text])[0][start:stop_tok]
-    text = prepared.tokenizer.decode(ids) if ids else ""
+    if prepared.tokenizer is None:  # a pre-tokenized source opened without --tokenizer: show the ids
+        text = " ".join(map(str, ids[:64])) + (" ..." if len(ids) > 64 else "")
+    else:
+        text = prepared.tokenizer.decode(ids) if ids else ""
     if stop > n:
         text += "<EOS>"
     if max_chars and len(text) > max_chars:
@@ -74,7 +77,7 @@ def _print_micro_batch(args: argparse.Namespace, plan: Plan, layouts: Sequence[L
         print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
               f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)")
         src = prepared[k]
-        has_path = "path" in src.dataset.column_names
+        has_path = src.dataset is not None and "path" in src.dataset.column_names
         for doc, s, e in spans:
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")

@@ -2,8 +2,9 @@
 
 Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``allow_pickle=False``)::
 
-    lengths.npy   int64[num_documents]       tokens of document d (EOS not counted, not stored)
-    offsets.npy   int64[num_documents + 1]   offsets[d] = sum(lengths[:d]); offsets[-1] = num_tokens
+    lengths.npy   int64[num_documents]       positions of document d before its EOS (a BOS counted, the EOS not)
+    offsets.npy   int64[num_documents + 1]   where document d's stored tokens start; offsets[-1] = num_tokens
+                                             (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else lengths[d])
     tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
     meta.json     format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
     layouts/      cached best-fit bin counts (one .npy per layout config and MAPPING_VERSION)
@@ -40,7 +41,8 @@ from detsampler.index.format import (
 )
 from detsampler.keys import stable_hash64
 from detsampler.layout import Layout, LayoutConfig, make_layout
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 from detsampler.version import MAPPING_VERSION
 
 __all__ = ["TokenIndex"]
@@ -138,6 +140,16 @@ class TokenIndex:
         return int(self.meta["tokenizer"]["pad_id"])
 
     @property
+    def special_tokens(self) -> SpecialTokens:
+        """The BOS/EOS policy the index was built with (the default for an index that records none)."""
+        return SpecialTokens.from_meta(self.meta.get("special_tokens"))
+
+    @property
+    def eos_stored(self) -> bool:
+        """Whether each document's EOS position (``lengths[d]``) is a stored token (else it is virtual: ``eos_id``)."""
+        return self.special_tokens.eos_stored
+
+    @property
     def store_tokens(self) -> bool:
         return bool(self.meta["store_tokens"])
 
@@ -158,13 +170,15 @@ class TokenIndex:
 
     # -- identity
     @staticmethod
-    def cache_key(dataset: Any, tokenizer: Tokenizer, text_column: str = "text", store_tokens: bool = True) -> str:
+    def cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "text", store_tokens: bool = True,
+                  special_tokens: SpecialTokens | None = None) -> str:
         """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
-        return index_cache_key(dataset, tokenizer, text_column, store_tokens)
+        return index_cache_key(dataset, tokenizer, text_column, store_tokens, special_tokens)
 
     # -- open
     @classmethod
-    def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: Tokenizer | None = None, verify_tokens: bool = False) -> TokenIndex:
+    def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: TokenizerLike | None = None,
+             verify_tokens: bool = False) -> TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
         With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also checks
@@ -204,7 +218,7 @@ class TokenIndex:
         if text_column is not None and text_column != self.text_column:
             raise TokenIndexError(f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}")
 
-    def check_tokenizer(self, tokenizer: Tokenizer) -> None:
+    def check_tokenizer(self, tokenizer: TokenizerLike) -> None:
         """Raise unless ``tokenizer`` is the model this index was built with (sha256)."""
         want = self.meta["tokenizer"]["sha256"]
         if tokenizer.sha256 != want:
@@ -216,13 +230,13 @@ class TokenIndex:
 
     # -- reading
     def document_tokens(self, doc: int) -> np.ndarray:
-        """The stored tokens of document ``doc`` (without its EOS)."""
+        """The stored tokens of document ``doc`` (its BOS and a real EOS included; a virtual EOS is not stored)."""
         if self.tokens is None:
             raise ValueError(f"index {str(self.path)!r} was built with store_tokens=False: it holds no tokens")
         if not 0 <= doc < self.num_documents:
             raise ValueError(f"Got document {doc}, allowed documents are in [0, {self.num_documents})")
         start = int(self.offsets[doc])
-        return np.asarray(self.tokens[start : start + int(self.lengths[doc])])
+        return np.asarray(self.tokens[start : int(self.offsets[doc + 1])])
 
     def layout(self, config: LayoutConfig) -> Layout:
         """The layout ``config`` over this index's documents; a best-fit layout's bin counts are cached in ``layouts/``.
@@ -255,7 +269,8 @@ class TokenIndex:
             "path": str(self.path),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
-            "tokens_with_eos": self.num_tokens + self.num_documents,
+            "tokens_with_eos": self.num_tokens + (0 if self.eos_stored else self.num_documents),
+            "special_tokens": self.special_tokens.to_meta(),
             "token_dtype": self.meta["token_dtype"],
             "store_tokens": self.store_tokens,
             "text_column": self.text_column,
