@@ -34,6 +34,8 @@ __all__ = [
     "ConcatLayout",
     "DocumentLayout",
     "Layout",
+    "LAYOUTS",
+    "LAYOUT_KINDS",
     "LayoutConfig",
     "LayoutKind",
     "Spans",
@@ -41,8 +43,7 @@ __all__ = [
     "make_layout",
 ]
 
-LayoutKind = Literal["concat", "document", "bestfit"]
-LAYOUT_KINDS: tuple[str, ...] = ("concat", "document", "bestfit")
+LayoutKind = Literal["concat", "document", "bestfit"]  # the keys of LAYOUTS (below), for type checkers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +56,8 @@ class LayoutConfig:
     window_docs: int = 1024  # bestfit only: documents packed together
 
     def __post_init__(self) -> None:
-        if self.kind not in LAYOUT_KINDS:
-            raise ValueError(f"layout kind must be one of {LAYOUT_KINDS}, got {self.kind!r}")
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"layout kind must be one of {tuple(LAYOUTS)}, got {self.kind!r}")
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if not isinstance(self.window_docs, int) or self.window_docs < 1:
@@ -91,11 +92,23 @@ class Spans:
 
 
 class Layout(Protocol):
-    """What the plan, the dataset and the tools need of a layout."""
+    """What the plan, the dataset, mixtures and the tools read of a layout; nothing else of it is used.
+
+    ``labels_cross_documents``: True when a sample is a window of one token stream whose label at the last input is the
+    next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels stay
+    within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
+    """
 
     config: LayoutConfig
     num_samples: int
     num_documents: int
+    num_tokens: int  # token positions of the corpus, one EOS per document counted
+    lengths: np.ndarray  # tokens of each document (EOS not counted), the array the layout was made over
+    labels_cross_documents: bool
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Input tokens one epoch of samples serves (padding not counted)."""
 
     @property
     def sample_len(self) -> int:
@@ -145,6 +158,8 @@ def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
 class ConcatLayout:
     """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L + 1)``."""
 
+    labels_cross_documents = True
+
     def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths)
@@ -163,6 +178,10 @@ class ConcatLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len + 1
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_samples * self.config.seq_len
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -192,6 +211,8 @@ class ConcatLayout:
 class DocumentLayout:
     """Each sample is one piece of at most ``seq_len`` positions of one document, starting at a document boundary."""
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths)
@@ -206,6 +227,10 @@ class DocumentLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -270,6 +295,8 @@ def pack_best_fit(extents: np.ndarray, capacity: int) -> tuple[np.ndarray, np.nd
 class BestFitLayout:
     """Best-fit-decreasing bins of ``seq_len`` positions within windows of ``window_docs`` consecutive documents."""
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths)
@@ -289,6 +316,10 @@ class BestFitLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def window_documents(self, window: int) -> np.ndarray:
         """The document ids of window ``window``, in the seeded order."""
@@ -333,10 +364,20 @@ class BestFitLayout:
         }
 
 
+LAYOUTS: dict[str, type] = {"concat": ConcatLayout, "document": DocumentLayout, "bestfit": BestFitLayout}
+LAYOUT_KINDS: tuple[str, ...] = tuple(LAYOUTS)
+
+
 def make_layout(config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> Layout:
-    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted)."""
-    if config.kind == "concat":
-        return ConcatLayout(config, lengths)
-    if config.kind == "document":
-        return DocumentLayout(config, lengths)
-    return BestFitLayout(config, lengths, bins_per_window)
+    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted).
+
+    Args:
+        config: the kind, ``seq_len``, seed and (bestfit) window.
+        lengths: tokens per document, in dataset order.
+        bins_per_window: bestfit only: the stored bin counts per window (else computed).
+    """
+    if bins_per_window is not None:
+        if config.kind != "bestfit":
+            raise ValueError(f"bins_per_window is for the bestfit layout, got kind {config.kind!r}")
+        return BestFitLayout(config, lengths, bins_per_window)
+    return LAYOUTS[config.kind](config, lengths)

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from detsampler.checks import is_int
 from detsampler.keys import _M1, _M2, _S27, _S30, _S31, mix64_int, subkeys
 
 __all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
@@ -28,7 +29,7 @@ MAX_DOMAIN = 1 << 62
 
 
 def _check_domain(n: int) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+    if not is_int(n):
         raise TypeError(f"n must be an integer, got {type(n).__name__}")
     if not 1 <= n <= MAX_DOMAIN:
         raise ValueError(f"n must be in [1, 2**62], got {n}")

@@ -11,9 +11,9 @@ All steps of the mixture schedule and of the skip ranges are *data* steps; the p
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
+from detsampler.checks import check_int
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 
 __all__ = ["check_resume"]
@@ -43,8 +43,7 @@ def check_resume(old: Plan | dict, new: Plan, resume_step: int) -> None:
     ``world_size``/``micro_batch_size``; mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
     starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
     """
-    if isinstance(resume_step, bool) or not isinstance(resume_step, numbers.Integral) or resume_step < 0:
-        raise ValueError(f"resume_step must be an integer >= 0, got {resume_step!r}")
+    check_int(resume_step, "resume_step", minimum=0)
     before, after = _normalized(_fingerprint(old, "old")), _normalized(_fingerprint(new, "new"))
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past

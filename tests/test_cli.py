@@ -9,13 +9,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pytest
 
-from detsampler.cli import OPTION_FIELDS, build_parser, main, verify_plan
+from detsampler.cli import OPTION_FIELDS, build_parser, main
+from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig
 from detsampler.text.tokenizer import Tokenizer
+from detsampler.verify import verify_plan
 
 
 @pytest.fixture()
@@ -34,7 +35,7 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     mapped = {(cls, name) for cls, name in OPTION_FIELDS.values()}
     want = {("IndexConfig", f.name) for f in fields(IndexConfig)}
     want |= {("LayoutConfig", f.name) for f in fields(LayoutConfig)}
-    want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name != "num_samples"}
+    want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name not in ("num_samples", "source")}
     want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
     assert mapped == want
     parser = build_parser()
@@ -122,11 +123,14 @@ class _RepeatingStream:
     def describe(self):
         return {"kind": "broken"}
 
+    def with_step_positions(self, consumed):
+        return self
+
 
 def test_verify_plan_catches_duplicates_and_gaps():
     good = verify_plan(Plan(10, seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
     assert good["ok"] and [r["complete"] for r in good["epochs"]] == [True, True, False]
-    bad = verify_plan(Plan(_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
+    bad = verify_plan(Plan(source=_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
     assert not bad["ok"]
     assert bad["epochs"][0]["duplicates"] == 1 and bad["epochs"][0]["gaps"] == 1
 

@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from detsampler.loader.dataset import PackedDataset, collate_micro_batch
 from detsampler.index import TokenIndex, TokenIndexError, build_index
 from detsampler.layout import LayoutConfig, make_layout
-from detsampler.plan import Plan
+from detsampler.loader.dataset import PackedDataset, collate_micro_batch
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 
 
 def _docs_with_eos(index: TokenIndex) -> list[np.ndarray]:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsampler import Mixture, Plan, check_resume
-from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.keys import subkeys
+from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.permutation import permute
 from tests.strategies import integer_weights, seeds, weight_schedules
 
@@ -142,7 +142,7 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
     schedule = data.draw(weight_schedules(len(sizes)))
     # a source added at a boundary: weight 0 in the first entry
     schedule[0] = (0, [0] + list(schedule[0][1][1:]) if any(schedule[0][1][1:]) else schedule[0][1])
-    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
+    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
                 batch_size_schedule=[(0, 3), (4, 6)])
     num_steps = schedule[-1][0] + 5
     positions = np.arange(plan.consumed(num_steps))
@@ -169,8 +169,8 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
 def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, data, seed, resume, world):
     w0, w1 = data.draw(integer_weights(len(sizes))), data.draw(integer_weights(len(sizes)))
     full = [(0, w0), (resume, w1)]
-    uninterrupted = Plan(Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
-    first = Plan(Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    uninterrupted = Plan(source=Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    first = Plan(source=Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
     resumed = uninterrupted.with_world(*world)
     check_resume(first, resumed, resume)
     check_resume(first.fingerprint(), resumed, resume)  # also from a saved fingerprint
@@ -180,27 +180,27 @@ def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, 
         assert (np.sort(a) == np.sort(b)).all()
     # the same change written before the resume step changes the past: refused
     if resume > 1:
-        early = Plan(Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
+        early = Plan(source=Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
         with pytest.raises(ValueError, match="changes the past"):
             check_resume(first, early, resume)
     if normalize_weights(w0, len(sizes)) != normalize_weights(w1, len(sizes)):
         with pytest.raises(ValueError, match="changes the past"):
-            check_resume(first, Plan(Mixture(sizes, w1, seed), seed, 8, 2), resume)
+            check_resume(first, Plan(source=Mixture(sizes, w1, seed), seed=seed, global_batch_size=8, micro_batch_size=2), resume)
 
 
 def test_check_resume_refuses_other_changes():
-    base = Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
+    base = Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
     with pytest.raises(ValueError, match="mixture's seed"):
-        check_resume(base, Plan(Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="mixture's sources"):
-        check_resume(base, Plan(Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="batch_size_schedule"):
-        check_resume(base, Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="data stream"):
         check_resume(base, Plan(30, seed=0, global_batch_size=4, micro_batch_size=2), 5)
     check_resume(base, base.with_world(2, 1), 5)  # elastic resume is fine
-    check_resume(base, Plan(Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), 0, 4, 2), 5)  # an entry at the resume step
-    check_resume(base, Plan(Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), 0, 4, 2), 5)  # same weights, other scale
+    check_resume(base, Plan(source=Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # an entry at the resume step
+    check_resume(base, Plan(source=Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # same weights, other scale
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 )
 def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, data, seed, resume):
     schedule = data.draw(weight_schedules(len(sizes), max_step=6))
-    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
+    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
                 skip_steps=[(resume + 1, resume + 1)])
     before = _loader_steps(plan, 0, resume, num_workers)
     after_plan = plan.with_world(4, 1)  # elastic: 4 ranks, micro batch 1, same global batch
@@ -319,7 +319,7 @@ def test_locate_resolves_each_sample_in_its_own_sources_layout(seed, step, data)
 
     layouts = _LAYOUTS
     mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
-    plan = Plan(mix, seed=seed, global_batch_size=12, micro_batch_size=3, world_size=2)
+    plan = Plan(source=mix, seed=seed, global_batch_size=12, micro_batch_size=3, world_size=2)
     whole = locate(plan, layouts, step)
     assert (whole.sample_ids == plan.global_batch(step)).all()
     look = plan.stream.lookup(plan.step_positions(step))
@@ -336,7 +336,7 @@ def test_locate_refuses_a_single_layout_for_a_mixture():
     from detsampler import LayoutConfig, locate, make_layout
 
     layout = make_layout(LayoutConfig(seq_len=8), np.full(20, 30))
-    plan = Plan(Mixture([layout, layout], [1, 1], 0), seed=0, global_batch_size=4, micro_batch_size=2)
+    plan = Plan(source=Mixture([layout, layout], [1, 1], 0), seed=0, global_batch_size=4, micro_batch_size=2)
     with pytest.raises(ValueError, match="pass their layouts"):
         locate(plan, layout, 0)
     with pytest.raises(ValueError, match="source 1 has"):
@@ -360,7 +360,7 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
     from detsampler import DeterministicBatchSampler, MixtureDataset
 
     mix = Mixture([13, 7, 30], [(0, [2, 1, 0]), (3, [1, 1, 2])], seed=9)
-    plan = Plan(mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
+    plan = Plan(source=mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
     dataset = MixtureDataset([_Tagged(k, n) for k, n in enumerate(mix.sizes)], mix)
     sampler = DeterministicBatchSampler(plan, rank=1, num_steps=6)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
@@ -378,7 +378,7 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
 def test_pinned_mixture_ids():
     """Exact outputs: a change here changes every mixture run's data (bump MAPPING_VERSION on purpose if so)."""
     mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
-    plan = Plan(mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
+    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
     assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
         [94, 93, 124, 92, 153, 118, 61, 74],
         [178, 131, 159, 48, 167, 103, 151, 35],
@@ -393,7 +393,7 @@ def test_far_positions_cost_what_near_ones_cost():
     import tracemalloc
 
     mix = Mixture([10**6, 10**5, 37], [(0, [6, 3, 1]), (10**11, [1, 1, 1]), (10**12, [2, 0, 1])], seed=3)
-    plan = Plan(mix, seed=0, global_batch_size=1024, micro_batch_size=16, world_size=8)
+    plan = Plan(source=mix, seed=0, global_batch_size=1024, micro_batch_size=16, world_size=8)
     tracemalloc.start()
     look = plan.stream.lookup(plan.step_positions(10**12 + 5))
     peak = tracemalloc.get_traced_memory()[1]
@@ -443,7 +443,7 @@ def test_mixture_config_maps_a_toml_table_onto_the_mixture():
 def test_report_counts_the_tokens_each_source_served(seed, data, steps):
     layouts = _LAYOUTS
     mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
-    plan = Plan(mix, seed=seed, global_batch_size=6, micro_batch_size=3)
+    plan = Plan(source=mix, seed=seed, global_batch_size=6, micro_batch_size=3)
     position = plan.consumed(steps)
     look = plan.stream.lookup(np.arange(position))
     report = plan.stream.report(position, chunk=7)

@@ -116,7 +116,7 @@ def test_worker_assignment_follows_round_robin_from_the_start_step():
         (dict(global_batch_size=10, micro_batch_size=3), r"global batch size 10 is not divisible by world_size \* micro_batch_size = 1 \* 3 = 3"),
         (dict(world_size=0), "world_size must be an integer >= 1, got 0"),
         (dict(batch_size_schedule=[(1, 4)]), "batch_size_schedule must start at step 0"),
-        (dict(batch_size_schedule=[(0, 2), (5, 4), (3, 4)]), "strictly increasing, got step 3 after 5"),
+        (dict(batch_size_schedule=[(0, 2), (5, 4), (3, 4)]), "strictly increasing, got step 3 after step 5"),
         (dict(batch_size_schedule=[(0, 2), (5, 8)]), r"last batch_size_schedule size \(8\) must equal global_batch_size \(4\)"),
         (dict(batch_size_schedule=[(0, 3), (5, 4)], micro_batch_size=2), "global batch size 3 is not divisible"),
     ],

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from tests.strategies import plans
 
 

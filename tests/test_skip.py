@@ -15,7 +15,8 @@ _BATCH_SCHEDULES = [None, [(0, 4), (3, 8)], [(0, 8), (10, 4), (20, 8)]]
 
 
 def _plan(stream, seed, skips=None, schedule=None, world_size=2, micro_batch_size=2) -> Plan:
-    return Plan(stream, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size,
+    data = {"num_samples": stream} if isinstance(stream, int) else {"source": stream}
+    return Plan(**data, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size,
                 batch_size_schedule=schedule, skip_steps=skips)
 
 

@@ -38,8 +38,12 @@ def _loader_documents(source, seq_len: int | None = None) -> dict[int, list[int]
     ds = PackedDataset(source, layout)
     plan = Plan(len(ds), seed=1, global_batch_size=4, micro_batch_size=4)
     steps = -(-len(ds) // 4)
-    loader = DataLoader(ds, batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps), num_workers=1,
-                        collate_fn=collate_micro_batch)
+    loader = DataLoader(
+        ds,
+        batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps),
+        num_workers=1,
+        collate_fn=collate_micro_batch,
+    )
     got: dict[int, list[int]] = {}
     for batch in loader:
         for ids, docs in zip(batch["input_ids"], batch["document_ids"]):
@@ -67,7 +71,9 @@ def test_megatron_equals_megatron_core_reader(tmp_path):
     builder.finalize(prefix + ".idx")
     peer = IndexedDataset(prefix)
     bounds = peer.document_indices
-    peer_docs = [np.concatenate([peer[s] for s in range(bounds[d], bounds[d + 1])]).tolist() for d in range(len(bounds) - 1)]
+    peer_docs = [
+        np.concatenate([peer[s] for s in range(bounds[d], bounds[d + 1])]).tolist() for d in range(len(bounds) - 1)
+    ]
     source = open_source("megatron", prefix)
     assert source.num_documents == len(peer_docs) == len(docs)
     assert [source.document_tokens(d).tolist() for d in range(len(docs))] == peer_docs
@@ -127,8 +133,13 @@ def test_datatrove_equals_datatrove_reader(tmp_path, small_corpus):
     tok = train_hf_bpe(small_corpus["text"], 400, tmp_path / "tok")
     texts = [line for text in small_corpus["text"][:3] for line in text.split("\n\n") if line.strip()][:80]
     out = tmp_path / "tokenized"
-    step = DocumentTokenizer(str(out), tokenizer_name_or_path=tok.path, eos_token="<|endoftext|>", shuffle_documents=False,
-                             save_filename="corpus")
+    step = DocumentTokenizer(
+        str(out),
+        tokenizer_name_or_path=tok.path,
+        eos_token="<|endoftext|>",
+        shuffle_documents=False,
+        save_filename="corpus",
+    )
     step.run((Document(text=t, id=str(i)) for i, t in enumerate(texts)), rank=0, world_size=1)
     ds_file = next(out.glob("*.ds"))
     source = open_source("datatrove", ds_file, tokenizer=tok)
@@ -197,6 +208,19 @@ def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small
     assert '"source_kind": "megatron"' in out and '"num_documents": 60' in out
     text = tmp_path / "text.jsonl"
     text.write_text("".join('{"text": %s}\n' % __import__("json").dumps(t) for t in small_corpus["text"][:6]))
-    args = ["verify", "--mixture-data", f"megatron:{prefix},{text}", "--mixture-weights", "1,1", "--tokenizer",
-            small_tokenizer.path, "--cache-dir", str(cache_root), "--seq-len", "64", "--steps", "0:20"]
+    args = [
+        "verify",
+        "--mixture-data",
+        f"megatron:{prefix},{text}",
+        "--mixture-weights",
+        "1,1",
+        "--tokenizer",
+        small_tokenizer.path,
+        "--cache-dir",
+        str(cache_root),
+        "--seq-len",
+        "64",
+        "--steps",
+        "0:20",
+    ]
     assert main(args) == 0, capsys.readouterr()

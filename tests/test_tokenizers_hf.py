@@ -51,7 +51,9 @@ def test_identity_is_the_files_not_the_path(hf_dir, hf_tok, tmp_path):
     moved = tmp_path / "elsewhere"
     shutil.copytree(hf_dir, moved)
     assert load_tokenizer(moved / "tokenizer.json").sha256 == hf_tok.sha256
-    (moved / "tokenizer_config.json").write_text((moved / "tokenizer_config.json").read_text().replace("<|pad|>", "<|endoftext|>"))
+    (moved / "tokenizer_config.json").write_text(
+        (moved / "tokenizer_config.json").read_text().replace("<|pad|>", "<|endoftext|>")
+    )
     assert load_tokenizer(moved / "tokenizer.json").sha256 != hf_tok.sha256  # the config names the specials: part of it
 
 
@@ -70,15 +72,24 @@ def test_transformers_directory_equals_autotokenizer(hf_dir, hf_tok, small_corpu
     tok = load_tokenizer(hf_dir)
     auto = transformers.AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
     assert isinstance(tok, TransformersTokenizer)
-    assert (tok.eos_id, tok.bos_id, tok.pad_id) == (auto.eos_token_id, auto.bos_token_id, auto.pad_token_id) == (0, 1, 2)
+    assert (
+        (tok.eos_id, tok.bos_id, tok.pad_id) == (auto.eos_token_id, auto.bos_token_id, auto.pad_token_id) == (0, 1, 2)
+    )
     texts = small_corpus["text"][:3]
     assert tok.encode_batch(texts) == [auto(t, add_special_tokens=False)["input_ids"] for t in texts]
     assert tok.encode_batch(texts) == hf_tok.encode_batch(texts)
     assert pickle.loads(pickle.dumps(tok)).encode_batch(texts) == tok.encode_batch(texts)
 
 
-@pytest.mark.parametrize("policy", [SpecialTokens(), SpecialTokens(add_bos=True), SpecialTokens(add_eos="real"),
-                                    SpecialTokens(add_bos=True, add_eos="real")])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        SpecialTokens(),
+        SpecialTokens(add_bos=True),
+        SpecialTokens(add_eos="real"),
+        SpecialTokens(add_bos=True, add_eos="real"),
+    ],
+)
 def test_policy_documents_equal_tokenizer_plus_specials(policy, hf_dir, hf_tok, small_corpus, tmp_path):
     """Each document read back (index, then loader) is exactly tokenizer(text) plus the policy's BOS and EOS, against
     tokenizers' own encoder."""
@@ -106,8 +117,12 @@ def test_policy_documents_equal_tokenizer_plus_specials(policy, hf_dir, hf_tok, 
 
 def test_policy_is_in_the_fingerprint_and_checked(hf_tok, small_tokenizer, small_corpus, tmp_path):
     plain = build_index(small_corpus, hf_tok, cache_dir=tmp_path, progress=False)
-    bos = build_index(small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=SpecialTokens(add_bos=True))
-    real = build_index(small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=SpecialTokens(add_eos="real"))
+    bos = build_index(
+        small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=SpecialTokens(add_bos=True)
+    )
+    real = build_index(
+        small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=SpecialTokens(add_eos="real")
+    )
     assert len({plain.fingerprint, bos.fingerprint, real.fingerprint}) == 3
     assert real.num_tokens == plain.num_tokens + plain.num_documents and np.array_equal(real.lengths, plain.lengths)
     with pytest.raises(ValueError, match="add_eos must be one of virtual, real"):
@@ -127,14 +142,20 @@ def test_build_refuses_what_is_not_a_tokenizer(small_corpus, tmp_path):
 @pytest.mark.parametrize("policy", [SpecialTokens(add_bos=True, add_eos="real"), SpecialTokens()])
 def test_on_the_fly_equals_stored_through_a_dataloader(policy, hf_tok, small_corpus, tmp_path):
     stored = build_index(small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=policy)
-    counts = build_index(small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=policy, store_tokens=False)
+    counts = build_index(
+        small_corpus, hf_tok, cache_dir=tmp_path, progress=False, special_tokens=policy, store_tokens=False
+    )
     config = LayoutConfig(kind="concat", seq_len=256)
     plan = Plan(stored.layout(config).num_samples, seed=3, global_batch_size=4, micro_batch_size=4)
     batches = []
     for index, kwargs in ((stored, {}), (counts, {"dataset": small_corpus, "tokenizer": hf_tok, "cache_tokens": 2000})):
         ds = PackedDataset(index, index.layout(config), **kwargs)
-        loader = DataLoader(ds, batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=6), num_workers=1,
-                            collate_fn=collate_micro_batch)
+        loader = DataLoader(
+            ds,
+            batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=6),
+            num_workers=1,
+            collate_fn=collate_micro_batch,
+        )
         batches.append([b["input_ids"] for b in loader])
     assert all(torch.equal(a, b) for a, b in zip(*batches)) and len(batches[0]) == 6
 

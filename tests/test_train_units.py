@@ -14,10 +14,10 @@ import torch
 from detsampler.plan import Plan
 from train.checkpoint import (
     COMPLETE,
+    DataFingerprintError,
     check_fingerprint,
     complete_checkpoints,
     data_fingerprint,
-    DataFingerprintError,
     fingerprint_changes,
     latest_checkpoint,
     remove_incomplete,

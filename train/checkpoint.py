@@ -37,6 +37,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from detsampler.atomic import atomic_write, fsync_dir
+
 __all__ = [
     "COMPLETE",
     "DataFingerprintError",
@@ -197,14 +199,6 @@ class _Writer(dcp.FileSystemWriter):
         super().finish(metadata, results)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -234,16 +228,12 @@ def save_checkpoint(
     dcp.save(state, storage_writer=_Writer(str(tmp), step))
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
-        (tmp / FINGERPRINT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        with open(tmp / COMPLETE, "w") as f:
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        atomic_write(tmp / FINGERPRINT_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
+        atomic_write(tmp / COMPLETE, f"{step}\n")
         if final.exists():  # a checkpoint of this step from an earlier, resumed attempt
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()

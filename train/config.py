@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from detsampler.checks import check_int
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -35,9 +37,7 @@ __all__ = [
 
 
 def _positive_int(obj: Any, name: str, minimum: int = 1) -> None:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{type(obj).__name__}.{name} must be an integer >= {minimum}, got {value!r}")
+    check_int(getattr(obj, name), f"{type(obj).__name__}.{name}", minimum=minimum)
 
 
 def _positive_float(obj: Any, name: str, allow_zero: bool = False) -> None:

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from train.checkpoint import data_fingerprint
 from train.config import DataConfig
 
@@ -126,7 +126,7 @@ class DataPipeline:
     @property
     def masked_attention(self) -> bool:
         """Whether attention must be masked per document (document and bestfit layouts)."""
-        return self.layout.config.kind != "concat"
+        return not self.layout.labels_cross_documents
 
     def fingerprint(self) -> dict:
         """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
@@ -179,10 +179,11 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
     return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
 
 
-def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
-    """The plan of ``config`` over ``num_samples`` (a layout's sample count, or a mixture)."""
+def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None) -> Plan:
+    """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples=num_samples,
+        source=source,
         seed=config.seed,
         global_batch_size=config.global_batch_size,
         micro_batch_size=config.micro_batch_size,
@@ -212,7 +213,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, layout.num_samples, world_size)
+    plan = _plan(config, world_size, num_samples=layout.num_samples)
     dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
@@ -233,9 +234,9 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from dataclasses import replace
 
-    from detsampler.text.corpus import default_tokenizer
-    from detsampler.loader.mixture_dataset import MixtureDataset
     from detsampler.index.prepare import prepare_index
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(config)
     tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
@@ -243,7 +244,7 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
                 for src in config.mixture_sources]
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
-    plan = _plan(config, mixture, world_size)
+    plan = _plan(config, world_size, source=mixture)
     datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
     return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
                         dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])

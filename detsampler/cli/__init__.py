@@ -23,10 +23,10 @@ from detsampler.cli.build import cmd_build, cmd_tokenizer_train
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser
 from detsampler.cli.show import cmd_show
-from detsampler.cli.stats import cmd_stats, mixture_stats
-from detsampler.cli.verify import cmd_verify, verify_mixture_plan, verify_plan
+from detsampler.cli.stats import cmd_stats
+from detsampler.cli.verify import cmd_verify
 
-__all__ = ["main", "build_parser", "OPTION_FIELDS", "verify_plan", "verify_mixture_plan", "mixture_stats"]
+__all__ = ["main", "build_parser", "OPTION_FIELDS"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

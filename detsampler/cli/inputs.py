@@ -36,8 +36,8 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     """One prepared index per mixture source, all with the same tokenizer."""
     from dataclasses import replace
 
-    from detsampler.text.corpus import default_tokenizer
     from detsampler.index.prepare import prepare_index
+    from detsampler.text.corpus import default_tokenizer
 
     base = index_config(args)
     tokenizer = base.tokenizer
@@ -52,4 +52,4 @@ def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, config.build(layouts))
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts))

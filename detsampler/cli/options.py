@@ -195,10 +195,11 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
     return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
 
 
-def plan_from_args(args: argparse.Namespace, num_samples: int | Mixture) -> Plan:
-    """The Plan of the parsed options over ``num_samples`` (a count or a mixture)."""
+def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, source: Mixture | None = None) -> Plan:
+    """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples,
+        source=source,
         seed=args.seed,
         global_batch_size=args.global_batch_size,
         micro_batch_size=args.micro_batch_size,

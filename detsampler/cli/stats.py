@@ -10,36 +10,14 @@ import argparse
 import json
 from typing import Any, Sequence
 
-import numpy as np
-
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.report import fmt_int, print_rows
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
-from detsampler.plan import Plan
+from detsampler.verify import document_stats, layout_stats, mixture_stats
 
-__all__ = ["mixture_stats", "index_stats", "cmd_stats"]
-
-
-def mixture_stats(plan: Plan, labels: Sequence[str], step: int | None) -> dict:
-    """Per source of ``plan``'s mixture: samples per epoch, tokens; at ``step``: samples, epochs, tokens served so far,
-    their shares and the share the weights ask for."""
-    mixture = plan.stream
-    out: dict[str, Any] = {"sources": []}
-    rows = mixture.report(plan.consumed(step)) if step is not None else None
-    for k, (name, layout) in enumerate(zip(labels, mixture.sources)):
-        row: dict[str, Any] = {"name": name, "samples_per_epoch": layout.num_samples,
-                               "padding_fraction": layout.describe().get("padding_fraction", 0.0)}
-        if rows is not None:
-            r = rows[k]
-            row.update({"samples": r["served"], "epochs": r["epochs"], "upsampled": r["upsampled"], "tokens": r["tokens"],
-                        "sample_share": r["share"], "token_share": r["token_share"], "expected_share": r["expected_share"]})
-        out["sources"].append(row)
-    if step is not None:
-        out.update({"step": step, "data_step": plan.data_step(step), "position": plan.consumed(step),
-                    "weights_at_step": [str(w) for w in mixture.weights_at(plan.consumed(step))]})
-    return out
+__all__ = ["index_stats", "cmd_stats"]
 
 
 def _cmd_stats_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
@@ -76,28 +54,12 @@ def _kinds(text: str) -> list[str]:
 
 
 def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> dict[str, Any]:
-    """The index's document and token counts, and per layout kind its samples, padding, dropped tokens, steps per epoch
-    (and with ``--step``, the epoch reached there)."""
-    lengths = np.asarray(index.lengths)
-    out: dict[str, Any] = {
-        "documents": index.num_documents,
-        "tokens": index.num_tokens,
-        "tokens_with_eos": index.num_tokens + index.num_documents,
-        "empty_documents": int((lengths == 0).sum()),
-        "document_tokens": {"min": int(lengths.min()), "median": float(np.median(lengths)), "mean": float(lengths.mean()),
-                            "max": int(lengths.max())},
-        "layouts": {},
-    }
+    """The index's document and token counts, and per layout kind :func:`~detsampler.verify.layout_stats`."""
+    out = document_stats(index.lengths)
+    out["layouts"] = {}
     for k in kinds:
         layout = index.layout(layout_config(args, k))
-        plan = plan_from_args(args, layout.num_samples)
-        d = layout.describe()
-        row = {"samples_per_epoch": layout.num_samples, "padding_fraction": d["padding_fraction"],
-               "dropped_tokens": d["dropped_tokens"], "steps_per_epoch": layout.num_samples / plan.global_batch_size}
-        if args.step is not None:
-            row["epochs_at_step"] = plan.consumed(args.step) / layout.num_samples
-            row["epoch_at_step"] = plan.epoch(args.step)
-        out["layouts"][k] = row
+        out["layouts"][k] = layout_stats(layout, plan_from_args(args, layout.num_samples), args.step)
     return out
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
@@ -49,16 +50,12 @@ class IndexConfig:
         self.special_tokens  # validates add_bos / add_eos
         if not isinstance(self.text_column, str) or not self.text_column:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 300:
-            raise ValueError(f"vocab_size must be an integer >= 300, got {self.vocab_size!r}")
-        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
-            raise ValueError(f"num_proc must be an integer >= 1, got {self.num_proc!r}")
+        check_int(self.vocab_size, "vocab_size", minimum=300)
+        check_positive_int(self.num_proc, "num_proc")
         if not isinstance(self.store_tokens, bool):
             raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
-        if self.max_documents is not None and (
-            isinstance(self.max_documents, bool) or not isinstance(self.max_documents, int) or self.max_documents < 1
-        ):
-            raise ValueError(f"max_documents must be an integer >= 1 or None, got {self.max_documents!r}")
+        if self.max_documents is not None:
+            check_positive_int(self.max_documents, "max_documents (or None)")
 
     @property
     def special_tokens(self) -> SpecialTokens:

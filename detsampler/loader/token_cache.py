@@ -7,7 +7,7 @@ memory for it is bounded whatever the corpus or step count; a hit returns the ex
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

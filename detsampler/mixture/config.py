@@ -10,6 +10,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from detsampler.checks import check_int
 from detsampler.mixture.stream import Mixture, Source
 from detsampler.mixture.weights import normalize_weights, parse_schedule
 
@@ -81,8 +82,7 @@ class MixtureConfig:
         object.__setattr__(self, "schedule", tuple(rows))
         if rows and rows[0][0] == 0:
             raise ValueError("schedule entries start after step 0: the weights at step 0 are `weights`")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         if self.names is not None:
             object.__setattr__(self, "names", _checked_names(self.names, len(self.weights)))
         if self.sources is not None:

@@ -52,9 +52,10 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from detsampler.checks import check_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
+from detsampler.mixture.weights import parse_schedule
 from detsampler.permutation import permute
 
 __all__ = ["Mixture", "MixtureLookup", "Source"]
@@ -91,7 +92,7 @@ def _source_sizes(sources: Any) -> list[int]:
     sizes = []
     for k, src in enumerate(sources):
         n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
         sizes.append(int(n))
     return sizes
@@ -144,8 +145,7 @@ class Mixture:
 
     def __post_init__(self) -> None:
         sizes = _source_sizes(self.sources)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
@@ -201,7 +201,7 @@ class Mixture:
     def _check_placed(self) -> None:
         if self.step_positions is None:
             raise ValueError(
-                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(mixture, ...)), which places "
+                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)), which places "
                 "each entry at the position where its step starts"
             )
 
@@ -269,8 +269,7 @@ class Mixture:
     def served(self, position: int) -> np.ndarray:
         """How many of the global positions ``[0, position)`` each source served (exact; O(segments + sources))."""
         self._check_placed()
-        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
-            raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        check_int(position, "position", minimum=0)
         j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
         counts = list(self._starts[j])
         leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
@@ -335,7 +334,7 @@ class Mixture:
             return None
         n, seq_len = self.sizes[k], int(layout.config.seq_len)
         full, rest = divmod(served, n)
-        per_epoch = n * seq_len if layout.config.kind == "concat" else int(layout.num_tokens)
+        per_epoch = int(layout.tokens_per_epoch)
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
         for lo in range(0, rest, chunk):

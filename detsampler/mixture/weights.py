@@ -14,6 +14,8 @@ import numbers
 from fractions import Fraction
 from typing import Any, Sequence
 
+from detsampler.schedule import parse_step_schedule
+
 __all__ = ["MAX_DENOMINATOR", "normalize_weights", "parse_schedule"]
 
 MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
@@ -94,14 +96,4 @@ def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int
     )
     if not is_schedule:
         return ((0, normalize_weights(weights, num_sources)),)
-    rows = []
-    for i, (step, ws) in enumerate(weights):
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"weights schedule entry {i}: the first step must be an integer >= 0, got {step!r}")
-        rows.append((int(step), normalize_weights(ws, num_sources, f"weights schedule entry {i} (step {step})")))
-    if rows[0][0] != 0:
-        raise ValueError(f"the weights schedule must start at step 0, got its first entry at step {rows[0][0]}")
-    for (s0, _), (s1, _) in zip(rows, rows[1:]):
-        if s1 <= s0:
-            raise ValueError(f"the weights schedule steps must be strictly increasing, got step {s1} after step {s0}")
-    return tuple(rows)
+    return parse_step_schedule(weights, lambda ws, label: normalize_weights(ws, num_sources, label), "the weights schedule")

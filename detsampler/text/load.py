@@ -25,8 +25,9 @@ def tokenizer_kind(path: str | os.PathLike) -> str:
     return "hf" if p.suffix == ".json" else "sentencepiece"
 
 
-def load_tokenizer(path: str | os.PathLike, *, eos_token: str | None = None, bos_token: str | None = None,
-                   pad_token: str | None = None) -> TokenizerLike:
+def load_tokenizer(
+    path: str | os.PathLike, *, eos_token: str | None = None, bos_token: str | None = None, pad_token: str | None = None
+) -> TokenizerLike:
     """The tokenizer at ``path`` (see the module doc for the kinds). The token names apply to a ``tokenizer.json`` only
     (a sentencepiece model and a transformers directory name their own special tokens)."""
     kind = tokenizer_kind(path)

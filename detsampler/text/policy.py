@@ -8,9 +8,10 @@ included; the EOS is at position ``lengths[d]``: *virtual* (never stored, ``eos_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,8 +52,9 @@ class SpecialTokens:
         meta = meta or {}
         return cls(add_bos=bool(meta.get("add_bos", False)), add_eos=str(meta.get("add_eos", "virtual")))
 
-    def apply(self, ids: Sequence[Sequence[int]], bos_id: int | None, eos_id: int,
-              dtype: np.dtype | type = np.int64) -> tuple[np.ndarray, np.ndarray]:
+    def apply(
+        self, ids: Sequence[Sequence[int]], bos_id: int | None, eos_id: int, dtype: np.dtype | type = np.int64
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(lengths, stored)`` of documents encoded as ``ids`` (no specials): ``lengths`` (int64) per the module doc, and
         the stored tokens of all documents concatenated (``dtype``). Vectorized: one pass per array, none per token."""
         counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

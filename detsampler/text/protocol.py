@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-__all__ = ["TokenizerLike", "files_sha256", "check_tokenizer_like"]
+__all__ = ["TokenizerLike", "check_tokenizer_like", "files_sha256"]
 
 
 @runtime_checkable

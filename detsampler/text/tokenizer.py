@@ -15,6 +15,9 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from detsampler.atomic import atomic_write
+from detsampler.checks import check_int
+
 __all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines", "read_inputs"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
@@ -152,8 +155,7 @@ def train_tokenizer(
     decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model is
     written to ``out_path`` atomically (a temporary file renamed into place).
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
-        raise ValueError(f"vocab_size must be an integer >= 300 (256 byte pieces + specials + merges), got {vocab_size!r}")
+    check_int(vocab_size, "vocab_size (256 byte pieces + specials + merges)", minimum=300)
     if texts is None:
         if inputs is None:
             raise ValueError("tokenizer train: pass inputs (files or directories) or texts")
@@ -187,10 +189,5 @@ def train_tokenizer(
         raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    atomic_write(out, buf.getvalue())
     return Tokenizer.load(out)

@@ -19,7 +19,6 @@ import tempfile
 import time
 from typing import Sequence
 
-
 __all__ = ["main", "run"]
 
 
@@ -37,14 +36,14 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
     import torch
     from torch.utils.data import DataLoader
 
-    from detsampler.text.corpus import default_tokenizer
-    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
-    from detsampler.index import TokenIndex, build_index, default_cache_dir
+    from detsampler.index import build_index, default_cache_dir
+    from detsampler.index.prepare import IndexConfig, load_dataset_for
     from detsampler.index.tokenize import BATCH_DOCS
     from detsampler.layout import LayoutConfig
-    from detsampler.plan import Plan
-    from detsampler.index.prepare import IndexConfig, load_dataset_for
+    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
     from detsampler.loader.sampler import DeterministicBatchSampler
+    from detsampler.plan import Plan
+    from detsampler.text.corpus import default_tokenizer
 
     torch.set_num_threads(1)
     cache = cache_dir or str(default_cache_dir())

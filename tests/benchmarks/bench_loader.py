@@ -48,8 +48,8 @@ TARGET_TITAN = 5.0
 
 
 def _setup():
+    from detsampler.index import build_index
     from detsampler.text.corpus import default_corpus, default_tokenizer
-    from detsampler.index import TokenIndex, build_index
 
     corpus = default_corpus(max_documents=NUM_DOCS)
     tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=corpus)

@@ -27,7 +27,6 @@ import statistics
 import time
 import warnings
 
-import torch
 from torch.utils.data import DataLoader
 
 from detsampler import Plan

@@ -24,7 +24,9 @@ def parse_source_spec(spec: str) -> tuple[str, str]:
     """``(kind, path)`` of ``KIND:PATH``; a ValueError naming the kinds when ``KIND`` is not one."""
     kind, sep, path = str(spec).partition(":")
     if not sep or kind not in _OPENERS or not path:
-        raise ValueError(f"expected a pre-tokenized source KIND:PATH with KIND one of {', '.join(SOURCE_KINDS)}, got {spec!r}")
+        raise ValueError(
+            f"expected a pre-tokenized source KIND:PATH with KIND one of {', '.join(SOURCE_KINDS)}, got {spec!r}"
+        )
     return kind, path
 
 
@@ -33,7 +35,9 @@ def is_source_spec(data: str | None) -> bool:
     return isinstance(data, str) and data.partition(":")[0] in _OPENERS and ":" in data
 
 
-def open_source(kind: str, path: str | os.PathLike, *, tokenizer: Any = None, eos: str = "real", **options: Any) -> TokenSource:
+def open_source(
+    kind: str, path: str | os.PathLike, *, tokenizer: Any = None, eos: str = "real", **options: Any
+) -> TokenSource:
     """Open the ``kind`` corpus at ``path``. With ``tokenizer``, its EOS id, pad id and vocabulary size (unless given in
     ``options``). ``eos``: ``"real"`` (the stored tokens as they are; each document's last token at its EOS position) or
     ``"virtual"`` (an EOS read after each document)."""

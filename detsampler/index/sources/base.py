@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,21 +51,36 @@ class TokenSource:
 
     store_tokens = True
 
-    def __init__(self, kind: str, path: str | os.PathLike, tokens: np.ndarray, starts: np.ndarray, *, identity: str,
-                 eos: str, eos_id: int | None, pad_id: int | None = None, vocab_size: int | None = None,
-                 reopen: tuple[Any, tuple, dict]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        path: str | os.PathLike,
+        tokens: np.ndarray,
+        starts: np.ndarray,
+        *,
+        identity: str,
+        eos: str,
+        eos_id: int | None,
+        pad_id: int | None = None,
+        vocab_size: int | None = None,
+        reopen: tuple[Any, tuple, dict],
+    ) -> None:
         if eos not in EOS_SOURCE_MODES:
             raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
         stored = np.diff(starts)
         if eos == "real" and stored.size and int(stored.min()) < 1:
             d = int(np.argmin(stored))
-            raise TokenIndexError(f"{kind} source {str(path)!r}: document {d} is empty, so it has no last token to stand for "
-                                  "its EOS; open it with eos='virtual' (an EOS read after each document)")
+            raise TokenIndexError(
+                f"{kind} source {str(path)!r}: document {d} is empty, so it has no last token to stand for "
+                "its EOS; open it with eos='virtual' (an EOS read after each document)"
+            )
         self.kind, self.path, self.tokens = kind, Path(path), tokens
         self.offsets = starts
         self.lengths = stored - 1 if eos == "real" else stored
         if eos == "virtual" and eos_id is None:
-            raise ValueError(f"{kind} source {str(path)!r}: eos='virtual' needs the EOS id: pass eos_id= (or a tokenizer)")
+            raise ValueError(
+                f"{kind} source {str(path)!r}: eos='virtual' needs the EOS id: pass eos_id= (or a tokenizer)"
+            )
         self.eos = eos
         self.eos_id = -1 if eos_id is None else int(eos_id)  # -1: unknown (never read: the EOS positions are stored)
         self.pad_id = int(pad_id) if pad_id is not None else max(self.eos_id, 0)
@@ -113,13 +129,17 @@ class TokenSource:
         return make_layout(config, self.lengths)
 
     def check_dataset(self, dataset: Any, text_column: str | None = None) -> None:
-        raise ValueError(f"{self.kind} source {str(self.path)!r} is pre-tokenized: it takes no dataset (no on-the-fly tokenization)")
+        raise ValueError(
+            f"{self.kind} source {str(self.path)!r} is pre-tokenized: it takes no dataset (no on-the-fly tokenization)"
+        )
 
     def check_tokenizer(self, tokenizer: Any) -> None:
         """Raise unless ``tokenizer``'s EOS id is the one this source is read with."""
         if self.eos_id >= 0 and int(tokenizer.eos_id) != self.eos_id:
-            raise TokenIndexError(f"{self.kind} source {str(self.path)!r} is read with eos_id {self.eos_id}, the tokenizer "
-                                  f"{getattr(tokenizer, 'path', '?')!r} has eos_id {tokenizer.eos_id}")
+            raise TokenIndexError(
+                f"{self.kind} source {str(self.path)!r} is read with eos_id {self.eos_id}, the tokenizer "
+                f"{getattr(tokenizer, 'path', '?')!r} has eos_id {tokenizer.eos_id}"
+            )
 
     def summary(self) -> dict:
         return {
@@ -148,8 +168,9 @@ def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
         raise TokenIndexError(f"{kind} source: no token file at {str(path)!r}")
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise TokenIndexError(f"{kind} source {str(path)!r}: {size} bytes is not a whole number of {dtype.name} tokens; "
-                              "check the dtype")
+        raise TokenIndexError(
+            f"{kind} source {str(path)!r}: {size} bytes is not a whole number of {dtype.name} tokens; check the dtype"
+        )
     if size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")

@@ -24,10 +24,19 @@ import numpy as np
 from detsampler.index.format import TokenIndexError
 from detsampler.index.sources.base import TokenSource, sampled_sha256, token_memmap
 
-__all__ = ["open_megatron", "open_olmo", "open_datatrove", "open_nanogpt", "eos_boundaries"]
+__all__ = ["eos_boundaries", "open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
 _MMIDIDX = b"MMIDIDX\x00\x00"
-_MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+_MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 _SCAN_TOKENS = 1 << 24  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
 NANOGPT_EOS = 50256  # GPT-2's <|endoftext|>, which nanoGPT's prepare.py appends to every document
 
@@ -40,12 +49,20 @@ def _starts_from_ends(ends: np.ndarray) -> np.ndarray:
 
 def _check_starts(starts: np.ndarray, num_tokens: int, kind: str, path: Path) -> None:
     if starts.size and (int(starts[-1]) != num_tokens or (starts.size > 1 and int(np.diff(starts).min()) < 0)):
-        raise TokenIndexError(f"{kind} source {str(path)!r}: its document boundaries do not tile its {num_tokens} tokens "
-                              f"(last end {int(starts[-1])}); the index file does not belong to the token file")
+        raise TokenIndexError(
+            f"{kind} source {str(path)!r}: its document boundaries do not tile its {num_tokens} tokens "
+            f"(last end {int(starts[-1])}); the index file does not belong to the token file"
+        )
 
 
-def open_megatron(prefix: str | os.PathLike, *, eos: str = "real", eos_id: int | None = None, pad_id: int | None = None,
-                  vocab_size: int | None = None) -> TokenSource:
+def open_megatron(
+    prefix: str | os.PathLike,
+    *,
+    eos: str = "real",
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
     """``PREFIX.bin`` / ``PREFIX.idx``: header ``MMIDIDX\\0\\0``, version 1 (<Q), dtype code (<B), sequence count (<Q),
     document count (<Q), then int32 sequence lengths, int64 sequence byte pointers, int64 document indices (sequence
     numbers, starting at 0). Document ``d`` is sequences ``[doc_idx[d], doc_idx[d + 1])``, contiguous in ``.bin``."""
@@ -61,20 +78,37 @@ def open_megatron(prefix: str | os.PathLike, *, eos: str = "real", eos_id: int |
     if code not in _MEGATRON_DTYPES:
         raise TokenIndexError(f"megatron source: {str(idx)!r} has an unknown dtype code {code}")
     dtype = np.dtype(_MEGATRON_DTYPES[code])
-    seq_lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,)) if n_seq else np.zeros(0, np.int32)
-    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * n_seq, shape=(n_seq,)) if n_seq else np.zeros(0, np.int64)
+    seq_lengths = (
+        np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,)) if n_seq else np.zeros(0, np.int32)
+    )
+    pointers = (
+        np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * n_seq, shape=(n_seq,))
+        if n_seq
+        else np.zeros(0, np.int64)
+    )
     doc_idx = np.array(np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 12 * n_seq, shape=(n_doc,)))
     tokens = token_memmap(bin_, dtype, "megatron")
     if n_doc == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq:
-        raise TokenIndexError(f"megatron source: {str(idx)!r} has document indices that do not cover its {n_seq} sequences")
+        raise TokenIndexError(
+            f"megatron source: {str(idx)!r} has document indices that do not cover its {n_seq} sequences"
+        )
     seq_starts = np.append(np.asarray(pointers, dtype=np.int64) // dtype.itemsize, tokens.size)
     if n_seq and not np.array_equal(np.diff(seq_starts), np.asarray(seq_lengths, dtype=np.int64)):
         raise TokenIndexError(f"megatron source: the sequences of {str(idx)!r} are not contiguous in {str(bin_)!r}")
     starts = seq_starts[doc_idx]
     _check_starts(starts, tokens.size, "megatron", prefix)
-    return TokenSource("megatron", prefix, tokens, starts, identity=sampled_sha256([bin_], [idx]), eos=eos, eos_id=eos_id,
-                       pad_id=pad_id, vocab_size=vocab_size,
-                       reopen=(open_megatron, (str(prefix),), dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)))
+    return TokenSource(
+        "megatron",
+        prefix,
+        tokens,
+        starts,
+        identity=sampled_sha256([bin_], [idx]),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(open_megatron, (str(prefix),), dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)),
+    )
 
 
 def eos_boundaries(path: Path, dtype: np.dtype, eos_id: int, num_tokens: int) -> np.ndarray:
@@ -104,12 +138,21 @@ def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
         raise TokenIndexError(f"olmo source: the documents of {str(meta)!r} are not contiguous from token 0")
     starts = _starts_from_ends(pairs[:, 1])
     if starts[-1] != num_tokens:  # trailing tokens outside any document: not this format
-        raise TokenIndexError(f"olmo source: {str(meta)!r} covers {int(starts[-1])} of the {num_tokens} tokens of {str(path)!r}")
+        raise TokenIndexError(
+            f"olmo source: {str(meta)!r} covers {int(starts[-1])} of the {num_tokens} tokens of {str(path)!r}"
+        )
     return starts
 
 
-def open_olmo(path: str | os.PathLike, *, eos_id: int | None = None, dtype: str = "uint32", eos: str = "real",
-              pad_id: int | None = None, vocab_size: int | None = None) -> TokenSource:
+def open_olmo(
+    path: str | os.PathLike,
+    *,
+    eos_id: int | None = None,
+    dtype: str = "uint32",
+    eos: str = "real",
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
     """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata beside it,
     else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
     p = Path(path)
@@ -119,18 +162,39 @@ def open_olmo(path: str | os.PathLike, *, eos_id: int | None = None, dtype: str 
     meta = p.with_name(p.name.removesuffix(".npy") + ".csv.gz")
     if starts is None:
         if eos_id is None:
-            raise ValueError(f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
-                             "(or a tokenizer)")
+            raise ValueError(
+                f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
+                "(or a tokenizer)"
+            )
         starts = eos_boundaries(p, dt, int(eos_id), tokens.size)
     whole = [meta] if meta.is_file() else []
-    return TokenSource("olmo", p, tokens, starts, identity=sampled_sha256([p], whole), eos=eos, eos_id=eos_id,
-                       pad_id=pad_id, vocab_size=vocab_size,
-                       reopen=(open_olmo, (str(p),), dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id,
-                                                          vocab_size=vocab_size)))
+    return TokenSource(
+        "olmo",
+        p,
+        tokens,
+        starts,
+        identity=sampled_sha256([p], whole),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_olmo,
+            (str(p),),
+            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
+        ),
+    )
 
 
-def open_datatrove(path: str | os.PathLike, *, eos: str = "real", eos_id: int | None = None, pad_id: int | None = None,
-                   vocab_size: int | None = None, token_size: int | None = None) -> TokenSource:
+def open_datatrove(
+    path: str | os.PathLike,
+    *,
+    eos: str = "real",
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+    token_size: int | None = None,
+) -> TokenSource:
     """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``, else 2) and
     ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
     p = Path(path)
@@ -147,20 +211,51 @@ def open_datatrove(path: str | os.PathLike, *, eos: str = "real", eos_id: int | 
     ends = np.fromfile(index, dtype="<u8").astype(np.int64)
     starts = _starts_from_ends(ends)
     _check_starts(starts, tokens.size, "datatrove", p)
-    return TokenSource("datatrove", p, tokens, starts, identity=sampled_sha256([p], [index]), eos=eos, eos_id=eos_id,
-                       pad_id=pad_id, vocab_size=vocab_size,
-                       reopen=(open_datatrove, (str(p),), dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size,
-                                                               token_size=token_size)))
+    return TokenSource(
+        "datatrove",
+        p,
+        tokens,
+        starts,
+        identity=sampled_sha256([p], [index]),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_datatrove,
+            (str(p),),
+            dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, token_size=token_size),
+        ),
+    )
 
 
-def open_nanogpt(path: str | os.PathLike, *, eos_id: int = NANOGPT_EOS, dtype: str = "uint16", eos: str = "real",
-                 pad_id: int | None = None, vocab_size: int | None = None) -> TokenSource:
+def open_nanogpt(
+    path: str | os.PathLike,
+    *,
+    eos_id: int = NANOGPT_EOS,
+    dtype: str = "uint16",
+    eos: str = "real",
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
     """A flat ``train.bin`` of ``dtype`` tokens, documents split after each ``eos_id`` (GPT-2's 50256 by default)."""
     p = Path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "nanogpt")
     starts = eos_boundaries(p, dt, int(eos_id), tokens.size)
-    return TokenSource("nanogpt", p, tokens, starts, identity=sampled_sha256([p]), eos=eos, eos_id=eos_id, pad_id=pad_id,
-                       vocab_size=vocab_size,
-                       reopen=(open_nanogpt, (str(p),), dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id,
-                                                            vocab_size=vocab_size)))
+    return TokenSource(
+        "nanogpt",
+        p,
+        tokens,
+        starts,
+        identity=sampled_sha256([p]),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_nanogpt,
+            (str(p),),
+            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
+        ),
+    )
