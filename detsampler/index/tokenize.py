@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_all_start_methods, get_context
 from typing import Any, Iterator, Sequence
 
@@ -78,6 +78,25 @@ def _text_batches(dataset: Any, text_column: str, batch_docs: int) -> Iterator[t
         first += len(texts)
 
 
+def _encode_ahead(tokenizer: TokenizerLike, batches: Iterator[tuple[list[Any], int]], text_column: str, dtype: np.dtype,
+                  policy: SpecialTokens, bar: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One process: the next batch is encoded in a thread (the Rust and C++ encoders release the GIL) while this one's ids
+    become arrays, so the encoder's cores stay busy; results in order, at most two batches in flight."""
+    with ThreadPoolExecutor(1) as ahead:
+        pending: deque = deque()
+        for texts, first in batches:
+            check_texts(texts, first, text_column)
+            pending.append((len(texts), ahead.submit(tokenizer.encode_batch, texts)))
+            while len(pending) >= 2:
+                n, fut = pending.popleft()
+                yield policy.apply(fut.result(), tokenizer.bos_id, tokenizer.eos_id, dtype)
+                bar.update(n)
+        while pending:
+            n, fut = pending.popleft()
+            yield policy.apply(fut.result(), tokenizer.bos_id, tokenizer.eos_id, dtype)
+            bar.update(n)
+
+
 def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype, progress: bool,
              policy: SpecialTokens = SpecialTokens()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(lengths, stored tokens) of consecutive batches of documents, in dataset order, tokenized by ``num_proc`` processes
@@ -88,10 +107,7 @@ def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc:
     try:
         batches = _text_batches(dataset, text_column, int(getattr(tokenizer, "batch_docs", BATCH_DOCS)))
         if num_proc == 1:
-            for texts, first in batches:
-                out = encode_documents(tokenizer, texts, first, text_column, dtype, policy)
-                bar.update(len(texts))
-                yield out
+            yield from _encode_ahead(tokenizer, batches, text_column, dtype, policy, bar)
             return
         # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model) elsewhere
         ctx = get_context("fork") if "fork" in get_all_start_methods() else None

@@ -75,7 +75,7 @@ class HFTokenizer:
     specials: dict = field(repr=False)
     _json: str = field(repr=False)
     _tok: Any = field(repr=False)
-    batch_docs: int = 1024  # documents per encode_batch call: large enough for the Rust thread pool to pay off
+    batch_docs: int = 256  # documents per encode_batch call: enough for the Rust thread pool, small enough to overlap
 
     @classmethod
     def load(
