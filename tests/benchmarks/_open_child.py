@@ -8,6 +8,7 @@ of the kernel's peak mark (``/proc/self/clear_refs``) just before the open, minu
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -26,6 +27,8 @@ def _status_kb(field: str) -> int:
 
 def main() -> None:
     args = json.loads(sys.stdin.read())
+    if args.get("cache_dir"):
+        os.environ["DETSAMPLER_CACHE"] = args["cache_dir"]  # where an EOS scan's or a metadata parse's result is kept
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

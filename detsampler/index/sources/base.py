@@ -14,15 +14,16 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+import uuid
+from typing import Any, Callable
 
 import numpy as np
 
-from detsampler.index.format import TokenIndexError
+from detsampler.index.format import TokenIndexError, default_cache_dir
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.text.policy import SpecialTokens
 
-__all__ = ["EOS_SOURCE_MODES", "TokenSource", "sampled_sha256"]
+__all__ = ["EOS_SOURCE_MODES", "TokenSource", "cached_starts", "sampled_sha256"]
 
 EOS_SOURCE_MODES = ("real", "virtual")
 _BLOCK = 1 << 16  # bytes per sampled block of a token file
@@ -174,3 +175,29 @@ def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
     if size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def cached_starts(kind: str, identity: str, mode: str, compute: Callable[[], np.ndarray],
+                  files: Sequence[str | os.PathLike]) -> np.ndarray:
+    """Document starts found by ``compute`` (an EOS scan or a metadata parse), kept in ``$DETSAMPLER_CACHE/sources``
+    under the source's content identity, so that only the first open of a file pays for the scan. The cache file is
+    written atomically; an unwritable cache only means computing again."""
+    # the local file's own stamp too: a file edited in place (same size, unsampled bytes changed) is never misread
+    files = [Path(f) for f in files]
+    stamp = hashlib.sha256(repr([(f.stat().st_dev, f.stat().st_ino, f.stat().st_mtime_ns) for f in files]).encode())
+    path = default_cache_dir() / "sources" / f"{kind}-{identity[:32]}-{mode}-{stamp.hexdigest()[:12]}.npy"
+    if path.is_file():
+        try:
+            return np.load(path, allow_pickle=False)
+        except (ValueError, OSError):
+            pass  # a damaged cache file: compute and rewrite it
+    starts = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with open(tmp, "wb") as f:
+            np.save(f, starts)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return starts

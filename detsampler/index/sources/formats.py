@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from detsampler.index.format import TokenIndexError
-from detsampler.index.sources.base import TokenSource, sampled_sha256, token_memmap
+from detsampler.index.sources.base import TokenSource, cached_starts, sampled_sha256, token_memmap
 
 __all__ = ["eos_boundaries", "open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
@@ -37,7 +37,7 @@ _MEGATRON_DTYPES = {
     7: np.float32,
     8: np.uint16,
 }
-_SCAN_TOKENS = 1 << 24  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
+_SCAN_TOKENS = 1 << 21  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
 NANOGPT_EOS = 50256  # GPT-2's <|endoftext|>, which nanoGPT's prepare.py appends to every document
 
 
@@ -131,9 +131,12 @@ def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
     meta = path.with_name(path.name.removesuffix(".npy") + ".csv.gz")
     if not meta.is_file():
         return None
+    parts = []
     with gzip.open(meta, "rb") as f:
-        rows = [line.split(b",", 2)[:2] for line in f.read().splitlines() if line.strip()]
-    pairs = np.array(rows, dtype=np.int64).reshape(-1, 2)
+        while lines := f.readlines(1 << 20):  # about 1 MB of lines at a time: memory stays flat
+            rows = [line.split(b",", 2)[:2] for line in lines if line.strip()]
+            parts.append(np.array(rows, dtype="S20").astype(np.int64).reshape(-1, 2))
+    pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     if pairs.size and (pairs[0, 0] != 0 or not np.array_equal(pairs[1:, 0], pairs[:-1, 1])):
         raise TokenIndexError(f"olmo source: the documents of {str(meta)!r} are not contiguous from token 0")
     starts = _starts_from_ends(pairs[:, 1])
@@ -158,22 +161,26 @@ def open_olmo(
     p = Path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "olmo")
-    starts = _olmo_metadata(p, tokens.size)
     meta = p.with_name(p.name.removesuffix(".npy") + ".csv.gz")
-    if starts is None:
-        if eos_id is None:
-            raise ValueError(
-                f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
-                "(or a tokenizer)"
-            )
-        starts = eos_boundaries(p, dt, int(eos_id), tokens.size)
+    if not meta.is_file() and eos_id is None:
+        raise ValueError(
+            f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
+            "(or a tokenizer)"
+        )
     whole = [meta] if meta.is_file() else []
+    identity = sampled_sha256([p], whole)
+    if whole:
+        starts = cached_starts("olmo", identity, "csv", lambda: _olmo_metadata(p, tokens.size), [p, meta])
+    else:
+        starts = cached_starts(
+            "olmo", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
+        )
     return TokenSource(
         "olmo",
         p,
         tokens,
         starts,
-        identity=sampled_sha256([p], whole),
+        identity=identity,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -242,13 +249,16 @@ def open_nanogpt(
     p = Path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "nanogpt")
-    starts = eos_boundaries(p, dt, int(eos_id), tokens.size)
+    identity = sampled_sha256([p])
+    starts = cached_starts(
+        "nanogpt", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
+    )
     return TokenSource(
         "nanogpt",
         p,
         tokens,
         starts,
-        identity=sampled_sha256([p]),
+        identity=identity,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
