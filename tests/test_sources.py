@@ -1,12 +1,13 @@
-"""Pre-tokenized corpora opened as indexes: fixtures written by each peer's own writer where it installs (megatron-core's
-IndexedDatasetBuilder, OLMo-core's metadata writer, datatrove's DocumentTokenizer), read back through a layout,
-PackedDataset and a DataLoader, and compared token for token with the peer's own reader. nanoGPT has no package: its
-``train.bin`` is written as nanoGPT's ``data/openwebtext/prepare.py`` does (uint16 ids, EOS 50256 after each document)
-and read as its ``train.py`` does (``np.memmap(..., dtype=np.uint16)``)."""
+"""Pre-tokenized corpora opened as indexes: fixtures written by each peer's own writer where it installs
+(megatron-core's IndexedDatasetBuilder, OLMo-core's metadata writer, datatrove's DocumentTokenizer), read back through a
+layout, PackedDataset and a DataLoader, and compared token for token with the peer's own reader. nanoGPT has no
+package: its ``train.bin`` is written as nanoGPT's ``data/openwebtext/prepare.py`` does (uint16 ids, EOS 50256 after
+each document) and read as its ``train.py`` does (``np.memmap(..., dtype=np.uint16)``)."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
 import warnings
 
@@ -113,7 +114,8 @@ def test_olmo_npy_equals_olmo_core_reader(tmp_path):
 
 
 def test_olmo_metadata_decides_boundaries(tmp_path):
-    """With a .csv.gz, documents are its rows even where a document holds no EOS (the case iter_document_indices warns of)."""
+    """With a .csv.gz, documents are its rows even where a document holds no EOS (the case iter_document_indices warns
+    of)."""
     path = tmp_path / "a.npy"
     np.array([5, 6, EOS, 8, 9, 10, 11, EOS], dtype=np.uint32).tofile(path)
     with gzip.open(tmp_path / "a.csv.gz", "wt") as f:
@@ -144,7 +146,7 @@ def test_datatrove_equals_datatrove_reader(tmp_path, small_corpus):
     ds_file = next(out.glob("*.ds"))
     source = open_source("datatrove", ds_file, tokenizer=tok)
     assert source.num_documents == len(texts) and source.eos_id == tok.eos_id == 0
-    expected = [ids + [tok.eos_id] for ids in tok.encode_batch(texts)]  # DocumentTokenizer appends the EOS
+    expected = [[*ids, tok.eos_id] for ids in tok.encode_batch(texts)]  # DocumentTokenizer appends the EOS
     assert [source.document_tokens(d).tolist() for d in range(len(texts))] == expected
     got = _loader_documents(source)
     assert [got[d] for d in range(len(texts))] == expected
@@ -178,7 +180,7 @@ def test_nanogpt_train_bin(tmp_path):
 def test_source_errors(tmp_path):
     with pytest.raises(ValueError, match="KIND one of megatron, olmo, datatrove, nanogpt"):
         parse_source_spec("parquet:x")
-    with pytest.raises(TokenIndexError, match="no .*idx"):
+    with pytest.raises(TokenIndexError, match=r"no .*\.idx"):
         open_source("megatron", tmp_path / "nothing")
     (tmp_path / "odd.bin").write_bytes(b"\0" * 3)
     with pytest.raises(TokenIndexError, match="not a whole number of uint16 tokens"):
@@ -207,7 +209,7 @@ def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small
     out = capsys.readouterr().out
     assert '"source_kind": "megatron"' in out and '"num_documents": 60' in out
     text = tmp_path / "text.jsonl"
-    text.write_text("".join('{"text": %s}\n' % __import__("json").dumps(t) for t in small_corpus["text"][:6]))
+    text.write_text("".join(json.dumps({"text": t}) + "\n" for t in small_corpus["text"][:6]))
     args = [
         "verify",
         "--mixture-data",

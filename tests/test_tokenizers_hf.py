@@ -10,6 +10,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from detsampler import DeterministicBatchSampler, LayoutConfig, Plan
@@ -40,7 +42,7 @@ def test_hf_tokenizer_specials_and_encoding_equal_tokenizers_own(hf_dir, hf_tok,
     assert isinstance(hf_tok, HFTokenizer)
     assert (hf_tok.eos_id, hf_tok.bos_id, hf_tok.pad_id) == (0, 1, 2)
     assert hf_tok.vocab_size == rust.get_vocab_size(with_added_tokens=True) == 400
-    texts = small_corpus["text"][:4] + ["", "héllo wörld\n\ttabs"]
+    texts = [*small_corpus["text"][:4], "", "héllo wörld\n\ttabs"]
     assert hf_tok.encode_batch(texts) == [rust.encode(t, add_special_tokens=False).ids for t in texts]
     assert hf_tok.decode(hf_tok.encode_batch(["x = 1\n"])[0]) == "x = 1\n"
     clone = pickle.loads(pickle.dumps(hf_tok))
@@ -58,10 +60,10 @@ def test_identity_is_the_files_not_the_path(hf_dir, hf_tok, tmp_path):
 
 
 def test_hf_tokenizer_errors(tmp_path, hf_dir):
-    with pytest.raises(ValueError, match="no tokenizer.json"):
+    with pytest.raises(ValueError, match=r"no tokenizer\.json"):
         load_tokenizer(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ValueError, match="not a Hugging Face tokenizer.json"):
+    with pytest.raises(ValueError, match=r"not a Hugging Face tokenizer\.json"):
         load_tokenizer(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="has no token '<nope>'"):
         HFTokenizer.load(hf_dir / "tokenizer.json", eos_token="<nope>")
@@ -164,3 +166,16 @@ def test_train_hf_bpe_is_deterministic(tmp_path, small_corpus):
     a = train_hf_bpe(small_corpus["text"][:4], 300, tmp_path / "a")
     b = train_hf_bpe(small_corpus["text"][:4], 300, tmp_path / "b")
     assert a.sha256 == b.sha256 and a.specials == {k: v for k, v in HF_BPE_SPECIALS.items()}
+
+
+@given(
+    docs=st.lists(st.lists(st.integers(3, 60_000), max_size=6), max_size=8),
+    add_bos=st.booleans(),
+    add_eos=st.sampled_from(["virtual", "real"]),
+)
+def test_policy_apply_equals_the_naive_concatenation(docs, add_bos, add_eos):
+    policy = SpecialTokens(add_bos=add_bos, add_eos=add_eos)
+    lengths, stored = policy.apply(docs, 1, 2, np.uint16)
+    naive = [[1] * add_bos + d + [2] * policy.eos_stored for d in docs]
+    assert lengths.tolist() == [len(d) + add_bos for d in docs]
+    assert stored.dtype == np.uint16 and stored.tolist() == [t for d in naive for t in d]

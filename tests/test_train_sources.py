@@ -30,7 +30,7 @@ def megatron_prefix(tmp_path_factory, hf_tokenizer, small_corpus):
     prefix = str(tmp_path_factory.mktemp("megatron") / "corpus_text_document")
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     for ids in hf_tokenizer.encode_batch(small_corpus["text"][:8]):
-        builder.add_item(torch.tensor(ids + [hf_tokenizer.eos_id]))
+        builder.add_item(torch.tensor([*ids, hf_tokenizer.eos_id]))
         builder.end_document()
     builder.finalize(prefix + ".idx")
     return prefix

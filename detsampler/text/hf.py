@@ -1,10 +1,11 @@
-"""Hugging Face tokenizers: a ``tokenizer.json`` through the ``tokenizers`` library (:class:`HFTokenizer`, the Rust batch
-encoder with its own thread pool), a local ``transformers`` directory through ``AutoTokenizer`` (:class:`TransformersTokenizer`,
-optional: ``transformers`` is imported only when one is loaded), and training a small byte-level BPE ``tokenizer.json``
-locally (:func:`train_hf_bpe`).
+"""Hugging Face tokenizers: a ``tokenizer.json`` through the ``tokenizers`` library (:class:`HFTokenizer`, the Rust
+batch encoder with its own thread pool), a local ``transformers`` directory through ``AutoTokenizer``
+(:class:`TransformersTokenizer`, optional: ``transformers`` is imported only when one is loaded), and training a small
+byte-level BPE ``tokenizer.json`` locally (:func:`train_hf_bpe`).
 
-Invariant: both are :class:`~detsampler.text.protocol.TokenizerLike`; ``encode_batch`` adds no special token; the identity
-(``sha256``) is the hash of the tokenizer's files (see :func:`~detsampler.text.protocol.files_sha256`). Nothing is downloaded.
+Invariant: both are :class:`~detsampler.text.protocol.TokenizerLike`; ``encode_batch`` adds no special token; the
+identity (``sha256``) is the hash of the tokenizer's files (see :func:`~detsampler.text.protocol.files_sha256`).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _sibling_config(path: Path) -> tuple[dict, Path | None]:
 
 @dataclass(frozen=True, eq=False)
 class HFTokenizer:
-    """A ``tokenizer.json`` loaded with the ``tokenizers`` library. ``pad_id`` is ``eos_id`` when no pad token exists."""
+    """A ``tokenizer.json`` loaded with the ``tokenizers`` library. ``pad_id`` is ``eos_id`` when no pad token
+    exists."""
 
     path: str
     sha256: str
@@ -86,8 +88,8 @@ class HFTokenizer:
         bos_token: str | None = None,
         pad_token: str | None = None,
     ) -> HFTokenizer:
-        """Load ``path`` (a ``tokenizer.json``). Special tokens: the arguments, else a ``tokenizer_config.json`` beside it,
-        else a common name found in the vocabulary; no EOS token is a ValueError."""
+        """Load ``path`` (a ``tokenizer.json``). Special tokens: the arguments, else a ``tokenizer_config.json``
+        beside it, else a common name found in the vocabulary; no EOS token is a ValueError."""
         p = Path(path)
         if not p.is_file():
             raise ValueError(
@@ -243,8 +245,9 @@ class TransformersTokenizer:
 
 
 def train_hf_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike) -> HFTokenizer:
-    """Train a byte-level BPE ``tokenizer.json`` (GPT-2 style: every text encodes, no unknown token) on ``texts`` and write
-    it with a ``tokenizer_config.json`` (so ``transformers.AutoTokenizer`` loads the directory too) into ``out_dir``.
+    """Train a byte-level BPE ``tokenizer.json`` (GPT-2 style: every text encodes, no unknown token) on ``texts`` and
+    write it with a ``tokenizer_config.json`` (so ``transformers.AutoTokenizer`` loads the directory too) into
+    ``out_dir``.
 
     Special tokens: ``<|endoftext|>`` 0 (EOS), ``<|begin_of_text|>`` 1 (BOS), ``<|pad|>`` 2. Deterministic for the same
     texts and vocabulary size.

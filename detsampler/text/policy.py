@@ -1,9 +1,9 @@
 """The BOS/EOS policy of an index: which special tokens each document gets, and whether its EOS is stored.
 
-Invariant: with a policy, document ``d`` reads exactly ``[bos] * add_bos + tokenizer(text) + [eos]`` (``tokenizer(text)``
-with no special token of its own). ``lengths[d]`` (what layouts cut) counts the tokens before the EOS position, BOS
-included; the EOS is at position ``lengths[d]``: *virtual* (never stored, ``eos_id`` supplied on read; the default) or
-*real* (stored as the document's last token, so a stored document holds ``lengths[d] + 1`` tokens).
+Invariant: with a policy, document ``d`` reads exactly ``[bos] * add_bos + tokenizer(text) + [eos]``
+(``tokenizer(text)`` with no special token of its own). ``lengths[d]`` (what layouts cut) counts the tokens before the
+EOS position, BOS included; the EOS is at position ``lengths[d]``: *virtual* (never stored, ``eos_id`` supplied on read;
+the default) or *real* (stored as the document's last token, so a stored document holds ``lengths[d] + 1`` tokens).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class SpecialTokens:
     def apply(
         self, ids: Sequence[Sequence[int]], bos_id: int | None, eos_id: int, dtype: np.dtype | type = np.int64
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(lengths, stored)`` of documents encoded as ``ids`` (no specials): ``lengths`` (int64) per the module doc, and
-        the stored tokens of all documents concatenated (``dtype``). Vectorized: one pass per array, none per token."""
+        """``(lengths, stored)`` of documents encoded as ``ids`` (no specials): ``lengths`` (int64) per the module
+        doc, and the stored tokens of all documents concatenated (``dtype``). Vectorized: one pass per array, none
+        per token."""
         counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         content = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(counts.sum()))
         b, r = int(self.add_bos), int(self.eos_stored)

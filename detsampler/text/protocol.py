@@ -21,8 +21,8 @@ class TokenizerLike(Protocol):
     """A tokenizer an index can be built with.
 
     ``encode_batch`` returns each text's ids with no special token added (the index adds BOS/EOS per its policy);
-    ``bos_id`` is None when the tokenizer has no BOS token; ``pad_id`` is the pad token's id, or ``eos_id`` when there is
-    none. The object pickles (DataLoader workers and tokenizer processes get the same tokenizer).
+    ``bos_id`` is None when the tokenizer has no BOS token; ``pad_id`` is the pad token's id, or ``eos_id`` when
+    there is none. The object pickles (DataLoader workers and tokenizer processes get the same tokenizer).
     """
 
     path: str
@@ -53,8 +53,8 @@ def check_tokenizer_like(tokenizer: object) -> None:
 
 
 def files_sha256(paths: Sequence[str | os.PathLike]) -> str:
-    """The identity of a tokenizer made of ``paths``: the sha256 of the one file's bytes, or for several files the sha256
-    of their (name, sha256) pairs sorted by name (names only, so the directory they sit in does not matter)."""
+    """The identity of a tokenizer made of ``paths``: the sha256 of the one file's bytes, or for several files the
+    sha256 of their (name, sha256) pairs sorted by name (names only, so the directory they sit in does not matter)."""
     files = [Path(p) for p in paths]
     if len(files) == 1:
         return hashlib.sha256(files[0].read_bytes()).hexdigest()

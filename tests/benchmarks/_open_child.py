@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-import numpy as np  # noqa: F401  (imported before the baseline)
+import numpy as np
 
 from detsampler.index.sources import open_source
 
@@ -39,9 +39,18 @@ def main() -> None:
     source = open_source(args["kind"], args["path"], **args.get("options", {}))
     seconds = time.perf_counter() - t0
     after, peak = _status_kb("VmRSS"), _status_kb("VmHWM")
-    print(json.dumps({"seconds": seconds, "rss_growth": (after - before) * 1024, "peak_growth": (peak - before) * 1024,
-                      "num_documents": source.num_documents, "num_tokens": source.num_tokens,
-                      "tokens_is_memmap": isinstance(source.tokens, np.memmap)}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "rss_growth": (after - before) * 1024,
+                "peak_growth": (peak - before) * 1024,
+                "num_documents": source.num_documents,
+                "num_tokens": source.num_tokens,
+                "tokens_is_memmap": isinstance(source.tokens, np.memmap),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

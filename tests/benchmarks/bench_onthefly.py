@@ -83,12 +83,21 @@ def detsampler_rate(corpus, tokenizer, index, kind: str, workers: int) -> tuple[
     from detsampler.loader.dataset import PackedDataset, collate_micro_batch
 
     cache = 0 if kind != "concat" else 1 << 22
-    ds = PackedDataset(index, index.layout(LayoutConfig(kind=kind, seq_len=SEQ_LEN)), dataset=corpus, tokenizer=tokenizer,
-                       cache_tokens=cache)
+    ds = PackedDataset(
+        index,
+        index.layout(LayoutConfig(kind=kind, seq_len=SEQ_LEN)),
+        dataset=corpus,
+        tokenizer=tokenizer,
+        cache_tokens=cache,
+    )
     plan = Plan(len(ds), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
     steps = min(MAX_BATCHES + 1, len(ds) // MICRO_BATCH)  # within the first epoch
-    loader = DataLoader(ds, batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps),
-                        num_workers=workers, collate_fn=collate_micro_batch)
+    loader = DataLoader(
+        ds,
+        batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps),
+        num_workers=workers,
+        collate_fn=collate_micro_batch,
+    )
     return _rate(loader, lambda b: int((b["document_ids"] >= 0).sum()))
 
 
@@ -112,23 +121,47 @@ def main() -> BenchResult:
         rates[(titan, w)] = titan_rate(corpus, tokenizer, w)
     values = [rates[(n, w)][0] for n in names for w in WORKERS]
     ratios = iter(ratio_column(values, higher_is_better=True))
-    rows = [[n, str(w), fmt_rate(rates[(n, w)][0], " tokens/s"), next(ratios), str(rates[(n, w)][1])]
-            for n in names for w in WORKERS]
+    rows = [
+        [n, str(w), fmt_rate(rates[(n, w)][0], " tokens/s"), next(ratios), str(rates[(n, w)][1])]
+        for n in names
+        for w in WORKERS
+    ]
     lengths = np.asarray(index.lengths)
-    table = Table(f"Real tokens/s into the training loop ({index.num_tokens:,} tokens in {index.num_documents:,} documents, "
-                  f"longest {int(lengths.max())} tokens, median {int(np.median(lengths))}; seq_len {SEQ_LEN}, micro batch "
-                  f"{MICRO_BATCH})", ["contender", "num_workers", "real tokens/s", "rate / best", "batches timed"], rows)
+    table = Table(
+        f"Real tokens/s into the training loop ({index.num_tokens:,} tokens in {index.num_documents:,} documents, "
+        f"longest {int(lengths.max())} tokens, median {int(np.median(lengths))}; seq_len {SEQ_LEN}, micro batch "
+        f"{MICRO_BATCH})",
+        ["contender", "num_workers", "real tokens/s", "rate / best", "batches timed"],
+        rows,
+    )
     best = {n: max(rates[(n, w)][0] for w in WORKERS) for n in names}
     ours = max(best[n] for n in names[:-1])
     best_name = max(names[:-1], key=lambda n: best[n])
-    verdicts = [Verdict("on-the-fly at least 1.0x the torchtitan-style stream, same tokenizer and workers, documents "
-                        "shorter than seq_len", ours >= TARGET * best[titan],
-                        f"Best over num_workers: {ours / best[titan]:.2f}x ({best_name}: {fmt_rate(ours, ' tokens/s')} vs "
-                        f"{fmt_rate(best[titan], ' tokens/s')}).")]
-    notes = ["Per worker count: " + "; ".join(
-        f"{w} workers: bestfit {rates[(names[0], w)][0] / rates[(titan, w)][0]:.2f}x the stream" for w in WORKERS) + "."]
-    return BenchResult(8, "On-the-fly tokenization against the torchtitan-style stream", __doc__.split("\n", 2)[2].strip(),
-                       [table], verdicts, notes, time.perf_counter() - t_start)
+    verdicts = [
+        Verdict(
+            "on-the-fly at least 1.0x the torchtitan-style stream, same tokenizer and workers, documents "
+            "shorter than seq_len",
+            ours >= TARGET * best[titan],
+            f"Best over num_workers: {ours / best[titan]:.2f}x ({best_name}: {fmt_rate(ours, ' tokens/s')} vs "
+            f"{fmt_rate(best[titan], ' tokens/s')}).",
+        )
+    ]
+    notes = [
+        "Per worker count: "
+        + "; ".join(
+            f"{w} workers: bestfit {rates[(names[0], w)][0] / rates[(titan, w)][0]:.2f}x the stream" for w in WORKERS
+        )
+        + "."
+    ]
+    return BenchResult(
+        8,
+        "On-the-fly tokenization against the torchtitan-style stream",
+        __doc__.split("\n", 2)[2].strip(),
+        [table],
+        verdicts,
+        notes,
+        time.perf_counter() - t_start,
+    )
 
 
 if __name__ == "__main__":

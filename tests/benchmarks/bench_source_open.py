@@ -120,16 +120,38 @@ def main() -> BenchResult:
             rows.append([name, "failed", "", "", "", ""])
             continue
         token_file = Path(case["path"] + (".bin" if case["kind"] == "megatron" else ""))
-        rows.append([name, fmt_bytes(token_file.stat().st_size), f"{r['num_documents']:,}", f"{r['seconds']:.3f} s",
-                     fmt_bytes(r["rss_growth"]), fmt_bytes(r["peak_growth"])])
-        verdicts.append(Verdict(f"{name}: open < 1 s, RSS growth < 50 MB, tokens not copied",
-                                r["seconds"] < TARGET_S and r["peak_growth"] < TARGET_RSS and r["tokens_is_memmap"],
-                                f"{r['seconds']:.3f} s, RSS +{fmt_bytes(r['rss_growth'])} (peak +{fmt_bytes(r['peak_growth'])}), "
-                                f"tokens a memory map: {r['tokens_is_memmap']}."))
-    table = Table("Opening 1 GiB of pre-tokenized tokens (fresh process, warm page cache)",
-                  ["file", "token file", "documents", "open", "RSS growth", "peak RSS growth"], rows)
-    return BenchResult(9, "Opening pre-tokenized corpora", __doc__.split("\n", 2)[2].strip(), [table], verdicts, [],
-                       time.perf_counter() - t_start)
+        rows.append(
+            [
+                name,
+                fmt_bytes(token_file.stat().st_size),
+                f"{r['num_documents']:,}",
+                f"{r['seconds']:.3f} s",
+                fmt_bytes(r["rss_growth"]),
+                fmt_bytes(r["peak_growth"]),
+            ]
+        )
+        verdicts.append(
+            Verdict(
+                f"{name}: open < 1 s, RSS growth < 50 MB, tokens not copied",
+                r["seconds"] < TARGET_S and r["peak_growth"] < TARGET_RSS and r["tokens_is_memmap"],
+                f"{r['seconds']:.3f} s, RSS +{fmt_bytes(r['rss_growth'])} (peak +{fmt_bytes(r['peak_growth'])}), "
+                f"tokens a memory map: {r['tokens_is_memmap']}.",
+            )
+        )
+    table = Table(
+        "Opening 1 GiB of pre-tokenized tokens (fresh process, warm page cache)",
+        ["file", "token file", "documents", "open", "RSS growth", "peak RSS growth"],
+        rows,
+    )
+    return BenchResult(
+        9,
+        "Opening pre-tokenized corpora",
+        __doc__.split("\n", 2)[2].strip(),
+        [table],
+        verdicts,
+        [],
+        time.perf_counter() - t_start,
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Pre-tokenized corpora opened as indexes, without copying their tokens: Megatron ``.bin/.idx``, OLMo-core/Dolma ``.npy``,
-datatrove ``.ds``, nanoGPT ``train.bin``.
+"""Pre-tokenized corpora opened as indexes, without copying their tokens: Megatron ``.bin/.idx``, OLMo-core/Dolma
+``.npy``, datatrove ``.ds``, nanoGPT ``train.bin``.
 
 A source spec is ``KIND:PATH`` (``megatron:data/corpus_text_document``); :func:`open_source` opens one, taking the EOS,
 pad id and vocabulary size from a tokenizer when one is given. The opened :class:`TokenSource` goes wherever a
-:class:`~detsampler.index.reader.TokenIndex` does: ``source.layout(config)``, ``PackedDataset(source, layout)``, a mixture.
+:class:`~detsampler.index.reader.TokenIndex` does: ``source.layout(config)``, ``PackedDataset(source, layout)``, a
+mixture.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
-from pathlib import Path
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +114,8 @@ class TokenSource:
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     def __repr__(self) -> str:
-        return f"TokenSource({self.kind!r}, {str(self.path)!r}, num_documents={self.num_documents}, num_tokens={self.num_tokens})"
+        counts = f"num_documents={self.num_documents}, num_tokens={self.num_tokens}"
+        return f"TokenSource({self.kind!r}, {str(self.path)!r}, {counts})"
 
     def __reduce__(self):
         fn, args, kwargs = self._reopen

@@ -9,7 +9,8 @@ Each reader follows its format's published writer (cited per function) and memor
   present, else split after each EOS;
 - ``datatrove``: datatrove ``DocumentTokenizer`` output ``NAME.ds`` + ``NAME.ds.index`` (uint64 document ends; the token
   size from ``NAME.ds.metadata``; ``datatrove/pipeline/tokens/tokenizer.py``: ``TokenizedFile``);
-- ``nanogpt``: a flat ``train.bin`` (uint16, each document followed by EOS 50256: nanoGPT's ``data/openwebtext/prepare.py``).
+- ``nanogpt``: a flat ``train.bin`` (uint16, each document followed by EOS 50256: nanoGPT's
+  ``data/openwebtext/prepare.py``).
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def open_olmo(
     pad_id: int | None = None,
     vocab_size: int | None = None,
 ) -> TokenSource:
-    """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata beside it,
-    else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
+    """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata
+    beside it, else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
     p = Path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "olmo")
@@ -202,8 +203,8 @@ def open_datatrove(
     vocab_size: int | None = None,
     token_size: int | None = None,
 ) -> TokenSource:
-    """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``, else 2) and
-    ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
+    """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``,
+    else 2) and ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
     p = Path(path)
     index, meta = p.with_name(p.name + ".index"), p.with_name(p.name + ".metadata")
     if not index.is_file():
