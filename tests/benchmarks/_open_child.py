@@ -1,9 +1,9 @@
-"""Child process of benchmark 9: open one pre-tokenized source, report the seconds and the resident-memory growth as JSON.
+"""Child process of benchmark 9: open one pre-tokenized source, report the seconds and the resident-memory growth as
+JSON.
 
-Reads ``{"kind": ..., "path": ..., "options": {...}}`` on stdin. Everything the open needs is imported before the baseline;
-the growth is VmRSS after the open (the source still referenced) minus VmRSS before, and the peak is VmHWM after a reset
-of the kernel's peak mark (``/proc/self/clear_refs``) just before the open, minus the baseline.
-"""
+Reads ``{"kind": ..., "path": ..., "options": {...}}`` on stdin. Everything the open needs is imported before the
+baseline; the growth is VmRSS after the open (the source still referenced) minus VmRSS before, and the peak is VmHWM
+after a reset of the kernel's peak mark (``/proc/self/clear_refs``) just before the open, minus the baseline."""
 
 from __future__ import annotations
 

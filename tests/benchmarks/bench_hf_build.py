@@ -1,17 +1,16 @@
-"""Benchmark 7: building an index with a Hugging Face tokenizer.json, against the tokenizers library's own batch encoder
-and against ``datasets.map(batched=True, num_proc=N)`` with the same tokenizer, on the same cores.
+"""Benchmark 7: building an index with a Hugging Face tokenizer.json, against the tokenizers library's own batch
+encoder and against ``datasets.map(batched=True, num_proc=N)`` with the same tokenizer, on the same cores.
 
-Data: the first 300 files of the default corpus (the Python standard library's sources); a byte-level BPE tokenizer.json
-of 8,000 tokens trained on them (``train_hf_bpe``). Contenders, interleaved round by round (best of 5 rounds, the order reversed every other round), each
-producing every document's ids:
+Data: the first 300 files of the default corpus (the Python standard library's sources); a byte-level BPE
+tokenizer.json of 8,000 tokens trained on them (``train_hf_bpe``). Contenders, interleaved round by round (best of 5
+rounds, the order reversed every other round), each producing every document's ids:
 - ``tokenizers`` ``encode_batch_fast`` over the whole corpus in one call (its Rust thread pool on every core; the ids
   read out, nothing written): the ceiling;
 - ``detsampler.index.build_index(dataset, tokenizer)`` into a fresh cache directory (num_proc=1: the Rust pool
-  parallelizes each batch of 1,024 texts, the next batch encodes while this one is written): reads the texts from Arrow,
-  encodes, writes tokens.npy, lengths, offsets, sha256s, meta;
-- ``datasets.Dataset.map(batched=True, num_proc=N)`` with the same tokenizer, writing an ``input_ids`` column to a fresh
-  cache file, for N = 1 and N = the core count (the usual HF preprocessing step).
-"""
+  parallelizes each batch of 1,024 texts, the next batch encodes while this one is written): reads the texts from
+  Arrow, encodes, writes tokens.npy, lengths, offsets, sha256s, meta;
+- ``datasets.Dataset.map(batched=True, num_proc=N)`` with the same tokenizer, writing an ``input_ids`` column to a
+  fresh cache file, for N = 1 and N = the core count (the usual HF preprocessing step)."""
 
 from __future__ import annotations
 

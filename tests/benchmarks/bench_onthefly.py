@@ -1,17 +1,18 @@
 """Benchmark 8: on-the-fly tokenization against the torchtitan-style stream, on documents shorter than ``seq_len``.
 
-Data: the first 1,200 files of the default corpus cut at blank lines into pieces of at most 2,000 characters (every piece
-tokenizes to fewer than 2,048 tokens), the sentencepiece tokenizer of benchmark 3 (8,000 pieces), an index that stores
-no tokens (``store_tokens=False``: lengths only; samples are tokenized from the text when read). Samples of 2,048 tokens,
-8 a micro batch. Contenders, one worker count at a time, each for ``BUDGET_S`` seconds after its first batch:
+Data: the first 1,200 files of the default corpus cut at blank lines into pieces of at most 2,000 characters (every
+piece tokenizes to fewer than 2,048 tokens), the sentencepiece tokenizer of benchmark 3 (8,000 pieces), an index that
+stores no tokens (``store_tokens=False``: lengths only; samples are tokenized from the text when read). Samples of
+2,048 tokens, 8 a micro batch. Contenders, one worker count at a time, each for ``BUDGET_S`` seconds after its first
+batch:
 - detsampler ``PackedDataset`` on the fly through the deterministic sampler, with the ``bestfit`` and ``document``
-  layouts (every document in exactly one sample, so each is tokenized once; the token cache is off, ``cache_tokens=0``,
-  so nothing is served from memory) and ``concat`` (documents split across samples; the default per-worker cache);
+  layouts (every document in exactly one sample, so each is tokenized once; the token cache is off,
+  ``cache_tokens=0``, so nothing is served from memory) and ``concat`` (documents split across samples; the default
+  per-worker cache);
 - the torchtitan-style stream of benchmark 3 (``HuggingFaceDataset`` reduced to its data path: stream texts, tokenize
-  each, pack through a token buffer), same tokenizer, same DataLoader worker counts.
-The rate counts real tokens (padding excluded: ``document`` pads every sample to 2,048, ``bestfit`` a little). Every run
-stops within the first epoch of its layout, so no contender reads a document twice.
-"""
+  each, pack through a token buffer), same tokenizer, same DataLoader worker counts. The rate counts real tokens
+  (padding excluded: ``document`` pads every sample to 2,048, ``bestfit`` a little). Every run stops within the first
+  epoch of its layout, so no contender reads a document twice."""
 
 from __future__ import annotations
 

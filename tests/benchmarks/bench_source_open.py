@@ -1,16 +1,14 @@
 """Benchmark 9: opening a 1 GB pre-tokenized file as an index: seconds and resident-memory growth, in a fresh process.
 
 Files (written once under ``.cache/bench/sources``, 1 GiB of tokens each, documents of 1 to 2,000 tokens, ~1,000 on
-average): a Megatron ``.bin`` of uint16 tokens with its ``.idx`` written by megatron-core's own ``_IndexWriter`` (by hand
-from the published format when megatron-core is absent); an OLMo-core ``.npy`` of uint32 tokens with EOS after each
-document, opened twice: with the ``.csv.gz`` metadata written by OLMo-core's ``write_document_indices``, and without it
-(documents found by scanning for EOS). Each open runs in a fresh interpreter (``_open_child``): time of
+average): a Megatron ``.bin`` of uint16 tokens with its ``.idx`` written by megatron-core's own ``_IndexWriter`` (by
+hand from the published format when megatron-core is absent); an OLMo-core ``.npy`` of uint32 tokens with EOS after
+each document, opened twice: with the ``.csv.gz`` metadata written by OLMo-core's ``write_document_indices``, and
+without it (documents found by scanning for EOS). Each open runs in a fresh interpreter (``_open_child``): time of
 ``open_source(...)`` and the growth of its resident set (VmRSS after minus before; the peak from VmHWM); each file is
 opened first with an empty ``DETSAMPLER_CACHE`` (the metadata parsed or the file scanned) and then again (the document
-boundaries read back from the cache). The files are
-in the page cache (just written or read): a cold open adds the disk's time to read the per-document index (16 bytes a
-document), and for a scan without metadata the whole file.
-"""
+boundaries read back from the cache). The files are in the page cache (just written or read): a cold open adds the
+disk's time to read the per-document index (16 bytes a document), and for a scan without metadata the whole file."""
 
 from __future__ import annotations
 
