@@ -4,7 +4,7 @@ Data: the first 1,200 files of the default corpus cut at blank lines into pieces
 piece tokenizes to fewer than 2,048 tokens), the sentencepiece tokenizer of benchmark 3 (8,000 pieces), an index that
 stores no tokens (``store_tokens=False``: lengths only; samples are tokenized from the text when read). Samples of
 2,048 tokens, 8 a micro batch. Contenders, one worker count at a time, each for ``BUDGET_S`` seconds after its first
-batch:
+batch, in 2 interleaved rounds (the order reversed in the second; the better round counts):
 - detsampler ``PackedDataset`` on the fly through the deterministic sampler, with the ``bestfit`` and ``document``
   layouts (every document in exactly one sample, so each is tokenized once; the token cache is off,
   ``cache_tokens=0``, so nothing is served from memory) and ``concat`` (documents split across samples; the default
@@ -36,6 +36,7 @@ MAX_BATCHES = 400
 WORKERS = (0, 1, 2)
 LAYOUTS = ("bestfit", "document", "concat")
 TARGET = 1.0
+ROUNDS = 2
 
 
 def _pieces(batch: dict) -> dict:
@@ -116,10 +117,16 @@ def main() -> BenchResult:
     titan = "torchtitan-style stream"
     names = [f"detsampler on the fly, {k}" for k in LAYOUTS] + [titan]
     rates: dict[tuple[str, int], tuple[float, int]] = {}
+    runs = [(name, kind) for name, kind in zip(names, [*LAYOUTS, None])]
     for w in WORKERS:
-        for kind, name in zip(LAYOUTS, names):
-            rates[(name, w)] = detsampler_rate(corpus, tokenizer, index, kind, w)
-        rates[(titan, w)] = titan_rate(corpus, tokenizer, w)
+        for r in range(ROUNDS):  # interleaved, the order reversed every other round; the best round counts
+            for name, kind in runs[:: 1 if r % 2 == 0 else -1]:
+                if kind is None:
+                    got = titan_rate(corpus, tokenizer, w)
+                else:
+                    got = detsampler_rate(corpus, tokenizer, index, kind, w)
+                if (name, w) not in rates or got[0] > rates[(name, w)][0]:
+                    rates[(name, w)] = got
     values = [rates[(n, w)][0] for n in names for w in WORKERS]
     ratios = iter(ratio_column(values, higher_is_better=True))
     rows = [

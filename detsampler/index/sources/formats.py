@@ -127,6 +127,16 @@ def eos_boundaries(path: Path, dtype: np.dtype, eos_id: int, num_tokens: int) ->
     return _starts_from_ends(ends_all.astype(np.int64, copy=False))
 
 
+def _csv_pairs(lines: list[bytes]) -> np.ndarray:
+    """The first two integer columns of ``start,end[,...]`` lines as an int64 ``[n, 2]`` array (blank lines skipped)."""
+    block = b"".join(lines)
+    if block.count(b",") == len(lines) and not any(not line.strip() for line in lines):  # exactly two columns: in C
+        fields = block.replace(b"\n", b",").split(b",")[:-1]
+    else:
+        fields = [x for line in lines if line.strip() for x in line.split(b",", 2)[:2]]
+    return np.array(fields, dtype="S20").astype(np.int64).reshape(-1, 2)
+
+
 def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
     """Document starts from the ``.csv.gz`` beside ``path`` (lines ``start,end[,...]``), or None when there is none."""
     meta = path.with_name(path.name.removesuffix(".npy") + ".csv.gz")
@@ -135,8 +145,7 @@ def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
     parts = []
     with gzip.open(meta, "rb") as f:
         while lines := f.readlines(1 << 20):  # about 1 MB of lines at a time: memory stays flat
-            rows = [line.split(b",", 2)[:2] for line in lines if line.strip()]
-            parts.append(np.array(rows, dtype="S20").astype(np.int64).reshape(-1, 2))
+            parts.append(_csv_pairs(lines))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     if pairs.size and (pairs[0, 0] != 0 or not np.array_equal(pairs[1:, 0], pairs[:-1, 1])):
         raise TokenIndexError(f"olmo source: the documents of {str(meta)!r} are not contiguous from token 0")
