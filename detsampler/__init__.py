@@ -14,7 +14,7 @@ from detsampler.locate import Located, locate
 from detsampler.mixture import Mixture, MixtureConfig, MixtureLookup
 from detsampler.permutation import Permutation, permute, unpermute
 from detsampler.plan import EpochStream, Plan
-from detsampler.resume import check_resume
+from detsampler.resume import DataFingerprint, check_resume
 from detsampler.version import MAPPING_VERSION, __version__
 
 # Above the core: imported on first use, so that ``import detsampler`` imports neither torch, datasets nor sentencepiece.
@@ -31,6 +31,7 @@ __all__ = [
     "MAPPING_VERSION",
     "BestFitLayout",
     "ConcatLayout",
+    "DataFingerprint",
     "DocumentLayout",
     "EpochStream",
     "Layout",

@@ -2,7 +2,8 @@
 
 Invariants: after :func:`atomic_write` returns, ``path`` holds exactly ``data`` and survives a power cut (the data and the
 directory entry are fsynced); at no moment does ``path`` hold a partial write (the data goes to a temporary file in the same
-directory, renamed over ``path``); a failed write leaves ``path`` as it was and no temporary file behind.
+directory, renamed over ``path``); a failed write leaves ``path`` as it was and no temporary file behind
+(tests/test_foundations.py).
 """
 
 from __future__ import annotations

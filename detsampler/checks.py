@@ -2,7 +2,7 @@
 
 Invariant: :func:`check_int` accepts Python and numpy integers only (``bool``, floats, strings and integral floats such as
 ``2.0`` are refused, never coerced) and returns a Python ``int``; the error names the argument, what it got and what is
-allowed.
+allowed (tests/test_foundations.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
     """
     if not is_int(value):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        lo = "" if minimum is None else f">= {minimum}"
-        hi = "" if maximum is None else f"<= {maximum}"
-        raise ValueError(f"{name} must be an integer {' and '.join(b for b in (lo, hi) if b)}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
     return int(value)
 
 

@@ -20,6 +20,7 @@ For ``document`` and ``bestfit`` every position of every document lies in exactl
 from __future__ import annotations
 
 import bisect
+import numbers
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Literal, Protocol
@@ -58,9 +59,15 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
             raise ValueError(f"layout kind must be one of {tuple(LAYOUTS)}, got {self.kind!r}")
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
-        if not isinstance(self.window_docs, int) or self.window_docs < 1:
+        if self.kind != "concat" and self.seq_len < 2:
+            # NOTE: a document/bestfit sample holds seq_len positions and its labels are the next ones within it: with one
+            # position there is no label, and training on it gives a NaN loss.
+            raise ValueError(f"seq_len must be >= 2 for the {self.kind} layout (a sample of 1 token has no label), got 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.window_docs, bool) or not isinstance(self.window_docs, int) or self.window_docs < 1:
             raise ValueError(f"window_docs must be an integer >= 1, got {self.window_docs!r}")
 
 
@@ -143,8 +150,13 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def document_order(num_documents: int, seed: int) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation)."""
-    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+
+    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan epochs,
+    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the same
+    whatever version a plan reads it with (tests/test_pinned.py pins them once).
+    """
+    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
 
 
 def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,12 @@
 """The plan: a pure map from (seed, epoch, step, rank, micro step, worker) to sample ids.
 
 The stream: global position ``g`` (counted from the start of training) belongs to epoch ``g // N`` and reads sample
-``permute(g % N, N, key(seed, epoch))``, where N is the number of samples per epoch. Epochs follow each other with nothing
-dropped or repeated, whatever N and the batch size.
+``permute(g % N, N, key(seed, epoch), mapping_version)``, where N is the number of samples per epoch. Epochs follow each
+other with nothing dropped or repeated, whatever N and the batch size.
+
+Mapping versions: ``Plan(..., mapping_version=v)`` computes the permutations of version ``v`` (every sample order: the
+epochs here and a mixture's sources); the default is the current :data:`~detsampler.version.MAPPING_VERSION`, and version
+1 stays computable so that a run started on it resumes exactly. The fingerprint records it.
 
 The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, with ``B(s)`` the global batch size of step
 ``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank ``r``
@@ -28,13 +32,18 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from detsampler.checks import check_positive_int, is_int
+from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.permutation import permute
+from detsampler.permutation import check_mapping_version, permute
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
-__all__ = ["EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+__all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+
+# NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**40 steps of 2**22 samples
+# (1.1e12 steps, 4.2M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
+MAX_STEP = 2**40
+MAX_GLOBAL_BATCH_SIZE = 2**22
 
 
 class SampleStream(Protocol):
@@ -45,6 +54,9 @@ class SampleStream(Protocol):
     def with_step_positions(self, consumed: Callable[[int], int]) -> SampleStream:
         """This stream placed on a plan's steps: ``consumed(d)`` is the position where data step ``d`` starts (a stream
         whose order does not depend on steps returns itself)."""
+
+    def with_mapping_version(self, version: int) -> SampleStream:
+        """This stream drawing its permutations from mapping version ``version``; a ValueError if it was built for another."""
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         """Sample ids at global positions ``positions`` (int64 array)."""
@@ -62,9 +74,11 @@ class EpochStream:
 
     num_samples: int
     seed: int
+    mapping_version: int = MAPPING_VERSION
 
     def __post_init__(self) -> None:
-        check_positive_int(self.num_samples, "num_samples")
+        check_int(self.num_samples, "num_samples (int64 sample ids)", minimum=1, maximum=2**62)
+        check_mapping_version(self.mapping_version)
 
     @cached_property
     def base_key(self) -> int:
@@ -85,14 +99,17 @@ class EpochStream:
         epochs = positions // self.num_samples
         within = positions - epochs * self.num_samples
         if epochs.size and epochs.min() == epochs.max():  # the usual case: one key for all
-            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])))
-        return permute(within, self.num_samples, self.epoch_key(epochs))
+            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])), self.mapping_version)
+        return permute(within, self.num_samples, self.epoch_key(epochs), self.mapping_version)
 
     def describe(self) -> dict:
         return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> EpochStream:
         return self
+
+    def with_mapping_version(self, version: int) -> EpochStream:
+        return replace(self, mapping_version=version)
 
 
 def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[tuple[int, int], ...]:
@@ -113,6 +130,8 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
         if b < a:
             raise ValueError(f"skip_steps range ({a}, {b}) is reversed: need first <= last (both inclusive)")
+        if b > MAX_STEP:
+            raise ValueError(f"skip_steps range ({a}, {b}) ends after the last possible data step 2**40 = {MAX_STEP}")
         rows.append((int(a), int(b)))
     rows.sort()
     for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
@@ -141,6 +160,8 @@ def _check_step(step: int, name: str = "step") -> int:
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
+    if step > MAX_STEP:
+        raise ValueError(f"{name} must be <= 2**40 = {MAX_STEP} (int64 sample positions), got {step}")
     return int(step)
 
 
@@ -156,6 +177,9 @@ class Plan:
     ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and the
     skip ranges are all in data steps, which equal training steps before the first skip range.
 
+    ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own seed),
+    and :func:`~detsampler.resume.check_resume` lets a resume change it.
+
     ``plan.stream`` is what the plan reads: the :class:`EpochStream` of ``num_samples``, or ``source`` placed on the plan's
     steps (``source.with_step_positions``: a mixture's weight schedule is given in steps, the stream needs positions).
     """
@@ -168,13 +192,15 @@ class Plan:
     batch_size_schedule: Sequence[tuple[int, int]] | None = None
     skip_steps: Sequence[tuple[int, int]] | None = None
     source: SampleStream | None = field(default=None, kw_only=True)
+    mapping_version: int = field(default=MAPPING_VERSION, kw_only=True)
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
-            check_positive_int(getattr(self, name), name)
+            check_int(getattr(self, name), name, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
+        object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
         object.__setattr__(self, "stream", self._unplaced_stream())
         schedule = self._normalized_schedule()
         for _, size in schedule:
@@ -198,9 +224,9 @@ class Plan:
                 raise ValueError(f"source must be a sample stream such as a Mixture; pass a count as num_samples={self.source}")
             if self.num_samples is not None:
                 raise ValueError(f"give num_samples or source, not both (got num_samples={self.num_samples!r})")
-            return self.source
+            return self.source.with_mapping_version(self.mapping_version)
         if self.num_samples is None or isinstance(self.num_samples, (bool, int, np.integer)):
-            return EpochStream(check_positive_int(self.num_samples, "num_samples"), self.seed)
+            return EpochStream(check_positive_int(self.num_samples, "num_samples"), self.seed, self.mapping_version)
         raise ValueError(
             f"num_samples must be an integer >= 1, got {type(self.num_samples).__name__}; pass a stream such as a "
             "Mixture as Plan(source=..., ...)"
@@ -209,7 +235,10 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        schedule = list(parse_step_schedule(self.batch_size_schedule, check_positive_int, "batch_size_schedule"))
+        size = lambda value, label: check_int(value, label, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)  # noqa: E731
+        schedule = list(parse_step_schedule(self.batch_size_schedule, size, "batch_size_schedule"))
+        if schedule[-1][0] > MAX_STEP:
+            raise ValueError(f"batch_size_schedule steps must be <= 2**40 = {MAX_STEP}, got {schedule[-1][0]}")
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
                 f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
@@ -327,7 +356,7 @@ class Plan:
     def fingerprint(self) -> dict:
         """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on resume."""
         out = {
-            "mapping_version": MAPPING_VERSION,
+            "mapping_version": self.mapping_version,
             "stream": self.stream.describe(),
             "seed": self.seed,
             "batch_size_schedule": [list(row[:2]) for row in self._schedule],

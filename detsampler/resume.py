@@ -1,9 +1,13 @@
-"""Checking that a resumed plan trains, before the resume step, on exactly what the checkpointed run trained on.
+"""Checking that a resumed run trains, before the resume step, on exactly what the checkpointed run trained on.
+
+What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture), the
+layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch schedule,
+skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new mixture schedule
 entries at or after the resume step, and with new skip ranges that start at or after the data step the resume reads. Any
-other change to what fixes the data (the fingerprint of :meth:`detsampler.plan.Plan.fingerprint`) changes the past and is
-refused by :func:`check_resume` with a ValueError that says what changed.
+other change (another index, another layout, another seed, another batch schedule) changes the past and is refused by
+:func:`check_resume` with a ValueError that says what changed.
 
 All steps of the mixture schedule and of the skip ranges are *data* steps; the past is the data steps before
 ``d(resume_step)`` of the checkpointed plan.
@@ -11,20 +15,136 @@ All steps of the mixture schedule and of the skip ranges are *data* steps; the p
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from detsampler.checks import check_int
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 
-__all__ = ["check_resume"]
+__all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
 
 
-def _fingerprint(plan_or_fingerprint: Plan | dict, name: str) -> dict:
-    if isinstance(plan_or_fingerprint, Plan):
-        return plan_or_fingerprint.fingerprint()
-    if isinstance(plan_or_fingerprint, dict) and "stream" in plan_or_fingerprint:
-        return plan_or_fingerprint
-    raise ValueError(f"{name} must be a Plan or a Plan.fingerprint() dict, got {type(plan_or_fingerprint).__name__}")
+@dataclass(frozen=True)
+class DataFingerprint:
+    """What fixes the data stream of every step: ``index`` (the index's identity string; for a mixture, its sources'
+    identities joined by ``,``), ``layout`` (``Layout.describe()``; for a mixture ``{"mixture": [describe() per source]}``)
+    and ``plan`` (``Plan.fingerprint()``, which holds the mapping version). None of them holds the number of ranks, the
+    micro batch size or the number of workers, which may change on resume.
+
+    Invariant: two fingerprints have the same :attr:`hash` exactly when their JSON forms are equal.
+    """
+
+    index: str
+    layout: dict
+    plan: dict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.index, str) or not self.index:
+            raise ValueError(f"DataFingerprint.index must be a non-empty identity string, got {self.index!r}")
+        for name in ("layout", "plan"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"DataFingerprint.{name} must be a dict, got {type(getattr(self, name)).__name__}")
+        if "stream" not in self.plan:
+            raise ValueError("DataFingerprint.plan must be a Plan.fingerprint() dict (it has no 'stream')")
+        # JSON round trips turn tuples into lists: hold the JSON form, so that saved and current compare equal.
+        for name in ("layout", "plan"):
+            object.__setattr__(self, name, json.loads(json.dumps(getattr(self, name), sort_keys=True, default=str)))
+
+    @classmethod
+    def of(cls, index: Any, layout: Any, plan: Plan) -> DataFingerprint:
+        """The fingerprint of ``plan`` over ``layout`` of ``index``.
+
+        ``index``: the index's identity (a string, or an object with a ``fingerprint`` string such as ``TokenIndex``), or a
+        sequence of them for a mixture; ``layout``: a layout (with ``describe()``) or, for a mixture, one per source.
+        """
+        if not isinstance(plan, Plan):
+            raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
+        if isinstance(index, (list, tuple)):
+            layouts = list(layout) if isinstance(layout, (list, tuple)) else None
+            if layouts is None or len(layouts) != len(index):
+                raise ValueError("a mixture's fingerprint needs one layout per index")
+            return cls(",".join(_identity(i) for i in index), {"mixture": [lay.describe() for lay in layouts]},
+                       plan.fingerprint())
+        return cls(_identity(index), layout.describe(), plan.fingerprint())
+
+    def to_dict(self) -> dict:
+        """The JSON form, with the hash under ``"hash"`` (what a checkpoint saves)."""
+        return {"index": self.index, "layout": self.layout, "plan": self.plan, "hash": self.hash}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> DataFingerprint:
+        """The fingerprint saved by :meth:`to_dict` (its ``hash`` is recomputed, and must match when present)."""
+        if not isinstance(saved, dict) or not {"index", "layout", "plan"} <= set(saved):
+            keys = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(f"a saved DataFingerprint needs the keys index, layout and plan, got {keys}")
+        fp = cls(saved["index"], saved["layout"], saved["plan"])
+        if "hash" in saved and saved["hash"] != fp.hash:
+            raise ValueError(f"the saved DataFingerprint's hash {saved['hash']!r} does not match its content ({fp.hash})")
+        return fp
+
+    @property
+    def hash(self) -> str:
+        body = json.dumps({"index": self.index, "layout": self.layout, "plan": self.plan}, sort_keys=True, default=str)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _identity(index: Any) -> str:
+    value = index if isinstance(index, str) else getattr(index, "fingerprint", None)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"index must be an identity string or have a string 'fingerprint', got {type(index).__name__}")
+    return value
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def fingerprint_changes(saved: DataFingerprint | dict, current: DataFingerprint | dict) -> list[str]:
+    """Human-readable differences ``key: saved -> current`` between two fingerprints (``hash`` left out)."""
+    flat = [{k: v for k, v in _flatten(f.to_dict() if isinstance(f, DataFingerprint) else f).items() if k != "hash"}
+            for f in (saved, current)]
+    a, b = flat
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _as_fingerprint(value: DataFingerprint | dict, name: str) -> DataFingerprint:
+    if isinstance(value, DataFingerprint):
+        return value
+    if isinstance(value, dict):
+        return DataFingerprint.from_dict(value)
+    hint = " (a Plan alone does not name the index and layout: pass DataFingerprint.of(index, layout, plan))"
+    raise ValueError(f"{name} must be a DataFingerprint or its to_dict(), got {type(value).__name__}"
+                     + (hint if isinstance(value, Plan) else ""))
+
+
+def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resume_step: int) -> None:
+    """Raise ValueError unless ``new`` reads what ``old`` read at every training step before ``resume_step``.
+
+    ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
+    resuming run's. The index and the layout must be the same. Allowed plan changes: another
+    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by its
+    own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
+    starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
+    """
+    check_int(resume_step, "resume_step", minimum=0)
+    before, after = _as_fingerprint(old, "old"), _as_fingerprint(new, "new")
+    if before.hash == after.hash:
+        return
+    for name in ("index", "layout"):
+        if getattr(before, name) != getattr(after, name):
+            changes = [c for c in fingerprint_changes(before, after) if c.startswith(name)]
+            raise ValueError(
+                f"resuming at step {resume_step} changes the {name}: {'; '.join(changes)}; this would change data already "
+                "trained on"
+            )
+    _check_plan(before.plan, after.plan, int(resume_step))
 
 
 def _normalized(value: Any) -> Any:
@@ -36,19 +156,21 @@ def _normalized(value: Any) -> Any:
     return value
 
 
-def check_resume(old: Plan | dict, new: Plan, resume_step: int) -> None:
-    """Raise ValueError unless ``new`` reads what ``old`` read at every training step before ``resume_step``.
-
-    ``old`` is the checkpointed run's plan or its ``fingerprint()`` (as saved, JSON round trips allowed). Allowed: another
-    ``world_size``/``micro_batch_size``; mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
-    starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
-    """
-    check_int(resume_step, "resume_step", minimum=0)
-    before, after = _normalized(_fingerprint(old, "old")), _normalized(_fingerprint(new, "new"))
+def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
+    """The plan part of :func:`check_resume` (``Plan.fingerprint()`` dicts)."""
+    before, after = _normalized(old_plan), _normalized(new_plan)
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
-    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"}):
+    if before.get("mapping_version") != after.get("mapping_version"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "
+            f"{after.get('mapping_version')!r}, which reorders every epoch; resume with Plan(..., mapping_version="
+            f"{before.get('mapping_version')!r}) (the trainer and the CLI read it from the checkpoint)"
+        )
+    # The plan's seed keys only the epoch shuffles of ``num_samples``; a source stream (a mixture) has its own seed.
+    unused = {"seed"} if before["stream"].get("kind") != "epochs" and after["stream"].get("kind") != "epochs" else set()
+    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"} - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
                 f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the new "

@@ -2,7 +2,7 @@
 
 Invariant: :func:`parse_step_schedule` returns ``((step_0, v_0), (step_1, v_1), ...)`` with ``step_0 == 0`` and strictly
 increasing integer steps, each value passed through ``parse_value``; anything else is a ValueError that names the
-schedule, the entry and what is allowed.
+schedule, the entry and what is allowed (tests/test_foundations.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from detsampler.layout import BestFitLayout, LayoutConfig, Spans, document_order
 from tests.strategies import doc_lengths, seeds
 
 seq_lens = st.integers(min_value=1, max_value=40)
+packed_seq_lens = st.integers(min_value=2, max_value=40)  # a document/bestfit sample of 1 token has no label
 
 
 def positions_covered(spans: Spans, lengths: np.ndarray) -> np.ndarray:
@@ -47,9 +48,9 @@ def test_concat_tiles_the_stream(lengths, seq_len, seed):
     assert layout.num_samples == (int(lengths.sum()) + len(lengths) - 1) // seq_len
 
 
-@given(lengths=doc_lengths(), seq_len=seq_lens, seed=seeds, kind=st.sampled_from(["document", "bestfit"]),
-       window_docs=st.integers(min_value=1, max_value=12))
-@example(lengths=np.array([0]), seq_len=1, seed=0, kind="bestfit", window_docs=1)
+@given(lengths=doc_lengths(), seq_len=st.integers(min_value=2, max_value=40), seed=seeds,
+       kind=st.sampled_from(["document", "bestfit"]), window_docs=st.integers(min_value=1, max_value=12))
+@example(lengths=np.array([0]), seq_len=2, seed=0, kind="bestfit", window_docs=1)
 def test_packed_layouts_hold_every_position_once(lengths, seq_len, seed, kind, window_docs):
     layout = make_layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=seed, window_docs=window_docs), lengths)
     spans = layout.locate(np.arange(layout.num_samples))
@@ -60,7 +61,7 @@ def test_packed_layouts_hold_every_position_once(lengths, seq_len, seed, kind, w
     np.testing.assert_array_equal(pieces, -(-(lengths + 1) // seq_len))
 
 
-@given(lengths=doc_lengths(), seq_len=seq_lens, seed=seeds, window_docs=st.integers(min_value=1, max_value=12))
+@given(lengths=doc_lengths(), seq_len=packed_seq_lens, seed=seeds, window_docs=st.integers(min_value=1, max_value=12))
 def test_bestfit_windows_are_consecutive_documents(lengths, seq_len, seed, window_docs):
     layout = make_layout(LayoutConfig(kind="bestfit", seq_len=seq_len, seed=seed, window_docs=window_docs), lengths)
     ends = np.cumsum(layout.bins_per_window)
@@ -75,6 +76,7 @@ def test_bestfit_windows_are_consecutive_documents(lengths, seq_len, seed, windo
 def test_locate_is_pointwise(lengths, seq_len, seed, kind, data):
     """Locating a batch equals locating each sample alone, in any order and with repeats."""
     assume(lengths.sum() + len(lengths) > seq_len)
+    assume(kind == "concat" or seq_len >= 2)
     layout = make_layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=seed, window_docs=5), lengths)
     ids = np.array(data.draw(st.lists(st.integers(0, layout.num_samples - 1), min_size=1, max_size=10)))
     batch = layout.locate(ids)
@@ -127,3 +129,17 @@ def test_locate_rejects_out_of_range_ids():
     layout = make_layout(LayoutConfig(kind="document", seq_len=4), np.array([3, 3]))
     with pytest.raises(ValueError, match=r"Got sample id 2, allowed sample ids are in \[0, 2\)"):
         layout.locate(np.array([0, 2]))
+
+
+@pytest.mark.parametrize("kind", ["document", "bestfit"])
+def test_packed_layouts_refuse_samples_without_labels(kind):
+    """seq_len 1 leaves a document/bestfit sample no label (issue 10 item 12: the trainer's loss was NaN)."""
+    with pytest.raises(ValueError, match=f"seq_len must be >= 2 for the {kind} layout"):
+        LayoutConfig(kind=kind, seq_len=1)
+    LayoutConfig(kind="concat", seq_len=1)  # one input and its label
+
+
+@pytest.mark.parametrize("field, value", [("seq_len", True), ("window_docs", True), ("seed", 1.5), ("seq_len", 8.0)])
+def test_layout_config_refuses_bools_and_floats(field, value):
+    with pytest.raises(ValueError, match=field):
+        LayoutConfig(kind="bestfit", **{field: value})

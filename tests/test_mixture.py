@@ -10,11 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsampler import Mixture, Plan, check_resume
+from detsampler import Mixture, Plan
 from detsampler.keys import subkeys
 from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
 from detsampler.permutation import permute
+from detsampler.resume import DataFingerprint
+from detsampler.resume import check_resume as check_fingerprints
 from tests.strategies import integer_weights, seeds, weight_schedules
+
+
+def check_resume(old, new, resume_step):
+    """The library's check over two fingerprints that differ only in their plans (one index, one layout)."""
+
+    def fp(plan):
+        return DataFingerprint("index", {"kind": "concat"}, plan if isinstance(plan, dict) else plan.fingerprint())
+
+    check_fingerprints(fp(old), fp(new), resume_step)
+
 
 
 def _prefix_counts(sources: np.ndarray, num_sources: int) -> np.ndarray:
@@ -262,7 +274,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 
     per_step: dict[int, list[np.ndarray]] = {s: [] for s in range(start, stop)}
     for rank in range(plan.world_size):
-        sampler = DeterministicBatchSampler(plan, rank, start_step=start, num_steps=stop - start)
+        sampler = DeterministicBatchSampler(plan, rank, start_step=start, stop_step=stop)
         loader = torch.utils.data.DataLoader(_IdDataset(), batch_sampler=sampler, num_workers=num_workers)
         for step, micro_batches in sampler.steps(loader):
             for a, mb in enumerate(micro_batches):
@@ -273,7 +285,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
                     assert (workers == worker).all()
                     assert a in plan.worker_micro_batches(step, rank, worker, num_workers, start_step=start)
                 per_step[step].append(ids)
-        assert sampler.state_dict() == {"step": stop}
+        assert sampler.state_dict() == {"step": stop, "samples_in_step": 0}
     return per_step
 
 
@@ -362,7 +374,7 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
     mix = Mixture([13, 7, 30], [(0, [2, 1, 0]), (3, [1, 1, 2])], seed=9)
     plan = Plan(source=mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
     dataset = MixtureDataset([_Tagged(k, n) for k, n in enumerate(mix.sizes)], mix)
-    sampler = DeterministicBatchSampler(plan, rank=1, num_steps=6)
+    sampler = DeterministicBatchSampler(plan, rank=1, stop_step=6)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):
@@ -380,12 +392,35 @@ def test_pinned_mixture_ids():
     mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
     plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
     assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
+        [6, 73, 111, 9, 152, 105, 27, 37],
+        [171, 120, 179, 67, 167, 141, 168, 36],
+        [162, 101, 153, 43, 165, 104, 159, 95],
+    ]
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    assert far.tolist() == [1111496441, 2762344126, 592569563, 2653853202]
+
+
+def test_pinned_mixture_ids_version_1():
+    """Version 1's outputs, as the first release computed them (the routing is the same; the source shuffles differ)."""
+    mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
+    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)],
+                mapping_version=1)
+    assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
         [94, 93, 124, 92, 153, 118, 61, 74],
         [178, 131, 159, 48, 167, 103, 151, 35],
         [170, 145, 173, 56, 174, 141, 163, 53],
     ]
-    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1, mapping_version=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
     assert far.tolist() == [1061388743, 3747138047, 937306914, 3619923107]
+
+
+def test_mixture_and_plan_agree_on_the_mapping_version():
+    mix = Mixture([100, 50], [1, 1], seed=7, mapping_version=1)
+    assert Plan(source=mix, global_batch_size=4, micro_batch_size=2, mapping_version=1).stream.version == 1
+    with pytest.raises(ValueError, match="built for mapping version 1 but the Plan asks for 2"):
+        Plan(source=mix, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"allowed mapping versions are \(1, 2\)"):
+        Mixture([100, 50], [1, 1], seed=7, mapping_version=3)
 
 
 def test_far_positions_cost_what_near_ones_cost():
@@ -454,3 +489,51 @@ def test_report_counts_the_tokens_each_source_served(seed, data, steps):
     assert sum(r["tokens"] for r in report) == sum(
         int(np.minimum(lay.locate(look.source_sample[look.source == k]).num_tokens, 16).sum()) for k, lay in enumerate(layouts)
     )
+
+
+def test_sizes_and_positions_beyond_int64_arithmetic_are_refused():
+    """Issue 11, item 6: every size, total and position a Mixture accepts is one its int64 arithmetic computes exactly."""
+    with pytest.raises(ValueError, match=r"sources\[0\] has 9223372036854775808 samples; a source holds at most 2\*\*62"):
+        Mixture([2**63, 3], [1, 1], 0)
+    with pytest.raises(ValueError, match=r"the sources hold 9223372036854775813 samples in all; at most 2\*\*63 - 1"):
+        Mixture([2**62, 2**62, 5], [1, 1, 1], 0)
+    mix = Mixture([2**62, 2**62 - 1], [1, 1], 0)  # the largest: ids up to 2**63 - 2 fit
+    assert mix.sample_ids(np.array([0, 1, 2**62 - 1])).min() >= 0
+    last = Mixture([10, 20, 30], [1, 2, 3], seed=4)
+    end = 2**62 - 1
+    look = last.lookup(np.array([end]))
+    served = last.served(end + 1) - last.served(end)  # the source that position `end` went to, by the closed form
+    assert served.tolist() == [int(k == look.source[0]) for k in range(3)]
+    with pytest.raises(ValueError, match=r"Got position 4611686018427387904, allowed positions are in \[0, 2\*\*62\)"):
+        last.sample_ids(np.array([2**62]))
+    with pytest.raises(ValueError, match=r"position must be an integer <= 4611686018427387904, got 4611686018427387905"):
+        last.served(2**62 + 1)
+    with pytest.raises(ValueError, match=r"step_positions must be .* at most 2\*\*62"):
+        Mixture([10, 20], [(0, [1, 1]), (5, [1, 2])], 0, step_positions=(0, 2**62 + 8))
+
+
+def test_small_mixture_flaws_of_issue_11():
+    """Item 7: numpy weights read like their Python values, clear errors for a string of names and a missing segment."""
+    assert Mixture([10, 10], [np.float32(0.1), np.float32(0.9)], 0).schedule == ((0, (1, 9)),)
+    assert Mixture([10, 10], np.array([0.25, 0.75]), 0).schedule == ((0, (1, 3)),)
+    assert Mixture([10, 10], [(0, np.array([1, 1])), (3, np.array([np.float16(0.5), 1]))], 0).schedule == (
+        (0, (1, 1)), (3, (1, 2)))
+    with pytest.raises(ValueError, match=r"weights must be one weight per source or a schedule .*got a 2-D array"):
+        Mixture([10, 10], np.array([[0.5, 0.5]]), 0)
+    config = MixtureConfig(weights=np.array([np.float32(0.1), np.float32(0.9)]), schedule=[(5, np.array([1, 1]))])
+    assert config.build([10, 10]).schedule == ((0, (1, 9)), (5, (1, 1)))
+    with pytest.raises(ValueError, match="names must be a list of strings, one per source, got 'ab'"):
+        MixtureConfig(weights=[1, 1], names="ab")
+    with pytest.raises(ValueError, match=r"Got segment 5, allowed segments are in \[0, 1\)"):
+        Mixture([10, 10], [1, 1], 0).discrepancy_bounds(5)
+
+
+def test_plan_seed_does_not_key_a_mixture_and_a_resume_may_change_it():
+    """Item 7: a mixture has its own seed; the plan's is unused, so changing it on resume changes nothing and is accepted."""
+    mix = Mixture([100, 50], [1, 1], seed=7)
+    a = Plan(source=mix, seed=1, global_batch_size=4, micro_batch_size=2)
+    b = Plan(source=mix, seed=2, global_batch_size=4, micro_batch_size=2)
+    assert all(np.array_equal(a.global_batch(s), b.global_batch(s)) for s in range(5))
+    check_resume(a.fingerprint(), b, 3)
+    with pytest.raises(ValueError, match="seed"):
+        check_resume(Plan(100, 1, 4, 2).fingerprint(), Plan(100, 2, 4, 2), 3)  # an epoch stream's seed keys its shuffles

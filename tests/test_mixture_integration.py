@@ -126,7 +126,7 @@ def test_packed_mixture_dataset_through_a_dataloader(num_workers, mixture_paths,
     from detsampler.loader.dataset import MicroBatch
 
     assert isinstance(dataset.__getitems__([0, plan.stream.offsets[2], 1]), MicroBatch)  # the batched path
-    sampler = DeterministicBatchSampler(plan, rank=0, num_steps=4)
+    sampler = DeterministicBatchSampler(plan, rank=0, stop_step=4)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):

@@ -135,3 +135,22 @@ def test_bad_step_rank_and_micro_step():
         plan.micro_batch(0, 0, 2)
     with pytest.raises(ValueError, match=r"Got micro_step 2, allowed micro steps of step 0 are in \[0, 2\)"):
         plan.micro_batch(0, 2, 0)
+
+
+def test_mapping_version_is_chosen_recorded_and_kept_on_resume():
+    """Version 1 stays computable (its exact orders: tests/test_pinned.py); a resume may not change the version."""
+    from detsampler import DataFingerprint, check_resume
+    from detsampler.version import MAPPING_VERSION
+
+    def fp(plan):  # one index and one layout: only the plans differ
+        return DataFingerprint("index", {"kind": "concat"}, plan.fingerprint())
+
+    v1, v2 = Plan(1000, 3, 8, 2, mapping_version=1), Plan(1000, 3, 8, 2)
+    assert v2.mapping_version == MAPPING_VERSION == 2
+    assert (v1.fingerprint()["mapping_version"], v2.fingerprint()["mapping_version"]) == (1, 2)
+    assert not np.array_equal(v1.global_batch(0), v2.global_batch(0))
+    check_resume(fp(v1).to_dict(), fp(v1.with_world(2, 2)), 5)
+    with pytest.raises(ValueError, match=r"changes the mapping version from 1 to 2.*Plan\(\.\.\., mapping_version=1\)"):
+        check_resume(fp(v1), fp(v2), 5)
+    with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
+        Plan(1000, 3, 8, 2, mapping_version=3)

@@ -5,9 +5,10 @@ Layout of a checkpoint root::
     ROOT/step_00000008/      a complete checkpoint: DCP files, .metadata, data_fingerprint.json, COMPLETE
     ROOT/.tmp-step_00000010/ one being written (or left by a killed run): never read, removed at the next start
 
-Every rank writes its shards into the temporary directory with ``dcp.save``; then rank 0 writes the human-readable
-``data_fingerprint.json`` and the ``COMPLETE`` marker and renames the directory into place. A directory named ``step_N``
-that holds ``COMPLETE`` is therefore whole; the newest complete checkpoint is the one with the highest N.
+Every rank writes its shards into the temporary directory with ``dcp.save`` and hashes them; then rank 0 writes the
+human-readable ``data_fingerprint.json`` and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`) and
+renames the directory into place. A directory named ``step_N`` that holds ``COMPLETE`` is therefore whole; before a load
+every file is checked against ``COMPLETE`` (:func:`verify`; which checkpoint a run resumes from: :mod:`train.rundir`).
 
 Content: ``model`` and ``optim`` (sharded, from ``get_state_dict``; DCP reshards them when the number of ranks changes),
 ``scheduler`` (the LR scheduler's state as JSON) and ``meta`` = ``{"step": s, "data": fingerprint JSON}``. DCP keeps the
@@ -17,12 +18,12 @@ next step to train: the batch sampler restarts there, and there is no other data
 Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (the shards of
 step 8 written by every rank, its DCP ``.metadata`` not yet) or ``after_save:8`` (after the rename), rank 0 prints
 ``DETSAMPLER_KILL_POINT <point>`` and sleeps so that the test can SIGKILL the process group at that moment;
-``before_step:S`` does the same when step S's data has been loaded, before it is trained (train.train).
+``before_step:S`` does the same when step S's data has been loaded, before it is trained, and ``before_init:0`` before
+rank 0 joins the process group, so that the other ranks wait in the rendezvous (train.train).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,23 +39,35 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
+from train.integrity import (
+    COMPLETE,
+    CheckpointCorrupt,
+    checkpoint_files,
+    file_digests,
+    verify_checkpoint,
+    write_complete,
+)
 
 __all__ = [
     "COMPLETE",
+    "CheckpointCorrupt",
+    "CheckpointLoadError",
     "DataFingerprintError",
     "checkpoint_step",
     "complete_checkpoints",
     "data_fingerprint",
     "fingerprint_changes",
+    "saved_mapping_version",
     "kill_point",
     "latest_checkpoint",
     "load_checkpoint",
     "read_meta",
     "remove_incomplete",
     "save_checkpoint",
+    "verify",
 ]
 
-COMPLETE = "COMPLETE"
 FINGERPRINT_FILE = "data_fingerprint.json"
 KILL_POINT_ENV = "DETSAMPLER_TEST_KILL_POINT"
 _NAME = re.compile(r"^step_(\d{8,})$")
@@ -64,8 +77,12 @@ class DataFingerprintError(ValueError):
     """The checkpoint was trained on another data stream than the configuration describes."""
 
 
+class CheckpointLoadError(ValueError):
+    """A verified checkpoint does not load (e.g. the model configuration changed)."""
+
+
 def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
 def _barrier() -> None:
@@ -85,49 +102,38 @@ def kill_point(name: str, step: int) -> None:
 
 
 def data_fingerprint(index_fingerprint: str, layout: dict, plan: dict) -> dict:
-    """What fixes the data stream of every step, with its hash under ``"hash"``.
-
-    ``layout`` is the layout's ``describe()`` (kind, seq_len, seed, window_docs and corpus counts), ``plan`` is
-    ``Plan.fingerprint()`` (mapping version, stream, seed, batch schedule). Neither holds the number of ranks, the micro
-    batch size or the number of workers, which may change on resume.
-    """
-    body = {"index": index_fingerprint, "layout": layout, "plan": plan}
-    text = json.dumps(body, sort_keys=True, default=str)
-    return {**json.loads(text), "hash": hashlib.sha256(text.encode()).hexdigest()[:16]}
+    """The saved form of :class:`detsampler.resume.DataFingerprint` (what fixes the data stream of every step)."""
+    return DataFingerprint(index_fingerprint, layout, plan).to_dict()
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
-def fingerprint_changes(saved: dict, current: dict) -> list[str]:
-    """Human-readable differences ``key: saved -> current`` between two fingerprints (``hash`` left out)."""
-    a = {k: v for k, v in _flatten(saved).items() if k != "hash"}
-    b = {k: v for k, v in _flatten(current).items() if k != "hash"}
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+def saved_mapping_version(saved: dict) -> int:
+    """The mapping version a checkpoint's data fingerprint records (its plan's), which a resume must keep."""
+    version = saved.get("plan", {}).get("mapping_version") if isinstance(saved, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DataFingerprintError(f"the checkpoint's data fingerprint records no mapping version (plan: {saved.get('plan')!r})")
+    return version
 
 
 def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, resume_step: int | None = None) -> None:
-    """Raise DataFingerprintError naming what changed unless the two fingerprints hash the same.
+    """Raise DataFingerprintError naming what changed unless resuming ``current`` at ``resume_step`` continues ``saved``.
 
-    With ``plan`` (the resuming run's Plan) and ``resume_step``, a changed plan is accepted when only its future changed:
-    mixture schedule entries or skip ranges at or after the resume step (:func:`detsampler.resume.check_resume`); the index
-    and layout must still be the same.
+    The library's :func:`detsampler.resume.check_resume` decides: the index and the layout must be the same; the plan may
+    change only in its future (mixture schedule entries or skip ranges at or after the resume step). Without
+    ``resume_step`` the two fingerprints must hash the same. ``plan`` is accepted for compatibility and unused.
     """
-    if saved.get("hash") == current.get("hash"):
+    if saved.get("hash") == current.get("hash") and resume_step is None:
         return
-    if plan is not None and resume_step is not None and all(saved.get(k) == current.get(k) for k in ("index", "layout")):
-        from detsampler.resume import check_resume
-
-        try:
-            check_resume(saved["plan"], plan, resume_step)
+    try:
+        saved_fp, current_fp = DataFingerprint.from_dict(saved), DataFingerprint.from_dict(current)
+        if resume_step is None:
+            if saved_fp.hash != current_fp.hash:
+                raise ValueError("differs")
             return
-        except ValueError as exc:
+        check_resume(saved_fp, current_fp, resume_step)
+        return
+    except ValueError as exc:
+        same_source = all(saved.get(k) == current.get(k) for k in ("index", "layout"))
+        if same_source and resume_step is not None and str(exc) != "differs":
             raise DataFingerprintError(
                 f"checkpoint {path} (step {resume_step}): {exc}. Pass --allow-data-change to resume anyway, or start a new run."
             ) from None
@@ -154,7 +160,7 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / COMPLETE).is_file() and (p / ".metadata").is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / COMPLETE).is_file()]
     return sorted(found, key=checkpoint_step)
 
 
@@ -176,10 +182,18 @@ def remove_incomplete(root: str | Path) -> list[Path]:
     return removed
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
 def read_meta(path: str | Path) -> dict:
-    """``{"step": s, "data": fingerprint}`` of a checkpoint, read from its DCP ``meta`` entry."""
+    """``{"step": s, "data": fingerprint}`` of a checkpoint, read from its DCP ``meta`` entry (verify it first)."""
     state: dict[str, Any] = {"meta": {"step": -1, "data": ""}}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointLoadError(f"checkpoint {path} cannot be read: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}
 
 
@@ -229,7 +243,11 @@ def save_checkpoint(
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
         atomic_write(tmp / FINGERPRINT_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
-        atomic_write(tmp / COMPLETE, f"{step}\n")
+    digests = _hash_shards(tmp)
+    if _rank() == 0:
+        rest = sorted(set(checkpoint_files(tmp)) - set(digests))  # .metadata, data_fingerprint.json
+        write_complete(tmp, step, {**digests, **file_digests(tmp, rest)})
+        fsync_dir(tmp)
         if final.exists():  # a checkpoint of this step from an earlier, resumed attempt
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -241,11 +259,41 @@ def save_checkpoint(
     return final
 
 
+def _hash_shards(tmp: Path) -> dict[str, dict[str, Any]]:
+    """The digests of every rank's DCP shard files (``__R_*.distcp``, R the writing rank), each rank hashing its own."""
+    mine = sorted(p.name for p in tmp.glob(f"__{_rank()}_*"))
+    parts: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    local = file_digests(tmp, mine)
+    if dist.is_initialized():
+        dist.all_gather_object(parts, local)
+    else:
+        parts = [local]
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def verify(path: Path) -> str | None:
+    """None when checkpoint ``path`` matches its ``COMPLETE`` record, else the first problem (collective: the ranks split
+    the files, and all return the same answer)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    try:
+        verify_checkpoint(path, _rank(), world)
+        problem = None
+    except CheckpointCorrupt as exc:
+        problem = str(exc)
+    problems: list[Any] = [problem] * world
+    if dist.is_initialized():
+        dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p is not None), None)
+
+
 def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict:
     """Load model, optimizer and scheduler state from checkpoint ``path`` in place (collective). Returns its meta."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "scheduler": "", "meta": {"step": -1, "data": ""}}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(json.loads(state["scheduler"]))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        scheduler.load_state_dict(json.loads(state["scheduler"]))
+    except Exception as exc:  # noqa: BLE001 - e.g. another model shape; the files were verified before
+        raise CheckpointLoadError(f"checkpoint {path} does not load into this model: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}

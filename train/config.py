@@ -114,6 +114,8 @@ class DataConfig:
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too (see
     :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
     trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
+    ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint
+    records and starts a new run on the current one.
     """
 
     source: str = ""
@@ -140,9 +142,16 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
+    mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
 
     def __post_init__(self) -> None:
-        from detsampler.layout import LAYOUT_KINDS
+        from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+        from detsampler.version import MAPPING_VERSIONS
+
+        version = self.mapping_version
+        if isinstance(version, bool) or not isinstance(version, int) or (version != 0 and version not in MAPPING_VERSIONS):
+            raise ValueError(f"DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
+                             f"{MAPPING_VERSIONS}, got {self.mapping_version!r}")
 
         object.__setattr__(self, "source", _source_spec(self.source, "source"))
         object.__setattr__(self, "mixture_sources", tuple(_source_spec(s, "mixture_sources") for s in self.mixture_sources))
@@ -151,8 +160,12 @@ class DataConfig:
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
-        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc"):
-            _positive_int(self, name)
+        for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
+            _positive_int(self, name, 0 if name == "seed" else 1)
+        try:
+            LayoutConfig(kind=self.layout, seq_len=self.seq_len, seed=self.seed, window_docs=self.window_docs)
+        except ValueError as exc:
+            raise ValueError(f"DataConfig: {exc}") from None
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
@@ -295,7 +308,10 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} in config section [{name}]; allowed keys are {sorted(allowed)}")
-        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        try:
+            sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
+        except TypeError as exc:  # e.g. a number where a list of pairs belongs
+            raise ValueError(f"config section [{name}]: a value has the wrong type ({exc})") from None
     return TrainConfig(**sections)
 
 

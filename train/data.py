@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
-from train.checkpoint import data_fingerprint
+from detsampler.resume import DataFingerprint
+from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
 __all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config"]
@@ -130,16 +131,16 @@ class DataPipeline:
 
     def fingerprint(self) -> dict:
         """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
+        return self.data_fingerprint().to_dict()
+
+    def data_fingerprint(self) -> DataFingerprint:
+        """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index provides its identity)."""
         if self.sources is None:
-            return data_fingerprint(str(self.index.fingerprint), self.layout.describe(), self.plan.fingerprint())
-        return data_fingerprint(
-            ",".join(str(index.fingerprint) for index, _ in self.sources),
-            {"mixture": [layout.describe() for _, layout in self.sources]},
-            self.plan.fingerprint(),
-        )
+            return DataFingerprint.of(self.index, self.layout, self.plan)
+        return DataFingerprint.of([index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan)
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
-        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
+        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
         from detsampler.loader.dataset import collate_micro_batch
@@ -190,6 +191,7 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
+        mapping_version=config.mapping_version or MAPPING_VERSION,
     )
 
 
@@ -232,16 +234,10 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
-    from dataclasses import replace
-
-    from detsampler.index.prepare import prepare_index
+    from detsampler.index.prepare import prepare_sources
     from detsampler.loader.mixture_dataset import MixtureDataset
-    from detsampler.text.corpus import default_tokenizer
 
-    base = index_config(config)
-    tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
-    prepared = [prepare_index(replace(base, data=src, tokenizer=str(tokenizer_path)), progress=rank == 0)
-                for src in config.mixture_sources]
+    prepared = prepare_sources(index_config(config), config.mixture_sources, progress=rank == 0)
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)

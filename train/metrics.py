@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,17 @@ def token_row_hashes(tokens: np.ndarray) -> np.ndarray:
         return (t * weights).sum(axis=1, dtype=np.uint64) + np.uint64(t.shape[1])
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 class MetricsLog:
     """Appends records to ``RUN_DIR/metrics.jsonl`` (only where ``enabled``, i.e. on rank 0), flushed per line."""
 
@@ -53,8 +65,9 @@ class MetricsLog:
             self._file = open(self.path, "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as strict JSON: a non-finite float (a NaN loss) is written as null."""
         if self._file is not None:
-            self._file.write(json.dumps(record, sort_keys=True) + "\n")
+            self._file.write(json.dumps(_strict(record), sort_keys=True, allow_nan=False) + "\n")
             self._file.flush()
 
     def close(self) -> None:

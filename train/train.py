@@ -22,26 +22,35 @@ ranks and micro steps, divided by the global number of label tokens), so it does
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # NOTE: before torch is imported (seconds), so that a launcher killed meanwhile is noticed
+    from train.guard import exit_with_launcher
+
+    exit_with_launcher()
+
 import argparse
 import json
+import logging
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from detsampler.cli import show_library_log
+from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
-from train.config import TrainConfig, config_to_dict, load_config
+from train.config import DataConfig, TrainConfig, config_to_dict, load_config
 from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
 from train.metrics import MetricsLog, sample_hash
 from train.model import Transformer
+from train.rundir import RunDirLocked, RunLock, choose_checkpoint
 
 __all__ = ["Runtime", "main", "parse_args", "train"]
 
@@ -62,14 +71,31 @@ class Runtime:
         return self.device.type == "cuda"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are raised (one line, printed by rank 0 only), not printed by every rank."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ValueError(f"{self.prog}: {message} (see --help)")
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m train.train", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m train.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="TOML file (train/configs/tiny.toml, train/configs/gpu.toml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--run-dir", required=True, help="where metrics.jsonl, config.json and checkpoints/ go")
     p.add_argument("--resume", default="auto", help="auto | none | PATH of a checkpoint directory")
     p.add_argument("--allow-data-change", action="store_true", help="resume even if the data fingerprint differs")
-    p.add_argument("--stop-at", type=int, default=None, help="stop before this step (saving a checkpoint there)")
+    p.add_argument("--stop-at", type=_non_negative, default=None, help="stop before this step (saving a checkpoint there)")
     return p.parse_args(argv)
 
 
@@ -91,6 +117,7 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    ckpt.kill_point("before_init", 0)
     want = cfg.runtime.device
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
@@ -157,20 +184,30 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime) -> tu
     return optimizer, scheduler
 
 
-def find_resume(resume: str, ckpt_dir: Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh start."""
-    if resume == "none":
-        if ckpt.complete_checkpoints(ckpt_dir):
-            raise ValueError(
-                f"--resume none but {ckpt_dir} already holds checkpoints; use --resume auto or a new --run-dir"
-            )
-        return None
-    if resume == "auto":
-        return ckpt.latest_checkpoint(ckpt_dir)
-    path = Path(resume)
-    if not (path / ckpt.COMPLETE).is_file():
-        raise ValueError(f"--resume {resume!r}: not a complete checkpoint directory (no {ckpt.COMPLETE} marker)")
-    return path
+def apply_optimizer_config(cfg: TrainConfig, optimizer: torch.optim.Optimizer, scheduler: Any) -> list[str]:
+    """Make the restored optimizer and scheduler use ``cfg.optimizer`` (a checkpoint restores its own hyperparameters);
+    returns the changes ``optimizer.KEY: saved -> configured``, so that what is recorded is what is used."""
+    o = cfg.optimizer
+    wanted = [{"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": o.weight_decay},
+              {"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": 0.0}]
+    changes: list[str] = []
+    saved_lr = scheduler.base_lrs[0]
+    if saved_lr != o.lr:
+        changes.append(f"optimizer.lr: {saved_lr!r} -> {o.lr!r}")
+    for group, want in zip(optimizer.param_groups, wanted):
+        for key in ("betas", "eps", "weight_decay"):
+            have = tuple(group[key]) if key == "betas" else group[key]
+            if have != want[key]:
+                if group is optimizer.param_groups[0] or key != "weight_decay":
+                    changes.append(f"optimizer.{key}: {have!r} -> {want[key]!r}")
+                group[key] = want[key]
+        group["initial_lr"] = o.lr
+    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
+    factor = lr_factor(cfg, scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group["lr"] = o.lr * factor
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return sorted(set(changes))
 
 
 def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -194,39 +231,68 @@ def log(rt: Runtime, text: str) -> None:
         print(text, flush=True)
 
 
+def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
+    """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version it
+    started on), else the current one."""
+    if config.mapping_version:
+        return config
+    version = ckpt.saved_mapping_version(meta["data"]) if meta is not None else MAPPING_VERSION
+    return replace(config, mapping_version=version)
+
+
 def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_data_change: bool = False,
           stop_at: int | None = None) -> None:
     """Train ``cfg.schedule.steps`` steps (or up to ``stop_at``) in ``run_dir``, resuming as ``resume`` says."""
     rt = setup_runtime(cfg)
     run_dir = Path(run_dir)
     ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+    lock = None
     try:
+        lock = _lock_run_dir(rt, run_dir, ckpt_dir)
         if rt.rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
             for p in ckpt.remove_incomplete(ckpt_dir):
                 print(f"removed incomplete checkpoint {p}", flush=True)
         dist.barrier()
-        data = build_pipeline(cfg.data, rt.world_size, rt.rank)
+        resume_path = choose_checkpoint(resume, ckpt_dir, lambda text: log(rt, text))
+        meta = ckpt.read_meta(resume_path) if resume_path is not None else None
+        data = build_pipeline(_data_config(cfg.data, meta), rt.world_size, rt.rank)
         fingerprint = data.fingerprint()
-        resume_path = find_resume(resume, ckpt_dir)
         start_step = 0
-        if resume_path is not None:
-            meta = ckpt.read_meta(resume_path)
+        if meta is not None:
             if not allow_data_change:
-                ckpt.check_fingerprint(resume_path, meta["data"], fingerprint, plan=data.plan, resume_step=meta["step"])
+                ckpt.check_fingerprint(resume_path, meta["data"], fingerprint, resume_step=meta["step"])
             start_step = meta["step"]
         _run(cfg, rt, run_dir, ckpt_dir, data, fingerprint, resume_path, start_step, stop_at)
     finally:
+        if lock is not None:
+            lock.release()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
+    """Rank 0 locks the run (and checkpoint) directory before anything is touched; every rank learns whether it could."""
+    lock, problem = None, None
+    if rt.rank == 0:
+        try:
+            lock = RunLock([run_dir, ckpt_dir])
+        except (RunDirLocked, OSError) as exc:
+            problem = str(exc)
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise RunDirLocked(box[0])
+    return lock
 
 
 def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: DataPipeline, fingerprint: dict,
          resume_path: Path | None, start_step: int, stop_at: int | None) -> None:
     model = build_model(cfg, data.vocab_size, rt)
     optimizer, scheduler = build_optimizer(cfg, model, rt)
+    changes: list[str] = []
     if resume_path is not None:
         ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
+        changes = apply_optimizer_config(cfg, optimizer, scheduler)
     end_step = cfg.schedule.steps if stop_at is None else min(stop_at, cfg.schedule.steps)
     metrics = MetricsLog(run_dir, enabled=rt.rank == 0)
     if rt.rank == 0:
@@ -236,7 +302,10 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
     if resume_path is None:
         metrics.write({"event": "start", "step": 0, **event})
     else:
-        metrics.write({"event": "resumed_from", "step": start_step, "checkpoint": str(resume_path), **event})
+        metrics.write({"event": "resumed_from", "step": start_step, "checkpoint": str(resume_path),
+                       "optimizer_changes": changes, **event})
+        if changes:
+            log(rt, f"applied on resume (the checkpoint had other values): {'; '.join(changes)}")
     n_params = sum(p.numel() for p in model.parameters())
     log(rt, f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
             f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}")
@@ -315,14 +384,25 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    """Train; a bad configuration, a refused resume or a locked run directory exits with status 2 and one line on stderr,
+    printed by rank 0 only (every rank meets the same error)."""
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:
+        args = parse_args(argv)
+        show_library_log(logging.INFO if rank0 else logging.WARNING)
+        cfg = load_config(args.config, args.overrides)
         train(cfg, args.run_dir, args.resume, args.allow_data_change, args.stop_at)
-    except ckpt.DataFingerprintError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except (ValueError, OSError) as e:
+        if rank0:
+            print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

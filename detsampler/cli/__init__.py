@@ -16,6 +16,7 @@ Options map one to one onto the library's dataclasses:
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Sequence
 
@@ -33,14 +34,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``detsampler`` entry point. Bad input is reported as ``detsampler: error: ...`` with exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    show_library_log()
     commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats}
     try:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)
         return commands[args.command](args)
-    except ValueError as exc:  # every bad input is a ValueError naming what is wrong
-        parser.exit(2, f"detsampler: error: {exc}\n")
+    except (ValueError, TypeError) as exc:  # every bad input is a ValueError (TypeError: a wrong type) naming what is wrong
+        parser.exit(2, f"detsampler: error: {_one_line(exc)}\n")
+    except OSError as exc:  # permission denied, disk full, a path that is a file: the system's words and the path
+        where = f": {exc.filename}" if exc.filename is not None else ""
+        parser.exit(2, f"detsampler: error: {exc.strerror or _one_line(exc)}{where}\n")
     return 0  # pragma: no cover
+
+
+def show_library_log(level: int = logging.INFO) -> None:
+    """Print the library's log (logger ``detsampler``: builds, tokenizer training, corpus hashing) on stderr, once."""
+    log = logging.getLogger("detsampler")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(level)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (it may be replaced after set-up)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # noqa: ANN001
+        pass
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

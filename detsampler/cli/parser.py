@@ -21,6 +21,16 @@ from detsampler.layout import LAYOUT_KINDS
 __all__ = ["build_parser"]
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
     """Every option of OPTION_FIELDS: what a plan over an index (or a mixture) is computed from."""
     add_index_options(p)
@@ -78,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--rank", type=int, default=None, help="one data-parallel rank (default: all)")
     show.add_argument("--micro-step", type=int, default=None, help="one micro step of the step (default: all)")
     show.add_argument("--decode", action="store_true", help="print each span's decoded text")
-    show.add_argument("--max-chars", type=int, default=160, help="--decode: characters of text per span (default: %(default)s, 0 = all)")
+    show.add_argument("--max-chars", type=_non_negative, default=160, help="--decode: characters of text per span (default: %(default)s, 0 = all)")
 
     verify = sub.add_parser("verify", help="check a range of steps across all ranks: no duplicates, no gaps",
                             description="Recompute the plan for steps A..B-1 on every rank and micro step and check that the "

@@ -11,6 +11,7 @@ here.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -41,6 +42,8 @@ from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
 
 __all__ = ["build_index"]
+
+logger = logging.getLogger("detsampler")
 
 
 def _write_tokens(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype,
@@ -110,11 +113,8 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column:
     }
     _write_meta(tmp, meta)
     if progress:
-        print(
-            f"detsampler: tokenized {lengths.size} documents, {num_tokens} tokens in {seconds:.2f} s "
-            f"({num_tokens / max(seconds, 1e-9):,.0f} tokens/s, num_proc={num_proc})",
-            file=sys.stderr,
-        )
+        logger.info("detsampler: tokenized %d documents, %d tokens in %.2f s (%s tokens/s, num_proc=%d)", lengths.size,
+                    num_tokens, seconds, f"{num_tokens / max(seconds, 1e-9):,.0f}", num_proc)
     return meta
 
 

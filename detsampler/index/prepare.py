@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
@@ -18,7 +18,7 @@ from detsampler.text.load import load_tokenizer
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["IndexConfig", "Prepared", "prepare_index"]
+__all__ = ["IndexConfig", "Prepared", "prepare_index", "prepare_sources"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +52,10 @@ class IndexConfig:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
         check_int(self.vocab_size, "vocab_size", minimum=300)
         check_positive_int(self.num_proc, "num_proc")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()):
+            raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
+        if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
+            raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
         if not isinstance(self.store_tokens, bool):
             raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
         if self.max_documents is not None:
@@ -81,7 +85,7 @@ def load_dataset_for(config: IndexConfig) -> Any:
     if config.data is None:
         ds = default_corpus(max_documents=config.max_documents)
     else:
-        ds = load_corpus(config.data, config.text_column)
+        ds = load_corpus(config.data, config.text_column, cache_dir=config.cache_path)
         if config.max_documents is not None and config.max_documents < len(ds):
             ds = ds.select(range(config.max_documents))
     return ds
@@ -126,3 +130,13 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         special_tokens=config.special_tokens,
     )
     return Prepared(config, dataset, tokenizer, index)
+
+
+def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = True) -> list[Prepared]:
+    """One prepared index per mixture source (``base`` with ``data`` set to each source), all with one tokenizer.
+
+    Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on the
+    standard library (never a model trained per source, which would make token ids incomparable across sources).
+    """
+    tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
+    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]

@@ -177,7 +177,10 @@ class PackedDataset(Dataset):
 
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors (see the module doc)."""
-        ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
+        raw = np.asarray(sample_ids)
+        if raw.size and raw.dtype.kind not in "iu":
+            raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
+        ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
         doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
         g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id,

@@ -9,8 +9,8 @@ exactly when a file does.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -18,9 +18,12 @@ import datasets
 import pyarrow as pa
 from filelock import FileLock
 
+from detsampler.text.fingerprint import content_fingerprint
 from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = ["DEFAULT_VOCAB_SIZE", "check_text_column", "default_corpus", "default_tokenizer", "load_corpus", "stdlib_files"]
+
+logger = logging.getLogger("detsampler")
 
 DEFAULT_VOCAB_SIZE = 8000
 
@@ -68,37 +71,81 @@ def default_corpus(max_documents: int | None = None, root: str | os.PathLike | N
     return _dataset_from_columns({"text": texts, "path": paths}, h.hexdigest()[:16])
 
 
-def load_corpus(source: str | os.PathLike | None = None, text_column: str = "text") -> datasets.Dataset:
+def load_corpus(source: str | os.PathLike | None = None, text_column: str = "text",
+                cache_dir: str | os.PathLike | None = None) -> datasets.Dataset:
     """A corpus from ``source``: None for the default corpus; a directory written by ``Dataset.save_to_disk``; or local
     ``text`` (one document per file), ``json``/``jsonl`` or ``parquet`` files (a file, or a directory of them).
 
-    ``text_column`` is only checked here, so that a missing column is reported before anything is built.
+    The dataset's fingerprint is the content fingerprint of the source's files (:mod:`detsampler.text.fingerprint`), so it
+    does not depend on where the corpus lies or on its files' times, and changes with every edit. ``cache_dir`` (the
+    detsampler cache; None: ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``) keeps the per-file hashes, so that a normal open rehashes nothing, and Hugging Face's arrow cache of
+    the parsed files, per content (its own cache is keyed by path and mtime, and would serve an edit with a restored mtime
+    stale). ``text_column`` is only checked here, so that a missing column is reported before anything is built.
     """
     if source is None:
         ds = default_corpus()
     else:
-        p = Path(source)
-        if not p.exists():
-            raise ValueError(f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory")
-        if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "state.json").is_file()):
-            ds = datasets.load_from_disk(str(p))
-            if isinstance(ds, datasets.DatasetDict):
-                raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {list(ds)}; pass one split's directory")
-        else:
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
-            if not files:
-                raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
-            kinds = {_EXTENSIONS.get(f.suffix) for f in files}
-            if None in kinds or len(kinds) != 1:
-                raise ValueError(
-                    f"data: {str(p)!r} must hold files of one kind among {sorted(_EXTENSIONS)}, got suffixes "
-                    f"{sorted({f.suffix for f in files})}"
-                )
-            kind = kinds.pop()
-            extra = {"sample_by": "document"} if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+        ds = _load_local(Path(source), cache_dir)
     check_text_column(ds, text_column)
     return ds
+
+
+def _local_files(p: Path) -> tuple[str, list[Path]]:
+    """The loader kind and the files of local source ``p`` (raises ValueError naming what is wrong)."""
+    if not p.exists():
+        raise ValueError(f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory")
+    if p.is_dir() and (p / "dataset_dict.json").is_file():
+        splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+        raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {splits}; pass one split's directory")
+    if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "state.json").is_file()):
+        return "save_to_disk", sorted(f for f in p.rglob("*") if f.is_file())
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
+    if not files:
+        raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
+    kinds = {_EXTENSIONS.get(f.suffix) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise ValueError(
+            f"data: {str(p)!r} must hold files of one kind among {sorted(_EXTENSIONS)}, got suffixes "
+            f"{sorted({f.suffix for f in files})}"
+        )
+    return kinds.pop(), files
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` as one line (Hugging Face wraps the parser's error in its own)."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _default_cache_dir() -> Path:
+    # NOTE: the same rule as detsampler.index.format.default_cache_dir (the index tier is above this one; a test pins both)
+    return Path(os.environ.get("DETSAMPLER_CACHE") or Path.cwd() / ".cache" / "detsampler")
+
+
+def _load_local(p: Path, cache_dir: str | os.PathLike | None) -> datasets.Dataset:
+    kind, files = _local_files(p)
+    if kind != "save_to_disk" and all(f.stat().st_size == 0 for f in files):
+        raise ValueError(f"data: {str(p)!r} holds no documents (its files are empty)")
+    cache_dir = _default_cache_dir() if cache_dir is None else cache_dir
+    fingerprint = content_fingerprint(p, files, kind, cache_dir).digest
+    if kind == "save_to_disk":
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {list(ds)}; pass one split's directory")
+    else:
+        extra: dict = {"sample_by": "document"} if kind == "text" else {}
+        extra["cache_dir"] = str(Path(cache_dir) / "hf-datasets" / fingerprint)
+        try:
+            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the parser's error (bad JSON, bad UTF-8, ...) as one line
+            raise ValueError(f"data: {str(p)!r} cannot be read as {kind} files: {_root_cause(exc)}") from None
+    if len(ds) == 0:
+        raise ValueError(f"data: {str(p)!r} holds no documents")
+    return datasets.Dataset(ds.data, info=ds.info, split=ds.split, indices_table=ds._indices, fingerprint=fingerprint)
 
 
 def check_text_column(ds: datasets.Dataset, text_column: str) -> None:
@@ -133,5 +180,5 @@ def default_tokenizer(
     with FileLock(str(root / (name + ".lock"))):
         if path.is_file():
             return Tokenizer.load(path)
-        print(f"detsampler: training a {vocab_size}-piece tokenizer on the corpus into {path}", file=sys.stderr)
+        logger.info("detsampler: training a %d-piece tokenizer on the corpus into %s", vocab_size, path)
         return train_tokenizer(None, vocab_size, path, texts=corpus[text_column])

@@ -92,9 +92,6 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.Decode([int(i) for i in ids])
 
-    def id_to_piece(self, token_id: int) -> str:
-        return self._sp.IdToPiece(int(token_id))
-
     def describe(self) -> dict:
         return {"kind": "sentencepiece", "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, "pad_id": self.pad_id}
@@ -140,6 +137,17 @@ def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list
     return [f.read_bytes().decode("utf-8", "replace") for f in files]
 
 
+def _check_writable(directory: Path) -> None:
+    """Raise ValueError before any work when ``directory`` cannot be created or written."""
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"tokenizer train: cannot create {str(directory)!r}: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"tokenizer train: cannot write under {str(existing)!r}: permission denied")
+
+
 def train_tokenizer(
     inputs: Sequence[str | os.PathLike] | str | os.PathLike | None,
     vocab_size: int,
@@ -156,6 +164,10 @@ def train_tokenizer(
     written to ``out_path`` atomically (a temporary file renamed into place).
     """
     check_int(vocab_size, "vocab_size (256 byte pieces + specials + merges)", minimum=300)
+    out = Path(out_path)
+    if out.is_dir() or str(out_path).endswith(os.sep):
+        raise ValueError(f"tokenizer train: --out {str(out_path)!r} is a directory; name the .model file to write")
+    _check_writable(out.parent)
     if texts is None:
         if inputs is None:
             raise ValueError("tokenizer train: pass inputs (files or directories) or texts")
@@ -187,7 +199,6 @@ def train_tokenizer(
         )
     except RuntimeError as exc:
         raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
-    out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, buf.getvalue())
     return Tokenizer.load(out)

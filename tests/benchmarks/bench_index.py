@@ -82,7 +82,7 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
             t_stored = _best_of(lambda: [stored.get_batch(b) for b in batches], repeat)
             n_fly = max(1, micro_batches // 8)
             t_fly = _best_of(lambda: [fly.get_batch(b) for b in batches[:n_fly]], 1)
-            sampler = DeterministicBatchSampler(plan, 0, num_steps=micro_batches + 1)
+            sampler = DeterministicBatchSampler(plan, 0, stop_step=micro_batches + 1)
             loader = iter(DataLoader(stored, batch_sampler=sampler, num_workers=num_proc, collate_fn=collate_micro_batch))
             next(loader)  # workers started
             t = time.perf_counter()

@@ -1,0 +1,130 @@
+"""The run directory: one trainer at a time, ranks that die with their launcher, and which checkpoint a run resumes from.
+
+- :class:`RunLock`: rank 0 holds an exclusive ``flock`` on ``RUN_DIR/.lock`` (and on the checkpoint directory's, when it
+  lies elsewhere) for the whole run; a second trainer on the same directory is refused before it touches anything. The
+  kernel drops the lock when the process dies, however it dies.
+- :func:`train.guard.exit_with_launcher`: ranks end when their launcher (torchrun) dies.
+- :func:`choose_checkpoint`: the checkpoint of ``--resume``, verified against its ``COMPLETE`` record; with ``auto``, a
+  checkpoint that fails is moved aside and the next older one is tried, saying so in one line; ``--resume PATH`` of an older
+  checkpoint moves the newer ones aside (never deleting them), so that a later ``auto`` cannot jump back onto them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+
+from train import checkpoint as ckpt
+from train.integrity import read_complete
+
+__all__ = ["RunDirLocked", "RunLock", "choose_checkpoint", "move_aside"]
+
+LOCK_FILE = ".lock"
+
+
+class RunDirLocked(ValueError):
+    """Another trainer holds the run directory."""
+
+
+class RunLock:
+    """Exclusive, non-blocking ``flock`` on ``DIR/.lock`` for each directory; released by :meth:`release` or by death."""
+
+    def __init__(self, directories: list[Path]) -> None:
+        self._fds: list[int] = []
+        for directory in dict.fromkeys(Path(d).resolve() for d in directories):
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                self.release()
+                raise RunDirLocked(
+                    f"{directory} is in use by another trainer ({holder}); wait for it to finish or use another --run-dir"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+            self._fds.append(fd)
+
+    def release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def move_aside(checkpoints: list[Path], root: Path, why: str) -> Path | None:
+    """Move ``checkpoints`` into ``root/<why>-<UTC time>/`` (a name no checkpoint search looks into). Returns it."""
+    if not checkpoints:
+        return None
+    target = root / f"{why}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in checkpoints:
+        os.rename(path, target / path.name)
+    return target
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def choose_checkpoint(resume: str, ckpt_dir: Path, say: Callable[[str], None]) -> Path | None:
+    """The verified checkpoint to resume from, or None for a fresh start (collective: every rank calls it).
+
+    ``resume``: ``none`` (refused when ``ckpt_dir`` holds checkpoints), ``auto`` (the newest that verifies; those that do
+    not are moved aside, one line each; refused when some exist and none verifies) or a checkpoint directory (refused
+    unless it verifies; newer checkpoints of ``ckpt_dir`` are moved aside).
+    """
+    if resume == "none":
+        if ckpt.complete_checkpoints(ckpt_dir):
+            raise ValueError(f"--resume none but {ckpt_dir} already holds checkpoints; use --resume auto or a new --run-dir")
+        return None
+    if resume == "auto":
+        return _newest_verified(ckpt_dir, say)
+    path = Path(resume)
+    if not (path / ckpt.COMPLETE).is_file():
+        raise ValueError(f"--resume {resume!r}: not a complete checkpoint directory (no {ckpt.COMPLETE} marker)")
+    problem = ckpt.verify(path)
+    if problem is not None:
+        raise ckpt.CheckpointCorrupt(f"--resume {resume!r}: the checkpoint fails verification: {problem}")
+    step = read_complete(path)["step"]
+    newer = [c for c in ckpt.complete_checkpoints(ckpt_dir)
+             if ckpt.checkpoint_step(c) > step and c.resolve() != path.resolve()]
+    if newer and _is_rank0():
+        target = move_aside(newer, ckpt_dir, "abandoned")
+        say(f"rewinding to step {step}: moved the newer checkpoints {', '.join(c.name for c in newer)} aside to {target} "
+            "(not deleted)")
+    _barrier()
+    return path
+
+
+def _newest_verified(ckpt_dir: Path, say: Callable[[str], None]) -> Path | None:
+    candidates = ckpt.complete_checkpoints(ckpt_dir)[::-1]
+    rejected: list[str] = []
+    for i, path in enumerate(candidates):
+        problem = ckpt.verify(path)
+        if problem is None:
+            return path
+        rejected.append(f"{path.name}: {problem}")
+        target = None
+        if _is_rank0():
+            target = move_aside([path], ckpt_dir, "rejected")
+            nxt = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older checkpoint left"
+            say(f"checkpoint {path} fails verification ({problem}); moved aside to {target}; {nxt}")
+        _barrier()
+    if rejected:
+        raise ckpt.CheckpointCorrupt(
+            f"no checkpoint under {ckpt_dir} verifies ({'; '.join(rejected)}); they were moved aside, not deleted: "
+            "start over with --resume none, or resume one explicitly with --resume PATH"
+        )
+    return None
