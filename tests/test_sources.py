@@ -41,7 +41,7 @@ def _loader_documents(source, seq_len: int | None = None) -> dict[int, list[int]
     steps = -(-len(ds) // 4)
     loader = DataLoader(
         ds,
-        batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps),
+        batch_sampler=DeterministicBatchSampler(plan, rank=0, stop_step=steps),
         num_workers=1,
         collate_fn=collate_micro_batch,
     )

@@ -154,7 +154,7 @@ def test_on_the_fly_equals_stored_through_a_dataloader(policy, hf_tok, small_cor
         ds = PackedDataset(index, index.layout(config), **kwargs)
         loader = DataLoader(
             ds,
-            batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=6),
+            batch_sampler=DeterministicBatchSampler(plan, rank=0, stop_step=6),
             num_workers=1,
             collate_fn=collate_micro_batch,
         )

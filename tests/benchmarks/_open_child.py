@@ -1,4 +1,4 @@
-"""Child process of benchmark 9: open one pre-tokenized source, report the seconds and the resident-memory growth as
+"""Child process of benchmark 10: open one pre-tokenized source, report the seconds and the resident-memory growth as
 JSON.
 
 Reads ``{"kind": ..., "path": ..., "options": {...}}`` on stdin. Everything the open needs is imported before the

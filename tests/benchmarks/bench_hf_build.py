@@ -1,4 +1,4 @@
-"""Benchmark 7: building an index with a Hugging Face tokenizer.json, against the tokenizers library's own batch
+"""Benchmark 8: building an index with a Hugging Face tokenizer.json, against the tokenizers library's own batch
 encoder and against ``datasets.map(batched=True, num_proc=N)`` with the same tokenizer, on the same cores.
 
 Data: the first 300 files of the default corpus (the Python standard library's sources); a byte-level BPE
@@ -131,7 +131,7 @@ def main() -> BenchResult:
         ),
     ]
     return BenchResult(
-        7,
+        8,
         "Index build with a Hugging Face tokenizer.json",
         __doc__.split("\n", 2)[2].strip(),
         [table],

@@ -1,4 +1,4 @@
-"""Benchmark 8: on-the-fly tokenization against the torchtitan-style stream, on documents shorter than ``seq_len``.
+"""Benchmark 9: on-the-fly tokenization against the torchtitan-style stream, on documents shorter than ``seq_len``.
 
 Data: the first 1,200 files of the default corpus cut at blank lines into pieces of at most 2,000 characters (every
 piece tokenizes to fewer than 2,048 tokens), the sentencepiece tokenizer of benchmark 3 (8,000 pieces), an index that
@@ -96,7 +96,7 @@ def detsampler_rate(corpus, tokenizer, index, kind: str, workers: int) -> tuple[
     steps = min(MAX_BATCHES + 1, len(ds) // MICRO_BATCH)  # within the first epoch
     loader = DataLoader(
         ds,
-        batch_sampler=DeterministicBatchSampler(plan, rank=0, num_steps=steps),
+        batch_sampler=DeterministicBatchSampler(plan, rank=0, stop_step=steps),
         num_workers=workers,
         collate_fn=collate_micro_batch,
     )
@@ -162,7 +162,7 @@ def main() -> BenchResult:
         + "."
     ]
     return BenchResult(
-        8,
+        9,
         "On-the-fly tokenization against the torchtitan-style stream",
         __doc__.split("\n", 2)[2].strip(),
         [table],

@@ -1,4 +1,4 @@
-"""Benchmark 9: opening a 1 GB pre-tokenized file as an index: seconds and resident-memory growth, in a fresh process.
+"""Benchmark 10: opening a 1 GB pre-tokenized file as an index: seconds and resident-memory growth, in a fresh process.
 
 Files (written once under ``.cache/bench/sources``, 1 GiB of tokens each, documents of 1 to 2,000 tokens, ~1,000 on
 average): a Megatron ``.bin`` of uint16 tokens with its ``.idx`` written by megatron-core's own ``_IndexWriter`` (by
@@ -142,7 +142,7 @@ def main() -> BenchResult:
         rows,
     )
     return BenchResult(
-        9,
+        10,
         "Opening pre-tokenized corpora",
         __doc__.split("\n", 2)[2].strip(),
         [table],
