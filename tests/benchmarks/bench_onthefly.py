@@ -1,4 +1,4 @@
-"""Benchmark 9: on-the-fly tokenization against the torchtitan-style stream, on documents shorter than ``seq_len``.
+"""Benchmark 9: on-the-fly tokenization against torchtitan's streaming loader, on documents shorter than ``seq_len``.
 
 Data: the first 1,200 files of the default corpus cut at blank lines into pieces of at most 2,000 characters (every
 piece tokenizes to fewer than 2,048 tokens), the sentencepiece tokenizer of benchmark 3 (8,000 pieces), an index that
@@ -9,10 +9,12 @@ batch, in 2 interleaved rounds (the order reversed in the second; the better rou
   layouts (every document in exactly one sample, so each is tokenized once; the token cache is off,
   ``cache_tokens=0``, so nothing is served from memory) and ``concat`` (documents split across samples; the default
   per-worker cache);
-- the torchtitan-style stream of benchmark 3 (``HuggingFaceDataset`` reduced to its data path: stream texts, tokenize
-  each, pack through a token buffer), same tokenizer, same DataLoader worker counts. The rate counts real tokens
-  (padding excluded: ``document`` pads every sample to 2,048, ``bestfit`` a little). Every run stops within the first
-  epoch of its layout, so no contender reads a document twice."""
+- torchtitan's released ``HuggingFaceTextDataLoader`` (``tests/benchmarks/peers.py``: the texts registered in its
+  ``DATASETS`` table as a Hugging Face ``IterableDataset`` of 4 shards; it tokenizes each text and packs a token
+  buffer), with the same sentencepiece tokenizer behind its ``BaseTokenizer`` interface and the same worker counts.
+
+The rate counts real tokens (padding excluded: ``document`` pads every sample to 2,048, ``bestfit`` a little). Every
+run stops within the first epoch of its layout, so no contender reads a document twice."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from detsampler import DeterministicBatchSampler, LayoutConfig, Plan
-from tests.benchmarks.bench_loader import CACHE, MICRO_BATCH, SEQ_LEN, VOCAB, TitanStyleDataset
+from tests.benchmarks import peers
+from tests.benchmarks.bench_loader import CACHE, MICRO_BATCH, SEQ_LEN, VOCAB, _input_ids
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_rate, ratio_column
 
 __all__ = ["main"]
@@ -104,9 +107,12 @@ def detsampler_rate(corpus, tokenizer, index, kind: str, workers: int) -> tuple[
 
 
 def titan_rate(corpus, tokenizer, workers: int) -> tuple[float, int]:
-    hf = corpus.to_iterable_dataset(num_shards=4)
-    loader = DataLoader(TitanStyleDataset(hf, tokenizer, SEQ_LEN), batch_size=MICRO_BATCH, num_workers=workers)
-    return _rate(loader, lambda b: int(b[0].numel()))
+    def stream(path):
+        return corpus.to_iterable_dataset(num_shards=4)
+
+    loader = peers.titan_loader("detsampler_short_docs", stream, peers.SentencePieceForTitan(tokenizer), SEQ_LEN,
+                                MICRO_BATCH, workers)
+    return _rate(loader, lambda b: int(_input_ids(b).numel()))
 
 
 def main() -> BenchResult:
@@ -114,7 +120,7 @@ def main() -> BenchResult:
     logging.getLogger("datasets").setLevel(logging.ERROR)
     t_start = time.perf_counter()
     corpus, tokenizer, index = _setup()
-    titan = "torchtitan-style stream"
+    titan = "torchtitan HuggingFaceTextDataLoader (sentencepiece)"
     names = [f"detsampler on the fly, {k}" for k in LAYOUTS] + [titan]
     rates: dict[tuple[str, int], tuple[float, int]] = {}
     runs = [(name, kind) for name, kind in zip(names, [*LAYOUTS, None])]
@@ -147,7 +153,7 @@ def main() -> BenchResult:
     best_name = max(names[:-1], key=lambda n: best[n])
     verdicts = [
         Verdict(
-            "on-the-fly at least 1.0x the torchtitan-style stream, same tokenizer and workers, documents "
+            "on-the-fly at least 1.0x torchtitan's streaming loader, same tokenizer and workers, documents "
             "shorter than seq_len",
             ours >= TARGET * best[titan],
             f"Best over num_workers: {ours / best[titan]:.2f}x ({best_name}: {fmt_rate(ours, ' tokens/s')} vs "
@@ -163,7 +169,7 @@ def main() -> BenchResult:
     ]
     return BenchResult(
         9,
-        "On-the-fly tokenization against the torchtitan-style stream",
+        "On-the-fly tokenization against torchtitan's streaming loader",
         __doc__.split("\n", 2)[2].strip(),
         [table],
         verdicts,
