@@ -13,11 +13,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
+	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
 	touch $@
 
 venv: $(VENV)/.installed
 
+# The import contracts of pyproject.toml ([tool.importlinter]: the tiers point down), then the tests.
 test: $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed

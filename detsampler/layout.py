@@ -35,6 +35,8 @@ __all__ = [
     "ConcatLayout",
     "DocumentLayout",
     "Layout",
+    "LAYOUTS",
+    "LAYOUT_KINDS",
     "LayoutConfig",
     "LayoutKind",
     "Spans",
@@ -42,8 +44,7 @@ __all__ = [
     "make_layout",
 ]
 
-LayoutKind = Literal["concat", "document", "bestfit"]
-LAYOUT_KINDS: tuple[str, ...] = ("concat", "document", "bestfit")
+LayoutKind = Literal["concat", "document", "bestfit"]  # the keys of LAYOUTS (below), for type checkers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +57,8 @@ class LayoutConfig:
     window_docs: int = 1024  # bestfit only: documents packed together
 
     def __post_init__(self) -> None:
-        if self.kind not in LAYOUT_KINDS:
-            raise ValueError(f"layout kind must be one of {LAYOUT_KINDS}, got {self.kind!r}")
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"layout kind must be one of {tuple(LAYOUTS)}, got {self.kind!r}")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if self.kind != "concat" and self.seq_len < 2:
@@ -98,11 +99,23 @@ class Spans:
 
 
 class Layout(Protocol):
-    """What the plan, the dataset and the tools need of a layout."""
+    """What the plan, the dataset, mixtures and the tools read of a layout; nothing else of it is used.
+
+    ``labels_cross_documents``: True when a sample is a window of one token stream whose label at the last input is the
+    next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels stay
+    within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
+    """
 
     config: LayoutConfig
     num_samples: int
     num_documents: int
+    num_tokens: int  # token positions of the corpus, one EOS per document counted
+    lengths: np.ndarray  # tokens of each document (EOS not counted), the array the layout was made over
+    labels_cross_documents: bool
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Input tokens one epoch of samples serves (padding not counted)."""
 
     @property
     def sample_len(self) -> int:
@@ -137,8 +150,13 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def document_order(num_documents: int, seed: int) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation)."""
-    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed))
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+
+    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan epochs,
+    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the same
+    whatever version a plan reads it with (tests/test_pinned.py pins them once).
+    """
+    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
 
 
 def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,6 +169,8 @@ def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 class ConcatLayout:
     """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L + 1)``."""
+
+    labels_cross_documents = True
 
     def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
         self.config = config
@@ -170,6 +190,10 @@ class ConcatLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len + 1
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_samples * self.config.seq_len
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -199,6 +223,8 @@ class ConcatLayout:
 class DocumentLayout:
     """Each sample is one piece of at most ``seq_len`` positions of one document, starting at a document boundary."""
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths)
@@ -213,6 +239,10 @@ class DocumentLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
@@ -277,6 +307,8 @@ def pack_best_fit(extents: np.ndarray, capacity: int) -> tuple[np.ndarray, np.nd
 class BestFitLayout:
     """Best-fit-decreasing bins of ``seq_len`` positions within windows of ``window_docs`` consecutive documents."""
 
+    labels_cross_documents = False
+
     def __init__(self, config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths)
@@ -296,6 +328,10 @@ class BestFitLayout:
     @property
     def sample_len(self) -> int:
         return self.config.seq_len
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.num_tokens
 
     def window_documents(self, window: int) -> np.ndarray:
         """The document ids of window ``window``, in the seeded order."""
@@ -340,10 +376,20 @@ class BestFitLayout:
         }
 
 
+LAYOUTS: dict[str, type] = {"concat": ConcatLayout, "document": DocumentLayout, "bestfit": BestFitLayout}
+LAYOUT_KINDS: tuple[str, ...] = tuple(LAYOUTS)
+
+
 def make_layout(config: LayoutConfig, lengths: np.ndarray, bins_per_window: np.ndarray | None = None) -> Layout:
-    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted)."""
-    if config.kind == "concat":
-        return ConcatLayout(config, lengths)
-    if config.kind == "document":
-        return DocumentLayout(config, lengths)
-    return BestFitLayout(config, lengths, bins_per_window)
+    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted).
+
+    Args:
+        config: the kind, ``seq_len``, seed and (bestfit) window.
+        lengths: tokens per document, in dataset order.
+        bins_per_window: bestfit only: the stored bin counts per window (else computed).
+    """
+    if bins_per_window is not None:
+        if config.kind != "bestfit":
+            raise ValueError(f"bins_per_window is for the bestfit layout, got kind {config.kind!r}")
+        return BestFitLayout(config, lengths, bins_per_window)
+    return LAYOUTS[config.kind](config, lengths)

@@ -80,8 +80,16 @@ def check_compatible(plan: Plan, layout: Layout) -> None:
 def locate(plan: Plan, layout: Layout, step: int, rank: int | None = None, micro_step: int | None = None) -> Located:
     """What ``rank`` reads at ``micro_step`` of ``step``.
 
-    ``rank=None`` means every rank and ``micro_step=None`` every micro step; with both None this is the whole global batch,
-    in micro-step-major, then rank order.
+    Args:
+        plan: the plan (its stream may be a mixture).
+        layout: the layout the plan's samples index; for a mixture, the sources' layouts (a list) or the mixture.
+        step: the training step.
+        rank: the data-parallel rank, or None for every rank.
+        micro_step: the micro step within ``step``, or None for every micro step.
+
+    Returns:
+        The :class:`Located` samples: with ``rank`` and ``micro_step`` both None the whole global batch, in
+        micro-step-major, then rank order. A pure function of its arguments (tests/test_determinism.py).
     """
     check_compatible(plan, layout)
     if rank is None and micro_step is None:

@@ -1,34 +1,36 @@
-"""A keyed pseudo-random permutation of ``range(n)``, computed pointwise in O(1) memory.
+"""A keyed pseudo-random permutation of ``range(n)``, computed pointwise in O(1) memory, in each mapping version.
 
-Construction: a Feistel network over ``bits = max(2, ceil(log2 n))`` bits, cut unevenly into a low part of ``bits // 2``
-bits and a high part of the rest, whose round function is SplitMix64's finalizer of (low part XOR round key); each round
-XORs the high part with it and rotates the two parts, so that every round is a bijection of ``[0, 2**bits)`` whatever the
-parity of ``bits``. Values that land in ``[n, 2**bits)`` are walked through the network again (cycle walking), which keeps
-the map a bijection of ``[0, n)``; since ``2**bits < 2n`` (for n > 4), fewer than two rounds trips are needed on average.
+``permute(x, n, key, version)`` dispatches on the mapping version (:data:`detsampler.version.MAPPING_VERSION` by
+default): version 2 (:mod:`detsampler.permutation_v2`) is an exact keyed shuffle for ``n <= 1024`` and a mixed-radix
+Feistel network with modular addition above; version 1 (:mod:`detsampler.permutation_v1`) is the XOR Feistel network of
+the first release, kept unchanged so that runs started on it resume exactly.
 
-Invariants (tests/test_permutation.py):
-- ``permute(·, n, key)`` is a bijection of ``[0, n)`` for every ``n >= 1`` and every 64-bit key;
-- ``unpermute(permute(x, n, key), n, key) == x``;
-- nothing of size ``n`` is ever allocated: memory is proportional to the number of indices asked for.
+Invariants (tests/test_permutation.py, tests/test_permutation_stats.py):
+- ``permute(·, n, key, v)`` is a bijection of ``[0, n)`` for every ``n >= 1``, every 64-bit key and every version;
+- ``unpermute(permute(x, n, key, v), n, key, v) == x``;
+- memory is proportional to the number of indices asked for (plus, in version 2, O(1024) per cached small-n key);
+- version 2 passes the statistical battery of docs/design.md section 1 within 5 sigma of numpy's permutation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from detsampler.keys import _M1, _M2, _S27, _S30, _S31, mix64_int, subkeys
+from detsampler import permutation_v1, permutation_v2
+from detsampler.checks import is_int
+from detsampler.keys import MASK64
+from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
-__all__ = ["MAX_DOMAIN", "NUM_ROUNDS", "Permutation", "permute", "unpermute"]
+__all__ = ["MAX_DOMAIN", "Permutation", "check_mapping_version", "permute", "unpermute"]
 
-NUM_ROUNDS = 6
 MAX_DOMAIN = 1 << 62
+_VERSIONS = {1: permutation_v1, 2: permutation_v2}
 
 
 def _check_domain(n: int) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+    if not is_int(n):
         raise TypeError(f"n must be an integer, got {type(n).__name__}")
     if not 1 <= n <= MAX_DOMAIN:
         raise ValueError(f"n must be in [1, 2**62], got {n}")
@@ -44,169 +46,71 @@ def _as_indices(x: np.ndarray | int, n: int, name: str) -> np.ndarray:
     return arr.astype(np.uint64)
 
 
-@dataclass(frozen=True)
-class _Network:
-    """The Feistel network over ``bits`` bits with given round keys (scalars or arrays shaped like the input)."""
-
-    bits: int
-    round_keys: tuple[np.ndarray, ...]
-
-    @property
-    def _widths(self) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:
-        low = self.bits // 2
-        high = self.bits - low
-        return np.uint64(low), np.uint64(high), np.uint64((1 << low) - 1), np.uint64((1 << high) - 1)
-
-    def encrypt(self, x: np.ndarray) -> None:
-        """The network applied to ``x`` (uint64) in place; array round keys are shaped like ``x``."""
-        low, high, low_mask, high_mask = self._widths
-        lo, f, scratch = np.empty_like(x), np.empty_like(x), np.empty_like(x)
-        for rk in self.round_keys:
-            np.bitwise_and(x, low_mask, out=lo)
-            self._round_function(lo, rk, high_mask, f, scratch)
-            np.right_shift(x, low, out=x)
-            np.bitwise_xor(x, f, out=x)
-            np.left_shift(lo, high, out=lo)
-            np.bitwise_or(x, lo, out=x)
-
-    def decrypt(self, y: np.ndarray) -> None:
-        """The inverse of :meth:`encrypt`, in place."""
-        low, high, low_mask, high_mask = self._widths
-        lo, f, scratch = np.empty_like(y), np.empty_like(y), np.empty_like(y)
-        for rk in reversed(self.round_keys):
-            np.right_shift(y, high, out=lo)
-            self._round_function(lo, rk, high_mask, f, scratch)
-            np.bitwise_and(y, high_mask, out=y)
-            np.bitwise_xor(y, f, out=y)
-            np.left_shift(y, low, out=y)
-            np.bitwise_or(y, lo, out=y)
-
-    @staticmethod
-    def _round_function(lo: np.ndarray, rk: np.ndarray, mask: np.uint64, out: np.ndarray, scratch: np.ndarray) -> None:
-        """``out = mix64(lo ^ rk) & mask``, in place (the same values as :func:`detsampler.keys.mix64`)."""
-        np.bitwise_xor(lo, rk, out=out)
-        for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
-            np.right_shift(out, shift, out=scratch)
-            np.bitwise_xor(out, scratch, out=out)
-            np.multiply(out, multiplier, out=out)
-        np.right_shift(out, _S31, out=scratch)
-        np.bitwise_xor(out, scratch, out=out)
-        np.bitwise_and(out, mask, out=out)
+def check_mapping_version(version: int) -> int:
+    """``version`` as an int if this library can compute it, else a ValueError listing those it can."""
+    if isinstance(version, bool) or version not in MAPPING_VERSIONS:
+        raise ValueError(f"Got mapping version {version!r}, allowed mapping versions are {MAPPING_VERSIONS}")
+    return int(version)
 
 
-def _domain_bits(n: int) -> int:
-    return max(2, (int(n) - 1).bit_length())
-
-
-@lru_cache(maxsize=4096)
-def _scalar_round_keys(key: int) -> tuple[int, ...]:
-    """The round keys of one 64-bit key (cached: a run uses a handful of keys, one per epoch)."""
-    return tuple(int(subkeys(key, i)) for i in range(NUM_ROUNDS))
-
-
-def _network(n: int, keys: np.ndarray) -> _Network:
-    """The network for domain size ``n``; ``keys`` is a 0-d key or one key per index."""
-    if keys.ndim == 0:
-        return _Network(_domain_bits(n), tuple(np.uint64(k) for k in _scalar_round_keys(int(keys))))
-    return _Network(_domain_bits(n), tuple(subkeys(keys, i) for i in range(NUM_ROUNDS)))
-
-
-def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
-    """The network with cycle walking on a few Python ints: the numpy path's values, without its per-call overhead."""
-    bits = _domain_bits(n)
-    low = bits // 2
-    high = bits - low
-    low_mask, high_mask = (1 << low) - 1, (1 << high) - 1
-    round_keys = _scalar_round_keys(key)
-    if inverse:
-        round_keys = round_keys[::-1]
-    out = []
-    for x in values:
-        while True:
-            for rk in round_keys:
-                if inverse:
-                    lo = x >> high
-                    x = ((((x & high_mask) ^ (mix64_int(lo ^ rk) & high_mask))) << low) | lo
-                else:
-                    lo = x & low_mask
-                    x = (lo << high) | ((x >> low) ^ (mix64_int(lo ^ rk) & high_mask))
-            if x < n:
-                break
-        out.append(x)
-    return out
-
-
-_CHUNK = 1 << 15  # indices per pass: keeps the temporaries of a round in cache
-_FEW = 48  # up to this many indices with one key, Python ints beat numpy's per-call overhead
-
-
-def _trip(y: np.ndarray, where: np.ndarray | None, n: int, keys: np.ndarray, inverse: bool) -> np.ndarray:
-    """One pass of the network, in place, over ``y[where]`` (all of ``y`` when ``where`` is None), chunk by chunk;
-    returns the indices (into ``y``) of the values that are still outside ``[0, n)``."""
-    count = y.size if where is None else where.size
-    outside = []
-    for lo in range(0, count, _CHUNK):
-        sel = slice(lo, lo + _CHUNK) if where is None else where[lo : lo + _CHUNK]
-        net = _network(n, keys[sel] if keys.ndim else keys)
-        part = y[sel]  # a view for a slice, a copy for an index array
-        net.decrypt(part) if inverse else net.encrypt(part)
-        if where is not None:
-            y[sel] = part
-        walkers = np.flatnonzero(part >= np.uint64(n))
-        outside.append(walkers + lo if where is None else sel[walkers])
-    return np.concatenate(outside) if outside else np.zeros(0, dtype=np.int64)
-
-
-def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool) -> np.ndarray:
-    """Cycle walking over the whole array: each trip re-runs the network on every value still outside ``[0, n)``, so the
-    shrinking tail of walkers is handled in few, large passes (and the last few in Python ints)."""
+def _apply(x: np.ndarray | int, n: int, key: np.ndarray | int, inverse: bool, version: int) -> np.ndarray:
     _check_domain(n)
+    module = _VERSIONS[check_mapping_version(version)]
     arr = _as_indices(x, n, "value" if inverse else "index")  # a fresh uint64 copy, walked in place
     shape = arr.shape
-    keys = np.asarray(key if not isinstance(key, int) else key & ((1 << 64) - 1), dtype=np.uint64)
+    keys = np.asarray(key if not isinstance(key, int) else key & MASK64, dtype=np.uint64)
     keys = np.broadcast_to(keys, shape).reshape(-1) if keys.ndim else keys
-    y = arr.reshape(-1)
-    if keys.ndim == 0 and y.size <= _FEW:
-        return np.array(_walk_ints(y.tolist(), n, int(keys), inverse), dtype=np.int64).reshape(shape)
-    outside = _trip(y, None, n, keys, inverse)
-    while outside.size:
-        if keys.ndim == 0 and outside.size <= _FEW:
-            y[outside] = _walk_ints(y[outside].tolist(), n, int(keys), inverse)
-            break
-        outside = _trip(y, outside, n, keys, inverse)
-    return y.view(np.int64).reshape(shape)  # every value is below 2**62: the same bits as int64
+    return module.apply(arr.reshape(-1), int(n), keys, inverse).reshape(shape)
 
 
-def permute(x: np.ndarray | int, n: int, key: np.ndarray | int) -> np.ndarray:
+def permute(x: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:
     """The images of indices ``x`` (in ``[0, n)``) under the permutation keyed by ``key``, as int64, shaped like ``x``.
 
-    ``key`` is a 64-bit integer, or a uint64 array broadcastable to ``x`` (one key per index, e.g. one per epoch).
+    Args:
+        x: indices in ``[0, n)`` (an int or an integer array of any shape).
+        n: the domain size, ``1 <= n <= 2**62``.
+        key: a 64-bit integer, or a uint64 array broadcastable to ``x`` (one key per index, e.g. one per epoch).
+        version: the mapping version whose permutation to compute (``MAPPING_VERSIONS``).
+
+    Returns:
+        ``permute(x)`` as int64, shaped like ``x``: a bijection of ``[0, n)`` for every key, O(1) memory per index.
     """
-    return _apply(x, n, key, inverse=False)
+    return _apply(x, n, key, False, version)
 
 
-def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int) -> np.ndarray:
-    """The inverse of :func:`permute`: ``unpermute(permute(x, n, k), n, k) == x`` for every ``x`` in ``[0, n)``."""
-    return _apply(y, n, key, inverse=True)
+def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:
+    """The inverse of :func:`permute`: ``unpermute(permute(x, n, k, v), n, k, v) == x`` for every ``x`` in
+    ``[0, n)``.
+
+    Args:
+        y: images in ``[0, n)``; ``n``, ``key``, ``version`` as for :func:`permute`.
+
+    Returns:
+        The preimages as int64, shaped like ``y``.
+    """
+    return _apply(y, n, key, True, version)
 
 
 @dataclass(frozen=True)
 class Permutation:
-    """The permutation of ``range(n)`` keyed by ``key``: ``perm[i]`` is the image of ``i``, ``perm.inverse(v)`` its preimage."""
+    """The permutation of ``range(n)`` keyed by ``key`` (in mapping version ``version``): ``perm[i]`` is the image of
+    ``i``, ``perm.inverse(v)`` its preimage."""
 
     n: int
     key: int
+    version: int = MAPPING_VERSION
 
     def __post_init__(self) -> None:
         _check_domain(self.n)
+        check_mapping_version(self.version)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: np.ndarray | int) -> np.ndarray | int:
-        out = permute(index, self.n, self.key)
+        out = permute(index, self.n, self.key, self.version)
         return int(out) if out.ndim == 0 else out
 
     def inverse(self, value: np.ndarray | int) -> np.ndarray | int:
-        out = unpermute(value, self.n, self.key)
+        out = unpermute(value, self.n, self.key, self.version)
         return int(out) if out.ndim == 0 else out

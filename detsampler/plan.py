@@ -1,8 +1,12 @@
 """The plan: a pure map from (seed, epoch, step, rank, micro step, worker) to sample ids.
 
 The stream: global position ``g`` (counted from the start of training) belongs to epoch ``g // N`` and reads sample
-``permute(g % N, N, key(seed, epoch))``, where N is the number of samples per epoch. Epochs follow each other with nothing
-dropped or repeated, whatever N and the batch size.
+``permute(g % N, N, key(seed, epoch), mapping_version)``, where N is the number of samples per epoch. Epochs follow each
+other with nothing dropped or repeated, whatever N and the batch size.
+
+Mapping versions: ``Plan(..., mapping_version=v)`` computes the permutations of version ``v`` (every sample order: the
+epochs here and a mixture's sources); the default is the current :data:`~detsampler.version.MAPPING_VERSION`, and version
+1 stays computable so that a run started on it resumes exactly. The fingerprint records it.
 
 The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, with ``B(s)`` the global batch size of step
 ``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank ``r``
@@ -24,12 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.permutation import permute
+from detsampler.permutation import check_mapping_version, permute
+from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
 __all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
@@ -44,6 +50,13 @@ class SampleStream(Protocol):
     """An endless stream of sample ids: position ``g`` reads ``sample_ids(g)``."""
 
     num_samples: int
+
+    def with_step_positions(self, consumed: Callable[[int], int]) -> SampleStream:
+        """This stream placed on a plan's steps: ``consumed(d)`` is the position where data step ``d`` starts (a stream
+        whose order does not depend on steps returns itself)."""
+
+    def with_mapping_version(self, version: int) -> SampleStream:
+        """This stream drawing its permutations from mapping version ``version``; a ValueError if it was built for another."""
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         """Sample ids at global positions ``positions`` (int64 array)."""
@@ -61,12 +74,11 @@ class EpochStream:
 
     num_samples: int
     seed: int
+    mapping_version: int = MAPPING_VERSION
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1 (no complete sample otherwise), got {self.num_samples!r}")
-        if self.num_samples > 2**62:
-            raise ValueError(f"num_samples must be <= 2**62 (int64 sample ids), got {self.num_samples}")
+        check_int(self.num_samples, "num_samples (int64 sample ids)", minimum=1, maximum=2**62)
+        check_mapping_version(self.mapping_version)
 
     @cached_property
     def base_key(self) -> int:
@@ -87,11 +99,17 @@ class EpochStream:
         epochs = positions // self.num_samples
         within = positions - epochs * self.num_samples
         if epochs.size and epochs.min() == epochs.max():  # the usual case: one key for all
-            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])))
-        return permute(within, self.num_samples, self.epoch_key(epochs))
+            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])), self.mapping_version)
+        return permute(within, self.num_samples, self.epoch_key(epochs), self.mapping_version)
 
     def describe(self) -> dict:
         return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
+
+    def with_step_positions(self, consumed: Callable[[int], int]) -> EpochStream:
+        return self
+
+    def with_mapping_version(self, version: int) -> EpochStream:
+        return replace(self, mapping_version=version)
 
 
 def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[tuple[int, int], ...]:
@@ -106,7 +124,7 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
             raise ValueError(f"skip_steps entries must be (first, last) pairs of data steps, got {entry!r}")
         a, b = entry
         for v in (a, b):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_int(v):
                 raise ValueError(f"skip_steps entries must be pairs of integers, got {entry!r}")
         if a < 0:
             raise ValueError(f"skip_steps range ({a}, {b}) is negative: data steps are >= 0")
@@ -138,7 +156,7 @@ def _epoch_key_int(base_key: int, epoch: int) -> int:
 
 
 def _check_step(step: int, name: str = "step") -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+    if not is_int(step):
         raise TypeError(f"{name} must be an integer, got {type(step).__name__}")
     if step < 0:
         raise ValueError(f"{name} must be >= 0, got {step}")
@@ -151,41 +169,39 @@ def _check_step(step: int, name: str = "step") -> int:
 class Plan:
     """Which samples every rank reads at every step. Pure: every method is a function of its arguments and the fields.
 
-    ``num_samples`` is the number of samples per epoch (a layout's ``num_samples``), or a :class:`SampleStream` such as a
-    mixture. ``batch_size_schedule``, when given, is a list of ``(first_step, global_batch_size)`` starting at step 0 (a
+    Give either ``num_samples``, the number of samples per epoch (a layout's ``num_samples``: the plan draws them epoch by
+    epoch, each epoch a keyed permutation), or ``source=``, a :class:`SampleStream` such as a
+    :class:`~detsampler.mixture.Mixture`. ``batch_size_schedule``, when given, is a list of ``(first_step, global_batch_size)`` starting at step 0 (a
     ramp-up, say); its last size must equal ``global_batch_size``. ``world_size`` is the data-parallel degree: tensor-,
     pipeline- and context-parallel peers of one data-parallel rank read the same batches. ``skip_steps`` lists inclusive
     ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and the
     skip ranges are all in data steps, which equal training steps before the first skip range.
 
-    A stream with a ``with_step_positions(consumed)`` method (a :class:`~detsampler.mixture.Mixture` with a weight schedule)
-    is placed by the plan: ``plan.stream`` is that method's result, given the position where each data step starts.
+    ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own seed),
+    and :func:`~detsampler.resume.check_resume` lets a resume change it.
+
+    ``plan.stream`` is what the plan reads: the :class:`EpochStream` of ``num_samples``, or ``source`` placed on the plan's
+    steps (``source.with_step_positions``: a mixture's weight schedule is given in steps, the stream needs positions).
     """
 
-    num_samples: int | SampleStream
-    seed: int
-    global_batch_size: int
-    micro_batch_size: int
+    num_samples: int | None = None
+    seed: int = 0
+    global_batch_size: int = None  # type: ignore[assignment]  # required: checked in __post_init__
+    micro_batch_size: int = None  # type: ignore[assignment]  # required: checked in __post_init__
     world_size: int = 1
     batch_size_schedule: Sequence[tuple[int, int]] | None = None
     skip_steps: Sequence[tuple[int, int]] | None = None
+    source: SampleStream | None = field(default=None, kw_only=True)
+    mapping_version: int = field(default=MAPPING_VERSION, kw_only=True)
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-            if value > MAX_GLOBAL_BATCH_SIZE:
-                raise ValueError(f"{name} must be <= 2**22 = {MAX_GLOBAL_BATCH_SIZE} samples, got {value}")
-        if isinstance(self.num_samples, (bool, float, str)) or not (
-            isinstance(self.num_samples, (int, np.integer)) or hasattr(self.num_samples, "sample_ids")
-        ):
-            raise ValueError(f"num_samples must be an integer >= 1 or a sample stream (a Mixture), got {self.num_samples!r}")
-        stream = EpochStream(self.num_samples, self.seed) if isinstance(self.num_samples, (int, np.integer)) else self.num_samples
-        object.__setattr__(self, "stream", stream)
+            check_int(getattr(self, name), name, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
+        object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
+        object.__setattr__(self, "stream", self._unplaced_stream())
         schedule = self._normalized_schedule()
         for _, size in schedule:
             self._check_divisible(size)
@@ -200,25 +216,29 @@ class Plan:
         skips = normalize_skip_steps(self.skip_steps)
         object.__setattr__(self, "_skips", skips)
         object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
-        if hasattr(stream, "with_step_positions"):
-            object.__setattr__(self, "stream", stream.with_step_positions(self.data_consumed))
+        object.__setattr__(self, "stream", self.stream.with_step_positions(self.data_consumed))
+
+    def _unplaced_stream(self) -> SampleStream:
+        if self.source is not None:
+            if isinstance(self.source, (int, np.integer)):
+                raise ValueError(f"source must be a sample stream such as a Mixture; pass a count as num_samples={self.source}")
+            if self.num_samples is not None:
+                raise ValueError(f"give num_samples or source, not both (got num_samples={self.num_samples!r})")
+            return self.source.with_mapping_version(self.mapping_version)
+        if self.num_samples is None or isinstance(self.num_samples, (bool, int, np.integer)):
+            return EpochStream(check_positive_int(self.num_samples, "num_samples"), self.seed, self.mapping_version)
+        raise ValueError(
+            f"num_samples must be an integer >= 1, got {type(self.num_samples).__name__}; pass a stream such as a "
+            "Mixture as Plan(source=..., ...)"
+        )
 
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        for row in self.batch_size_schedule:
-            if len(row) != 2 or any(isinstance(v, (bool, float)) or not isinstance(v, (int, np.integer)) for v in row):
-                raise ValueError(f"batch_size_schedule rows must be (step, size) integer pairs, got {tuple(row)!r}")
-        schedule = [(int(s), int(b)) for s, b in self.batch_size_schedule]
-        if any(s > MAX_STEP or b > MAX_GLOBAL_BATCH_SIZE for s, b in schedule):
-            raise ValueError(f"batch_size_schedule steps must be <= 2**40 and sizes <= 2**22, got {schedule}")
-        if not schedule or schedule[0][0] != 0:
-            raise ValueError(f"batch_size_schedule must start at step 0, got {schedule[:1] or 'an empty schedule'}")
-        for (s0, _), (s1, _) in zip(schedule, schedule[1:]):
-            if s1 <= s0:
-                raise ValueError(f"batch_size_schedule steps must be strictly increasing, got step {s1} after {s0}")
-        if any(b < 1 for _, b in schedule):
-            raise ValueError(f"batch_size_schedule sizes must be >= 1, got {schedule}")
+        size = lambda value, label: check_int(value, label, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)  # noqa: E731
+        schedule = list(parse_step_schedule(self.batch_size_schedule, size, "batch_size_schedule"))
+        if schedule[-1][0] > MAX_STEP:
+            raise ValueError(f"batch_size_schedule steps must be <= 2**40 = {MAX_STEP}, got {schedule[-1][0]}")
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
                 f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
@@ -234,7 +254,7 @@ class Plan:
             )
 
     def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"Got rank {rank!r}, allowed ranks are in [0, {self.world_size})")
         return int(rank)
 
@@ -336,7 +356,7 @@ class Plan:
     def fingerprint(self) -> dict:
         """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on resume."""
         out = {
-            "mapping_version": MAPPING_VERSION,
+            "mapping_version": self.mapping_version,
             "stream": self.stream.describe(),
             "seed": self.seed,
             "batch_size_schedule": [list(row[:2]) for row in self._schedule],

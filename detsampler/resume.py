@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from detsampler.checks import check_int
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 
 __all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
@@ -129,11 +129,11 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
 
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
     resuming run's. The index and the layout must be the same. Allowed plan changes: another
-    ``world_size``/``micro_batch_size``; mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
+    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by its
+    own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
     starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
     """
-    if isinstance(resume_step, bool) or not isinstance(resume_step, numbers.Integral) or resume_step < 0:
-        raise ValueError(f"resume_step must be an integer >= 0, got {resume_step!r}")
+    check_int(resume_step, "resume_step", minimum=0)
     before, after = _as_fingerprint(old, "old"), _as_fingerprint(new, "new")
     if before.hash == after.hash:
         return
@@ -162,7 +162,15 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
-    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"}):
+    if before.get("mapping_version") != after.get("mapping_version"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "
+            f"{after.get('mapping_version')!r}, which reorders every epoch; resume with Plan(..., mapping_version="
+            f"{before.get('mapping_version')!r}) (the trainer and the CLI read it from the checkpoint)"
+        )
+    # The plan's seed keys only the epoch shuffles of ``num_samples``; a source stream (a mixture) has its own seed.
+    unused = {"seed"} if before["stream"].get("kind") != "epochs" and after["stream"].get("kind") != "epochs" else set()
+    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"} - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
                 f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the new "

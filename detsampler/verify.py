@@ -1,9 +1,11 @@
 """Audits of a plan: recompute what every rank reads and check it, and count what a layout and a plan serve.
 
-Invariants checked by :func:`verify_plan` / :func:`verify_mixture_plan`: the micro batches of each step partition the step's
-positions; no sample repeats within an epoch (per source and source epoch for a mixture); every epoch the range covers
-completely reads every sample. :func:`layout_stats`, :func:`document_stats` and :func:`mixture_stats` read every number
-from the layout, the lengths and the plan; nothing is estimated. Numpy only (the CLI parses and prints around these).
+Invariants checked by :func:`verify_plan` / :func:`verify_mixture_plan`: the micro batches of each step partition the
+step's positions; no sample repeats within an epoch (per source and source epoch for a mixture); every epoch whose
+positions the range covers completely reads every sample, or skips it (data steps in a skip range between the audited
+steps are skipped: counted as such, never as gaps). :func:`layout_stats`, :func:`document_stats` and
+:func:`mixture_stats` read every number from the layout, the lengths and the plan; nothing is estimated. Numpy only (the
+CLI parses and prints around these).
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ def _partitions_step(plan: Plan, step: int, positions: np.ndarray) -> bool:
     return np.array_equal(np.sort(positions), plan.step_positions(step))
 
 
-def _epoch_row(epoch: int, counts: np.ndarray, n: int, positions: int, complete: bool) -> dict[str, Any]:
-    """The report of one epoch of ``n`` samples, ``counts[i]`` the reads of sample ``i`` (gaps only if ``complete``)."""
-    seen = int((counts > 0).sum())
+def _epoch_row(epoch: int, read: np.ndarray, skipped: np.ndarray | None, n: int, complete: bool) -> dict[str, Any]:
+    """The report of one epoch of ``n`` samples: ``read[i]`` the reads of sample ``i`` by the audited steps,
+    ``skipped[i]`` its positions in the skip ranges between them. Every position of a complete epoch is read or skipped,
+    so a sample read or skipped more than once is a duplicate and one neither read nor skipped a gap (counted only if
+    ``complete``)."""
+    total = read if skipped is None else read + skipped
+    seen = int((read > 0).sum())
     return {
         "epoch": epoch,
-        "positions": positions,
+        "positions": int(read.sum()),
         "distinct_samples": seen,
-        "duplicates": int((counts[counts > 1] - 1).sum()),
-        "gaps": (n - seen) if complete else None,
+        "skipped_samples": 0 if skipped is None else int(skipped.sum()),
+        "duplicates": int((total[total > 1] - 1).sum()),
+        "gaps": (n - int((total > 0).sum())) if complete else None,
         "coverage": seen / n,
         "complete": complete,
     }
@@ -44,45 +51,6 @@ def _epoch_row(epoch: int, counts: np.ndarray, n: int, positions: int, complete:
 
 def _rows_ok(rows: Any) -> bool:
     return all(r["duplicates"] == 0 and not r["gaps"] for r in rows)
-
-
-def verify_plan(plan: Plan, start: int, stop: int) -> dict:
-    """Check steps ``[start, stop)`` over every rank and micro step: the micro batches partition each step's positions; no
-    sample repeats within an epoch; every epoch the range covers completely reads each sample once. Returns a report."""
-    n = plan.stream.num_samples
-    first, last = plan.consumed(start), plan.consumed(stop)
-    counts: dict[int, np.ndarray] = {}
-    position_problems = []
-    pending: list[np.ndarray] = []
-
-    def flush() -> None:  # the sample ids of many micro batches in one vectorized call (what plan.micro_batch computes)
-        if not pending:
-            return
-        positions = np.concatenate(pending)
-        pending.clear()
-        ids, epochs = plan.stream.sample_ids(positions), plan.stream.epochs(positions)
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise ValueError(f"the plan's stream yields sample ids outside [0, {n}): {int(ids.min())} .. {int(ids.max())}")
-        for e in np.unique(epochs).tolist():
-            c = counts.setdefault(e, np.zeros(n, dtype=np.int64))
-            c += np.bincount(ids[epochs == e], minlength=n)
-
-    for step in range(start, stop):
-        positions = _micro_batch_positions(plan, step)
-        if not _partitions_step(plan, step, positions):
-            position_problems.append(step)
-        pending.append(positions)
-        if len(pending) >= 1024:
-            flush()
-    flush()
-    epochs_report = []
-    for e in sorted(counts):
-        lo, hi = max(first, e * n), min(last, (e + 1) * n)
-        complete = lo == e * n and hi == (e + 1) * n
-        epochs_report.append(_epoch_row(e, counts[e], n, hi - lo, complete))
-    ok = not position_problems and _rows_ok(epochs_report)
-    return {"steps": [start, stop], "positions": [first, last], "num_samples": n, "ok": ok,
-            "position_problems": position_problems, "epochs": epochs_report}
 
 
 def _data_spans(plan: Plan, start: int, stop: int) -> list[list[int]]:
@@ -98,43 +66,111 @@ def _data_spans(plan: Plan, start: int, stop: int) -> list[list[int]]:
     return spans
 
 
+def _skipped(plan: Plan, start: int, stop: int, read: list[list[int]]) -> tuple[list[list[int]], dict[str, Any]]:
+    """(the position runs between the read runs: the data of the skip ranges inside the audited steps, and their
+    summary: the skipped data steps, clipped to the audited ones, and how many positions they hold)."""
+    spans = [[a[1], b[0]] for a, b in zip(read, read[1:]) if b[0] > a[1]]
+    d_lo, d_hi = plan.data_step(start), plan.data_step(stop)
+    steps = [[max(a, d_lo), min(b, d_hi - 1)] for a, b in (plan.skip_steps or ()) if max(a, d_lo) <= min(b, d_hi - 1)]
+    return spans, {"data_steps": steps, "positions": sum(hi - lo for lo, hi in spans)}
+
+
+def _chunks(spans: list[list[int]], chunk: int):
+    for lo, hi in spans:
+        for c0 in range(lo, hi, chunk):
+            yield np.arange(c0, min(hi, c0 + chunk), dtype=np.int64)
+
+
+def _epoch_counts(plan: Plan, spans: list[list[int]], chunk: int) -> dict[int, np.ndarray]:
+    """epoch -> reads of each sample over the positions of ``spans``."""
+    n = plan.stream.num_samples
+    counts: dict[int, np.ndarray] = {}
+    for positions in _chunks(spans, chunk):
+        ids, epochs = plan.stream.sample_ids(positions), plan.stream.epochs(positions)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            lo, hi = int(ids.min()), int(ids.max())
+            raise ValueError(f"the plan's stream yields sample ids outside [0, {n}): {lo} .. {hi}")
+        for e in np.unique(epochs).tolist():
+            c = counts.setdefault(e, np.zeros(n, dtype=np.int64))
+            c += np.bincount(ids[epochs == e], minlength=n)
+    return counts
+
+
+def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
+    """Check steps ``[start, stop)`` over every rank and micro step: the micro batches partition each step's positions;
+    no sample repeats within an epoch; every epoch whose positions the range covers whole (read, or skipped by a skip
+    range inside it) reads or skips each sample exactly once.
+
+    Args:
+        plan: the plan to audit (an epoch stream; see :func:`verify_mixture_plan` for mixtures).
+        start: the first training step audited.
+        stop: one past the last step audited.
+        chunk: positions per vectorized batch (memory is O(chunk + samples per epoch)).
+
+    Returns:
+        A report: ``ok``, ``position_problems`` (steps whose micro batches do not partition them), one row per epoch
+        (``duplicates``, ``gaps`` where the epoch is covered whole, ``skipped``), and ``skipped`` summed.
+    """
+    n = plan.stream.num_samples
+    first, last = plan.consumed(start), plan.consumed(stop)
+    position_problems = [step for step in range(start, stop)
+                         if not _partitions_step(plan, step, _micro_batch_positions(plan, step))]
+    read_spans = _data_spans(plan, start, stop)
+    skipped_spans, skipped = _skipped(plan, start, stop, read_spans)
+    read, skip = _epoch_counts(plan, read_spans, chunk), _epoch_counts(plan, skipped_spans, chunk)
+    epochs_report = []
+    for e in sorted(set(read) | set(skip)):
+        complete = first <= e * n and (e + 1) * n <= last
+        epochs_report.append(_epoch_row(e, read.get(e, np.zeros(n, dtype=np.int64)), skip.get(e), n, complete))
+    ok = not position_problems and _rows_ok(epochs_report)
+    return {"steps": [start, stop], "positions": [first, last], "num_samples": n, "ok": ok,
+            "position_problems": position_problems, "skipped": skipped, "epochs": epochs_report}
+
+
 def _source_counts(mixture: Any, spans: list[list[int]], chunk: int) -> dict[tuple[int, int], np.ndarray]:
     """(source, source epoch) -> reads of each source sample, over the mixture positions of ``spans``."""
     counts: dict[tuple[int, int], np.ndarray] = {}
-    for lo, hi in spans:
-        for c0 in range(lo, hi, chunk):
-            look = mixture.lookup(np.arange(c0, min(hi, c0 + chunk), dtype=np.int64))
-            for k in np.unique(look.source).tolist():
-                mine = look.source == k
-                for e in np.unique(look.source_epoch[mine]).tolist():
-                    c = counts.setdefault((k, e), np.zeros(mixture.sizes[k], dtype=np.int64))
-                    c += np.bincount(look.source_sample[mine & (look.source_epoch == e)], minlength=mixture.sizes[k])
+    for positions in _chunks(spans, chunk):
+        look = mixture.lookup(positions)
+        for k in np.unique(look.source).tolist():
+            mine = look.source == k
+            for e in np.unique(look.source_epoch[mine]).tolist():
+                c = counts.setdefault((k, e), np.zeros(mixture.sizes[k], dtype=np.int64))
+                c += np.bincount(look.source_sample[mine & (look.source_epoch == e)], minlength=mixture.sizes[k])
     return counts
 
 
 def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict:
     """:func:`verify_plan` for a plan over a mixture: the same checks, per source and per source epoch (each source's
-    positions ``p_k`` of the range must be exactly ``[served_k(first), served_k(last))``)."""
+    positions ``p_k`` of the range, read or skipped, are exactly ``[served_k(first), served_k(last))``, so a source
+    epoch inside them is complete and checked for gaps, whatever skip ranges lie in the range).
+
+    Args:
+        plan: a plan whose ``stream`` is a :class:`~detsampler.mixture.Mixture`; ``start``, ``stop``, ``chunk`` as for
+            :func:`verify_plan`.
+
+    Returns:
+        A report: ``ok``, ``position_problems`` and, per source, its served range and one row per source epoch.
+    """
     mixture = plan.stream
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [step for step in range(start, stop)
                          if not _partitions_step(plan, step, _micro_batch_positions(plan, step))]
-    spans = _data_spans(plan, start, stop)
-    counts = _source_counts(mixture, spans, chunk)
+    read_spans = _data_spans(plan, start, stop)
+    skipped_spans, skipped = _skipped(plan, start, stop, read_spans)
+    read, skip = _source_counts(mixture, read_spans, chunk), _source_counts(mixture, skipped_spans, chunk)
     served_first, served_last = mixture.served(first), mixture.served(last)
     sources = []
     for k, n in enumerate(mixture.sizes):
         rows = []
-        for (kk, e), c in sorted(counts.items()):
-            if kk != k:
-                continue
-            lo, hi = max(int(served_first[k]), e * n), min(int(served_last[k]), (e + 1) * n)
-            complete = lo == e * n and hi == (e + 1) * n and not spans[1:]
-            rows.append(_epoch_row(e, c, n, int(c.sum()), complete))
-        sources.append({"source": k, "num_samples": n, "served": [int(served_first[k]), int(served_last[k])], "epochs": rows})
+        for e in sorted({e for kk, e in set(read) | set(skip) if kk == k}):
+            complete = int(served_first[k]) <= e * n and (e + 1) * n <= int(served_last[k])
+            rows.append(_epoch_row(e, read.get((k, e), np.zeros(n, dtype=np.int64)), skip.get((k, e)), n, complete))
+        served = [int(served_first[k]), int(served_last[k])]
+        sources.append({"source": k, "num_samples": n, "served": served, "epochs": rows})
     ok = not position_problems and all(_rows_ok(src["epochs"]) for src in sources)
     return {"steps": [start, stop], "positions": [first, last], "ok": ok, "position_problems": position_problems,
-            "sources": sources}
+            "skipped": skipped, "sources": sources}
 
 
 def mixture_stats(plan: Plan, labels: Sequence[str], step: int | None) -> dict:

@@ -1,10 +1,13 @@
 """Versions that caches and checkpoints record."""
 
-__all__ = ["MAPPING_VERSION", "__version__"]
+__all__ = ["MAPPING_VERSION", "MAPPING_VERSIONS", "__version__"]
 
 __version__ = "0.1.0"
 
-# The version of the (seed, epoch, step, rank) -> sample mapping and of the layouts' cutting. Every index cache name and every
-# checkpoint's data fingerprint includes it. Bump it on purpose whenever any of them would map an argument differently;
-# tests/test_pinned.py pins exact outputs so that an accidental change fails loudly.
-MAPPING_VERSION = 1
+# The version of the (seed, epoch, step, rank) -> sample mapping and of the layouts' cutting. Every index cache name and
+# every checkpoint's data fingerprint includes it. Bump it on purpose whenever any of them would map an argument
+# differently; tests/test_pinned.py pins exact outputs so that an accidental change fails loudly.
+# Version 2 replaced the permutation of every sample order (plan epochs, mixture sources; docs/design.md section 1).
+MAPPING_VERSION = 2
+# Every version a Plan can still compute (Plan(..., mapping_version=1) resumes a run started on version 1 exactly).
+MAPPING_VERSIONS = (1, 2)

@@ -49,6 +49,6 @@ def small_tokenizer(cache_root, small_corpus):
 @pytest.fixture(scope="session")
 def small_index(cache_root, small_corpus, small_tokenizer):
     """The token index of ``small_corpus`` with stored tokens."""
-    from detsampler.index import TokenIndex, build_index
+    from detsampler.index import build_index
 
     return build_index(small_corpus, small_tokenizer, cache_dir=cache_root, progress=False)

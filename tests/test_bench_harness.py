@@ -12,8 +12,8 @@ from tests.benchmarks.run_all import _as_markdown, discover, render
 def test_discovery_follows_the_issue_numbering():
     names = discover()
     assert {"resume", "memory", "permutation"} <= set(names)
-    known = [n for n in names if n in ("resume", "memory", "loader", "index", "permutation", "trainer")]
-    order = ["resume", "memory", "loader", "index", "permutation", "trainer"]
+    known = [n for n in names if n in ("resume", "memory", "loader", "index", "permutation", "trainer", "scale")]
+    order = ["resume", "memory", "loader", "index", "permutation", "trainer", "scale"]
     assert known == [n for n in order if n in known]
 
 
@@ -55,3 +55,40 @@ def test_document_states_cores_date_load_and_every_verdict():
     assert "- Benchmark 1 (resume): **MET** — target: x." in doc
     assert "## 1. Resume" in doc
     assert "under load" not in render(sections, [0.2, 0.3], 10.0)
+
+
+def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):
+    """Benchmark 3's ceiling copies exactly what detsampler's concat samples hold (inputs and the last label)."""
+    import numpy as np
+
+    from detsampler import LayoutConfig, Plan
+    from detsampler.loader.dataset import PackedDataset
+    from tests.benchmarks.ceiling import ceiling_runs, gather_copy, slice_copy, span_pieces
+
+    seq_len, batch = 64, 4
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=seq_len))
+    ds = PackedDataset(small_index, layout)
+    plan = Plan(layout.num_samples, seed=3, global_batch_size=batch, micro_batch_size=batch)
+    offsets, lengths = np.asarray(small_index.offsets), np.asarray(small_index.lengths)
+    for step in range(5):
+        ids = plan.micro_batch(step, 0, 0)
+        spans = layout.locate(np.asarray(ids))
+        got = ds.get_batch(ids)
+        want = np.concatenate([got["input_ids"].numpy(), got["labels"].numpy()[:, -1:]], axis=1).reshape(-1)
+        out = np.empty(batch * (seq_len + 1), dtype=small_index.tokens.dtype)
+        pieces = span_pieces(spans, offsets, lengths)
+        assert np.array_equal(slice_copy(small_index.tokens, pieces, small_index.eos_id, out), want)
+        assert np.array_equal(gather_copy(small_index.tokens, spans, offsets, lengths, small_index.eos_id), want)
+    spans = [layout.locate(np.asarray(plan.micro_batch(s, 0, 0))) for s in range(3)]
+    runs = ceiling_runs(small_index, spans, batch * (seq_len + 1), 3 * batch * seq_len, repeats=3)
+    assert [r.name for r in runs] == ["memcpy of the same bytes", "per-span slice copy loop", "vectorized gather"]
+    assert all(0 < r.low <= r.median <= r.high for r in runs)
+
+
+def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():
+    import numpy as np
+
+    from tests.benchmarks.bench_scale import synthetic_lengths
+
+    a = synthetic_lengths(10_000)
+    assert np.array_equal(a, synthetic_lengths(10_000)) and a.min() >= 2 and 30 < np.median(a) < 50

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detsampler.text.corpus import default_corpus
 from detsampler.index import TokenIndex, TokenIndexError, build_index
+from detsampler.text.corpus import default_corpus
 
 BUILD = textwrap.dedent(
     """

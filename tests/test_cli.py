@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from detsampler.cli import OPTION_FIELDS, build_parser, main
-from detsampler.verify import verify_plan
+from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig
 from detsampler.text.tokenizer import Tokenizer
+from detsampler.verify import verify_plan
 
 
 @pytest.fixture()
@@ -35,7 +35,7 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     mapped = {(cls, name) for cls, name in OPTION_FIELDS.values()}
     want = {("IndexConfig", f.name) for f in fields(IndexConfig)}
     want |= {("LayoutConfig", f.name) for f in fields(LayoutConfig)}
-    want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name != "num_samples"}
+    want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name not in ("num_samples", "source")}
     want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
     assert mapped == want
     parser = build_parser()
@@ -123,11 +123,17 @@ class _RepeatingStream:
     def describe(self):
         return {"kind": "broken"}
 
+    def with_step_positions(self, consumed):
+        return self
+
+    def with_mapping_version(self, version):
+        return self
+
 
 def test_verify_plan_catches_duplicates_and_gaps():
     good = verify_plan(Plan(10, seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
     assert good["ok"] and [r["complete"] for r in good["epochs"]] == [True, True, False]
-    bad = verify_plan(Plan(_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
+    bad = verify_plan(Plan(source=_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
     assert not bad["ok"]
     assert bad["epochs"][0]["duplicates"] == 1 and bad["epochs"][0]["gaps"] == 1
 
@@ -156,3 +162,40 @@ def test_bad_input_exits_with_a_message(capsys, tmp_path, base_args):
     with pytest.raises(SystemExit) as exc:
         main(["verify", *base_args, "--steps", "5:2"])
     assert exc.value.code == 2 and "A:B" in capsys.readouterr().err
+
+
+def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_index, tmp_path):
+    """``--mapping-version`` takes a version, or the checkpoint of a run, whose recorded version the command then uses."""
+    import json
+
+    from detsampler.cli.options import mapping_version
+
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    v1 = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, mapping_version=1)
+    ckpt = tmp_path / "step_00000004"
+    ckpt.mkdir()
+    (ckpt / "data_fingerprint.json").write_text(json.dumps({"step": 4, "data_fingerprint": {"plan": v1.fingerprint()}}))
+    assert mapping_version(str(ckpt)) == mapping_version(str(ckpt / "data_fingerprint.json")) == mapping_version("1") == 1
+    opts = ["--kind", "concat", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--step", "3"]
+    outs = [_run(capsys, ["show", *base_args, *opts, *extra])[1] for extra in ([], ["--mapping-version", "1"],
+                                                                               ["--mapping-version", str(ckpt)])]
+    assert outs[1] == outs[2] != outs[0]
+    for sid in v1.global_batch(3).tolist():
+        assert f"sample {sid} " in outs[1]
+    (tmp_path / "empty.json").write_text("{}")
+    for bad, message in (("3", "must be one of (1, 2)"), (str(tmp_path / "empty.json"), "records no mapping version"),
+                         (str(tmp_path / "missing"), "expected a mapping version or a checkpoint")):
+        with pytest.raises(SystemExit) as exc:
+            main(["show", *base_args, *opts, "--mapping-version", bad])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_verify_with_skip_steps_reports_skipped_data_not_gaps(capsys, base_args, small_index):
+    """Issue 11, item 1: a correct plan with a skip range verifies OK; the skipped data is reported as skipped."""
+    opts = ["--kind", "concat", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    steps = 2 * layout.num_samples // 8
+    code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--skip-steps", "2:3", "--steps", f"0:{steps}"])
+    assert code == 0 and "OK: no duplicates, no gaps" in out, out
+    assert "skipped: data steps 2..3 (16 positions, never trained on" in out
+    assert "16 skipped, duplicates 0, gaps 0, complete" in out

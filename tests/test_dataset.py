@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from detsampler.loader.dataset import PackedDataset, collate_micro_batch
 from detsampler.index import TokenIndex, TokenIndexError, build_index
 from detsampler.layout import LayoutConfig, make_layout
-from detsampler.plan import Plan
+from detsampler.loader.dataset import PackedDataset, collate_micro_batch
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 
 
 def _docs_with_eos(index: TokenIndex) -> list[np.ndarray]:
@@ -160,8 +160,8 @@ def test_pickled_dataset_reads_the_same(small_index):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _loader_steps(ds, plan, rank, start_step, num_steps, num_workers, collate=None):
-    sampler = DeterministicBatchSampler(plan, rank, start_step=start_step, num_steps=num_steps)
+def _loader_steps(ds, plan, rank, start_step, stop_step, num_workers, collate=None):
+    sampler = DeterministicBatchSampler(plan, rank, start_step=start_step, stop_step=stop_step)
     kwargs = {"collate_fn": collate} if collate else {}
     loader = DataLoader(ds, batch_sampler=sampler, num_workers=num_workers, **kwargs)
     return [(step, mbs) for step, mbs in sampler.steps(loader)]
@@ -172,8 +172,8 @@ def test_resumed_multiworker_loader_equals_uninterrupted(small_index, lean_index
     layout = small_index.layout(config)
     ds = PackedDataset(small_index, layout)
     plan = Plan(layout.num_samples, seed=9, global_batch_size=8, micro_batch_size=2, world_size=2)
-    full = _loader_steps(ds, plan, rank=1, start_step=0, num_steps=6, num_workers=2)
-    resumed = _loader_steps(ds, plan, rank=1, start_step=3, num_steps=3, num_workers=2, collate=collate_micro_batch)
+    full = _loader_steps(ds, plan, rank=1, start_step=0, stop_step=6, num_workers=2)
+    resumed = _loader_steps(ds, plan, rank=1, start_step=3, stop_step=6, num_workers=2, collate=collate_micro_batch)
     assert [s for s, _ in full] == list(range(6)) and [s for s, _ in resumed] == [3, 4, 5]
     for (s_full, mb_full), (s_res, mb_res) in zip(full[3:], resumed):
         assert s_full == s_res and len(mb_full) == len(mb_res) == 2
@@ -183,7 +183,7 @@ def test_resumed_multiworker_loader_equals_uninterrupted(small_index, lean_index
             assert all(torch.equal(a[k], b[k]) for k in a)
     # tokenized on the fly inside two workers: the same tensors
     fly = PackedDataset(lean_index, lean_index.layout(config), dataset=small_corpus, tokenizer=small_tokenizer)
-    resumed_fly = _loader_steps(fly, plan, rank=1, start_step=3, num_steps=3, num_workers=2)
+    resumed_fly = _loader_steps(fly, plan, rank=1, start_step=3, stop_step=6, num_workers=2)
     for (_, mb_full), (_, mb_fly) in zip(full[3:], resumed_fly):
         assert all(torch.equal(a[k], b[k]) for a, b in zip(mb_full, mb_fly) for k in a)
     # and each micro batch is exactly the plan's samples

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
-
-import numpy as np
 
 SCRIPT = """
 import hashlib, sys, numpy as np

@@ -8,9 +8,9 @@ import datasets
 import numpy as np
 import pytest
 
-from detsampler.text.corpus import default_tokenizer
 from detsampler.index import INDEX_FORMAT_VERSION, TokenIndex, TokenIndexError, build_index, token_dtype
 from detsampler.layout import LayoutConfig, make_layout
+from detsampler.text.corpus import default_tokenizer
 
 
 def _copy_index(index: TokenIndex, dest):

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsampler import Mixture, Plan
+from detsampler.keys import subkeys
+from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
+from detsampler.permutation import permute
 from detsampler.resume import DataFingerprint
 from detsampler.resume import check_resume as check_fingerprints
-from detsampler.mixture import MAX_DENOMINATOR, MixtureConfig, normalize_weights
-from detsampler.keys import subkeys
-from detsampler.permutation import permute
 from tests.strategies import integer_weights, seeds, weight_schedules
 
 
@@ -154,7 +154,7 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
     schedule = data.draw(weight_schedules(len(sizes)))
     # a source added at a boundary: weight 0 in the first entry
     schedule[0] = (0, [0] + list(schedule[0][1][1:]) if any(schedule[0][1][1:]) else schedule[0][1])
-    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
+    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
                 batch_size_schedule=[(0, 3), (4, 6)])
     num_steps = schedule[-1][0] + 5
     positions = np.arange(plan.consumed(num_steps))
@@ -181,8 +181,8 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
 def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, data, seed, resume, world):
     w0, w1 = data.draw(integer_weights(len(sizes))), data.draw(integer_weights(len(sizes)))
     full = [(0, w0), (resume, w1)]
-    uninterrupted = Plan(Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
-    first = Plan(Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    uninterrupted = Plan(source=Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    first = Plan(source=Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
     resumed = uninterrupted.with_world(*world)
     check_resume(first, resumed, resume)
     check_resume(first.fingerprint(), resumed, resume)  # also from a saved fingerprint
@@ -192,27 +192,27 @@ def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, 
         assert (np.sort(a) == np.sort(b)).all()
     # the same change written before the resume step changes the past: refused
     if resume > 1:
-        early = Plan(Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
+        early = Plan(source=Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
         with pytest.raises(ValueError, match="changes the past"):
             check_resume(first, early, resume)
     if normalize_weights(w0, len(sizes)) != normalize_weights(w1, len(sizes)):
         with pytest.raises(ValueError, match="changes the past"):
-            check_resume(first, Plan(Mixture(sizes, w1, seed), seed, 8, 2), resume)
+            check_resume(first, Plan(source=Mixture(sizes, w1, seed), seed=seed, global_batch_size=8, micro_batch_size=2), resume)
 
 
 def test_check_resume_refuses_other_changes():
-    base = Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
+    base = Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
     with pytest.raises(ValueError, match="mixture's seed"):
-        check_resume(base, Plan(Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="mixture's sources"):
-        check_resume(base, Plan(Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="batch_size_schedule"):
-        check_resume(base, Plan(Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
+        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
     with pytest.raises(ValueError, match="data stream"):
         check_resume(base, Plan(30, seed=0, global_batch_size=4, micro_batch_size=2), 5)
     check_resume(base, base.with_world(2, 1), 5)  # elastic resume is fine
-    check_resume(base, Plan(Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), 0, 4, 2), 5)  # an entry at the resume step
-    check_resume(base, Plan(Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), 0, 4, 2), 5)  # same weights, other scale
+    check_resume(base, Plan(source=Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # an entry at the resume step
+    check_resume(base, Plan(source=Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # same weights, other scale
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 
     per_step: dict[int, list[np.ndarray]] = {s: [] for s in range(start, stop)}
     for rank in range(plan.world_size):
-        sampler = DeterministicBatchSampler(plan, rank, start_step=start, num_steps=stop - start)
+        sampler = DeterministicBatchSampler(plan, rank, start_step=start, stop_step=stop)
         loader = torch.utils.data.DataLoader(_IdDataset(), batch_sampler=sampler, num_workers=num_workers)
         for step, micro_batches in sampler.steps(loader):
             for a, mb in enumerate(micro_batches):
@@ -285,7 +285,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
                     assert (workers == worker).all()
                     assert a in plan.worker_micro_batches(step, rank, worker, num_workers, start_step=start)
                 per_step[step].append(ids)
-        assert sampler.state_dict() == {"step": stop}
+        assert sampler.state_dict() == {"step": stop, "samples_in_step": 0}
     return per_step
 
 
@@ -299,7 +299,7 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 )
 def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, data, seed, resume):
     schedule = data.draw(weight_schedules(len(sizes), max_step=6))
-    plan = Plan(Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
+    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
                 skip_steps=[(resume + 1, resume + 1)])
     before = _loader_steps(plan, 0, resume, num_workers)
     after_plan = plan.with_world(4, 1)  # elastic: 4 ranks, micro batch 1, same global batch
@@ -331,7 +331,7 @@ def test_locate_resolves_each_sample_in_its_own_sources_layout(seed, step, data)
 
     layouts = _LAYOUTS
     mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
-    plan = Plan(mix, seed=seed, global_batch_size=12, micro_batch_size=3, world_size=2)
+    plan = Plan(source=mix, seed=seed, global_batch_size=12, micro_batch_size=3, world_size=2)
     whole = locate(plan, layouts, step)
     assert (whole.sample_ids == plan.global_batch(step)).all()
     look = plan.stream.lookup(plan.step_positions(step))
@@ -348,7 +348,7 @@ def test_locate_refuses_a_single_layout_for_a_mixture():
     from detsampler import LayoutConfig, locate, make_layout
 
     layout = make_layout(LayoutConfig(seq_len=8), np.full(20, 30))
-    plan = Plan(Mixture([layout, layout], [1, 1], 0), seed=0, global_batch_size=4, micro_batch_size=2)
+    plan = Plan(source=Mixture([layout, layout], [1, 1], 0), seed=0, global_batch_size=4, micro_batch_size=2)
     with pytest.raises(ValueError, match="pass their layouts"):
         locate(plan, layout, 0)
     with pytest.raises(ValueError, match="source 1 has"):
@@ -372,9 +372,9 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
     from detsampler import DeterministicBatchSampler, MixtureDataset
 
     mix = Mixture([13, 7, 30], [(0, [2, 1, 0]), (3, [1, 1, 2])], seed=9)
-    plan = Plan(mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
+    plan = Plan(source=mix, seed=1, global_batch_size=8, micro_batch_size=4, world_size=2)
     dataset = MixtureDataset([_Tagged(k, n) for k, n in enumerate(mix.sizes)], mix)
-    sampler = DeterministicBatchSampler(plan, rank=1, num_steps=6)
+    sampler = DeterministicBatchSampler(plan, rank=1, stop_step=6)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):
@@ -390,14 +390,37 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
 def test_pinned_mixture_ids():
     """Exact outputs: a change here changes every mixture run's data (bump MAPPING_VERSION on purpose if so)."""
     mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
-    plan = Plan(mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
+    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)])
+    assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
+        [6, 73, 111, 9, 152, 105, 27, 37],
+        [171, 120, 179, 67, 167, 141, 168, 36],
+        [162, 101, 153, 43, 165, 104, 159, 95],
+    ]
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    assert far.tolist() == [1111496441, 2762344126, 592569563, 2653853202]
+
+
+def test_pinned_mixture_ids_version_1():
+    """Version 1's outputs, as the first release computed them (the routing is the same; the source shuffles differ)."""
+    mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
+    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)],
+                mapping_version=1)
     assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
         [94, 93, 124, 92, 153, 118, 61, 74],
         [178, 131, 159, 48, 167, 103, 151, 35],
         [170, 145, 173, 56, 174, 141, 163, 53],
     ]
-    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1, mapping_version=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
     assert far.tolist() == [1061388743, 3747138047, 937306914, 3619923107]
+
+
+def test_mixture_and_plan_agree_on_the_mapping_version():
+    mix = Mixture([100, 50], [1, 1], seed=7, mapping_version=1)
+    assert Plan(source=mix, global_batch_size=4, micro_batch_size=2, mapping_version=1).stream.version == 1
+    with pytest.raises(ValueError, match="built for mapping version 1 but the Plan asks for 2"):
+        Plan(source=mix, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"allowed mapping versions are \(1, 2\)"):
+        Mixture([100, 50], [1, 1], seed=7, mapping_version=3)
 
 
 def test_far_positions_cost_what_near_ones_cost():
@@ -405,7 +428,7 @@ def test_far_positions_cost_what_near_ones_cost():
     import tracemalloc
 
     mix = Mixture([10**6, 10**5, 37], [(0, [6, 3, 1]), (10**11, [1, 1, 1]), (10**12, [2, 0, 1])], seed=3)
-    plan = Plan(mix, seed=0, global_batch_size=1024, micro_batch_size=16, world_size=8)
+    plan = Plan(source=mix, seed=0, global_batch_size=1024, micro_batch_size=16, world_size=8)
     tracemalloc.start()
     look = plan.stream.lookup(plan.step_positions(10**12 + 5))
     peak = tracemalloc.get_traced_memory()[1]
@@ -455,7 +478,7 @@ def test_mixture_config_maps_a_toml_table_onto_the_mixture():
 def test_report_counts_the_tokens_each_source_served(seed, data, steps):
     layouts = _LAYOUTS
     mix = Mixture(layouts, data.draw(integer_weights(3)), seed)
-    plan = Plan(mix, seed=seed, global_batch_size=6, micro_batch_size=3)
+    plan = Plan(source=mix, seed=seed, global_batch_size=6, micro_batch_size=3)
     position = plan.consumed(steps)
     look = plan.stream.lookup(np.arange(position))
     report = plan.stream.report(position, chunk=7)
@@ -466,3 +489,51 @@ def test_report_counts_the_tokens_each_source_served(seed, data, steps):
     assert sum(r["tokens"] for r in report) == sum(
         int(np.minimum(lay.locate(look.source_sample[look.source == k]).num_tokens, 16).sum()) for k, lay in enumerate(layouts)
     )
+
+
+def test_sizes_and_positions_beyond_int64_arithmetic_are_refused():
+    """Issue 11, item 6: every size, total and position a Mixture accepts is one its int64 arithmetic computes exactly."""
+    with pytest.raises(ValueError, match=r"sources\[0\] has 9223372036854775808 samples; a source holds at most 2\*\*62"):
+        Mixture([2**63, 3], [1, 1], 0)
+    with pytest.raises(ValueError, match=r"the sources hold 9223372036854775813 samples in all; at most 2\*\*63 - 1"):
+        Mixture([2**62, 2**62, 5], [1, 1, 1], 0)
+    mix = Mixture([2**62, 2**62 - 1], [1, 1], 0)  # the largest: ids up to 2**63 - 2 fit
+    assert mix.sample_ids(np.array([0, 1, 2**62 - 1])).min() >= 0
+    last = Mixture([10, 20, 30], [1, 2, 3], seed=4)
+    end = 2**62 - 1
+    look = last.lookup(np.array([end]))
+    served = last.served(end + 1) - last.served(end)  # the source that position `end` went to, by the closed form
+    assert served.tolist() == [int(k == look.source[0]) for k in range(3)]
+    with pytest.raises(ValueError, match=r"Got position 4611686018427387904, allowed positions are in \[0, 2\*\*62\)"):
+        last.sample_ids(np.array([2**62]))
+    with pytest.raises(ValueError, match=r"position must be an integer <= 4611686018427387904, got 4611686018427387905"):
+        last.served(2**62 + 1)
+    with pytest.raises(ValueError, match=r"step_positions must be .* at most 2\*\*62"):
+        Mixture([10, 20], [(0, [1, 1]), (5, [1, 2])], 0, step_positions=(0, 2**62 + 8))
+
+
+def test_small_mixture_flaws_of_issue_11():
+    """Item 7: numpy weights read like their Python values, clear errors for a string of names and a missing segment."""
+    assert Mixture([10, 10], [np.float32(0.1), np.float32(0.9)], 0).schedule == ((0, (1, 9)),)
+    assert Mixture([10, 10], np.array([0.25, 0.75]), 0).schedule == ((0, (1, 3)),)
+    assert Mixture([10, 10], [(0, np.array([1, 1])), (3, np.array([np.float16(0.5), 1]))], 0).schedule == (
+        (0, (1, 1)), (3, (1, 2)))
+    with pytest.raises(ValueError, match=r"weights must be one weight per source or a schedule .*got a 2-D array"):
+        Mixture([10, 10], np.array([[0.5, 0.5]]), 0)
+    config = MixtureConfig(weights=np.array([np.float32(0.1), np.float32(0.9)]), schedule=[(5, np.array([1, 1]))])
+    assert config.build([10, 10]).schedule == ((0, (1, 9)), (5, (1, 1)))
+    with pytest.raises(ValueError, match="names must be a list of strings, one per source, got 'ab'"):
+        MixtureConfig(weights=[1, 1], names="ab")
+    with pytest.raises(ValueError, match=r"Got segment 5, allowed segments are in \[0, 1\)"):
+        Mixture([10, 10], [1, 1], 0).discrepancy_bounds(5)
+
+
+def test_plan_seed_does_not_key_a_mixture_and_a_resume_may_change_it():
+    """Item 7: a mixture has its own seed; the plan's is unused, so changing it on resume changes nothing and is accepted."""
+    mix = Mixture([100, 50], [1, 1], seed=7)
+    a = Plan(source=mix, seed=1, global_batch_size=4, micro_batch_size=2)
+    b = Plan(source=mix, seed=2, global_batch_size=4, micro_batch_size=2)
+    assert all(np.array_equal(a.global_batch(s), b.global_batch(s)) for s in range(5))
+    check_resume(a.fingerprint(), b, 3)
+    with pytest.raises(ValueError, match="seed"):
+        check_resume(Plan(100, 1, 4, 2).fingerprint(), Plan(100, 2, 4, 2), 3)  # an epoch stream's seed keys its shuffles

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from detsampler.cli import main
+from detsampler.index.prepare import IndexConfig, prepare_index
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 
 WEIGHTS = ["0.5", "0.3", "0.2"]
@@ -48,7 +47,7 @@ def _run(capsys, argv):
 
 def _plan(layouts, schedule=None, skip_steps=None, seed=0) -> Plan:
     weights = [(0, WEIGHTS)] + (schedule or [])
-    return Plan(Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
+    return Plan(source=Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
                 skip_steps=skip_steps)
 
 
@@ -127,7 +126,7 @@ def test_packed_mixture_dataset_through_a_dataloader(num_workers, mixture_paths,
     from detsampler.loader.dataset import MicroBatch
 
     assert isinstance(dataset.__getitems__([0, plan.stream.offsets[2], 1]), MicroBatch)  # the batched path
-    sampler = DeterministicBatchSampler(plan, rank=0, num_steps=4)
+    sampler = DeterministicBatchSampler(plan, rank=0, stop_step=4)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):

@@ -116,7 +116,7 @@ def test_worker_assignment_follows_round_robin_from_the_start_step():
         (dict(global_batch_size=10, micro_batch_size=3), r"global batch size 10 is not divisible by world_size \* micro_batch_size = 1 \* 3 = 3"),
         (dict(world_size=0), "world_size must be an integer >= 1, got 0"),
         (dict(batch_size_schedule=[(1, 4)]), "batch_size_schedule must start at step 0"),
-        (dict(batch_size_schedule=[(0, 2), (5, 4), (3, 4)]), "strictly increasing, got step 3 after 5"),
+        (dict(batch_size_schedule=[(0, 2), (5, 4), (3, 4)]), "strictly increasing, got step 3 after step 5"),
         (dict(batch_size_schedule=[(0, 2), (5, 8)]), r"last batch_size_schedule size \(8\) must equal global_batch_size \(4\)"),
         (dict(batch_size_schedule=[(0, 3), (5, 4)], micro_batch_size=2), "global batch size 3 is not divisible"),
     ],
@@ -135,3 +135,22 @@ def test_bad_step_rank_and_micro_step():
         plan.micro_batch(0, 0, 2)
     with pytest.raises(ValueError, match=r"Got micro_step 2, allowed micro steps of step 0 are in \[0, 2\)"):
         plan.micro_batch(0, 2, 0)
+
+
+def test_mapping_version_is_chosen_recorded_and_kept_on_resume():
+    """Version 1 stays computable (its exact orders: tests/test_pinned.py); a resume may not change the version."""
+    from detsampler import DataFingerprint, check_resume
+    from detsampler.version import MAPPING_VERSION
+
+    def fp(plan):  # one index and one layout: only the plans differ
+        return DataFingerprint("index", {"kind": "concat"}, plan.fingerprint())
+
+    v1, v2 = Plan(1000, 3, 8, 2, mapping_version=1), Plan(1000, 3, 8, 2)
+    assert v2.mapping_version == MAPPING_VERSION == 2
+    assert (v1.fingerprint()["mapping_version"], v2.fingerprint()["mapping_version"]) == (1, 2)
+    assert not np.array_equal(v1.global_batch(0), v2.global_batch(0))
+    check_resume(fp(v1).to_dict(), fp(v1.with_world(2, 2)), 5)
+    with pytest.raises(ValueError, match=r"changes the mapping version from 1 to 2.*Plan\(\.\.\., mapping_version=1\)"):
+        check_resume(fp(v1), fp(v2), 5)
+    with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
+        Plan(1000, 3, 8, 2, mapping_version=3)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from tests.strategies import plans
 
 
@@ -28,8 +28,8 @@ class EchoDataset(Dataset):
         return torch.tensor([i, -1 if info is None else info.id])
 
 
-def run(plan: Plan, rank: int, start_step: int, num_steps: int, num_workers: int) -> list[tuple[int, np.ndarray]]:
-    sampler = DeterministicBatchSampler(plan, rank, start_step=start_step, num_steps=num_steps)
+def run(plan: Plan, rank: int, start_step: int, stop_step: int, num_workers: int) -> list[tuple[int, np.ndarray]]:
+    sampler = DeterministicBatchSampler(plan, rank, start_step=start_step, stop_step=stop_step)
     loader = DataLoader(EchoDataset(plan.stream.num_samples), batch_sampler=sampler, num_workers=num_workers)
     return [(step, torch.cat(batches).numpy()) for step, batches in sampler.steps(loader)]
 
@@ -42,7 +42,7 @@ def test_resumed_dataloader_yields_the_uninterrupted_batches(plan, data):
     num_workers = data.draw(st.sampled_from([0, 2]))
     rank = data.draw(st.integers(min_value=0, max_value=plan.world_size - 1))
     full = run(plan, rank, 0, num_steps, num_workers)
-    resumed = run(plan, rank, resume, num_steps - resume, num_workers)
+    resumed = run(plan, rank, resume, num_steps, num_workers)
     assert [s for s, _ in resumed] == list(range(resume, num_steps))
     for (s, got), (_, want) in zip(resumed, full[resume:]):
         np.testing.assert_array_equal(got[:, 0], want[:, 0])
@@ -66,18 +66,18 @@ def test_resume_on_another_world_size_continues_the_same_global_batches(plan, da
     other = plan.with_world(world_size, 1)
     resume = data.draw(st.integers(min_value=0, max_value=4))
     for step in range(resume, resume + 3):
-        before = np.concatenate([run(plan, r, step, 1, 0)[0][1][:, 0] for r in range(plan.world_size)])
-        after = np.concatenate([run(other, r, step, 1, 0)[0][1][:, 0] for r in range(world_size)])
+        before = np.concatenate([run(plan, r, step, step + 1, 0)[0][1][:, 0] for r in range(plan.world_size)])
+        after = np.concatenate([run(other, r, step, step + 1, 0)[0][1][:, 0] for r in range(world_size)])
         np.testing.assert_array_equal(np.sort(before), np.sort(after))
 
 
 def test_state_dict_names_the_next_step_and_round_trips():
     plan = Plan(100, 0, 4, 2, 1)
     sampler = DeterministicBatchSampler(plan, 0, start_step=3)
-    assert sampler.state_dict() == {"step": 3}
+    assert sampler.state_dict() == {"step": 3, "samples_in_step": 0}
     loader = DataLoader(EchoDataset(100), batch_sampler=sampler)
     for step, _ in sampler.steps(loader):
-        assert sampler.state_dict() == {"step": step + 1}
+        assert sampler.state_dict() == {"step": step + 1, "samples_in_step": 0}
         if step == 6:
             break
     state = sampler.state_dict()
@@ -89,7 +89,7 @@ def test_state_dict_names_the_next_step_and_round_trips():
 
 def test_length_and_errors():
     plan = Plan(100, 0, 8, 2, 2)
-    assert len(DeterministicBatchSampler(plan, 1, start_step=2, num_steps=5)) == 5 * 2
+    assert len(DeterministicBatchSampler(plan, 1, start_step=2, stop_step=7)) == 5 * 2
     with pytest.raises(TypeError, match="endless"):
         len(DeterministicBatchSampler(plan, 0))
     with pytest.raises(ValueError, match=r"Got rank 2, allowed ranks are in \[0, 2\)"):

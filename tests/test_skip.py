@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from detsampler import Mixture, Plan
+from detsampler.plan import data_step
 from detsampler.resume import DataFingerprint
 from detsampler.resume import check_resume as check_fingerprints
-from detsampler.plan import data_step
 from tests.strategies import integer_weights, seeds, skip_ranges
 
 
@@ -27,7 +27,8 @@ _BATCH_SCHEDULES = [None, [(0, 4), (3, 8)], [(0, 8), (10, 4), (20, 8)]]
 
 
 def _plan(stream, seed, skips=None, schedule=None, world_size=2, micro_batch_size=2) -> Plan:
-    return Plan(stream, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size,
+    data = {"num_samples": stream} if isinstance(stream, int) else {"source": stream}
+    return Plan(**data, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size,
                 batch_size_schedule=schedule, skip_steps=skips)
 
 
@@ -131,9 +132,10 @@ def test_sampler_yields_the_data_steps_of_the_training_steps():
     from detsampler import DeterministicBatchSampler
 
     plan = _plan(30, 1, [(2, 4)])
-    sampler = DeterministicBatchSampler(plan, rank=1, start_step=1, num_steps=4)
+    sampler = DeterministicBatchSampler(plan, rank=1, start_step=1, stop_step=5)
+    length = len(sampler)
     got = list(sampler)
-    assert len(got) == len(sampler) == 4 * plan.num_micro_steps(0)
+    assert len(got) == length == 4 * plan.num_micro_steps(0)
     plain = _plan(30, 1)
     expected = [plain.micro_batch(d, a, 1).tolist() for d in (1, 5, 6, 7) for a in range(plain.num_micro_steps(d))]
     assert got == expected

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from detsampler.cli import main
+from detsampler.index.prepare import IndexConfig, prepare_index
 from detsampler.layout import LayoutConfig
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.index.prepare import IndexConfig, prepare_index
 from tests.mixture_corpora import write_mixture_corpora
 from train.launch import run_training, train_command
 from train.metrics import read_metrics, sample_hash
@@ -83,7 +83,7 @@ def _plan(root: Path, paths: list[str], schedule=None) -> Plan:
     layouts = [prepare_index(IndexConfig(data=p, tokenizer=str(root / "tok.model"), cache_dir=str(root / "cache")),
                              progress=False).index.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN, seed=SEED))
                for p in paths]
-    return Plan(Mixture(layouts, [(0, WEIGHTS), *(schedule or [])], SEED), SEED, GBS, MBS)
+    return Plan(source=Mixture(layouts, [(0, WEIGHTS), *(schedule or [])], SEED), seed=SEED, global_batch_size=GBS, micro_batch_size=MBS)
 
 
 def test_trainer_on_a_three_source_mixture_and_stats_report_the_shares(setup, tmp_path, capsys):

@@ -13,6 +13,7 @@ batches where two ranks reduce-scatter partial sums), so losses are compared to 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -200,3 +201,24 @@ def test_allow_data_change_resumes_anyway(baseline: Path, tmp_path: Path, cache_
     assert f"resuming from {run_dir / 'checkpoints' / f'step_{N:08d}'} at step {N}" in result.output
     m = read_metrics(run_dir)
     assert sorted(m.steps) == list(range(N + 1))
+
+
+def test_a_version_1_run_resumes_on_version_1(baseline: Path, tmp_path: Path, cache_dir: Path) -> None:
+    """A run started on mapping version 1 (before version 2 existed, say) resumes on it without being told: every step,
+    before and after the resume, reads version 1's samples, which differ from the current version's."""
+    from detsampler.plan import Plan
+    from train.metrics import sample_hash
+
+    run_dir = tmp_path / "run"
+    _train(run_dir, cache_dir, nproc=1, torchrun=False, stop_at=HALF, **{"data.mapping_version": 1})
+    _train(run_dir, cache_dir, nproc=1, torchrun=False)  # the configuration's default: the checkpoint's version
+    m = read_metrics(run_dir)
+    assert [e["step"] for e in m.resumes] == [HALF]
+    saved = json.loads((run_dir / "checkpoints" / f"step_{N:08d}" / "data_fingerprint.json").read_text())
+    plan = saved["data_fingerprint"]["plan"]
+    assert plan["mapping_version"] == 1
+    v1 = Plan(plan["stream"]["num_samples"], plan["seed"], 16, 4, mapping_version=1)
+    current = read_metrics(baseline)
+    for step in range(N):
+        assert m.steps[step]["sample_hash"] == sample_hash(v1.global_batch(step)), f"step {step} did not read version 1"
+        assert m.steps[step]["sample_hash"] != current.steps[step]["sample_hash"]

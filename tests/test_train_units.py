@@ -14,10 +14,10 @@ import torch
 from detsampler.plan import Plan
 from train.checkpoint import (
     COMPLETE,
+    DataFingerprintError,
     check_fingerprint,
     complete_checkpoints,
     data_fingerprint,
-    DataFingerprintError,
     fingerprint_changes,
     latest_checkpoint,
     remove_incomplete,
@@ -60,6 +60,7 @@ def test_overrides_map_one_to_one_onto_toml_keys() -> None:
         (["model.dim=30"], "ModelConfig.dim (30) must be divisible by n_heads (4)"),
         (["schedule.decay=exp"], "ScheduleConfig.decay must be"),
         (["seq_len=3"], "--set expects section.key=value"),
+        (["data.mapping_version=3"], "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of"),
     ],
 )
 def test_bad_configuration_names_the_parameter(overrides: list[str], message: str) -> None:
@@ -229,6 +230,18 @@ def test_thread_prefetcher_keeps_order_raises_where_the_reader_failed_and_stops(
         ThreadPrefetcher(range(3), depth=0)
 
 
+def test_the_mapping_version_comes_from_the_config_else_the_checkpoint_else_the_current_one() -> None:
+    from train.checkpoint import saved_mapping_version
+    from train.config import DataConfig
+    from train.train import _data_config
+
+    v1_meta = {"step": 4, "data": {"plan": Plan(100, 0, 8, 2, mapping_version=1).fingerprint()}}
+    assert saved_mapping_version(v1_meta["data"]) == 1
+    assert _data_config(DataConfig(), v1_meta).mapping_version == 1  # a run started on version 1 resumes on it
+    assert _data_config(DataConfig(), None).mapping_version == 2  # a new run: the current version
+    assert _data_config(DataConfig(mapping_version=2), v1_meta).mapping_version == 2  # as asked (the fingerprint check refuses)
+    with pytest.raises(DataFingerprintError, match="records no mapping version"):
+        saved_mapping_version({"plan": {"seed": 0}})
 def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
     """A NaN loss used to be written as a bare ``NaN``, which strict JSON parsers reject (issue 10 item 12)."""
     import json

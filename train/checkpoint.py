@@ -24,7 +24,6 @@ rank 0 joins the process group, so that the other ranks wait in the rendezvous (
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -39,8 +38,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from detsampler.atomic import atomic_write, fsync_dir
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
-from train.integrity import COMPLETE, CheckpointCorrupt, checkpoint_files, file_digests, verify_checkpoint, write_complete
+from train.integrity import (
+    COMPLETE,
+    CheckpointCorrupt,
+    checkpoint_files,
+    file_digests,
+    verify_checkpoint,
+    write_complete,
+)
 
 __all__ = [
     "COMPLETE",
@@ -51,6 +58,7 @@ __all__ = [
     "complete_checkpoints",
     "data_fingerprint",
     "fingerprint_changes",
+    "saved_mapping_version",
     "kill_point",
     "latest_checkpoint",
     "load_checkpoint",
@@ -96,6 +104,14 @@ def kill_point(name: str, step: int) -> None:
 def data_fingerprint(index_fingerprint: str, layout: dict, plan: dict) -> dict:
     """The saved form of :class:`detsampler.resume.DataFingerprint` (what fixes the data stream of every step)."""
     return DataFingerprint(index_fingerprint, layout, plan).to_dict()
+
+
+def saved_mapping_version(saved: dict) -> int:
+    """The mapping version a checkpoint's data fingerprint records (its plan's), which a resume must keep."""
+    version = saved.get("plan", {}).get("mapping_version") if isinstance(saved, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DataFingerprintError(f"the checkpoint's data fingerprint records no mapping version (plan: {saved.get('plan')!r})")
+    return version
 
 
 def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, resume_step: int | None = None) -> None:
@@ -197,14 +213,6 @@ class _Writer(dcp.FileSystemWriter):
         super().finish(metadata, results)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -234,16 +242,16 @@ def save_checkpoint(
     dcp.save(state, storage_writer=_Writer(str(tmp), step))
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
-        (tmp / FINGERPRINT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        atomic_write(tmp / FINGERPRINT_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
     digests = _hash_shards(tmp)
     if _rank() == 0:
         rest = sorted(set(checkpoint_files(tmp)) - set(digests))  # .metadata, data_fingerprint.json
         write_complete(tmp, step, {**digests, **file_digests(tmp, rest)})
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # a checkpoint of this step from an earlier, resumed attempt
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from detsampler.checks import check_int
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -35,9 +37,7 @@ __all__ = [
 
 
 def _positive_int(obj: Any, name: str, minimum: int = 1) -> None:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{type(obj).__name__}.{name} must be an integer >= {minimum}, got {value!r}")
+    check_int(getattr(obj, name), f"{type(obj).__name__}.{name}", minimum=minimum)
 
 
 def _positive_float(obj: Any, name: str, allow_zero: bool = False) -> None:
@@ -101,6 +101,8 @@ class DataConfig:
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too (see
     :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
     trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
+    ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint
+    records and starts a new run on the current one.
     """
 
     source: str = ""
@@ -125,9 +127,16 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
+    mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+        from detsampler.version import MAPPING_VERSIONS
+
+        version = self.mapping_version
+        if isinstance(version, bool) or not isinstance(version, int) or (version != 0 and version not in MAPPING_VERSIONS):
+            raise ValueError(f"DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
+                             f"{MAPPING_VERSIONS}, got {self.mapping_version!r}")
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")

@@ -17,9 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.plan import Plan
 from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan
 from detsampler.resume import DataFingerprint
+from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
 __all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config"]
@@ -126,7 +127,7 @@ class DataPipeline:
     @property
     def masked_attention(self) -> bool:
         """Whether attention must be masked per document (document and bestfit layouts)."""
-        return self.layout.config.kind != "concat"
+        return not self.layout.labels_cross_documents
 
     def fingerprint(self) -> dict:
         """The data fingerprint; for a mixture, of every source's index and layout (the plan holds the weights)."""
@@ -139,7 +140,7 @@ class DataPipeline:
         return DataFingerprint.of([index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan)
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
-        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, num_steps=stop_step - start_step)
+        return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
 
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
         from detsampler.loader.dataset import collate_micro_batch
@@ -177,16 +178,18 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
     return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
 
 
-def _plan(config: DataConfig, num_samples: Any, world_size: int) -> Plan:
-    """The plan of ``config`` over ``num_samples`` (a layout's sample count, or a mixture)."""
+def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None) -> Plan:
+    """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples=num_samples,
+        source=source,
         seed=config.seed,
         global_batch_size=config.global_batch_size,
         micro_batch_size=config.micro_batch_size,
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
+        mapping_version=config.mapping_version or MAPPING_VERSION,
     )
 
 
@@ -210,7 +213,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, layout.num_samples, world_size)
+    plan = _plan(config, world_size, num_samples=layout.num_samples)
     dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
@@ -229,19 +232,13 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
-    from dataclasses import replace
-
-    from detsampler.text.corpus import default_tokenizer
+    from detsampler.index.prepare import prepare_sources
     from detsampler.loader.mixture_dataset import MixtureDataset
-    from detsampler.index.prepare import prepare_index
 
-    base = index_config(config)
-    tokenizer_path = base.tokenizer or default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
-    prepared = [prepare_index(replace(base, data=src, tokenizer=str(tokenizer_path)), progress=rank == 0)
-                for src in config.mixture_sources]
+    prepared = prepare_sources(index_config(config), config.mixture_sources, progress=rank == 0)
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
-    plan = _plan(config, mixture, world_size)
+    plan = _plan(config, world_size, source=mixture)
     datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
     return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
                         dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])

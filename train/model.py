@@ -159,5 +159,3 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask)
         return self.output(self.norm(x))
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

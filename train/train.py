@@ -44,8 +44,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from detsampler.cli import show_library_log
+from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
-from train.config import TrainConfig, config_to_dict, load_config
+from train.config import DataConfig, TrainConfig, config_to_dict, load_config
 from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
 from train.metrics import MetricsLog, sample_hash
 from train.model import Transformer
@@ -230,6 +231,15 @@ def log(rt: Runtime, text: str) -> None:
         print(text, flush=True)
 
 
+def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
+    """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version it
+    started on), else the current one."""
+    if config.mapping_version:
+        return config
+    version = ckpt.saved_mapping_version(meta["data"]) if meta is not None else MAPPING_VERSION
+    return replace(config, mapping_version=version)
+
+
 def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_data_change: bool = False,
           stop_at: int | None = None) -> None:
     """Train ``cfg.schedule.steps`` steps (or up to ``stop_at``) in ``run_dir``, resuming as ``resume`` says."""
@@ -243,12 +253,12 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_dat
             for p in ckpt.remove_incomplete(ckpt_dir):
                 print(f"removed incomplete checkpoint {p}", flush=True)
         dist.barrier()
-        data = build_pipeline(cfg.data, rt.world_size, rt.rank)
-        fingerprint = data.fingerprint()
         resume_path = choose_checkpoint(resume, ckpt_dir, lambda text: log(rt, text))
+        meta = ckpt.read_meta(resume_path) if resume_path is not None else None
+        data = build_pipeline(_data_config(cfg.data, meta), rt.world_size, rt.rank)
+        fingerprint = data.fingerprint()
         start_step = 0
-        if resume_path is not None:
-            meta = ckpt.read_meta(resume_path)
+        if meta is not None:
             if not allow_data_change:
                 ckpt.check_fingerprint(resume_path, meta["data"], fingerprint, resume_step=meta["step"])
             start_step = meta["step"]

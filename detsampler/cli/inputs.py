@@ -34,17 +34,9 @@ def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
 
 def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Prepared]:
     """One prepared index per mixture source, all with the same tokenizer."""
-    from dataclasses import replace
+    from detsampler.index.prepare import prepare_sources as prepare_all
 
-    from detsampler.text.corpus import default_tokenizer
-    from detsampler.index.prepare import prepare_index
-
-    base = index_config(args)
-    tokenizer = base.tokenizer
-    if tokenizer is None:
-        tokenizer = default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path
-    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=sys.stderr.isatty())
-            for src in config.sources]
+    return prepare_all(index_config(args), config.sources, progress=sys.stderr.isatty())
 
 
 def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
@@ -52,4 +44,4 @@ def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, config.build(layouts))
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts))

@@ -8,12 +8,15 @@ parsed options takes each mapped field from its option and nothing else (tests c
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from detsampler.layout import LAYOUT_KINDS, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
+from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
 if TYPE_CHECKING:
     from detsampler.index.prepare import IndexConfig
@@ -51,6 +54,7 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "world_size": ("Plan", "world_size"),
     "batch_size_schedule": ("Plan", "batch_size_schedule"),
     "skip_steps": ("Plan", "skip_steps"),
+    "mapping_version": ("Plan", "mapping_version"),
     "mixture_data": ("MixtureConfig", "sources"),
     "mixture_weights": ("MixtureConfig", "weights"),
     "mixture_schedule": ("MixtureConfig", "schedule"),
@@ -79,6 +83,28 @@ def _schedule(text: str) -> list[tuple[int, int]]:
 
 def _skip_ranges(text: str) -> list[tuple[int, int]]:
     return _int_pairs(text, "FIRST:LAST[,FIRST:LAST...] (inclusive data steps), e.g. 100:199")
+
+
+def mapping_version(text: str) -> int:
+    """A mapping version, given as a number or as a checkpoint that records one: a checkpoint directory holding
+    ``data_fingerprint.json``, that file, or any JSON file holding a ``Plan.fingerprint()`` (under ``plan`` or not)."""
+    if text.strip().isdigit():
+        version = int(text)
+    else:
+        path = Path(text)
+        path = path / "data_fingerprint.json" if path.is_dir() else path
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"expected a mapping version or a checkpoint recording one, got {text!r} ({exc})")
+        for key in ("data_fingerprint", "plan"):
+            found = found.get(key, found) if isinstance(found, dict) else found
+        version = found.get("mapping_version") if isinstance(found, dict) else None
+        if not isinstance(version, int):
+            raise argparse.ArgumentTypeError(f"{path} records no mapping version (expected a checkpoint's data_fingerprint.json)")
+    if version not in MAPPING_VERSIONS:
+        raise argparse.ArgumentTypeError(f"mapping version must be one of {MAPPING_VERSIONS}, got {version} (from {text!r})")
+    return version
 
 
 def step_range(text: str) -> tuple[int, int]:
@@ -169,6 +195,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    help="global batch size ramp: FIRST_STEP:SIZE pairs from step 0; the last SIZE must equal --global-batch-size")
     g.add_argument("--skip-steps", type=_skip_ranges, default=None, metavar="A:B[,A:B...]",
                    help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them")
+    g.add_argument("--mapping-version", type=mapping_version, default=MAPPING_VERSION, metavar="V|CHECKPOINT",
+                   help="Plan.mapping_version: the sample orders of this version, or of the version a checkpoint directory "
+                        "(or its data_fingerprint.json) records (default: %(default)s, the current one)")
 
 
 # -- parsed options -> dataclasses -----------------------------------------------------------------------------------------
@@ -186,16 +215,18 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
     return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
 
 
-def plan_from_args(args: argparse.Namespace, num_samples: int | Mixture) -> Plan:
-    """The Plan of the parsed options over ``num_samples`` (a count or a mixture)."""
+def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, source: Mixture | None = None) -> Plan:
+    """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
     return Plan(
         num_samples,
+        source=source,
         seed=args.seed,
         global_batch_size=args.global_batch_size,
         micro_batch_size=args.micro_batch_size,
         world_size=args.world_size,
         batch_size_schedule=args.batch_size_schedule,
         skip_steps=args.skip_steps,
+        mapping_version=args.mapping_version,
     )
 
 

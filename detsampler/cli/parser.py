@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from detsampler.cli.options import add_index_options, add_layout_options, add_mixture_options, add_plan_options, step_range
+from detsampler.cli.options import (
+    add_index_options,
+    add_layout_options,
+    add_mixture_options,
+    add_plan_options,
+    step_range,
+)
 from detsampler.layout import LAYOUT_KINDS
 
 __all__ = ["build_parser"]

@@ -10,7 +10,6 @@ import argparse
 import json
 from typing import Any, Sequence
 
-
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.report import fmt_int, print_rows

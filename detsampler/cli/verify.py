@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import numpy as np
-
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.mixture import MixtureConfig
@@ -22,8 +20,9 @@ __all__ = ["cmd_verify"]
 def _print_epochs(rows: list[dict[str, Any]], indent: str) -> None:
     for r in rows:
         gaps = "n/a (partial epoch)" if r["gaps"] is None else r["gaps"]
+        skipped = f", {r['skipped_samples']} skipped" if r["skipped_samples"] else ""
         print(f"{indent}epoch {r['epoch']}: {r['positions']} positions, {r['distinct_samples']} distinct samples "
-              f"({100 * r['coverage']:.2f}% of the epoch), duplicates {r['duplicates']}, gaps {gaps}"
+              f"({100 * r['coverage']:.2f}% of the epoch){skipped}, duplicates {r['duplicates']}, gaps {gaps}"
               + (", complete" if r["complete"] else ""))
 
 
@@ -36,6 +35,10 @@ def _print_header(report: dict, plan: Plan, what: str) -> None:
     a, b = report["steps"]
     print(f"verify steps {a}..{b - 1}: {b - a} steps x {plan.world_size} rank(s), positions [{report['positions'][0]}, "
           f"{report['positions'][1]}), {what}")
+    if report["skipped"]["positions"]:
+        ranges = ", ".join(f"{lo}..{hi}" for lo, hi in report["skipped"]["data_steps"])
+        print(f"  skipped: data steps {ranges} ({report['skipped']['positions']} positions, never trained on; "
+              "accounted as skipped, not as gaps)")
     if report["position_problems"]:
         print(f"  micro batches do not partition steps {report['position_problems'][:10]}")
 

@@ -10,7 +10,13 @@
 from __future__ import annotations
 
 from detsampler.index.build import build_index
-from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError, dataset_fingerprint, default_cache_dir, token_dtype
+from detsampler.index.format import (
+    INDEX_FORMAT_VERSION,
+    TokenIndexError,
+    dataset_fingerprint,
+    default_cache_dir,
+    token_dtype,
+)
 from detsampler.index.reader import TokenIndex
 
 __all__ = [

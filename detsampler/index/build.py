@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from detsampler.index.files import HEADER_BYTES, fsync_dir, fsync_file, npy_header, save_npy, sha256_file
+from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.checks import check_positive_int
+from detsampler.index.files import HEADER_BYTES, npy_header, save_npy, sha256_file
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
@@ -73,11 +75,7 @@ def _write_tokens(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: st
 def _write_meta(tmp: Path, meta: dict) -> None:
     """``tmp/meta.json``, written (to a temporary name, fsynced, renamed) after every other file: a directory without it
     never opens."""
-    meta_tmp = tmp / "meta.json.tmp"
-    meta_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    fsync_file(meta_tmp)
-    os.replace(meta_tmp, tmp / "meta.json")  # meta.json last: a directory without it never opens
-    fsync_dir(tmp)
+    atomic_write(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool, key: str) -> dict:
@@ -130,8 +128,7 @@ def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_
     from detsampler.text.corpus import check_text_column
 
     check_text_column(dataset, text_column)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
+    check_positive_int(num_proc, "num_proc")
     if not isinstance(tokenizer, Tokenizer):
         raise ValueError(f"tokenizer must be a detsampler.text.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
 

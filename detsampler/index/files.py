@@ -1,4 +1,4 @@
-"""Durable writes and checksums of the files of an index directory.
+"""The ``.npy`` files of an index directory: durable writes and checksums (atomic renames: :mod:`detsampler.atomic`).
 
 Invariant: :func:`save_npy` returns only once the array is on disk (fsynced); :func:`npy_header` is exactly
 :data:`HEADER_BYTES` long, so a token file can be streamed after a placeholder header and the header written last.
@@ -12,27 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HEADER_BYTES", "fsync_file", "fsync_dir", "sha256_file", "npy_header", "save_npy"]
+__all__ = ["HEADER_BYTES", "sha256_file", "npy_bytes", "npy_header", "save_npy"]
 
 HEADER_BYTES = 128  # a 1-D .npy v1.0 header is always 128 bytes (checked when written)
-
-
-def fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def sha256_file(path: Path) -> str:
@@ -60,3 +42,12 @@ def save_npy(path: Path, array: np.ndarray) -> None:
         f.flush()
         os.fsync(f.fileno())
 
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` serialized as a ``.npy`` v1.0 file (no pickles), for :func:`detsampler.atomic.atomic_write`."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
+    return buf.getvalue()

@@ -5,17 +5,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
 from detsampler.text.tokenizer import Tokenizer
 
-__all__ = ["IndexConfig", "Prepared", "prepare_index"]
+__all__ = ["IndexConfig", "Prepared", "prepare_index", "prepare_sources"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,20 +41,16 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.text_column, str) or not self.text_column:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 300:
-            raise ValueError(f"vocab_size must be an integer >= 300, got {self.vocab_size!r}")
-        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
-            raise ValueError(f"num_proc must be an integer >= 1, got {self.num_proc!r}")
+        check_int(self.vocab_size, "vocab_size", minimum=300)
+        check_positive_int(self.num_proc, "num_proc")
         if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()):
             raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
         if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
         if not isinstance(self.store_tokens, bool):
             raise ValueError(f"store_tokens must be a bool, got {self.store_tokens!r}")
-        if self.max_documents is not None and (
-            isinstance(self.max_documents, bool) or not isinstance(self.max_documents, int) or self.max_documents < 1
-        ):
-            raise ValueError(f"max_documents must be an integer >= 1 or None, got {self.max_documents!r}")
+        if self.max_documents is not None:
+            check_positive_int(self.max_documents, "max_documents (or None)")
 
     @property
     def cache_path(self) -> Path:
@@ -103,3 +100,13 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         progress=progress,
     )
     return Prepared(config, dataset, tokenizer, index)
+
+
+def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = True) -> list[Prepared]:
+    """One prepared index per mixture source (``base`` with ``data`` set to each source), all with one tokenizer.
+
+    Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on the
+    standard library (never a model trained per source, which would make token ids incomparable across sources).
+    """
+    tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
+    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]

@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detsampler.index.files import save_npy, sha256_file
+from detsampler.atomic import atomic_write
+from detsampler.index.files import npy_bytes, sha256_file
 from detsampler.index.format import (
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
     TokenIndexError,
     dataset_fingerprint,
-    default_cache_dir,
     index_cache_key,
     token_dtype,
 )
@@ -242,9 +241,7 @@ class TokenIndex:
         layout = make_layout(config, self.lengths)
         try:
             cached.parent.mkdir(exist_ok=True)
-            tmp = cached.with_name(f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            save_npy(tmp, layout.bins_per_window)
-            os.replace(tmp, cached)
+            atomic_write(cached, npy_bytes(layout.bins_per_window))
         except OSError:
             pass
         return layout

@@ -84,7 +84,7 @@ class PackedDataset(Dataset):
         tokenizer: Tokenizer | None = None,
         text_column: str = "text",
     ) -> None:
-        if layout.num_documents != index.num_documents or not np.array_equal(getattr(layout, "lengths"), index.lengths):
+        if layout.num_documents != index.num_documents or not np.array_equal(layout.lengths, index.lengths):
             raise ValueError(
                 f"the layout was made over other document lengths ({layout.num_documents} documents) than the index "
                 f"{str(index.path)!r} ({index.num_documents} documents): make it with index.layout(config)"
@@ -93,7 +93,9 @@ class PackedDataset(Dataset):
         self.layout = layout
         self.kind = layout.config.kind
         self.seq_len = layout.config.seq_len
-        self.restart_position_ids = self.kind != "concat" if restart_position_ids is None else bool(restart_position_ids)
+        self.restart_position_ids = (
+            not layout.labels_cross_documents if restart_position_ids is None else bool(restart_position_ids)
+        )
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.text_column = text_column
@@ -165,7 +167,7 @@ class PackedDataset(Dataset):
         # each field is written into it once.
         out = np.empty((len(FIELDS), len(ids), L), dtype=np.int64)
         input_ids, labels, position_ids, document_ids = out
-        if self.kind == "concat":
+        if self.layout.labels_cross_documents:
             input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
             if not g.full:
                 labels[~g.valid[:, 1:]] = -100

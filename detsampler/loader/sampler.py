@@ -1,8 +1,13 @@
-"""The torch adapter: a batch sampler that yields a rank's micro batches step by step, from any start step."""
+"""The torch adapter: a batch sampler that yields a rank's micro batches step by step, from any position, and whose
+state is the next micro batch not yet consumed."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from types import FrameType
+from typing import Any
 
 from torch.utils.data import Sampler
 
@@ -10,66 +15,227 @@ from detsampler.plan import Plan, _check_step
 
 __all__ = ["DeterministicBatchSampler"]
 
+_STATE_KEYS = ("step", "samples_in_step")
+
 
 class DeterministicBatchSampler(Sampler[list[int]]):
-    """The micro batches (lists of sample ids) of ``rank``, for steps ``start_step, start_step + 1, ...``.
+    """The micro batches (lists of sample ids) of ``rank``, from step ``start_step`` up to (excluding) ``stop_step``.
 
-    Pass it as ``batch_sampler=`` to a ``torch.utils.data.DataLoader`` over a map-style dataset. The i-th batch it yields is
-    micro step ``a`` of step ``s`` of ``plan``; the DataLoader dispatches batches to workers round-robin and returns them in
-    order, so ``num_workers`` changes nothing but speed, and workers never read the same sample.
+    Pass it as ``batch_sampler=`` to a ``torch.utils.data.DataLoader`` (or torchdata's ``StatefulDataLoader``) over a
+    map-style dataset. It yields micro step ``0, 1, ...`` of each step of ``plan`` in turn; the DataLoader dispatches
+    batches to workers round-robin and returns them in order, so ``num_workers`` changes nothing but speed.
 
-    Its only state is a step number, the same on every rank: ``state_dict() == {"step": s}`` names the next step to train.
-    It is advanced by :meth:`steps` (which groups a DataLoader's batches by step) or set with :meth:`load_state_dict`.
+    State: ``state_dict() == {"step": s, "samples_in_step": k}`` names the next micro batch not yet consumed: step
+    ``s``, whose first ``k`` samples (all ranks together: ``k = micro_step * world_size * micro_batch_size``) were
+    consumed. It is equal on every rank that consumed the same number of micro batches, and elastic: it loads into a
+    plan of another ``world_size`` or ``micro_batch_size`` (mid-step only where ``k`` is a whole number of its micro
+    steps; at a step boundary, ``k == 0``, always). ``{"step": s}`` alone means ``k == 0``. What counts as consumed:
+
+    - iterating the sampler directly (or a DataLoader without workers): each micro batch it yields;
+    - :meth:`steps`: each step it hands out, even while a DataLoader's workers run the sampler ahead;
+    - torchdata's ``StatefulDataLoader``: the sampler's iterator is itself stateful (the position of the next micro
+      batch it yields), which the loader snapshots as it hands out each batch, so ``loader.state_dict()`` resumes at
+      the next micro batch the loader has not returned, mid-step included, with any ``num_workers``.
+
+    A plain DataLoader with workers prefetches: without :meth:`steps` the sampler cannot see what was consumed, so
+    checkpoint through :meth:`steps` or use ``StatefulDataLoader`` there. Every iteration starts at the state;
+    ``stop_step`` is absolute and never moves.
     """
 
-    def __init__(self, plan: Plan, rank: int, start_step: int = 0, num_steps: int | None = None) -> None:
+    def __init__(self, plan: Plan, rank: int, start_step: int = 0, stop_step: int | None = None) -> None:
         plan._check_rank(rank)
-        if num_steps is not None:
-            _check_step(num_steps, "num_steps")
+        start_step = _check_step(start_step, "start_step")
+        if stop_step is not None:
+            stop_step = _check_step(stop_step, "stop_step")
+            if stop_step < start_step:
+                raise ValueError(f"stop_step {stop_step} comes before start_step {start_step}")
         self.plan = plan
         self.rank = int(rank)
-        self.start_step = _check_step(start_step, "start_step")
-        self.num_steps = num_steps
-        self._next_step = self.start_step
+        self.start_step = start_step
+        self.stop_step = stop_step
+        self._position = (start_step, 0)  # (step, micro step) of the next micro batch not yet consumed
+        self._iter_start = self._position  # where the newest iteration started (or was restored)
+        self._generation = 0  # iterations made so far
+        self._tracked_up_to = 0  # iterations whose yields no longer count as consumed (steps() counts instead)
+        self._lock = threading.Lock()  # a DataLoader may run the sampler in a thread beside steps()
 
-    @property
-    def stop_step(self) -> int | None:
-        return None if self.num_steps is None else self.start_step + self.num_steps
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
 
-    def __iter__(self) -> Iterator[list[int]]:
-        step = self.start_step
-        while self.stop_step is None or step < self.stop_step:
-            for micro_step in range(self.plan.num_micro_steps(step)):
-                yield self.plan.micro_batch(step, micro_step, self.rank).tolist()
-            step += 1
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> _MicroBatches:
+        _refuse_resharding(self, sys._getframe(1))
+        with self._lock:
+            self._generation += 1
+            self._iter_start = self._position
+            return _MicroBatches(self, self._position, self._generation)
 
     def __len__(self) -> int:
+        """Micro batches from the state up to ``stop_step``: what a new iteration yields."""
         if self.stop_step is None:
-            raise TypeError("an endless DeterministicBatchSampler has no length: pass num_steps")
-        return self.plan.micro_steps_between(self.start_step, self.stop_step)
+            raise TypeError("an endless DeterministicBatchSampler has no length: pass stop_step")
+        step, micro_step = self._position
+        if step >= self.stop_step:
+            return 0
+        return self.plan.micro_steps_between(step, self.stop_step) - micro_step
+
+    def _done(self, step: int) -> bool:
+        return self.stop_step is not None and step >= self.stop_step
+
+    def _next(self, step: int, micro_step: int) -> tuple[int, int]:
+        micro_step += 1
+        return (step + 1, 0) if micro_step == self.plan.num_micro_steps(step) else (step, micro_step)
+
+    def _yielded(self, generation: int, position: tuple[int, int]) -> None:
+        with self._lock:
+            if generation > self._tracked_up_to:
+                self._position = position
+
+    def _restored(self, position: tuple[int, int]) -> None:
+        with self._lock:
+            self._position = self._iter_start = position
 
     def steps(self, batches: Iterable[Any]) -> Iterator[tuple[int, list[Any]]]:
-        """Group ``batches`` (a DataLoader over this sampler) by step: yields ``(step, [micro batches])``.
+        """Group ``batches`` (a DataLoader over this sampler, possibly wrapped) by step: ``(step, micro_batches)``.
 
-        Before each step is yielded, the state moves past it, so a checkpoint taken after training it resumes at the next one.
+        The batches are labelled from where the sampler's newest iteration started or was restored (a restored
+        ``StatefulDataLoader``'s position, mid-step included: the first step yielded then holds only its remaining micro
+        batches). Before each step is yielded, the state moves past it, so a checkpoint taken after training it resumes
+        at the next one, however far the DataLoader has run the sampler ahead.
         """
+        _check_snapshots(batches)
         it = iter(batches)
-        step = self.start_step
-        while self.stop_step is None or step < self.stop_step:
+        with self._lock:
+            self._tracked_up_to = self._generation
+            step, micro_step = self._position = self._iter_start
+        while not self._done(step):
             micro_batches = []
-            for _ in range(self.plan.num_micro_steps(step)):
+            for _ in range(self.plan.num_micro_steps(step) - micro_step):
                 try:
                     micro_batches.append(next(it))
                 except StopIteration:
                     return
-            self._next_step = step + 1
+            with self._lock:
+                self._position = (step + 1, 0)
             yield step, micro_batches
-            step += 1
+            step, micro_step = step + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"step": self._next_step}
+        with self._lock:
+            return self._state(self._position)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at ``state["step"]``: the next iteration starts there; ``num_steps`` keeps counting from it."""
-        step = _check_step(state["step"], "step")  # an integer: 2.7 is refused, not truncated
-        self.start_step = self._next_step = step
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume at ``state`` (refused, with nothing changed, unless it is a valid state of this sampler's plan)."""
+        position = self._parse(state)
+        with self._lock:
+            self._position = self._iter_start = position
+            self._tracked_up_to = self._generation  # iterations made before no longer move the state
+
+    def _state(self, position: tuple[int, int]) -> dict[str, int]:
+        step, micro_step = position
+        return {"step": step, "samples_in_step": micro_step * self.plan.world_size * self.plan.micro_batch_size}
+
+    def _parse(self, state: Mapping[str, int]) -> tuple[int, int]:
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict like {{'step': 3}}, got {type(state).__name__}")
+        unknown = sorted(str(key) for key in state if key not in _STATE_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown keys {unknown} in the sampler state: expected 'step' and optionally 'samples_in_step'"
+            )
+        if "step" not in state:
+            raise ValueError("the sampler state is missing 'step'")
+        step = _check_step(state["step"], "step")
+        samples = _check_step(state.get("samples_in_step", 0), "samples_in_step")
+        per_micro_step = self.plan.world_size * self.plan.micro_batch_size
+        if self.stop_step is not None and (step, samples) > (self.stop_step, 0):
+            raise ValueError(f"step {step} is past stop_step {self.stop_step}")
+        if samples and samples >= self.plan.batch_size(step):
+            raise ValueError(
+                f"samples_in_step {samples} of step {step} must be < its batch size {self.plan.batch_size(step)}"
+            )
+        if samples % per_micro_step:
+            raise ValueError(
+                f"samples_in_step {samples} of step {step} is not a whole number of micro steps of world_size * "
+                f"micro_batch_size = {self.plan.world_size} * {self.plan.micro_batch_size}: resume this mid-step "
+                "checkpoint with a world size and micro batch size that divide it"
+            )
+        return step, samples // per_micro_step
+
+
+class _MicroBatches:
+    """One iteration of a sampler: its micro batches from a position on. Its state is the next micro batch it yields.
+
+    torchdata's ``StatefulDataLoader`` saves this state as it hands out each batch and restores it before prefetching
+    again, which is what makes a restored loader resume at its next unreturned micro batch.
+    """
+
+    def __init__(self, sampler: DeterministicBatchSampler, position: tuple[int, int], generation: int) -> None:
+        self._sampler = sampler
+        self._position = position
+        self._generation = generation
+
+    def __iter__(self) -> _MicroBatches:
+        return self
+
+    def __next__(self) -> list[int]:
+        step, micro_step = self._position
+        if self._sampler._done(step):
+            raise StopIteration
+        ids = self._sampler.plan.micro_batch(step, micro_step, self._sampler.rank).tolist()
+        self._position = self._sampler._next(step, micro_step)
+        self._sampler._yielded(self._generation, self._position)
+        return ids
+
+    def state_dict(self) -> dict[str, int]:
+        return self._sampler._state(self._position)
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self._position = self._sampler._parse(state)
+        self._sampler._restored(self._position)
+
+
+def _check_snapshots(batches: Iterable[Any]) -> None:
+    """Refuse a multi-process loader that snapshots its state less often than every batch.
+
+    NOTE: a ``StatefulDataLoader`` restored from a snapshot taken ``n`` batches back replays those batches internally,
+    so the first batch :meth:`DeterministicBatchSampler.steps` sees is not the restored position and its steps would be
+    mislabelled.
+    """
+    every = getattr(batches, "snapshot_every_n_steps", 1)
+    if getattr(batches, "num_workers", 0) and every != 1:
+        raise ValueError(
+            f"steps() over a StatefulDataLoader with workers needs snapshot_every_n_steps=1 (got {every!r}): a "
+            "restored loader replays the batches since its last snapshot, which steps() cannot see"
+        )
+
+
+def _refuse_resharding(sampler: DeterministicBatchSampler, frame: FrameType | None) -> None:
+    """Refuse to be iterated by a wrapper that shards batch samplers across processes (``num_processes > 1``).
+
+    NOTE: accelerate's ``prepare`` wraps any batch sampler in a ``BatchSamplerShard`` that keeps every
+    ``num_processes``-th batch on each process. This sampler's micro batches are already its rank's share, so that
+    wrapper would silently keep 1/W of them. The wrapper is the ``self`` of a calling frame that holds this sampler as
+    its ``batch_sampler``.
+    """
+    for _ in range(3):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not sampler and getattr(owner, "batch_sampler", None) is sampler:
+            shards = getattr(owner, "num_processes", 1)
+            if isinstance(shards, int) and shards > 1:
+                raise RuntimeError(
+                    f"DeterministicBatchSampler is wrapped by {type(owner).__name__}(num_processes={shards}), "
+                    f"which would keep 1 of every {shards} of rank {sampler.rank}'s micro batches (they are already "
+                    "that rank's share): prepare the DataLoader with "
+                    "detsampler.integrations.hf.prepare_data_loader(accelerator, loader), or train with "
+                    "detsampler.integrations.hf.DetsamplerTrainer"
+                )
+            return
+        frame = frame.f_back

@@ -10,8 +10,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from detsampler.checks import check_int
 from detsampler.mixture.stream import Mixture, Source
-from detsampler.mixture.weights import normalize_weights, parse_schedule
+from detsampler.mixture.weights import as_weight_list, normalize_weights, parse_schedule
 
 __all__ = ["MixtureConfig"]
 
@@ -27,12 +28,15 @@ def _schedule_rows(schedule: Any) -> list[tuple[Any, Any]]:
             entry = (entry["step"], entry["weights"])
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
             raise ValueError(f"schedule entry {i} must be (first_step, weights), got {entry!r}")
-        rows.append((entry[0], tuple(entry[1]) if isinstance(entry[1], Sequence) else entry[1]))
+        weights = as_weight_list(entry[1], f"schedule entry {i} weights")
+        rows.append((entry[0], tuple(weights) if isinstance(weights, Sequence) else weights))
     return rows
 
 
 def _checked_names(names: Any, num_sources: int) -> tuple[str, ...]:
     """``names`` as a tuple: one distinct non-empty string per source."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise ValueError(f"names must be a list of strings, one per source, got {names!r}")
     out = tuple(names)
     if len(out) != num_sources or not all(isinstance(n, str) and n for n in out):
         raise ValueError(f"names must be one non-empty string per source ({num_sources}), got {names!r}")
@@ -72,6 +76,7 @@ class MixtureConfig:
     sources: tuple[str, ...] | None = None  # where each source's documents are (the CLI's and trainer's IndexConfig.data)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", as_weight_list(self.weights, "weights"))
         if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not self.weights:
             raise ValueError(f"weights must be a non-empty list of numbers, one per source, got {self.weights!r}")
         object.__setattr__(self, "weights", tuple(self.weights))
@@ -81,8 +86,7 @@ class MixtureConfig:
         object.__setattr__(self, "schedule", tuple(rows))
         if rows and rows[0][0] == 0:
             raise ValueError("schedule entries start after step 0: the weights at step 0 are `weights`")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         if self.names is not None:
             object.__setattr__(self, "names", _checked_names(self.names, len(self.weights)))
         if self.sources is not None:

@@ -46,16 +46,18 @@ Code: weights and schedules are read in :mod:`detsampler.mixture.weights`, the r
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from detsampler.checks import check_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
-from detsampler.mixture.weights import MAX_DENOMINATOR, normalize_weights, parse_schedule
-from detsampler.permutation import permute
+from detsampler.mixture.weights import parse_schedule
+from detsampler.permutation import MAX_DOMAIN, check_mapping_version, permute
+from detsampler.version import MAPPING_VERSION
 
 __all__ = ["Mixture", "MixtureLookup", "Source"]
 
@@ -84,16 +86,25 @@ def _frozen(value: Any) -> Any:
 
 
 
+MAX_POSITION = 1 << 62  # global positions are below it: every routing value (q + 1, q * a / T, p_k) then fits in int64
+MAX_SOURCE_SAMPLES = MAX_DOMAIN  # a source's epochs are permutations of at most 2**62 samples
+
+
 def _source_sizes(sources: Any) -> list[int]:
-    """``num_samples`` of each source (a layout or an int), each checked to be >= 1."""
+    """``num_samples`` of each source (a layout or an int), each in ``[1, 2**62]``, all together below ``2**63``: global
+    sample ids ``offset_k + i`` are int64."""
     if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
         raise ValueError(f"sources must be a non-empty list of layouts (or sample counts), got {sources!r}")
     sizes = []
     for k, src in enumerate(sources):
         n = src if isinstance(src, numbers.Integral) else getattr(src, "num_samples", None)
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
+        if n > MAX_SOURCE_SAMPLES:
+            raise ValueError(f"sources[{k}] has {int(n)} samples; a source holds at most 2**62 (its epochs are permutations)")
         sizes.append(int(n))
+    if sum(sizes) > (1 << 63) - 1:
+        raise ValueError(f"the sources hold {sum(sizes)} samples in all; at most 2**63 - 1, so that global ids fit in int64")
     return sizes
 
 
@@ -102,10 +113,11 @@ def _placed_positions(step_positions: Any, num_entries: int) -> tuple[int, ...] 
     if step_positions is None:
         return (0,) if num_entries == 1 else None
     positions = tuple(int(p) for p in step_positions)
-    if len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:])):
+    if (len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:]))
+            or positions[-1] > MAX_POSITION):
         raise ValueError(
-            f"step_positions must give a non-decreasing position for each of the {num_entries} schedule entries "
-            f"starting at 0, got {positions}"
+            f"step_positions must be a non-decreasing position for each of the {num_entries} schedule entries, starting "
+            f"at 0 and at most 2**62, got {positions}"
         )
     return positions
 
@@ -136,6 +148,7 @@ class Mixture:
     weights: Any
     seed: int
     step_positions: tuple[int, ...] | None = None  # global position of each schedule entry, set by a Plan
+    mapping_version: int | None = None  # of the source permutations, set by a Plan; None: the current MAPPING_VERSION
     sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
     schedule: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
@@ -144,12 +157,13 @@ class Mixture:
 
     def __post_init__(self) -> None:
         sizes = _source_sizes(self.sources)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self.seed, "seed")
         object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "weights", _frozen(self.weights))
         object.__setattr__(self, "sizes", tuple(sizes))
         object.__setattr__(self, "offsets", tuple(int(x) for x in np.cumsum([0] + sizes[:-1])))
+        if self.mapping_version is not None:
+            object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
         schedule = parse_schedule(self.weights, len(sizes))
         object.__setattr__(self, "schedule", schedule)
         object.__setattr__(self, "_trees", tuple(build_tree(ints, int(self.seed), step) for step, ints in schedule))
@@ -194,14 +208,28 @@ class Mixture:
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> Mixture:
         """This mixture with each schedule entry placed at ``consumed(first_step)``, the position where its step starts."""
-        return Mixture(self.sources, self.weights, self.seed, tuple(int(consumed(step)) for step, _ in self.schedule))
+        return replace(self, step_positions=tuple(int(consumed(step)) for step, _ in self.schedule))
+
+    def with_mapping_version(self, version: int) -> Mixture:
+        """This mixture drawing its source permutations from mapping version ``version`` (the plan's)."""
+        if self.mapping_version not in (None, version):
+            raise ValueError(
+                f"this Mixture was built for mapping version {self.mapping_version} but the Plan asks for {version}: "
+                f"give the version once, as Plan(..., mapping_version={self.mapping_version})"
+            )
+        return replace(self, mapping_version=version)
+
+    @property
+    def version(self) -> int:
+        """The mapping version of the source permutations."""
+        return MAPPING_VERSION if self.mapping_version is None else self.mapping_version
 
     # -- lookups ---------------------------------------------------------------------------------------------------------
 
     def _check_placed(self) -> None:
         if self.step_positions is None:
             raise ValueError(
-                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(mixture, ...)), which places "
+                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)), which places "
                 "each entry at the position where its step starts"
             )
 
@@ -211,9 +239,10 @@ class Mixture:
         g = np.asarray(positions)
         if g.dtype.kind not in "iu":
             raise TypeError(f"positions must be integers, got dtype {g.dtype}")
+        if g.size and (g.min() < 0 or g.max() >= MAX_POSITION):
+            bad = int(g.flat[np.flatnonzero((g.reshape(-1) < 0) | (g.reshape(-1) >= MAX_POSITION))[0]])
+            raise ValueError(f"Got position {bad}, allowed positions are in [0, 2**62)")
         g = g.astype(np.int64)
-        if g.size and g.min() < 0:
-            raise ValueError(f"positions must be >= 0, got {int(g.min())}")
         flat = g.reshape(-1)
         source = np.empty(flat.shape, dtype=np.int64)
         pos = np.empty(flat.shape, dtype=np.int64)
@@ -232,10 +261,6 @@ class Mixture:
         """The source index of each global position."""
         return self._locate(positions)[0]
 
-    def source_positions(self, positions: np.ndarray) -> np.ndarray:
-        """``p_k``: how many earlier global positions went to the same source."""
-        return self._locate(positions)[1]
-
     def lookup(self, positions: np.ndarray) -> MixtureLookup:
         """Source, source position, source epoch, source sample and global sample id of each global position."""
         source, pos = self._locate(positions)
@@ -247,7 +272,7 @@ class Mixture:
             n = self.sizes[k]
             e, within = epoch[sel], pos[sel] - epoch[sel] * n
             key = subkeys(self.source_key(int(k)), e)
-            sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]))
+            sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]), self.version)
         global_id = sample + np.asarray(self.offsets, dtype=np.int64)[source]
         return MixtureLookup(source, pos, epoch, sample, global_id)
 
@@ -269,8 +294,7 @@ class Mixture:
     def served(self, position: int) -> np.ndarray:
         """How many of the global positions ``[0, position)`` each source served (exact; O(segments + sources))."""
         self._check_placed()
-        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
-            raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        check_int(position, "position", minimum=0, maximum=MAX_POSITION)
         j = int(np.searchsorted(np.asarray(self.step_positions), int(position), side="right")) - 1
         counts = list(self._starts[j])
         leaf_counts(self._trees[j], int(position) - self.step_positions[j], counts)
@@ -297,8 +321,10 @@ class Mixture:
 
     def discrepancy_bounds(self, segment: int = 0) -> list[Fraction]:
         """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the segment (0 if unused)."""
+        if isinstance(segment, bool) or not isinstance(segment, numbers.Integral) or not 0 <= segment < len(self._trees):
+            raise ValueError(f"Got segment {segment!r}, allowed segments are in [0, {len(self._trees)})")
         out = [Fraction(0)] * self.num_sources
-        leaf_bounds(self._trees[segment], (), out)
+        leaf_bounds(self._trees[int(segment)], (), out)
         return out
 
     def report(self, position: int, tokens: bool = True, chunk: int = 1 << 16) -> list[dict]:
@@ -335,10 +361,10 @@ class Mixture:
             return None
         n, seq_len = self.sizes[k], int(layout.config.seq_len)
         full, rest = divmod(served, n)
-        per_epoch = n * seq_len if layout.config.kind == "concat" else int(layout.num_tokens)
+        per_epoch = int(layout.tokens_per_epoch)
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
         for lo in range(0, rest, chunk):
-            ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key)
+            ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key, self.version)
             total += int(np.minimum(layout.locate(ids).num_tokens, seq_len).sum())
         return total

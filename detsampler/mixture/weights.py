@@ -14,7 +14,11 @@ import numbers
 from fractions import Fraction
 from typing import Any, Sequence
 
-__all__ = ["MAX_DENOMINATOR", "normalize_weights", "parse_schedule"]
+import numpy as np
+
+from detsampler.schedule import parse_step_schedule
+
+__all__ = ["MAX_DENOMINATOR", "as_weight_list", "normalize_weights", "parse_schedule"]
 
 MAX_DENOMINATOR = 1 << 30  # integer weights sum to at most this: every product in the routing fits in int64
 
@@ -34,6 +38,8 @@ def _as_fraction(value: Any, where: str) -> Fraction:
         f = float(value)
         if not math.isfinite(f):
             raise ValueError(f"{where} must be finite, got {value!r}")
+        if isinstance(value, np.floating):  # the shortest decimal that reads back in its own precision: float32 0.1 is 1/10
+            return Fraction(np.format_float_positional(value, unique=True, trim="0"))
         return Fraction(repr(f))  # the shortest decimal that reads back as this float: 0.1 is 1/10
     raise ValueError(f"{where} must be a number, got {type(value).__name__} {value!r}")
 
@@ -59,6 +65,7 @@ def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "wei
 
     Raises ValueError for a wrong count, a negative, non-finite or non-numeric weight, or all weights zero.
     """
+    weights = as_weight_list(weights, name)
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ValueError(f"{name} must be a list of {num_sources} numbers, got {weights!r}")
     if len(weights) != num_sources:
@@ -80,8 +87,25 @@ def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "wei
     return _quantize(fracs, total, weights, name)
 
 
+def as_weight_list(weights: Any, where: str) -> Any:
+    """A 1-D numpy array of weights as a list of its elements (numpy scalars kept, so float32 reads as float32)."""
+    if isinstance(weights, np.ndarray):
+        if weights.ndim != 1:
+            raise ValueError(f"{where} must be one weight per source or a schedule [(first_step, weights), ...], "
+                             f"got a {weights.ndim}-D array of shape {weights.shape}")
+        return list(weights)
+    return weights
+
+
 def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """``weights`` as a schedule of ``(first_step, integer weights)``: a plain list of numbers is ``[(0, weights)]``."""
+    """``weights`` as a schedule of ``(first_step, integer weights)``: a plain list of numbers is ``[(0, weights)]``.
+
+    Weight lists may be 1-D numpy arrays (the weights of a schedule entry too)."""
+    weights = as_weight_list(weights, "weights")
+    if isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
+        weights = [(e[0], as_weight_list(e[1], f"weights schedule entry {i}"))
+                   if isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2 else e
+                   for i, e in enumerate(weights)]
     is_schedule = (
         isinstance(weights, Sequence)
         and not isinstance(weights, (str, bytes))
@@ -94,14 +118,4 @@ def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int
     )
     if not is_schedule:
         return ((0, normalize_weights(weights, num_sources)),)
-    rows = []
-    for i, (step, ws) in enumerate(weights):
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"weights schedule entry {i}: the first step must be an integer >= 0, got {step!r}")
-        rows.append((int(step), normalize_weights(ws, num_sources, f"weights schedule entry {i} (step {step})")))
-    if rows[0][0] != 0:
-        raise ValueError(f"the weights schedule must start at step 0, got its first entry at step {rows[0][0]}")
-    for (s0, _), (s1, _) in zip(rows, rows[1:]):
-        if s1 <= s0:
-            raise ValueError(f"the weights schedule steps must be strictly increasing, got step {s1} after step {s0}")
-    return tuple(rows)
+    return parse_step_schedule(weights, lambda ws, label: normalize_weights(ws, num_sources, label), "the weights schedule")

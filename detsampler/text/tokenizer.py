@@ -15,6 +15,9 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from detsampler.atomic import atomic_write
+from detsampler.checks import check_int
+
 __all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
@@ -82,9 +85,6 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.Decode([int(i) for i in ids])
-
-    def id_to_piece(self, token_id: int) -> str:
-        return self._sp.IdToPiece(int(token_id))
 
     def describe(self) -> dict:
         return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
@@ -156,8 +156,7 @@ def train_tokenizer(
     decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model is
     written to ``out_path`` atomically (a temporary file renamed into place).
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
-        raise ValueError(f"vocab_size must be an integer >= 300 (256 byte pieces + specials + merges), got {vocab_size!r}")
+    check_int(vocab_size, "vocab_size (256 byte pieces + specials + merges)", minimum=300)
     out = Path(out_path)
     if out.is_dir() or str(out_path).endswith(os.sep):
         raise ValueError(f"tokenizer train: --out {str(out_path)!r} is a directory; name the .model file to write")
@@ -194,14 +193,5 @@ def train_tokenizer(
     except RuntimeError as exc:
         raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # nothing half-written is left behind
-        raise
+    atomic_write(out, buf.getvalue())
     return Tokenizer.load(out)

@@ -41,7 +41,7 @@ class RandomTokens(Dataset):
 
 
 class TrainState(Stateful):
-    """What DCP saves: model and optimizer (sharded) and the data position, {"step": s}, the same on every rank."""
+    """What DCP saves: model and optimizer (sharded) and the data position, {"step": s, ...}, the same on every rank."""
 
     def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer, sampler: DeterministicBatchSampler) -> None:
         self.model, self.optim, self.sampler = model, optim, sampler
@@ -72,12 +72,10 @@ def main() -> None:
 
     dataset = RandomTokens(10_000)
     plan = Plan(len(dataset), seed=0, global_batch_size=8, micro_batch_size=2, world_size=world)
-    sampler = DeterministicBatchSampler(plan, rank=rank)
+    sampler = DeterministicBatchSampler(plan, rank=rank, stop_step=args.steps)  # stop_step is absolute
     state = {"train": TrainState(model, optim, sampler)}
     if args.resume:
         dcp.load(state, checkpoint_id=args.ckpt)  # calls TrainState.load_state_dict: the sampler resumes at "step"
-    start = sampler.state_dict()["step"]
-    sampler.num_steps = args.steps - start
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=1)
 
     for step, micro_batches in sampler.steps(loader):  # a step = plan.num_micro_steps(step) micro batches
@@ -90,7 +88,7 @@ def main() -> None:
         ids = torch.cat([b["sample_id"] for b in micro_batches]).tolist()
         print(f"world {world} rank {rank} step {step}: samples {ids}", flush=True)
         if step == args.save_at:
-            dcp.save(state, checkpoint_id=args.ckpt)  # saves {"train": {..., "data": {"step": step + 1}}}
+            dcp.save(state, checkpoint_id=args.ckpt)  # saves {"train": {..., "data": {"step": step + 1, ...}}}
     dist.destroy_process_group()
 
 

@@ -6,6 +6,8 @@ Reads JSON on stdin and prints one JSON line:
   Iteration stops at the time budget; the rate after the first batch is reported for extrapolation.
 - ``{"contender": "torchdata", "n": N, "batch": B, "offset": o}``: a fresh ``StatefulDataLoader(shuffle=True)`` restored
   from a state_dict that says ``o`` samples of the current epoch were consumed; the time to its first batch.
+- ``{"contender": "accelerate", "n": N, "batch": B, "offset": o}``: accelerate's ``skip_first_batches`` over a fresh
+  ``DataLoader(shuffle=True)``, skipping the ``o // B`` batches of the current epoch; the time to its first batch.
 """
 
 from __future__ import annotations
@@ -87,6 +89,15 @@ def torchdata_restore(n: int, batch: int, offset: int) -> dict:
     return {"seconds": seconds, "first": first[:2].tolist(), "peak_rss": peak_rss_bytes()}
 
 
+def accelerate_skip(n: int, batch: int, offset: int) -> dict:
+    from accelerate import skip_first_batches
+
+    t0 = time.perf_counter()
+    loader = skip_first_batches(DataLoader(CheapDataset(n), batch_size=batch, shuffle=True), num_batches=offset // batch)
+    next(iter(loader))
+    return {"seconds": time.perf_counter() - t0, "peak_rss": peak_rss_bytes()}
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -95,8 +106,10 @@ def main() -> None:
         out = skip_run(int(args["n"]), int(args["batch"]), [int(k) for k in args["marks"]], float(args["budget"]))
     elif args["contender"] == "torchdata":
         out = torchdata_restore(int(args["n"]), int(args["batch"]), int(args["offset"]))
+    elif args["contender"] == "accelerate":
+        out = accelerate_skip(int(args["n"]), int(args["batch"]), int(args["offset"]))
     else:
-        raise ValueError(f"contender must be 'skip' or 'torchdata', got {args['contender']!r}")
+        raise ValueError(f"contender must be 'skip', 'torchdata' or 'accelerate', got {args['contender']!r}")
     print(json.dumps(out))
 
 

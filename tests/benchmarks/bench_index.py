@@ -19,7 +19,6 @@ import tempfile
 import time
 from typing import Sequence
 
-
 __all__ = ["main", "run"]
 
 
@@ -37,14 +36,14 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
     import torch
     from torch.utils.data import DataLoader
 
-    from detsampler.text.corpus import default_tokenizer
-    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
-    from detsampler.index import TokenIndex, build_index, default_cache_dir
+    from detsampler.index import build_index, default_cache_dir
+    from detsampler.index.prepare import IndexConfig, load_dataset_for
     from detsampler.index.tokenize import BATCH_DOCS
     from detsampler.layout import LayoutConfig
-    from detsampler.plan import Plan
-    from detsampler.index.prepare import IndexConfig, load_dataset_for
+    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
     from detsampler.loader.sampler import DeterministicBatchSampler
+    from detsampler.plan import Plan
+    from detsampler.text.corpus import default_tokenizer
 
     torch.set_num_threads(1)
     cache = cache_dir or str(default_cache_dir())
@@ -83,7 +82,7 @@ def run(max_documents: int | None, num_proc: int, seq_len: int, micro_batch_size
             t_stored = _best_of(lambda: [stored.get_batch(b) for b in batches], repeat)
             n_fly = max(1, micro_batches // 8)
             t_fly = _best_of(lambda: [fly.get_batch(b) for b in batches[:n_fly]], 1)
-            sampler = DeterministicBatchSampler(plan, 0, num_steps=micro_batches + 1)
+            sampler = DeterministicBatchSampler(plan, 0, stop_step=micro_batches + 1)
             loader = iter(DataLoader(stored, batch_sampler=sampler, num_workers=num_proc, collate_fn=collate_micro_batch))
             next(loader)  # workers started
             t = time.perf_counter()

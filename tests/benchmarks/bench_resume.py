@@ -14,7 +14,16 @@ with ``num_workers=0``, one rank; the clock runs from building the loader to hol
 - Hugging Face ``datasets`` ``IterableDataset`` restored from its ``state_dict`` (the path torchtitan uses): a
   generator-backed dataset of 64 shards (1,562,500 examples each), fed to a DataLoader. Its state is (shard, example in
   shard, epoch); restoring skips whole shards without reading them, then regenerates and drops the examples before the
-  offset within the shard. It keeps no global shuffle. Real restores at every k.
+  offset within the shard. It keeps no global shuffle. Real restores at every k. torchtitan's
+  ``HuggingFaceTextDataLoader`` restores exactly this state plus its token buffers (docs/comparison.md [TT2]).
+- Grain ``MapDataset.range(N).shuffle(seed).repeat().batch(8)`` through ``to_iter_dataset(ReadOptions(num_threads=0))``
+  (no read-ahead: the quickest to a first batch), its iterator's ``set_state({"next_index": k})``: O(1) random access,
+  real restores at every k.
+- accelerate ``skip_first_batches(DataLoader(shuffle=True), num_batches)``, skipping the in-epoch batches before k: run
+  for real in a fresh process at the epoch start (steps 0 and 1e9) and at step 1e6; step 1e3 is modelled from those two
+  runs (labelled). It skips batches of sample ids without reading samples, after the epoch's ``randperm(N).tolist()``.
+Megatron's and OLMo-core's resume (a stored index read at the consumed-sample offset) are measured in benchmark 7, at the
+sizes where their index builds fit.
 Step 1e9 is 8e9 samples: epoch 80, offset 0 within the epoch (1e9 is a multiple of 1e8), which the state-dict contenders
 hold as "epoch start".
 """
@@ -27,7 +36,6 @@ import statistics
 import time
 import warnings
 
-import torch
 from torch.utils.data import DataLoader
 
 from detsampler import Plan
@@ -165,6 +173,60 @@ def torchdata_times(per_sample: float | None) -> tuple[dict[int, float | None], 
     return times, how, real
 
 
+# -- Grain and accelerate --------------------------------------------------------------------------------------------------
+
+
+def _grain_first_batch(step: int) -> float:
+    import grain
+
+    t0 = time.perf_counter()
+    ds = grain.MapDataset.range(N).shuffle(seed=0).repeat().batch(BATCH)
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    it.set_state({"next_index": step})
+    next(it)
+    return time.perf_counter() - t0
+
+
+def grain_times() -> dict[int, float]:
+    for k in STEPS:  # warm-up
+        _grain_first_batch(k)
+    times: dict[int, list[float]] = {k: [] for k in STEPS}
+    for _ in range(HF_REPEATS * 3):
+        for k in STEPS:
+            times[k].append(_grain_first_batch(k))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def accelerate_times() -> tuple[dict[int, float | None], dict[int, str]]:
+    runs = {}
+    for k in (0, 10**6):
+        runs[k] = run_child("tests.benchmarks._resume_child", {"contender": "accelerate", "n": N, "batch": BATCH, "offset": _offset(k)[1]}, 240)
+    times: dict[int, float | None] = {}
+    how: dict[int, str] = {}
+    for k in STEPS:
+        offset = _offset(k)[1]
+        if offset == 0 and runs[0]:
+            times[k], how[k] = runs[0]["seconds"], "measured" if k == 0 else "measured (the epoch-start run)"
+        elif runs.get(k):
+            times[k], how[k] = runs[k]["seconds"], "measured"
+        elif runs[0] and runs[10**6]:
+            per_sample = (runs[10**6]["seconds"] - runs[0]["seconds"]) / _offset(10**6)[1]
+            times[k], how[k] = runs[0]["seconds"] + offset * per_sample, "modelled"
+        else:
+            times[k], how[k] = None, "failed: killed (memory?) or past 240 s"
+    return times, how
+
+
+def _or_reason(measure, how: dict | None = None) -> tuple[dict, dict]:
+    """``measure()``'s times (and how each was got), or, when the peer cannot run here, why, in every row."""
+    try:
+        out = measure()
+    except Exception as exc:
+        reason = f"could not run: {type(exc).__name__}: {str(exc)[:100]}"
+        return {k: None for k in STEPS}, {k: reason for k in STEPS}
+    return (out, how) if how is not None else out
+
+
 # -- plain DataLoader that skips -------------------------------------------------------------------------------------------
 
 
@@ -199,12 +261,16 @@ def main() -> BenchResult:
     per_sample = torchdata_skip_cost()
     td, td_how, td_real = torchdata_times(per_sample)
     skip, skip_how, skip_run = skip_times()
+    grain_t, grain_how = _or_reason(grain_times, {k: "measured" for k in STEPS})
+    acc, acc_how = _or_reason(accelerate_times)
 
     contenders = [
         ("detsampler (start_step=k)", det, {k: "measured" for k in STEPS}),
         ("plain DataLoader, skip k batches", skip, skip_how),
         ("torchdata StatefulDataLoader, load_state_dict", td, td_how),
         ("HF datasets IterableDataset, load_state_dict", hf, {k: "measured" for k in STEPS}),
+        ("Grain MapDataset iterator, set_state", grain_t, grain_how),
+        ("accelerate skip_first_batches", acc, acc_how),
     ]
     tables = []
     for k in STEPS:
@@ -217,8 +283,15 @@ def main() -> BenchResult:
             if how[k].startswith(">"):
                 shown = f"> {fmt_seconds(skip_run['elapsed'])} (extrapolated: {fmt_seconds(v)})"
             rows.append([name, shown, r, how[k]])
+        peers_only = [(v, c[0]) for c, v in zip(contenders, values) if v is not None and not c[0].startswith("detsampler")]
+        strongest = min(peers_only)[1] if peers_only else "none"
         tables.append(
-            Table(f"Resume at step {_label(k)} (epoch {epoch}, {offset:,} samples into it)", ["contender", "time to first batch", "time / best", "how"], rows)
+            Table(
+                f"Resume at step {_label(k)} (epoch {epoch}, {offset:,} samples into it)",
+                ["contender", "time to first batch", "time / best", "how"],
+                rows,
+                [f"Strongest peer: {strongest}."],
+            )
         )
 
     ratio = det[10**9] / det[0]

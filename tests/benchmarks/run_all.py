@@ -33,8 +33,11 @@ __all__ = ["discover", "main", "render"]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # Benchmark numbers of the issue, by module name; unknown modules come after, by name.
-ORDER = {"resume": 1, "memory": 2, "loader": 3, "index": 4, "permutation": 5, "trainer": 6}
-PACKAGES = ("numpy", "torch", "torchdata", "datasets", "grain", "sentencepiece")
+ORDER = {"resume": 1, "memory": 2, "loader": 3, "index": 4, "permutation": 5, "trainer": 6, "scale": 7}
+PACKAGES = (
+    "numpy", "torch", "torchdata", "datasets", "grain", "sentencepiece", "megatron-core", "ai2-olmo-core", "torchtitan",
+    "accelerate", "tokenizers",
+)
 
 
 def discover() -> list[str]:

@@ -1,0 +1,41 @@
+"""Argument checks shared by every tier: one place that says what an integer argument is.
+
+Invariant: :func:`check_int` accepts Python and numpy integers only (``bool``, floats, strings and integral floats such as
+``2.0`` are refused, never coerced) and returns a Python ``int``; the error names the argument, what it got and what is
+allowed (tests/test_foundations.py).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+__all__ = ["check_int", "check_positive_int", "is_int"]
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or numpy), not a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int``, or a ValueError naming ``name`` unless it is an integer in ``[minimum, maximum]``.
+
+    Args:
+        value: the argument as received.
+        name: the argument's name, for the message.
+        minimum: the smallest allowed value (None: no bound).
+        maximum: the largest allowed value (None: no bound).
+    """
+    if not is_int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
+    return int(value)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """``value`` as an ``int`` if it is an integer >= 1, else a ValueError naming ``name``."""
+    return check_int(value, name, minimum=1)

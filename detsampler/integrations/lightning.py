@@ -1,0 +1,99 @@
+"""Lightning (``lightning`` or ``pytorch_lightning`` 2.x): a ``LightningDataModule`` whose state is the step.
+
+Lightning saves a datamodule's ``state_dict()`` in every checkpoint and hands it back to ``load_state_dict`` on
+``trainer.fit(..., ckpt_path=...)``. Here that state is ``{"step": trainer.global_step}`` (optimizer steps done: the
+next step to train), the same on every rank; the training DataLoader starts its :class:`DeterministicBatchSampler`
+there. A step is the plan's global batch: ``accumulate_grad_batches`` micro batches on each of ``trainer.world_size``
+processes, of ``global_batch_size / (world_size * accumulate_grad_batches)`` samples each (the plan is re-cut for every
+run, its own ``world_size`` and ``micro_batch_size`` are not used). So a checkpoint resumes on another world size with
+the same global batches, with nothing changed but the launch; ``accumulate_grad_batches`` must stay that of the
+checkpoint (Lightning counts it over the batches of the epoch, the checkpoint's included: checked).
+
+Lightning must not inject its own distributed sampler: build the Trainer with ``use_distributed_sampler=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from detsampler.integrations import require
+
+try:
+    pl = require("lightning.pytorch", "lightning")
+except ImportError:
+    pl = require("pytorch_lightning", "lightning")
+
+from torch.utils.data import DataLoader, Dataset
+
+from detsampler.loader.sampler import DeterministicBatchSampler
+from detsampler.plan import Plan, _check_step
+
+__all__ = ["DetsamplerDataModule"]
+
+
+class DetsamplerDataModule(pl.LightningDataModule):
+    """The training data of ``plan`` over ``dataset`` (sample ``i`` of the plan is ``dataset[i]``), resumed by step."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        plan: Plan,
+        *,
+        num_workers: int = 0,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        if plan.batch_size_schedule is not None:
+            raise ValueError(
+                "a batch-size schedule changes the micro steps per step; Lightning accumulates a fixed number"
+            )
+        self.dataset, self.plan = dataset, plan
+        self.num_workers, self.collate_fn, self.pin_memory = num_workers, collate_fn, pin_memory
+        self.start_step = 0
+        self.sampler: DeterministicBatchSampler | None = None
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        if trainer._accelerator_connector.use_distributed_sampler and trainer.world_size > 1:
+            raise ValueError(
+                "DetsamplerDataModule shards by rank itself: build the Trainer with use_distributed_sampler=False"
+            )
+        plan = self._run_plan(trainer.world_size, trainer.accumulate_grad_batches)
+        # NOTE: Lightning closes a step when the batches run in the epoch reach a multiple of accumulate_grad_batches,
+        # counting those of the checkpoint: with another accumulate_grad_batches the first step would be cut short.
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        if done % trainer.accumulate_grad_batches:
+            raise ValueError(
+                f"the checkpoint was taken after {done} batches of the epoch, not a multiple of "
+                f"accumulate_grad_batches={trainer.accumulate_grad_batches}: resume with the checkpoint's "
+                "accumulate_grad_batches (on another world size the micro batch size follows)"
+            )
+        self.sampler = DeterministicBatchSampler(plan, trainer.global_rank, start_step=self.start_step)
+        return DataLoader(
+            self.dataset,
+            batch_sampler=self.sampler,
+            num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
+            pin_memory=self.pin_memory,
+        )
+
+    def _run_plan(self, world_size: int, accumulate: int) -> Plan:
+        """The plan cut for this run: ``micro_batch_size = global_batch_size / (world_size *
+        accumulate_grad_batches)``."""
+        micro_batch_size, rest = divmod(self.plan.global_batch_size, world_size * accumulate)
+        if rest or not micro_batch_size:
+            raise ValueError(
+                f"the plan's global batch of {self.plan.global_batch_size} samples does not split into {world_size} "
+                f"processes x accumulate_grad_batches={accumulate} micro batches"
+            )
+        return self.plan.with_world(world_size, micro_batch_size)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": int(self.trainer.global_step)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"step"}:
+            raise ValueError(f"a DetsamplerDataModule state is {{'step': s}}, got {state_dict!r}")
+        self.start_step = _check_step(state_dict["step"], "step")

@@ -1,0 +1,110 @@
+"""Benchmark 3's ceiling: the fastest way to copy a batch's token bytes out of the index's memory map, three ways.
+
+All three read the index's own ``tokens`` memory map (page cache warm: every pass reads the same bytes again) for the
+same batches that detsampler's concat rows deliver, and write ``MICRO_BATCH x (seq_len + 1)`` tokens per batch into a
+buffer of the stored dtype (no int64 widening, no labels, position or document ids, no tensors, no DataLoader):
+
+- ``memcpy``: one contiguous copy of as many bytes, starting where the batch's first span starts (``np.copyto``);
+- ``slice copy``: a Python loop over the batch's spans, one slice copy each (EOS written in place of the virtual one);
+- ``vectorized gather``: expand the spans to addresses, one fancy-index gather, EOS set by mask.
+
+Each is timed over all batches, ``repeats`` times; the ceiling is the fastest median. The spread (min and max over the
+repeats) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "slice_copy", "span_addresses", "span_pieces"]
+
+
+@dataclass(frozen=True)
+class CeilingRun:
+    name: str
+    median: float  # tokens/s
+    low: float
+    high: float
+
+
+def span_addresses(spans, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per token position of ``spans``: its address in the flat token array, and whether it is a document's EOS."""
+    n = (spans.stops - spans.starts).astype(np.int64)
+    span_of = np.repeat(np.arange(n.size), n)
+    pos = spans.starts[span_of] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    doc = spans.doc_ids[span_of]
+    eos = pos == lengths[doc]
+    return np.where(eos, 0, offsets[doc] + pos), eos
+
+
+def _rates(fn, repeats: int, tokens: int) -> tuple[float, float, float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    rates = tokens / np.asarray(times)
+    return float(np.median(rates)), float(rates.min()), float(rates.max())
+
+
+def span_pieces(spans, offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int, bool]]:
+    """Per span: (its first address in the flat token array, its number of positions, whether it ends at the EOS)."""
+    begin = (offsets[spans.doc_ids] + spans.starts).tolist()
+    size = (spans.stops - spans.starts).tolist()
+    at_eos = (spans.stops == lengths[spans.doc_ids] + 1).tolist()
+    return list(zip(begin, size, at_eos))
+
+
+def slice_copy(tokens: np.ndarray, pieces: list[tuple[int, int, bool]], eos_id: int, out: np.ndarray) -> np.ndarray:
+    """The spans' tokens, one slice copy per span, into ``out`` (the EOS written where a span reaches it)."""
+    p = 0
+    for s, n, eos in pieces:
+        m = n - 1 if eos else n
+        out[p : p + m] = tokens[s : s + m]
+        if eos:
+            out[p + m] = eos_id
+        p += n
+    return out[:p]
+
+
+def gather_copy(tokens: np.ndarray, spans, offsets: np.ndarray, lengths: np.ndarray, eos_id: int) -> np.ndarray:
+    """The spans' tokens by one fancy-index gather (EOS set by mask)."""
+    addr, eos = span_addresses(spans, offsets, lengths)
+    got = tokens[addr]
+    got[eos] = eos_id
+    return got
+
+
+def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeats: int = 7) -> list[CeilingRun]:
+    """The three copies of ``batches`` (a list of Spans) from ``index.tokens``; ``per_batch`` positions each."""
+    tokens, eos_id = index.tokens, index.eos_id
+    offsets = np.asarray(index.offsets, dtype=np.int64)
+    lengths = np.asarray(index.lengths, dtype=np.int64)
+    out = np.empty(per_batch, dtype=tokens.dtype)
+    starts = [min(int(offsets[b.doc_ids[0]] + b.starts[0]), tokens.size - per_batch) for b in batches]
+    pieces = [span_pieces(b, offsets, lengths) for b in batches]
+
+    def memcpy() -> None:
+        for s in starts:
+            np.copyto(out, tokens[s : s + per_batch])
+
+    def slices() -> None:
+        for p in pieces:
+            slice_copy(tokens, p, eos_id, out)
+
+    def gather() -> None:
+        for b in batches:
+            gather_copy(tokens, b, offsets, lengths, eos_id)
+
+    runs = []
+    for name, fn in (
+        ("memcpy of the same bytes", memcpy),
+        ("per-span slice copy loop", slices),
+        ("vectorized gather", gather),
+    ):
+        fn()  # warm the page cache and the code path
+        runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
+    return runs

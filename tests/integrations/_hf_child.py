@@ -1,0 +1,109 @@
+"""One rank of a transformers.Trainer run over detsampler (tests/integrations/test_hf_trainer.py starts it).
+
+    python -m tests.integrations._hf_child OUT_DIR MODE [RESUME_FROM] [GRAD_ACCUM]
+
+MODE: ``full`` trains steps 0-5 (and first checks that the naive ``accelerator.prepare`` is refused); ``kill`` exits the
+process hard at global_step 4 (checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends
+``{"step": s, "ids": [...]}`` per micro batch to OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
+
+from detsampler import DeterministicBatchSampler, Plan
+from detsampler.integrations.hf import DetsamplerTrainer
+
+NUM_SAMPLES, SEQ_LEN, MAX_STEPS = 64, 8, 6
+PLAN = Plan(NUM_SAMPLES, seed=1, global_batch_size=8, micro_batch_size=2)  # re-cut for the run's processes
+
+
+class Numbered(Dataset):
+    """Sample i: SEQ_LEN tokens whose first is i, so a batch tells which samples it holds."""
+
+    def __len__(self) -> int:
+        return NUM_SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        tokens = torch.arange(i, i + SEQ_LEN) % 128
+        return {"input_ids": tokens, "labels": tokens.clone()}
+
+
+class Recording(DetsamplerTrainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with open(self.ids_path, "a") as f:
+            f.write(json.dumps({"step": self.state.global_step, "ids": inputs["input_ids"][:, 0].tolist()}) + "\n")
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class KillAfterStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os._exit(0)  # NOTE: no cleanup, no save: as killed
+
+
+def naive_prepare_error(trainer: DetsamplerTrainer) -> str:
+    """The message the sampler raises when accelerate's own prepare() re-shards it."""
+    plan = PLAN.with_world(trainer.accelerator.num_processes, 2)
+    loader = trainer.accelerator.prepare(
+        DataLoader(Numbered(), batch_sampler=DeterministicBatchSampler(plan, trainer.accelerator.process_index))
+    )
+    try:
+        next(iter(loader))
+    except RuntimeError as error:
+        return str(error)
+    return "not refused"
+
+
+def main() -> None:
+    out, mode = sys.argv[1], sys.argv[2]
+    resume = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    accum = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+    )
+    args = TrainingArguments(
+        output_dir=out,
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=accum,
+        save_strategy="steps",
+        save_steps=3,
+        logging_steps=100,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+        seed=0,
+        learning_rate=1e-3,
+    )
+    trainer = Recording(model=LlamaForCausalLM(config), args=args, train_dataset=Numbered(), plan=PLAN)
+    trainer.ids_path = os.path.join(out, f"ids-{world}-{rank}.jsonl")
+    if mode == "full":
+        print("naive prepare:", naive_prepare_error(trainer), flush=True)
+    if mode == "kill":
+        trainer.add_callback(KillAfterStep(4))
+    trainer.train(resume_from_checkpoint=resume)
+    print(f"rank {rank} of {world}: trained to step {trainer.state.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

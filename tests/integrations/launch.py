@@ -1,0 +1,86 @@
+"""Start ``world_size`` CPU processes of a child module as a torch.distributed job (gloo), the way torchrun would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(module: str, world_size: int, *args: str) -> list[subprocess.Popen]:
+    """Start ``python -m module *args`` on ranks 0..world_size-1 with the torch.distributed environment."""
+    port = str(free_port())
+    procs = []
+    for rank in range(world_size):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            WANDB_MODE="disabled",
+            PYTHONPATH=str(ROOT),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return procs
+
+
+def wait(procs: list[subprocess.Popen], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each rank's completed process (return code and output), once all have exited; kills all on a timeout."""
+    done = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
+    return done
+
+
+def launch(module: str, world_size: int, *args: str, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """:func:`start` then :func:`wait`."""
+    return wait(start(module, world_size, *args), timeout)
+
+
+def check(runs: list[subprocess.CompletedProcess]) -> list[str]:
+    """The outputs of ranks that all exited 0 (else an assertion error showing the failed rank's output tail)."""
+    for rank, run in enumerate(runs):
+        assert run.returncode == 0, f"rank {rank} exited {run.returncode}:\n{run.stdout[-4000:]}"
+    return [run.stdout for run in runs]
+
+
+def read_steps(path: Path) -> dict[int, list[list[int]]]:
+    """The micro batches (sample ids) each step read, from a rank's ids file of ``{"step": s, "ids": [...]}`` lines."""
+    out: dict[int, list[list[int]]] = defaultdict(list)
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        out[row["step"]].append(row["ids"])
+    return dict(out)

@@ -1,0 +1,46 @@
+"""transformers.Trainer over detsampler on 2 CPU processes (gloo): killed and resumed from the Trainer's own
+checkpoint, on 2 processes and on 1, each step reads the samples of the uninterrupted run; the naive
+accelerator.prepare is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integrations._hf_child import PLAN
+from tests.integrations.launch import check, start, wait
+from tests.integrations.launch import read_steps as steps
+
+CHILD = "tests.integrations._hf_child"
+
+
+@pytest.mark.slow
+def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path):
+    full, run, again, elastic = (tmp_path / name for name in ("full", "run", "again", "elastic"))
+    first = [start(CHILD, 2, str(full), "full"), start(CHILD, 2, str(run), "kill")]
+    outputs = check(wait(first[0]))
+    check(wait(first[1]))  # the killed ranks exit 0 from os._exit(0)
+    assert all(
+        "naive prepare: DeterministicBatchSampler is wrapped by BatchSamplerShard(num_processes=2)" in o
+        for o in outputs
+    )
+    assert (run / "checkpoint-3" / "trainer_state.json").exists() and not (run / "checkpoint-6").exists()
+    second = [
+        start(CHILD, 2, str(again), "resume", str(run / "checkpoint-3")),
+        start(CHILD, 1, str(elastic), "resume", str(run / "checkpoint-3"), "4"),
+    ]  # 1 process x 4 micro steps
+    check(wait(second[0]))
+    check(wait(second[1]))
+
+    reference = {rank: steps(full / f"ids-2-{rank}.jsonl") for rank in range(2)}
+    plan = PLAN.with_world(2, 2)
+    for rank in range(2):  # the uninterrupted run reads the plan
+        assert reference[rank] == {s: [plan.micro_batch(s, a, rank).tolist() for a in range(2)] for s in range(6)}
+        killed = steps(run / f"ids-2-{rank}.jsonl")
+        assert sorted(killed) == [0, 1, 2, 3] and all(killed[s] == reference[rank][s] for s in killed)
+        assert steps(again / f"ids-2-{rank}.jsonl") == {s: reference[rank][s] for s in (3, 4, 5)}
+    one = steps(elastic / "ids-1-0.jsonl")
+    assert sorted(one) == [3, 4, 5]
+    for s in (3, 4, 5):
+        assert sorted(i for mb in one[s] for i in mb) == sorted(
+            i for r in range(2) for mb in reference[r][s] for i in mb
+        )
