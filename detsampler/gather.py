@@ -2,8 +2,9 @@
 
 Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token array
 and how many tokens the document has, :func:`gather_spans` lays the spans' positions out in a ``[B, sample_len]`` grid:
-position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored); cells after a sample's last
-span are padding (``pad_id``, document -1).
+position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with ``eos_stored`` the
+stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's separator); cells after a
+sample's last span are padding (``pad_id``, document -1).
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ def gather_spans(
     flat_tokens: np.ndarray,
     eos_id: int,
     pad_id: int,
+    eos_stored: bool = False,
 ) -> Gathered:
     """The tokens of ``spans``: span ``j`` reads ``flat_tokens[doc_starts[j] + p]`` for its positions ``p < doc_lengths[j]``
-    and ``eos_id`` at ``p == doc_lengths[j]``. ``doc_starts`` / ``doc_lengths`` are per span (not per document).
+    and ``eos_id`` at ``p == doc_lengths[j]`` (with ``eos_stored``, ``flat_tokens[doc_starts[j] + doc_lengths[j]]``
+    there too). ``doc_starts`` / ``doc_lengths`` are per span (not per document).
 
     Cost: a constant number of passes over the batch's cells and one fancy-index gather from ``flat_tokens``.
     """
@@ -79,11 +82,13 @@ def gather_spans(
     cell = np.arange(total, dtype=np.int64)
     span_positions = cell - np.repeat(span_begin, span_len)
     src = span_positions + np.repeat(doc_starts + spans.starts, span_len)
-    ends_at_eos = np.flatnonzero(spans.stops == doc_lengths + 1)
-    eos_cells = span_end[ends_at_eos] - 1
-    src[eos_cells] = 0  # the EOS is virtual: read anything in bounds, overwrite below
-    values = np.asarray(flat_tokens[src], dtype=np.int64) if flat_tokens.size else np.zeros(total, dtype=np.int64)
-    values[eos_cells] = eos_id
+    if eos_stored:
+        values = np.asarray(flat_tokens[src], dtype=np.int64)
+    else:
+        eos_cells = span_end[np.flatnonzero(spans.stops == doc_lengths + 1)] - 1
+        src[eos_cells] = 0  # the EOS is virtual: read anything in bounds, overwrite below
+        values = np.asarray(flat_tokens[src], dtype=np.int64) if flat_tokens.size else np.zeros(total, dtype=np.int64)
+        values[eos_cells] = eos_id
     last = np.zeros(total, dtype=bool)
     last[span_end[span_len > 0] - 1] = True
 

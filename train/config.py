@@ -87,14 +87,27 @@ class ModelConfig:
         return self.ffn_dim or 32 * -(-(8 * self.dim // 3) // 32)
 
 
+def _source_spec(value: Any, name: str) -> str:
+    """A data source as the index options take it: a path, or ``KIND:PATH`` for a table ``{kind = ..., path = ...}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and set(value) == {"kind", "path"} and all(isinstance(v, str) for v in value.values()):
+        return value["path"] if value["kind"] == "text" else f"{value['kind']}:{value['path']}"
+    raise ValueError(f"DataConfig.{name}: expected a path or a table {{kind = \"megatron\", path = \"...\"}}, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """What the data stream is (source, tokenizer, layout, seed, batch schedule) and how it is loaded (workers).
 
-    ``source`` empty means the default corpus (the Python standard library); ``tokenizer`` empty means a
+    ``source`` empty means the default corpus (the Python standard library); else a local text corpus path, or a
+    pre-tokenized corpus as a table ``{kind = "megatron", path = "data/corpus_text_document"}`` (kinds: megatron, olmo,
+    datatrove, nanogpt; the string ``"KIND:PATH"`` is the same). ``tokenizer``: a sentencepiece ``.model``, a Hugging
+    Face ``tokenizer.json`` or a local transformers directory; empty means a
     ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
     cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
-    :class:`detsampler.index.prepare.IndexConfig` (``train.data.index_config``).
+    :class:`detsampler.index.prepare.IndexConfig` (``train.data.index_config``). ``add_bos`` / ``add_eos`` (``"virtual"``,
+    ``"real"``, or empty for the source's default) are the BOS/EOS policy (:class:`detsampler.text.policy.SpecialTokens`).
 
     A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the same
     tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
@@ -106,6 +119,8 @@ class DataConfig:
     """
 
     source: str = ""
+    add_bos: bool = False
+    add_eos: str = ""
     text_column: str = "text"
     max_documents: int = 0
     tokenizer: str = ""
@@ -137,6 +152,11 @@ class DataConfig:
         if isinstance(version, bool) or not isinstance(version, int) or (version != 0 and version not in MAPPING_VERSIONS):
             raise ValueError(f"DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
                              f"{MAPPING_VERSIONS}, got {self.mapping_version!r}")
+
+        object.__setattr__(self, "source", _source_spec(self.source, "source"))
+        object.__setattr__(self, "mixture_sources", tuple(_source_spec(s, "mixture_sources") for s in self.mixture_sources))
+        if self.add_eos not in ("", "virtual", "real"):
+            raise ValueError(f"DataConfig.add_eos must be virtual, real or empty (the source's default), got {self.add_eos!r}")
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")

@@ -170,6 +170,8 @@ def index_config(config: DataConfig) -> Any:
         num_proc=config.num_proc,
         store_tokens=config.store_tokens,
         max_documents=config.max_documents or None,
+        add_bos=config.add_bos,
+        add_eos=config.add_eos or None,
     )
 
 

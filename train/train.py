@@ -275,7 +275,8 @@ def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
     lock, problem = None, None
     if rt.rank == 0:
         try:
-            lock = RunLock([run_dir, ckpt_dir])
+            inside = ckpt_dir.resolve().is_relative_to(run_dir.resolve())
+            lock = RunLock([run_dir] if inside else [run_dir, ckpt_dir])  # a checkpoint dir elsewhere is locked too
         except (RunDirLocked, OSError) as exc:
             problem = str(exc)
     box = [problem]

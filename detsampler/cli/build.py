@@ -13,11 +13,18 @@ __all__ = ["cmd_tokenizer_train", "cmd_build"]
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    """Train a sentencepiece model and print its path, sha256 and special ids."""
-    from detsampler.text.tokenizer import train_tokenizer
+    """Train a sentencepiece model or a Hugging Face BPE tokenizer.json and print its path, sha256 and special ids."""
+    if args.kind == "hf-bpe":
+        from detsampler.text.hf import train_hf_bpe
+        from detsampler.text.tokenizer import read_inputs
 
-    tok = train_tokenizer(args.input, args.vocab_size, args.out)
-    print_rows([("model", tok.path), ("sha256", tok.sha256), ("vocab_size", tok.vocab_size), ("eos_id", tok.eos_id), ("pad_id", tok.pad_id)])
+        tok = train_hf_bpe(read_inputs(args.input), args.vocab_size, args.out)
+    else:
+        from detsampler.text.tokenizer import train_tokenizer
+
+        tok = train_tokenizer(args.input, args.vocab_size, args.out)
+    print_rows([("model", tok.path), ("sha256", tok.sha256), ("vocab_size", tok.vocab_size), ("eos_id", tok.eos_id),
+                ("bos_id", tok.bos_id), ("pad_id", tok.pad_id)])
     return 0
 
 
@@ -28,11 +35,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         from detsampler.cli.shards import cmd_build_sharded
 
         return cmd_build_sharded(args)
+    if args.source is not None:
+        if args.data is not None:
+            raise ValueError("give either --data or --from KIND PATH, not both")
+        args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args, verify_tokens=args.verify_tokens)
     if args.layout:
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()
+    if "source_kind" in summary:
+        return _print_source(summary, args.json)
     summary["tokenizer_path"] = prepared.tokenizer.path
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
@@ -41,7 +54,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     print_rows([
         ("index", rel(summary["path"])),
         ("documents", fmt_int(summary["num_documents"])),
-        ("tokens", f"{fmt_int(summary['num_tokens'])} (+{fmt_int(summary['num_documents'])} EOS)"),
+        ("tokens", f"{fmt_int(summary['num_tokens'])}" + (f" (+{fmt_int(summary['num_documents'])} EOS)"
+                                                          if summary["tokens_with_eos"] > summary["num_tokens"] else "")),
+        ("special tokens", f"add_bos={summary['special_tokens']['add_bos']}, add_eos={summary['special_tokens']['add_eos']}"),
         ("token dtype", summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)")),
         ("text column", summary["text_column"]),
         ("dataset fingerprint", summary["dataset_fingerprint"]),
@@ -50,5 +65,22 @@ def cmd_build(args: argparse.Namespace) -> int:
         ("index fingerprint", summary["fingerprint"]),
         ("built in", f"{build.get('seconds')} s, {fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
                      f"num_proc={build.get('num_proc')}"),
+    ])
+    return 0
+
+
+def _print_source(summary: dict, as_json: bool) -> int:
+    """A pre-tokenized source's summary: what was opened (nothing was built or copied)."""
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    print_rows([
+        ("source", f"{summary['source_kind']} {rel(summary['path'])} (memory-mapped, not copied)"),
+        ("documents", fmt_int(summary["num_documents"])),
+        ("tokens", fmt_int(summary["num_tokens"]) + ("" if summary["eos"] == "real" else f" (+{fmt_int(summary['num_documents'])} EOS)")),
+        ("token dtype", summary["token_dtype"]),
+        ("eos", f"{summary['eos']} (eos_id {summary['eos_id']}, pad_id {summary['pad_id']}, vocab {summary['vocab_size']})"),
+        ("identity", summary["identity"][:16] + "..."),
+        ("fingerprint", summary["fingerprint"]),
     ])
     return 0

@@ -31,11 +31,12 @@ def verify_files(index: Any) -> None:
 
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
     """The prepared index of the index options (built once, cached); with ``verify_tokens``, its token sha256 checked."""
-    from detsampler.index import TokenIndex
     from detsampler.index.prepare import prepare_index
 
     prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
-    if verify_tokens:
+    if verify_tokens and prepared.dataset is not None:  # a pre-tokenized source has no recorded token checksum
+        verify_files(prepared.index)
+    elif verify_tokens and hasattr(prepared.index, "shards"):  # a sharded index: each shard
         verify_files(prepared.index)
     return prepared
 

@@ -44,6 +44,8 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "num_proc": ("IndexConfig", "num_proc"),
     "store_tokens": ("IndexConfig", "store_tokens"),
     "max_documents": ("IndexConfig", "max_documents"),
+    "add_bos": ("IndexConfig", "add_bos"),
+    "add_eos": ("IndexConfig", "add_eos"),
     "kind": ("LayoutConfig", "kind"),
     "seq_len": ("LayoutConfig", "seq_len"),
     "layout_seed": ("LayoutConfig", "seed"),
@@ -160,11 +162,13 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
     d = IndexConfig()
     g = p.add_argument_group("index (IndexConfig)")
     g.add_argument("--data", default=d.data, metavar="PATH",
-                   help="corpus: a text/json/jsonl/parquet file, a directory of them, or a save_to_disk directory "
-                        "(default: the running interpreter's standard library sources)")
+                   help="corpus: a text/json/jsonl/parquet file, a directory of them, a save_to_disk directory, or a "
+                        "pre-tokenized source KIND:PATH (megatron:PREFIX, olmo:FILE.npy, datatrove:FILE.ds, "
+                        "nanogpt:train.bin) (default: the running interpreter's standard library sources)")
     g.add_argument("--text-column", default=d.text_column, help="column holding the documents (default: %(default)s)")
-    g.add_argument("--tokenizer", default=d.tokenizer, metavar="MODEL",
-                   help="sentencepiece .model file (default: train a BPE model of --vocab-size pieces on the corpus once, cached)")
+    g.add_argument("--tokenizer", default=d.tokenizer, metavar="PATH",
+                   help="sentencepiece .model file, Hugging Face tokenizer.json, or transformers tokenizer directory "
+                        "(default: train a BPE model of --vocab-size pieces on the corpus once, cached)")
     g.add_argument("--vocab-size", type=int, default=d.vocab_size, help="vocabulary of the default tokenizer (default: %(default)s)")
     g.add_argument("--cache-dir", default=d.cache_dir, metavar="DIR",
                    help="where tokenizers and indexes are cached (default: $DETSAMPLER_CACHE or ./.cache/detsampler)")
@@ -172,6 +176,11 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--store-tokens", action=argparse.BooleanOptionalAction, default=d.store_tokens,
                    help="store the tokens (default), or only counts and offsets, tokenizing samples on the fly")
     g.add_argument("--max-documents", type=int, default=d.max_documents, metavar="N", help="use only the first N documents")
+    g.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=d.add_bos,
+                   help="store the tokenizer's BOS before each document (default: no)")
+    g.add_argument("--add-eos", choices=("virtual", "real"), default=d.add_eos,
+                   help="the EOS after each document: virtual (read, never stored; the default for text) or real (stored; "
+                        "the default for a pre-tokenized source, read as stored)")
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:

@@ -43,11 +43,17 @@ def _add_tokenizer_command(sub: Any) -> None:
     """``detsampler tokenizer train``."""
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    train = tok_sub.add_parser("train", help="train a BPE sentencepiece model", description=(
-        "Train a BPE sentencepiece model (byte fallback, identity normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3)."))
+    train = tok_sub.add_parser("train", help="train a BPE tokenizer (sentencepiece or Hugging Face)", description=(
+        "Train a BPE tokenizer locally. --kind sentencepiece (default): a .model file (byte fallback, identity "
+        "normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3). --kind hf-bpe: a Hugging Face byte-level BPE "
+        "tokenizer.json and tokenizer_config.json in the directory --out (<|endoftext|> 0 = EOS, <|begin_of_text|> 1 = "
+        "BOS, <|pad|> 2)."))
+    train.add_argument("--kind", choices=("sentencepiece", "hf-bpe"), default="sentencepiece",
+                       help="the tokenizer to train (default: %(default)s)")
     train.add_argument("--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)")
     train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
-    train.add_argument("--out", required=True, metavar="PATH", help="where to write the .model file")
+    train.add_argument("--out", required=True, metavar="PATH",
+                       help="where to write the .model file (sentencepiece) or the tokenizer directory (hf-bpe)")
 
 
 def _add_build_command(sub: Any) -> None:
@@ -55,6 +61,9 @@ def _add_build_command(sub: Any) -> None:
     build = sub.add_parser("build", help="build (or open) the index and print its summary",
                            description="Build the token index of the corpus (or open the cached one) and print its summary.")
     add_index_options(build)
+    build.add_argument("--from", nargs=2, dest="source", default=None, metavar=("KIND", "PATH"),
+                       help="open a pre-tokenized corpus instead of building: KIND megatron (PATH = the .bin/.idx prefix), "
+                            "olmo (a .npy token file), datatrove (a .ds file), nanogpt (a train.bin); same as --data KIND:PATH")
     build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
     build.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_layout_options(build)

@@ -33,7 +33,10 @@ def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: i
     else:
         text = prepared.dataset[int(doc)][index.text_column]
         ids = prepared.tokenizer.encode_batch([text])[0][start:stop_tok]
-    text = prepared.tokenizer.decode(ids) if ids else ""
+    if prepared.tokenizer is None:  # a pre-tokenized source opened without --tokenizer: show the ids
+        text = " ".join(map(str, ids[:64])) + (" ..." if len(ids) > 64 else "")
+    else:
+        text = prepared.tokenizer.decode(ids) if ids else ""
     if stop > n:
         text += "<EOS>"
     if max_chars and len(text) > max_chars:

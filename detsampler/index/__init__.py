@@ -4,7 +4,9 @@
 - :mod:`~detsampler.index.build`: :func:`build_index`, the atomic, locked, once-per-job build;
 - :mod:`~detsampler.index.tokenize`: the tokenization pool that feeds the build;
 - :mod:`~detsampler.index.format`: the format version, cache key and error type;
-- :mod:`~detsampler.index.files`: ``.npy`` writing and checksums.
+- :mod:`~detsampler.index.files`: ``.npy`` writing and checksums;
+- :mod:`~detsampler.index.sources`: pre-tokenized corpora (Megatron, OLMo, datatrove, nanoGPT) opened as index-like
+  sources, memory-mapped.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +37,8 @@ from detsampler.index.format import (
 )
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import tokenize
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
 
 __all__ = ["build_index"]
@@ -46,8 +46,8 @@ __all__ = ["build_index"]
 logger = logging.getLogger("detsampler")
 
 
-def _write_tokens(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, dtype: np.dtype,
-                  store_tokens: bool, progress: bool) -> tuple[np.ndarray, int]:
+def _write_tokens(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype,
+                  store_tokens: bool, progress: bool, policy: SpecialTokens) -> tuple[np.ndarray, int]:
     """Tokenize ``dataset``, streaming the tokens to ``tmp/tokens.npy`` (with ``store_tokens``; its header written last,
     the file fsynced); returns the documents' lengths and the number of tokens."""
     lengths_parts: list[np.ndarray] = []
@@ -56,7 +56,7 @@ def _write_tokens(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: st
     try:
         if tokens_file is not None:
             tokens_file.write(b"\0" * HEADER_BYTES)
-        for lengths, flat in tokenize(dataset, tokenizer, text_column, num_proc, dtype, progress):
+        for lengths, flat in tokenize(dataset, tokenizer, text_column, num_proc, dtype, progress, policy):
             lengths_parts.append(lengths)
             num_tokens += int(flat.size)
             if tokens_file is not None:
@@ -79,16 +79,17 @@ def _write_meta(tmp: Path, meta: dict) -> None:
     atomic_write(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
-def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool, key: str) -> dict:
+def _write_index(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, store_tokens: bool,
+                 progress: bool, key: str, policy: SpecialTokens) -> dict:
     """Write the complete index of ``dataset`` into the directory ``tmp``; returns its meta."""
     dtype = token_dtype(tokenizer.vocab_size)
     start = time.perf_counter()
-    lengths, num_tokens = _write_tokens(tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress)
+    lengths, num_tokens = _write_tokens(tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress, policy)
     seconds = time.perf_counter() - start
     if lengths.size != len(dataset):  # pragma: no cover - guards the batching
         raise RuntimeError(f"tokenized {lengths.size} documents of {len(dataset)}")
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    np.cumsum(lengths + int(policy.eos_stored), out=offsets[1:])  # a real EOS is stored after each document
     save_npy(tmp / "lengths.npy", lengths)
     save_npy(tmp / "offsets.npy", offsets)
     names = ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store_tokens else [])
@@ -103,6 +104,7 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str
         "text_column": text_column,
         "store_tokens": store_tokens,
         "tokenizer": tokenizer.describe(),
+        "special_tokens": policy.to_meta(),
         "token_dtype": dtype.name,
         "num_documents": int(lengths.size),
         "num_tokens": int(num_tokens),
@@ -116,24 +118,24 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: Tokenizer, text_column: str
     return meta
 
 
-def _check_build_args(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int) -> None:
+def _check_build_args(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int) -> None:
     """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
     from detsampler.text.corpus import check_text_column
 
     check_text_column(dataset, text_column)
     check_positive_int(num_proc, "num_proc")
-    if not isinstance(tokenizer, Tokenizer):
-        raise ValueError(f"tokenizer must be a detsampler.text.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
+    check_tokenizer_like(tokenizer)
 
 
 def build_index(
     dataset: Any,
-    tokenizer: Tokenizer,
+    tokenizer: TokenizerLike,
     text_column: str = "text",
     cache_dir: str | os.PathLike | None = None,
     num_proc: int = 1,
     store_tokens: bool = True,
     progress: bool = True,
+    special_tokens: SpecialTokens | None = None,
 ) -> TokenIndex:
     """Open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
     exist.
@@ -143,27 +145,32 @@ def build_index(
 
     Args:
         dataset: a ``datasets.Dataset`` (its fingerprint names the cache entry).
-        tokenizer: the tokenizer that encodes ``dataset[text_column]``.
+        tokenizer: the tokenizer that encodes ``dataset[text_column]``: any
+            :class:`~detsampler.text.protocol.TokenizerLike` (sentencepiece, ``tokenizer.json``, transformers).
         text_column: the column holding each document's text.
         cache_dir: where index directories live (default :func:`~detsampler.index.format.default_cache_dir`).
         num_proc: tokenizer processes.
         store_tokens: store the tokens (else only their counts: tokens are made on the fly).
         progress: show a progress bar and a summary line on stderr.
+        special_tokens: the BOS/EOS policy (default: no BOS, a virtual EOS), recorded in the meta and the cache key.
 
     Returns:
         The opened :class:`~detsampler.index.reader.TokenIndex`, checked against ``dataset`` and ``tokenizer``.
     """
     _check_build_args(dataset, tokenizer, text_column, num_proc)
-    key = index_cache_key(dataset, tokenizer, text_column, store_tokens)
+    policy = SpecialTokens() if special_tokens is None else special_tokens
+    policy.check(tokenizer)
+    key = index_cache_key(dataset, tokenizer, text_column, store_tokens, policy)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"index-{key}"
     if (final / "meta.json").is_file():  # complete by construction (renamed into place): no lock, a read-only cache works
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
-    return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress)
+    return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress, policy)
 
 
-def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, store_tokens: bool, progress: bool) -> TokenIndex:
+def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int,
+                  store_tokens: bool, progress: bool, policy: SpecialTokens) -> TokenIndex:
     if (final / "meta.json").is_file():  # complete: open without the lock
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     with FileLock(str(root / f"index-{key}.lock")):
@@ -174,7 +181,7 @@ def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: To
         tmp = root / f".tmp-index-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            _write_index(tmp, dataset, tokenizer, text_column, num_proc, store_tokens, progress, key)
+            _write_index(tmp, dataset, tokenizer, text_column, num_proc, store_tokens, progress, key, policy)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,9 @@
 """The identity and format of a token index: its format version, error type, token dtype, cache location and cache key.
 
-Invariant: an index's cache key is a function of the dataset fingerprint and row count, the tokenizer's sha256, the text
-column, ``store_tokens`` and :data:`INDEX_FORMAT_VERSION` only: the same inputs always name the same directory.
+Invariant: an index's cache key is a function of the dataset fingerprint and row count, the tokenizer's sha256 (the hash
+of its files, wherever they are), the text column, ``store_tokens``, the BOS/EOS policy (with the BOS and EOS ids it
+inserts; the default policy adds nothing to the key, so indexes built before policies existed keep their names) and
+:data:`INDEX_FORMAT_VERSION` only: the same inputs always name the same directory.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 
 __all__ = [
     "INDEX_FORMAT_VERSION",
@@ -58,22 +61,21 @@ def dataset_fingerprint(dataset: Any) -> str:
     return fp
 
 
-def index_cache_key(dataset: Any, tokenizer: Tokenizer, text_column: str = "text", store_tokens: bool = True) -> str:
-    """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
-    h = hashlib.sha256(
-        json.dumps(
-            {
-                "format_version": INDEX_FORMAT_VERSION,
-                "dataset": dataset_fingerprint(dataset),
-                "num_rows": len(dataset),
-                "tokenizer": tokenizer.sha256,
-                "text_column": text_column,
-                "store_tokens": bool(store_tokens),
-            },
-            sort_keys=True,
-        ).encode()
-    )
-    return h.hexdigest()[:20]
+def index_cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "text", store_tokens: bool = True,
+                    special_tokens: SpecialTokens | None = None) -> str:
+    """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options, the BOS/EOS policy and the
+    format version."""
+    fields = {
+        "format_version": INDEX_FORMAT_VERSION,
+        "dataset": dataset_fingerprint(dataset),
+        "num_rows": len(dataset),
+        "tokenizer": tokenizer.sha256,
+        "text_column": text_column,
+        "store_tokens": bool(store_tokens),
+    }
+    if special_tokens is not None and special_tokens != SpecialTokens():
+        fields["special_tokens"] = {**special_tokens.to_meta(), "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
 
 
 

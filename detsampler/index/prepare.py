@@ -14,7 +14,9 @@ from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.load import load_tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["IndexConfig", "Prepared", "prepare_index", "prepare_sources"]
 
@@ -24,8 +26,12 @@ class IndexConfig:
     """Where the documents come from, how they are tokenized, and where the index is cached.
 
     ``data``: None for the default corpus (the interpreter's standard library sources), else a local file, a directory of
-    text/json/jsonl/parquet files, or a ``save_to_disk`` directory. ``tokenizer``: a sentencepiece ``.model`` path, or None
-    to train a ``vocab_size``-piece BPE model on the corpus once (cached). ``max_documents``: keep only the first N rows.
+    text/json/jsonl/parquet files, a ``save_to_disk`` directory, or a pre-tokenized source ``KIND:PATH``
+    (:mod:`detsampler.index.sources`: ``megatron``, ``olmo``, ``datatrove``, ``nanogpt``; opened, never copied). ``tokenizer``: a sentencepiece ``.model``, a Hugging
+    Face ``tokenizer.json`` or a local transformers tokenizer directory, or None to train a ``vocab_size``-piece BPE
+    model on the corpus once (cached); a pre-tokenized source takes its EOS, pad id and vocabulary size from it when
+    given. ``add_bos`` / ``add_eos``: the BOS/EOS policy (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for
+    text and ``"real"`` for a pre-tokenized source, whose stored tokens are read as they are). ``max_documents``: keep only the first N rows.
     ``cache_dir``: None for ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
     """
 
@@ -37,8 +43,11 @@ class IndexConfig:
     num_proc: int = 1
     store_tokens: bool = True
     max_documents: int | None = None
+    add_bos: bool = False
+    add_eos: str | None = None
 
     def __post_init__(self) -> None:
+        self.special_tokens  # validates add_bos / add_eos
         if not isinstance(self.text_column, str) or not self.text_column:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
         check_int(self.vocab_size, "vocab_size", minimum=300)
@@ -53,6 +62,10 @@ class IndexConfig:
             check_positive_int(self.max_documents, "max_documents (or None)")
 
     @property
+    def special_tokens(self) -> SpecialTokens:
+        return SpecialTokens(add_bos=self.add_bos, add_eos=self.add_eos or "virtual")
+
+    @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
 
@@ -63,8 +76,8 @@ class Prepared:
 
     config: IndexConfig
     dataset: Any
-    tokenizer: Tokenizer
-    index: TokenIndex
+    tokenizer: TokenizerLike | None
+    index: TokenIndex  # or a pre-tokenized TokenSource (then dataset is None, and tokenizer None unless given)
 
 
 def load_dataset_for(config: IndexConfig) -> Any:
@@ -85,22 +98,37 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
 
     if config.tokenizer is None:
         raise ValueError(f"data {config.data!r} is a sharded index: pass the tokenizer it was built with (--tokenizer)")
-    tokenizer = Tokenizer.load(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer)
     index = ShardedIndex.open(config.data)
     index.check_tokenizer(tokenizer)
     return Prepared(config, None, tokenizer, index)
 
 
-def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
-    """Load the corpus and tokenizer of ``config`` and build (or open the cached) index; a sharded index directory as
-    ``data`` is opened as it is."""
-    from detsampler.index.sharded import MANIFEST
+def open_prepared_source(config: IndexConfig) -> Prepared:
+    """The pre-tokenized source ``config.data`` (``KIND:PATH``) opened, with ``config.tokenizer`` when given."""
+    from detsampler.index.sources import open_source, parse_source_spec
 
+    kind, path = parse_source_spec(str(config.data))
+    if config.add_bos:
+        raise ValueError(f"add_bos: the pre-tokenized source {config.data!r} is read as stored; it cannot insert a BOS")
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
+    source = open_source(kind, path, tokenizer=tokenizer, eos="virtual" if config.add_eos == "virtual" else "real")
+    return Prepared(config, None, tokenizer, source)
+
+
+def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
+    """Load the corpus and tokenizer of ``config`` and build (or open the cached) index; open a pre-tokenized source, or
+    a sharded index directory, as it is."""
+    from detsampler.index.sharded import MANIFEST
+    from detsampler.index.sources import is_source_spec
+
+    if is_source_spec(config.data):
+        return open_prepared_source(config)
     if config.data is not None and (Path(config.data) / MANIFEST).is_file():
         return _prepare_sharded(config)
     dataset = load_dataset_for(config)
     if config.tokenizer is not None:
-        tokenizer = Tokenizer.load(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer)
     else:
         tokenizer = default_tokenizer(
             config.cache_path,
@@ -116,6 +144,7 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         num_proc=config.num_proc,
         store_tokens=config.store_tokens,
         progress=progress,
+        special_tokens=config.special_tokens,
     )
     return Prepared(config, dataset, tokenizer, index)
 

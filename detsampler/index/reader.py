@@ -2,8 +2,9 @@
 
 Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``allow_pickle=False``)::
 
-    lengths.npy   int64[num_documents]       tokens of document d (EOS not counted, not stored)
-    offsets.npy   int64[num_documents + 1]   offsets[d] = sum(lengths[:d]); offsets[-1] = num_tokens
+    lengths.npy   int64[num_documents]       positions of document d before its EOS (a BOS counted, the EOS not)
+    offsets.npy   int64[num_documents + 1]   where document d's stored tokens start; offsets[-1] = num_tokens
+                                             (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else lengths[d])
     tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
     meta.json     format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
     *.sums.npy    CRC-32 of each 64 KiB chunk of the three arrays (checked the first time a process reads the chunk)
@@ -40,7 +41,8 @@ from detsampler.index.format import (
     token_dtype,
 )
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["TokenIndex"]
 
@@ -119,6 +121,16 @@ class TokenIndex:
         return int(self.meta["tokenizer"]["pad_id"])
 
     @property
+    def special_tokens(self) -> SpecialTokens:
+        """The BOS/EOS policy the index was built with (the default for an index that records none)."""
+        return SpecialTokens.from_meta(self.meta.get("special_tokens"))
+
+    @property
+    def eos_stored(self) -> bool:
+        """Whether each document's EOS position (``lengths[d]``) is a stored token (else it is virtual: ``eos_id``)."""
+        return self.special_tokens.eos_stored
+
+    @property
     def store_tokens(self) -> bool:
         return bool(self.meta["store_tokens"])
 
@@ -139,13 +151,15 @@ class TokenIndex:
 
     # -- identity
     @staticmethod
-    def cache_key(dataset: Any, tokenizer: Tokenizer, text_column: str = "text", store_tokens: bool = True) -> str:
+    def cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "text", store_tokens: bool = True,
+                  special_tokens: SpecialTokens | None = None) -> str:
         """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
-        return index_cache_key(dataset, tokenizer, text_column, store_tokens)
+        return index_cache_key(dataset, tokenizer, text_column, store_tokens, special_tokens)
 
     # -- open
     @classmethod
-    def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: Tokenizer | None = None, verify_tokens: bool = False) -> TokenIndex:
+    def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: TokenizerLike | None = None,
+             verify_tokens: bool = False) -> TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
         With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also checks
@@ -191,7 +205,7 @@ class TokenIndex:
         if text_column is not None and text_column != self.text_column:
             raise TokenIndexError(f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}")
 
-    def check_tokenizer(self, tokenizer: Tokenizer) -> None:
+    def check_tokenizer(self, tokenizer: TokenizerLike) -> None:
         """Raise unless ``tokenizer`` is the model this index was built with (sha256) and its EOS and padding ids are the
         ones the index records (they are written into every sample)."""
         want = self.meta["tokenizer"]["sha256"]
@@ -202,7 +216,8 @@ class TokenIndex:
                 "changed since the build; pass the original model or build the index again"
             )
         for field in ("eos_id", "pad_id"):
-            if int(getattr(tokenizer, field)) != int(self.meta["tokenizer"][field]):
+            have, recorded = getattr(tokenizer, field, None), self.meta["tokenizer"].get(field)
+            if have is not None and recorded is not None and int(have) != int(recorded):
                 raise TokenIndexError(
                     f"index {str(self.path)!r} records {field} {self.meta['tokenizer'][field]}, its tokenizer "
                     f"({tokenizer.path}) has {field} {getattr(tokenizer, field)}: meta.json is wrong; rebuild the index"
@@ -242,13 +257,13 @@ class TokenIndex:
 
     # -- reading
     def document_tokens(self, doc: int) -> np.ndarray:
-        """The stored tokens of document ``doc`` (without its EOS)."""
+        """The stored tokens of document ``doc`` (its BOS and a real EOS included; a virtual EOS is not stored)."""
         if self.tokens is None:
             raise ValueError(f"index {str(self.path)!r} was built with store_tokens=False: it holds no tokens")
         if not 0 <= doc < self.num_documents:
             raise ValueError(f"Got document {doc}, allowed documents are in [0, {self.num_documents})")
         start = int(self.offsets[doc])
-        return np.asarray(self.tokens[start : start + int(self.lengths[doc])])
+        return np.asarray(self.tokens[start : int(self.offsets[doc + 1])])
 
     def layout(self, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
         """The layout ``config`` over this index's documents, persisted in ``layouts/`` beside it and opened as memory maps
@@ -264,7 +279,8 @@ class TokenIndex:
             "path": str(self.path),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
-            "tokens_with_eos": self.num_tokens + self.num_documents,
+            "tokens_with_eos": self.num_tokens + (0 if self.eos_stored else self.num_documents),
+            "special_tokens": self.special_tokens.to_meta(),
             "token_dtype": self.meta["token_dtype"],
             "store_tokens": self.store_tokens,
             "text_column": self.text_column,

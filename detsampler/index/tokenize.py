@@ -1,4 +1,5 @@
-"""Tokenizing a dataset for an index build: batches of documents, in dataset order, by one or ``num_proc`` processes.
+"""Tokenizing a dataset for an index build: batches of documents, in dataset order, by one or ``num_proc`` processes,
+through any :class:`~detsampler.text.protocol.TokenizerLike`, with the BOS/EOS policy applied.
 
 Invariants: batches come back in dataset order whatever ``num_proc`` is, so the index does not depend on it; at most
 ``4 * num_proc`` batches are in flight (memory stays bounded); a worker exits when its parent dies.
@@ -10,18 +11,18 @@ import os
 import sys
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from itertools import chain
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_all_start_methods, get_context
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["BATCH_DOCS", "check_texts", "encode_documents", "tokenize"]
 
-BATCH_DOCS = 64  # documents per tokenization task
+BATCH_DOCS = 64  # documents per tokenization task (a tokenizer's ``batch_docs`` attribute overrides it)
 
 
 def check_texts(texts: Sequence[Any], first_doc: int, text_column: str) -> None:
@@ -36,10 +37,10 @@ def check_texts(texts: Sequence[Any], first_doc: int, text_column: str) -> None:
 
 
 
-_WORKER_TOKENIZER: Tokenizer | None = None
+_WORKER_TOKENIZER: TokenizerLike | None = None
 
 
-def _init_worker(tokenizer: Tokenizer) -> None:
+def _init_worker(tokenizer: TokenizerLike) -> None:
     global _WORKER_TOKENIZER
     _WORKER_TOKENIZER = tokenizer
     parent = os.getppid()
@@ -54,19 +55,18 @@ def _init_worker(tokenizer: Tokenizer) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
-def encode_documents(tokenizer: Tokenizer, texts: Sequence[Any], first_doc: int, text_column: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize ``texts`` (documents ``first_doc, ...``): their lengths (int64) and their tokens concatenated (``dtype``)."""
+def encode_documents(tokenizer: TokenizerLike, texts: Sequence[Any], first_doc: int, text_column: str, dtype: np.dtype,
+                     policy: SpecialTokens = SpecialTokens()) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize ``texts`` (documents ``first_doc, ...``) under ``policy``: their lengths (int64, the positions before each
+    EOS, see :mod:`detsampler.text.policy`) and their stored tokens concatenated (``dtype``)."""
     check_texts(texts, first_doc, text_column)
-    ids = tokenizer.encode_batch(texts)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-    return lengths, flat
+    return policy.apply(tokenizer.encode_batch(texts), tokenizer.bos_id, tokenizer.eos_id, dtype)
 
 
-def _encode_task(args: tuple[list[Any], int, str, str]) -> tuple[np.ndarray, np.ndarray]:
-    texts, first_doc, text_column, dtype = args
+def _encode_task(args: tuple[list[Any], int, str, str, SpecialTokens]) -> tuple[np.ndarray, np.ndarray]:
+    texts, first_doc, text_column, dtype, policy = args
     assert _WORKER_TOKENIZER is not None
-    return encode_documents(_WORKER_TOKENIZER, texts, first_doc, text_column, np.dtype(dtype))
+    return encode_documents(_WORKER_TOKENIZER, texts, first_doc, text_column, np.dtype(dtype), policy)
 
 
 def _text_batches(dataset: Any, text_column: str, batch_docs: int) -> Iterator[tuple[list[Any], int]]:
@@ -78,25 +78,43 @@ def _text_batches(dataset: Any, text_column: str, batch_docs: int) -> Iterator[t
         first += len(texts)
 
 
-def tokenize(dataset: Any, tokenizer: Tokenizer, text_column: str, num_proc: int, dtype: np.dtype, progress: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(lengths, tokens) of consecutive batches of documents, in dataset order, tokenized by ``num_proc`` processes."""
+def _encode_ahead(tokenizer: TokenizerLike, batches: Iterator[tuple[list[Any], int]], text_column: str, dtype: np.dtype,
+                  policy: SpecialTokens, bar: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One process: the next batch is encoded in a thread (the Rust and C++ encoders release the GIL) while this one's ids
+    become arrays, so the encoder's cores stay busy; results in order, at most two batches in flight."""
+    with ThreadPoolExecutor(1) as ahead:
+        pending: deque = deque()
+        for texts, first in batches:
+            check_texts(texts, first, text_column)
+            pending.append((len(texts), ahead.submit(tokenizer.encode_batch, texts)))
+            while len(pending) >= 2:
+                n, fut = pending.popleft()
+                yield policy.apply(fut.result(), tokenizer.bos_id, tokenizer.eos_id, dtype)
+                bar.update(n)
+        while pending:
+            n, fut = pending.popleft()
+            yield policy.apply(fut.result(), tokenizer.bos_id, tokenizer.eos_id, dtype)
+            bar.update(n)
+
+
+def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype, progress: bool,
+             policy: SpecialTokens = SpecialTokens()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(lengths, stored tokens) of consecutive batches of documents, in dataset order, tokenized by ``num_proc`` processes
+    under ``policy``. A Hugging Face tokenizer with ``num_proc=1`` encodes each batch on its own Rust thread pool."""
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(dataset), unit="doc", desc="tokenizing", disable=not progress, file=sys.stderr, leave=False)
     try:
-        batches = _text_batches(dataset, text_column, BATCH_DOCS)
+        batches = _text_batches(dataset, text_column, int(getattr(tokenizer, "batch_docs", BATCH_DOCS)))
         if num_proc == 1:
-            for texts, first in batches:
-                out = encode_documents(tokenizer, texts, first, text_column, dtype)
-                bar.update(len(texts))
-                yield out
+            yield from _encode_ahead(tokenizer, batches, text_column, dtype, policy, bar)
             return
         # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model) elsewhere
         ctx = get_context("fork") if "fork" in get_all_start_methods() else None
         with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tokenizer,)) as pool:
             pending: deque = deque()
             for texts, first in batches:  # at most 4 * num_proc batches in flight: memory stays bounded
-                pending.append((len(texts), pool.submit(_encode_task, (texts, first, text_column, dtype.str))))
+                pending.append((len(texts), pool.submit(_encode_task, (texts, first, text_column, dtype.str, policy))))
                 while len(pending) >= 4 * num_proc:
                     n, fut = pending.popleft()
                     yield fut.result()

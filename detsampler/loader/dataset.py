@@ -13,16 +13,21 @@ Per sample (all int64 tensors of length ``seq_len``):
 
 ``__getitems__`` reads a whole micro batch with one vectorized gather (:func:`detsampler.gather.gather_spans`) from the
 index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the dataset's
-text and checking each length against the index (a difference is an error, never a silently shifted sample).
-Nothing per document is kept in Python objects; DataLoader workers share the memory maps. On the fly, each sample costs
-the tokenization of its documents whole (a 2048-token piece of a 200k-token document tokenizes all of it): that mode trades
-disk for CPU, which DataLoader workers supply.
+text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error, never a
+silently shifted sample). The index may be a :class:`~detsampler.index.reader.TokenIndex` or a pre-tokenized source of
+:mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``, ``eos_stored``).
+
+On the fly, each document is tokenized whole when a sample needs it and kept in a per-worker cache (bounded by
+``cache_tokens``, least recently used out first), so a document split across samples is tokenized once while it stays
+in the cache. With the ``document`` or ``bestfit`` layout and documents shorter than ``seq_len`` every document is in
+exactly one sample: each is tokenized once an epoch, as a streaming loader does. Documents longer than a sample under
+``concat`` are tokenized again for each sample that touches them once evicted (a 2048-token piece of a 200k-token
+document costs its whole tokenization): that mode trades disk for CPU, which DataLoader workers supply.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
-from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,7 +40,8 @@ from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.loader.token_cache import TokenCache
+from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
 
@@ -81,8 +87,9 @@ class PackedDataset(Dataset):
         *,
         restart_position_ids: bool | None = None,
         dataset: Any = None,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: TokenizerLike | None = None,
         text_column: str = "text",
+        cache_tokens: int = 1 << 22,
     ) -> None:
         if not _layout_matches(layout, index):
             raise ValueError(
@@ -99,6 +106,9 @@ class PackedDataset(Dataset):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.text_column = text_column
+        self.cache_tokens = int(cache_tokens)
+        self._cache = TokenCache(self.cache_tokens)
+        self._eos_stored = bool(getattr(index, "eos_stored", False))
         self._texts = None
         if dataset is not None:
             index.check_dataset(dataset, text_column)
@@ -116,7 +126,8 @@ class PackedDataset(Dataset):
         # corpus. An in-RAM layout (make_layout, small corpora) is recomputed from its config in the worker.
         layout = self.layout if hasattr(self.layout, "index_fingerprint") else self.layout.config
         kwargs = dict(
-            restart_position_ids=self.restart_position_ids, dataset=self.dataset, tokenizer=self.tokenizer, text_column=self.text_column
+            restart_position_ids=self.restart_position_ids, dataset=self.dataset, tokenizer=self.tokenizer,
+            text_column=self.text_column, cache_tokens=self.cache_tokens,
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -137,23 +148,34 @@ class PackedDataset(Dataset):
         if self.index.tokens is not None:
             return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, self.index.tokens
         unique, inverse = np.unique(doc_ids, return_inverse=True)
-        texts = self._texts[unique.tolist()][self.text_column]
+        parts = self._cache.get_many(unique.tolist())
+        missing = [i for i, part in enumerate(parts) if part is None]
+        if missing:
+            for i, part in zip(missing, self._tokenize(unique[missing])):
+                parts[i] = part
+            self._cache.put_many(unique[missing].tolist(), [parts[i] for i in missing])
+        sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        starts = np.zeros(len(unique) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        return starts[inverse.reshape(-1)], lengths, np.concatenate(parts)
+
+    def _tokenize(self, docs: np.ndarray) -> list[np.ndarray]:
+        """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each checked against the index."""
+        texts = self._texts[docs.tolist()][self.text_column]
         for i, text in enumerate(texts):  # per document, not per token: name the bad one
             if not isinstance(text, str):
-                check_texts([text], int(unique[i]), self.text_column)
-        ids = self.tokenizer.encode_batch(texts)
-        got = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        want = np.asarray(self.index.lengths[unique], dtype=np.int64)
+                check_texts([text], int(docs[i]), self.text_column)
+        policy = self.index.special_tokens
+        got, flat = policy.apply(self.tokenizer.encode_batch(texts), self.tokenizer.bos_id, self.tokenizer.eos_id)
+        want = np.asarray(self.index.lengths[docs], dtype=np.int64)
         if not np.array_equal(got, want):
             k = int(np.flatnonzero(got != want)[0])
             raise TokenIndexError(
-                f"document {int(unique[k])} tokenizes to {int(got[k])} tokens on the fly but the index {str(self.index.path)!r} "
+                f"document {int(docs[k])} tokenizes to {int(got[k])} tokens on the fly but the index {str(self.index.path)!r} "
                 f"recorded {int(want[k])}: the dataset or tokenizer differs from the build's; build the index again"
             )
-        starts = np.zeros(len(unique) + 1, dtype=np.int64)
-        np.cumsum(got, out=starts[1:])
-        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(starts[-1]))
-        return starts[inverse.reshape(-1)], lengths, flat
+        ends = np.cumsum(got + int(policy.eos_stored))
+        return np.split(flat, ends[:-1])
 
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors (see the module doc)."""
@@ -163,7 +185,8 @@ class PackedDataset(Dataset):
         ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
         doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
-        g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id)
+        g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id,
+                         eos_stored=self._eos_stored)
         L = self.seq_len
         # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block;
         # each field is written into it once.

@@ -18,7 +18,7 @@ import sentencepiece as spm
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_int
 
-__all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines"]
+__all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines", "read_inputs"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
 _MAX_LINE_BYTES = 16384
@@ -30,7 +30,8 @@ def _sha256_bytes(data: bytes) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Tokenizer:
-    """A loaded sentencepiece model. ``pad_id`` is the model's pad id, or ``eos_id`` when the model defines none."""
+    """A loaded sentencepiece model (a :class:`~detsampler.text.protocol.TokenizerLike`). ``pad_id`` is the model's pad id,
+    or ``eos_id`` when the model defines none; ``bos_id`` is None when it defines no BOS."""
 
     path: str
     sha256: str
@@ -83,11 +84,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._sp.Encode(text, out_type=int)
 
+    @property
+    def bos_id(self) -> int | None:
+        bos = int(self._sp.bos_id())
+        return bos if bos >= 0 else None
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.Decode([int(i) for i in ids])
 
     def describe(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
+        return {"kind": "sentencepiece", "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id, "bos_id": self.bos_id, "pad_id": self.pad_id}
 
     def __reduce__(self):
         return (Tokenizer.from_bytes, (self._model, self.path))
@@ -113,7 +120,7 @@ def iter_training_lines(texts: Iterable[str], max_lines: int | None = None, tota
             i += 1
 
 
-def _read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     files: list[Path] = []
@@ -164,7 +171,7 @@ def train_tokenizer(
     if texts is None:
         if inputs is None:
             raise ValueError("tokenizer train: pass inputs (files or directories) or texts")
-        texts = _read_inputs(inputs)
+        texts = read_inputs(inputs)
     texts = list(texts)
     total = sum(t.count("\n") + 1 for t in texts if isinstance(t, str))
     lines = iter_training_lines(texts, max_lines=max_lines, total_lines=total)

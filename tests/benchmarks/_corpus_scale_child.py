@@ -1,4 +1,4 @@
-"""Child process of benchmark 8 (and of tests/test_scale.py): open an index and one layout in a fresh interpreter, read
+"""Child process of benchmark 11 (and of tests/test_scale.py): open an index and one layout in a fresh interpreter, read
 the first micro batch, then time more micro batches; report time, RSS growth and chunks read as JSON on stdout.
 
 Reads ``{"index": PATH, "kind": K, "seq_len": L, "mode": "persisted" | "in_ram" | "distributed", "micro_batch": B,

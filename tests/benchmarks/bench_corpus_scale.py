@@ -1,4 +1,4 @@
-"""Benchmark 8 ("corpus scale": issue 12's "scale" benchmark, numbered 8 beside benchmark 7 of the peers): per-process
+"""Benchmark 11 ("corpus scale": issue 12's "scale" benchmark, numbered 11 after the others): per-process
 open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documents.
 
 For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
@@ -176,7 +176,7 @@ def _report(results: dict, builds: dict, parallel: dict, notes: list[str], secon
             )
         )
     return BenchResult(
-        8,
+        11,
         "Scale: open, memory and locate per process at 10^6 .. 10^9 documents",
         __doc__.split("\n\n", 1)[1],
         tables,

@@ -33,10 +33,12 @@ __all__ = ["discover", "main", "render"]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # Benchmark numbers of the issue, by module name; unknown modules come after, by name.
-ORDER = {"resume": 1, "memory": 2, "loader": 3, "index": 4, "permutation": 5, "trainer": 6, "scale": 7, "corpus_scale": 8}
+ORDER = {"resume": 1, "memory": 2, "loader": 3, "index": 4, "permutation": 5, "trainer": 6, "scale": 7, "hf_build": 8,
+         "onthefly": 9, "source_open": 10,
+         "corpus_scale": 11}
 PACKAGES = (
     "numpy", "torch", "torchdata", "datasets", "grain", "sentencepiece", "megatron-core", "ai2-olmo-core", "torchtitan",
-    "accelerate", "tokenizers",
+    "accelerate", "tokenizers", "datatrove",
 )
 
 

@@ -1,0 +1,281 @@
+"""Opening the pre-tokenized formats of other training stacks as :class:`~detsampler.index.sources.base.TokenSource`.
+
+Each reader follows its format's published writer (cited per function) and memory-maps the token file as it is:
+
+- ``megatron``: Megatron-LM ``MMIDIDX`` ``PREFIX.bin`` / ``PREFIX.idx`` (``megatron/core/datasets/indexed_dataset.py``:
+  ``IndexedDatasetBuilder`` / ``_IndexWriter``); documents are the ``.idx`` document indices over its sequences;
+- ``olmo``: OLMo-core / Dolma token ``.npy`` files (raw arrays, no header; ``olmo_core/data/utils.py``:
+  ``iter_document_indices``, ``write_document_indices``): documents from the ``.csv.gz`` metadata beside the file where
+  present, else split after each EOS;
+- ``datatrove``: datatrove ``DocumentTokenizer`` output ``NAME.ds`` + ``NAME.ds.index`` (uint64 document ends; the token
+  size from ``NAME.ds.metadata``; ``datatrove/pipeline/tokens/tokenizer.py``: ``TokenizedFile``);
+- ``nanogpt``: a flat ``train.bin`` (uint16, each document followed by EOS 50256: nanoGPT's
+  ``data/openwebtext/prepare.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from detsampler.index.format import TokenIndexError
+from detsampler.index.sources.base import TokenSource, cached_starts, sampled_sha256, token_memmap
+
+__all__ = ["eos_boundaries", "open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
+
+_MMIDIDX = b"MMIDIDX\x00\x00"
+_MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+_SCAN_TOKENS = 1 << 21  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
+NANOGPT_EOS = 50256  # GPT-2's <|endoftext|>, which nanoGPT's prepare.py appends to every document
+
+
+def _starts_from_ends(ends: np.ndarray) -> np.ndarray:
+    starts = np.zeros(ends.size + 1, dtype=np.int64)
+    starts[1:] = ends
+    return starts
+
+
+def _check_starts(starts: np.ndarray, num_tokens: int, kind: str, path: Path) -> None:
+    if starts.size and (int(starts[-1]) != num_tokens or (starts.size > 1 and int(np.diff(starts).min()) < 0)):
+        raise TokenIndexError(
+            f"{kind} source {str(path)!r}: its document boundaries do not tile its {num_tokens} tokens "
+            f"(last end {int(starts[-1])}); the index file does not belong to the token file"
+        )
+
+
+def open_megatron(
+    prefix: str | os.PathLike,
+    *,
+    eos: str = "real",
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
+    """``PREFIX.bin`` / ``PREFIX.idx``: header ``MMIDIDX\\0\\0``, version 1 (<Q), dtype code (<B), sequence count (<Q),
+    document count (<Q), then int32 sequence lengths, int64 sequence byte pointers, int64 document indices (sequence
+    numbers, starting at 0). Document ``d`` is sequences ``[doc_idx[d], doc_idx[d + 1])``, contiguous in ``.bin``."""
+    prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
+    idx, bin_ = prefix.with_name(prefix.name + ".idx"), prefix.with_name(prefix.name + ".bin")
+    if not idx.is_file():
+        raise TokenIndexError(f"megatron source: no {str(idx)!r}; pass the path prefix of PREFIX.bin / PREFIX.idx")
+    with open(idx, "rb") as f:
+        head = f.read(34)
+    if len(head) < 34 or head[:9] != _MMIDIDX or struct.unpack("<Q", head[9:17])[0] != 1:
+        raise TokenIndexError(f"megatron source: {str(idx)!r} is not a version 1 MMIDIDX index")
+    code, n_seq, n_doc = head[17], *struct.unpack("<QQ", head[18:34])
+    if code not in _MEGATRON_DTYPES:
+        raise TokenIndexError(f"megatron source: {str(idx)!r} has an unknown dtype code {code}")
+    dtype = np.dtype(_MEGATRON_DTYPES[code])
+    seq_lengths = (
+        np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,)) if n_seq else np.zeros(0, np.int32)
+    )
+    pointers = (
+        np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * n_seq, shape=(n_seq,))
+        if n_seq
+        else np.zeros(0, np.int64)
+    )
+    doc_idx = np.array(np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 12 * n_seq, shape=(n_doc,)))
+    tokens = token_memmap(bin_, dtype, "megatron")
+    if n_doc == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq:
+        raise TokenIndexError(
+            f"megatron source: {str(idx)!r} has document indices that do not cover its {n_seq} sequences"
+        )
+    seq_starts = np.append(np.asarray(pointers, dtype=np.int64) // dtype.itemsize, tokens.size)
+    if n_seq and not np.array_equal(np.diff(seq_starts), np.asarray(seq_lengths, dtype=np.int64)):
+        raise TokenIndexError(f"megatron source: the sequences of {str(idx)!r} are not contiguous in {str(bin_)!r}")
+    starts = seq_starts[doc_idx]
+    _check_starts(starts, tokens.size, "megatron", prefix)
+    return TokenSource(
+        "megatron",
+        prefix,
+        tokens,
+        starts,
+        identity=sampled_sha256([bin_], [idx]),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(open_megatron, (str(prefix),), dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)),
+    )
+
+
+def eos_boundaries(path: Path, dtype: np.dtype, eos_id: int, num_tokens: int) -> np.ndarray:
+    """Document starts of a flat token file split after each ``eos_id`` (a last document without one ends at the end):
+    scanned in chunks read with ``pread``, so neither the scan nor its temporaries grow with the file."""
+    ends = []
+    chunk = _SCAN_TOKENS * dtype.itemsize
+    with open(path, "rb") as f:
+        for byte_start in range(0, num_tokens * dtype.itemsize, chunk):
+            block = np.frombuffer(os.pread(f.fileno(), chunk, byte_start), dtype=dtype)
+            ends.append(np.flatnonzero(block == eos_id) + (byte_start // dtype.itemsize + 1))
+    ends_all = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    if not ends_all.size or ends_all[-1] != num_tokens:
+        ends_all = np.append(ends_all, num_tokens) if num_tokens else ends_all
+    return _starts_from_ends(ends_all.astype(np.int64, copy=False))
+
+
+def _csv_pairs(lines: list[bytes]) -> np.ndarray:
+    """The first two integer columns of ``start,end[,...]`` lines as an int64 ``[n, 2]`` array (blank lines skipped)."""
+    block = b"".join(lines)
+    if block.count(b",") == len(lines) and not any(not line.strip() for line in lines):  # exactly two columns: in C
+        fields = block.replace(b"\n", b",").split(b",")[:-1]
+    else:
+        fields = [x for line in lines if line.strip() for x in line.split(b",", 2)[:2]]
+    return np.array(fields, dtype="S20").astype(np.int64).reshape(-1, 2)
+
+
+def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
+    """Document starts from the ``.csv.gz`` beside ``path`` (lines ``start,end[,...]``), or None when there is none."""
+    meta = path.with_name(path.name.removesuffix(".npy") + ".csv.gz")
+    if not meta.is_file():
+        return None
+    parts = []
+    with gzip.open(meta, "rb") as f:
+        while lines := f.readlines(1 << 20):  # about 1 MB of lines at a time: memory stays flat
+            parts.append(_csv_pairs(lines))
+    pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+    if pairs.size and (pairs[0, 0] != 0 or not np.array_equal(pairs[1:, 0], pairs[:-1, 1])):
+        raise TokenIndexError(f"olmo source: the documents of {str(meta)!r} are not contiguous from token 0")
+    starts = _starts_from_ends(pairs[:, 1])
+    if starts[-1] != num_tokens:  # trailing tokens outside any document: not this format
+        raise TokenIndexError(
+            f"olmo source: {str(meta)!r} covers {int(starts[-1])} of the {num_tokens} tokens of {str(path)!r}"
+        )
+    return starts
+
+
+def open_olmo(
+    path: str | os.PathLike,
+    *,
+    eos_id: int | None = None,
+    dtype: str = "uint32",
+    eos: str = "real",
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
+    """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata
+    beside it, else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
+    p = Path(path)
+    dt = np.dtype(dtype)
+    tokens = token_memmap(p, dt, "olmo")
+    meta = p.with_name(p.name.removesuffix(".npy") + ".csv.gz")
+    if not meta.is_file() and eos_id is None:
+        raise ValueError(
+            f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
+            "(or a tokenizer)"
+        )
+    whole = [meta] if meta.is_file() else []
+    identity = sampled_sha256([p], whole)
+    if whole:
+        starts = cached_starts("olmo", identity, "csv", lambda: _olmo_metadata(p, tokens.size), [p, meta])
+    else:
+        starts = cached_starts(
+            "olmo", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
+        )
+    return TokenSource(
+        "olmo",
+        p,
+        tokens,
+        starts,
+        identity=identity,
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_olmo,
+            (str(p),),
+            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
+        ),
+    )
+
+
+def open_datatrove(
+    path: str | os.PathLike,
+    *,
+    eos: str = "real",
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+    token_size: int | None = None,
+) -> TokenSource:
+    """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``,
+    else 2) and ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
+    p = Path(path)
+    index, meta = p.with_name(p.name + ".index"), p.with_name(p.name + ".metadata")
+    if not index.is_file():
+        raise TokenIndexError(f"datatrove source: no {str(index)!r} (write it with DocumentTokenizer(save_index=True))")
+    if token_size is None:
+        token_size = 2
+        if meta.is_file():
+            first = meta.read_text().splitlines()[0] if meta.read_text() else ""
+            token_size = int(first.rsplit("|", 1)[1]) if "|" in first else 2
+    dt = np.dtype({2: np.uint16, 4: np.uint32}.get(token_size, np.uint16))
+    tokens = token_memmap(p, dt, "datatrove")
+    ends = np.fromfile(index, dtype="<u8").astype(np.int64)
+    starts = _starts_from_ends(ends)
+    _check_starts(starts, tokens.size, "datatrove", p)
+    return TokenSource(
+        "datatrove",
+        p,
+        tokens,
+        starts,
+        identity=sampled_sha256([p], [index]),
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_datatrove,
+            (str(p),),
+            dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, token_size=token_size),
+        ),
+    )
+
+
+def open_nanogpt(
+    path: str | os.PathLike,
+    *,
+    eos_id: int = NANOGPT_EOS,
+    dtype: str = "uint16",
+    eos: str = "real",
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+) -> TokenSource:
+    """A flat ``train.bin`` of ``dtype`` tokens, documents split after each ``eos_id`` (GPT-2's 50256 by default)."""
+    p = Path(path)
+    dt = np.dtype(dtype)
+    tokens = token_memmap(p, dt, "nanogpt")
+    identity = sampled_sha256([p])
+    starts = cached_starts(
+        "nanogpt", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
+    )
+    return TokenSource(
+        "nanogpt",
+        p,
+        tokens,
+        starts,
+        identity=identity,
+        eos=eos,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        vocab_size=vocab_size,
+        reopen=(
+            open_nanogpt,
+            (str(p),),
+            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
+        ),
+    )

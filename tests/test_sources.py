@@ -1,0 +1,228 @@
+"""Pre-tokenized corpora opened as indexes: fixtures written by each peer's own writer where it installs
+(megatron-core's IndexedDatasetBuilder, OLMo-core's metadata writer, datatrove's DocumentTokenizer), read back through a
+layout, PackedDataset and a DataLoader, and compared token for token with the peer's own reader. nanoGPT has no
+package: its ``train.bin`` is written as nanoGPT's ``data/openwebtext/prepare.py`` does (uint16 ids, EOS 50256 after
+each document) and read as its ``train.py`` does (``np.memmap(..., dtype=np.uint16)``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from detsampler import DeterministicBatchSampler, LayoutConfig, Plan
+from detsampler.cli import main
+from detsampler.index.format import TokenIndexError
+from detsampler.index.sources import open_source, parse_source_spec
+from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+
+EOS = 7
+
+
+def _documents(n: int = 60, seed: int = 0, eos: int | None = EOS) -> list[np.ndarray]:
+    """``n`` documents of 1..90 random ids in [10, 1000), each ending with ``eos`` when given."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(10, 1000, size=int(rng.integers(1, 90))).astype(np.int64) for _ in range(n)]
+    return [np.append(d, eos) if eos is not None else d for d in docs]
+
+
+def _loader_documents(source, seq_len: int | None = None) -> dict[int, list[int]]:
+    """Every document as the DataLoader delivers it (document layout, one document a sample), by document id."""
+    seq_len = seq_len or int(source.lengths.max()) + 1
+    layout = source.layout(LayoutConfig(kind="document", seq_len=seq_len))
+    ds = PackedDataset(source, layout)
+    plan = Plan(len(ds), seed=1, global_batch_size=4, micro_batch_size=4)
+    steps = -(-len(ds) // 4)
+    loader = DataLoader(
+        ds,
+        batch_sampler=DeterministicBatchSampler(plan, rank=0, stop_step=steps),
+        num_workers=1,
+        collate_fn=collate_micro_batch,
+    )
+    got: dict[int, list[int]] = {}
+    for batch in loader:
+        for ids, docs in zip(batch["input_ids"], batch["document_ids"]):
+            d = int(docs[0])
+            got.setdefault(d, ids[docs == d].tolist())
+    return got
+
+
+def test_megatron_equals_megatron_core_reader(tmp_path):
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    prefix = str(tmp_path / "corpus_text_document")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    docs = _documents()
+    for i, doc in enumerate(docs):
+        if i % 5 == 0:  # some documents of two sequences (as --split-sentences writes them)
+            half = len(doc) // 2
+            builder.add_item(torch.from_numpy(doc[:half]))
+            builder.add_item(torch.from_numpy(doc[half:]))
+        else:
+            builder.add_item(torch.from_numpy(doc))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    peer = IndexedDataset(prefix)
+    bounds = peer.document_indices
+    peer_docs = [
+        np.concatenate([peer[s] for s in range(bounds[d], bounds[d + 1])]).tolist() for d in range(len(bounds) - 1)
+    ]
+    source = open_source("megatron", prefix)
+    assert source.num_documents == len(peer_docs) == len(docs)
+    assert [source.document_tokens(d).tolist() for d in range(len(docs))] == peer_docs
+    got = _loader_documents(source)
+    assert [got[d] for d in range(len(docs))] == peer_docs  # the EOS stored by the writer is read, no token added
+    assert isinstance(source.tokens, np.memmap)
+    clone = pickle.loads(pickle.dumps(source))
+    assert clone.fingerprint == source.fingerprint and np.array_equal(clone.lengths, source.lengths)
+    virtual = open_source("megatron", prefix, eos="virtual", eos_id=EOS)
+    assert virtual.fingerprint != source.fingerprint
+    assert _loader_documents(virtual)[3] == peer_docs[3] + [EOS]
+
+
+def test_olmo_npy_equals_olmo_core_reader(tmp_path):
+    pytest.importorskip("olmo_core")
+    from olmo_core.data.utils import iter_document_indices, load_array_slice, write_document_indices
+
+    docs = _documents(seed=1)
+    path = tmp_path / "part-0-00000.npy"
+    flat = np.concatenate(docs).astype(np.uint32)
+    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=flat.shape)  # as Dolma writes its token files
+    mm[:] = flat
+    mm.flush()
+    del mm
+    peer_bounds = list(iter_document_indices(path, eos_token_id=EOS, dtype=np.uint32))
+    peer_docs = [load_array_slice(path, s, e, np.uint32).tolist() for s, e in peer_bounds]
+    scanned = open_source("olmo", path, eos_id=EOS)  # no metadata: split after each EOS
+    write_document_indices(path, dtype=np.uint32, eos_token_id=EOS)
+    with_meta = open_source("olmo", path)  # the .csv.gz the peer wrote
+    for source in (scanned, with_meta):
+        assert [source.document_tokens(d).tolist() for d in range(source.num_documents)] == peer_docs
+        got = _loader_documents(source)
+        assert [got[d] for d in range(len(peer_docs))] == peer_docs
+    assert scanned.identity != with_meta.identity  # the metadata file is part of the identity
+    with pytest.raises(ValueError, match="pass eos_id"):
+        open_source("olmo", tmp_path / "x.npy" if (tmp_path / "x.npy").write_bytes(b"\0" * 8) else None)
+
+
+def test_olmo_metadata_decides_boundaries(tmp_path):
+    """With a .csv.gz, documents are its rows even where a document holds no EOS (the case iter_document_indices warns
+    of)."""
+    path = tmp_path / "a.npy"
+    np.array([5, 6, EOS, 8, 9, 10, 11, EOS], dtype=np.uint32).tofile(path)
+    with gzip.open(tmp_path / "a.csv.gz", "wt") as f:
+        f.write("0,3\n3,5\n5,8\n")
+    source = open_source("olmo", path)
+    assert [source.document_tokens(d).tolist() for d in range(3)] == [[5, 6, EOS], [8, 9], [10, 11, EOS]]
+
+
+def test_datatrove_equals_datatrove_reader(tmp_path, small_corpus):
+    pytest.importorskip("datatrove")
+    from datatrove.data import Document
+    from datatrove.pipeline.tokens import DocumentTokenizer
+    from datatrove.utils.dataset import DatatroveFileDataset
+
+    from detsampler.text.hf import train_hf_bpe
+
+    tok = train_hf_bpe(small_corpus["text"], 400, tmp_path / "tok")
+    texts = [line for text in small_corpus["text"][:3] for line in text.split("\n\n") if line.strip()][:80]
+    out = tmp_path / "tokenized"
+    step = DocumentTokenizer(
+        str(out),
+        tokenizer_name_or_path=tok.path,
+        eos_token="<|endoftext|>",
+        shuffle_documents=False,
+        save_filename="corpus",
+    )
+    step.run((Document(text=t, id=str(i)) for i, t in enumerate(texts)), rank=0, world_size=1)
+    ds_file = next(out.glob("*.ds"))
+    source = open_source("datatrove", ds_file, tokenizer=tok)
+    assert source.num_documents == len(texts) and source.eos_id == tok.eos_id == 0
+    expected = [[*ids, tok.eos_id] for ids in tok.encode_batch(texts)]  # DocumentTokenizer appends the EOS
+    assert [source.document_tokens(d).tolist() for d in range(len(texts))] == expected
+    got = _loader_documents(source)
+    assert [got[d] for d in range(len(texts))] == expected
+    seq_len = 32
+    peer = DatatroveFileDataset(str(ds_file), seq_len, token_size=2)
+    flat = np.concatenate(expected)
+    w = seq_len + 1
+    for i in range(len(peer)):  # the peer reads consecutive windows of seq_len + 1 tokens: our stored tokens
+        assert peer[i]["input_ids"].tolist() == flat[i * w : (i + 1) * w].tolist()
+
+
+def test_nanogpt_train_bin(tmp_path):
+    docs = _documents(seed=2, eos=50256)
+    path = tmp_path / "train.bin"
+    arr = np.memmap(path, dtype=np.uint16, mode="w+", shape=(sum(map(len, docs)),))  # as prepare.py writes it
+    arr[:] = np.concatenate(docs)
+    arr.flush()
+    del arr
+    source = open_source("nanogpt", path)
+    data = np.memmap(path, dtype=np.uint16, mode="r")  # as nanoGPT's train.py reads it
+    assert [source.document_tokens(d).tolist() for d in range(len(docs))] == [d.tolist() for d in docs]
+    layout = source.layout(LayoutConfig(kind="concat", seq_len=64, seed=0))
+    ds = PackedDataset(source, layout)
+    order = np.asarray(layout.order)
+    stream = np.concatenate([data[source.offsets[d] : source.offsets[d + 1]] for d in order]).astype(np.int64)
+    for c in range(len(ds)):
+        assert ds[c]["input_ids"].tolist() == stream[c * 64 : c * 64 + 64].tolist()
+        assert ds[c]["labels"].tolist() == stream[c * 64 + 1 : c * 64 + 65].tolist()
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(ValueError, match="KIND one of megatron, olmo, datatrove, nanogpt"):
+        parse_source_spec("parquet:x")
+    with pytest.raises(TokenIndexError, match=r"no .*\.idx"):
+        open_source("megatron", tmp_path / "nothing")
+    (tmp_path / "odd.bin").write_bytes(b"\0" * 3)
+    with pytest.raises(TokenIndexError, match="not a whole number of uint16 tokens"):
+        open_source("nanogpt", tmp_path / "odd.bin")
+    np.array([EOS, EOS, 5], dtype=np.uint16).tofile(tmp_path / "t.bin")
+    assert open_source("nanogpt", tmp_path / "t.bin", eos_id=EOS).num_documents == 3
+    (tmp_path / "x.ds").write_bytes(np.array([1, 2, 3], dtype=np.uint16).tobytes())
+    (tmp_path / "x.ds.index").write_bytes(np.array([0, 3], dtype="<u8").tobytes())
+    with pytest.raises(TokenIndexError, match="document 0 is empty"):
+        open_source("datatrove", tmp_path / "x.ds")
+    assert open_source("datatrove", tmp_path / "x.ds", eos="virtual", eos_id=EOS).lengths.tolist() == [0, 3]
+
+
+def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small_corpus, small_tokenizer, cache_root):
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    prefix = str(tmp_path / "m")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for doc in _documents(eos=small_tokenizer.eos_id):
+        builder.add_item(torch.from_numpy(doc % small_tokenizer.vocab_size))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    assert main(["build", "--from", "megatron", prefix, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"source_kind": "megatron"' in out and '"num_documents": 60' in out
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": t}) + "\n" for t in small_corpus["text"][:6]))
+    args = [
+        "verify",
+        "--mixture-data",
+        f"megatron:{prefix},{text}",
+        "--mixture-weights",
+        "1,1",
+        "--tokenizer",
+        small_tokenizer.path,
+        "--cache-dir",
+        str(cache_root),
+        "--seq-len",
+        "64",
+        "--steps",
+        "0:20",
+    ]
+    assert main(args) == 0, capsys.readouterr()
