@@ -204,6 +204,14 @@ def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
     return PackedDataset(prepared.index, layout)
 
 
+def _verify_once(index: Any) -> None:
+    """The full check of a built index (every chunk and sha256), once per new index (a marker beside it), of each shard
+    of a sharded one; reads stay checked chunk by chunk anyway. Pre-tokenized sources record no checksums to check."""
+    for part in getattr(index, "shards", [index]):
+        if hasattr(part, "verify_once"):
+            part.verify_once()
+
+
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
     """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
     from detsampler.index.prepare import prepare_index
@@ -214,7 +222,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     # a file lock serializes the default tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
-    index.verify_once()  # every chunk and sha256, once per new index (a marker beside it); reads stay checked anyway
+    _verify_once(index)
     layout = index.layout(_layout_config(config))
     plan = _plan(config, world_size, num_samples=layout.num_samples)
     dataset = _packed_dataset(prepared, layout, config.text_column)
@@ -240,7 +248,7 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
 
     prepared = prepare_sources(index_config(config), config.mixture_sources, progress=rank == 0)
     for p in prepared:
-        p.index.verify_once()
+        _verify_once(p.index)
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)

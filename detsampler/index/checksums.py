@@ -186,6 +186,19 @@ class VerifiedArray:
     def tolist(self) -> list:
         return np.asarray(self).tolist()
 
+    # whole-array reductions (each checks every chunk first: a full read, for tools and tests)
+    def max(self) -> Any:
+        return np.asarray(self).max()
+
+    def min(self) -> Any:
+        return np.asarray(self).min()
+
+    def sum(self) -> Any:
+        return np.asarray(self).sum()
+
+    def __iter__(self):
+        return iter(np.asarray(self))
+
     def __reduce__(self):
         return (_reopen, (str(self.path), self._sums, self._what, self._fence))
 
