@@ -6,7 +6,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean format
+
+# Rewrite the code in the house format (what `make test` checks).
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format $(LINTED)
+	$(VENV)/bin/ruff check --fix $(LINTED)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +23,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The import contracts of pyproject.toml ([tool.importlinter]: the tiers point down), then the tests.
+# Lint and format checks (ruff, 120 columns), the import contracts of pyproject.toml ([tool.importlinter]: the tiers
+# point down), then the tests.
+LINTED := detsampler train tests docs/examples
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 

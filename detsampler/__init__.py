@@ -17,7 +17,8 @@ from detsampler.plan import EpochStream, Plan
 from detsampler.resume import DataFingerprint, check_resume
 from detsampler.version import MAPPING_VERSION, __version__
 
-# Above the core: imported on first use, so that ``import detsampler`` imports neither torch, datasets nor sentencepiece.
+# Above the core: imported on first use, so that ``import detsampler`` imports neither torch, datasets nor
+# sentencepiece.
 _LAZY = {
     "DeterministicBatchSampler": "detsampler.loader",
     "MixtureDataset": "detsampler.loader",

@@ -1,7 +1,9 @@
 """Durable, atomic file writes: the one place that says how a file or directory reaches the disk.
 
-Invariants: after :func:`atomic_write` returns, ``path`` holds exactly ``data`` and survives a power cut (the data and the
-directory entry are fsynced); at no moment does ``path`` hold a partial write (the data goes to a temporary file in the same
+Invariants: after :func:`atomic_write` returns, ``path`` holds exactly ``data`` and survives a power cut (the data and
+the
+directory entry are fsynced); at no moment does ``path`` hold a partial write (the data goes to a temporary file in the
+same
 directory, renamed over ``path``); a failed write leaves ``path`` as it was and no temporary file behind
 (tests/test_foundations.py).
 """
@@ -26,7 +28,8 @@ def fsync_file(path: str | os.PathLike) -> None:
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush ``path``'s directory entries (a rename into it, a new file) to the disk, where the filesystem supports it."""
+    """Flush ``path``'s directory entries (a rename into it, a new file) to the disk, where the filesystem
+    supports it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:

@@ -1,8 +1,10 @@
 """Reading the tokens of a batch of samples' spans at once (numpy only): one fancy-index gather, no per-token Python.
 
-Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token array
+Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token
+array
 and how many tokens the document has, :func:`gather_spans` lays the spans' positions out in a ``[B, sample_len]`` grid:
-position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with ``eos_stored`` the
+position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with ``eos_stored``
+the
 stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's separator); cells after a
 sample's last span are padding (``pad_id``, document -1).
 """
@@ -21,7 +23,9 @@ __all__ = ["Gathered", "gather_spans"]
 @dataclass(frozen=True)
 class Gathered:
     """Per cell of a ``[B, sample_len]`` grid: the token, its document (-1 on padding), its position within its span,
-    whether it is the last position of its span, and whether it holds a token at all (cells fill each row from the left)."""
+    whether it is the last position of its span, and whether it holds a token at all (cells fill each row from the
+    left).
+    """
 
     tokens: np.ndarray  # int64, pad_id on padding
     doc_ids: np.ndarray  # int64, -1 on padding
@@ -38,13 +42,14 @@ def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_leng
     if past_eos.any():
         j = int(np.argmax(past_eos))
         raise ValueError(
-            f"span of document {int(spans.doc_ids[j])} reaches position {int(spans.stops[j]) - 1}, but the document has only "
-            f"{int(doc_lengths[j])} tokens and an EOS: the layout does not match the index"
+            f"span of document {int(spans.doc_ids[j])} reaches position {int(spans.stops[j]) - 1}, but the document has"
+            f" only {int(doc_lengths[j])} tokens and an EOS: the layout does not match the index"
         )
 
 
 def _into_grid(values: np.ndarray, valid: np.ndarray | None, shape: tuple[int, int], fill: int | bool) -> np.ndarray:
-    """``values`` (the filled cells of all rows, row-major) laid into the grid, ``fill`` elsewhere; no copy when every row
+    """``values`` (the filled cells of all rows, row-major) laid into the grid, ``fill`` elsewhere; no copy when every
+    row
     is full (``valid`` None)."""
     if valid is None:
         return values.reshape(shape)
@@ -63,7 +68,8 @@ def gather_spans(
     pad_id: int,
     eos_stored: bool = False,
 ) -> Gathered:
-    """The tokens of ``spans``: span ``j`` reads ``flat_tokens[doc_starts[j] + p]`` for its positions ``p < doc_lengths[j]``
+    """The tokens of ``spans``: span ``j`` reads ``flat_tokens[doc_starts[j] + p]`` for its positions ``p <
+    doc_lengths[j]``
     and ``eos_id`` at ``p == doc_lengths[j]`` (with ``eos_stored``, ``flat_tokens[doc_starts[j] + doc_lengths[j]]``
     there too). ``doc_starts`` / ``doc_lengths`` are per span (not per document).
 

@@ -1,7 +1,9 @@
 """64-bit keys and mixing, the only source of randomness in detsampler.
 
-Every random choice of the library (a permutation's round keys, an epoch's shuffle, a layout's document order, a mixture's
-interleaving) is a pure function of the user's seed and of integers that name the choice, through the functions here. Nothing
+Every random choice of the library (a permutation's round keys, an epoch's shuffle, a layout's document order, a
+mixture's
+interleaving) is a pure function of the user's seed and of integers that name the choice, through the functions here.
+Nothing
 reads a global random state, so two processes with the same arguments compute the same bits.
 """
 
@@ -24,7 +26,8 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 def mix64(x: np.ndarray | int) -> np.ndarray:
     """SplitMix64's finalizer: a bijection of uint64 in which every output bit depends on every input bit.
 
-    Works on arrays (elementwise, wrapping arithmetic) and on Python ints; always returns a uint64 array (0-d for a scalar).
+    Works on arrays (elementwise, wrapping arithmetic) and on Python ints; always returns a uint64 array (0-d for a
+    scalar).
     """
     z = np.asarray(x, dtype=np.uint64) if not isinstance(x, int) else np.asarray(x & MASK64, dtype=np.uint64)
     with np.errstate(over="ignore"):

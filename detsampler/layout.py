@@ -1,21 +1,26 @@
 """Layouts: how the documents of a corpus are cut into samples of ``seq_len`` tokens.
 
-A layout sees only per-document token counts (documents in dataset order). Each document is followed by one EOS token, so
-document ``d`` owns ``lengths[d] + 1`` token positions: ``[0, lengths[d])`` are its tokens and position ``lengths[d]`` its EOS.
+A layout sees only per-document token counts (documents in dataset order). Each document is followed by one EOS token,
+so
+document ``d`` owns ``lengths[d] + 1`` token positions: ``[0, lengths[d])`` are its tokens and position ``lengths[d]``
+its EOS.
 A sample is a list of spans ``(doc_id, start, stop)`` over those positions (:class:`Spans`). Documents are visited in a
 seeded order (``document_order``), fixed for the whole run; the plan shuffles samples per epoch on top of it.
 
 - ``concat``: the documents in that order, each with its EOS, form one token stream; sample ``c`` is the stream's tokens
-  ``[c*L, c*L + L + 1)``: L inputs and the shifted label. The inputs of samples ``0 .. num_samples-1`` tile the stream's first
+  ``[c*L, c*L + L + 1)``: L inputs and the shifted label. The inputs of samples ``0 .. num_samples-1`` tile the stream's
+  first
   ``num_samples * L`` tokens exactly; only the final partial sample's tokens are left out.
-- ``document``: each sample is one piece of one document: a document of ``m = length + 1`` positions gives ``ceil(m / L)``
+- ``document``: each sample is one piece of one document: a document of ``m = length + 1`` positions gives ``ceil(m /
+L)``
   consecutive pieces of ``L`` positions (the last one shorter); the rest of a sample is padding.
 - ``bestfit``: within windows of ``window_docs`` consecutive documents, documents are cut into pieces of ``L`` positions
   (only documents longer than ``L`` are cut) and the pieces are packed into bins of ``L`` by best-fit decreasing
   (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again.
 
 Each layout holds a few arrays: computed in RAM from the lengths (:func:`make_layout`), or given, e.g. memory maps of a
-persisted layout (:mod:`detsampler.index.layouts`); it then reads the document order pointwise and holds nothing of size D.
+persisted layout (:mod:`detsampler.index.layouts`); it then reads the document order pointwise and holds nothing of size
+D.
 For ``document`` and ``bestfit`` every position of every document lies in exactly one sample per epoch
 (tests/test_layout.py).
 """
@@ -67,9 +72,12 @@ class LayoutConfig:
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if self.kind != "concat" and self.seq_len < 2:
-            # NOTE: a document/bestfit sample holds seq_len positions and its labels are the next ones within it: with one
+            # NOTE: a document/bestfit sample holds seq_len positions and its labels are the next ones within it: with
+            # one
             # position there is no label, and training on it gives a NaN loss.
-            raise ValueError(f"seq_len must be >= 2 for the {self.kind} layout (a sample of 1 token has no label), got 1")
+            raise ValueError(
+                f"seq_len must be >= 2 for the {self.kind} layout (a sample of 1 token has no label), got 1"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if isinstance(self.window_docs, bool) or not isinstance(self.window_docs, int) or self.window_docs < 1:
@@ -80,7 +88,8 @@ class LayoutConfig:
 class Spans:
     """Token spans of a batch of samples, in CSR form: sample ``i`` covers spans ``offsets[i]:offsets[i+1]``.
 
-    A span ``(doc_ids[j], starts[j], stops[j])`` is the half-open range of token positions of one document, where position
+    A span ``(doc_ids[j], starts[j], stops[j])`` is the half-open range of token positions of one document, where
+    position
     ``lengths[doc]`` is the document's EOS. Spans of a sample are in the order their tokens appear in the sample.
     """
 
@@ -95,7 +104,9 @@ class Spans:
     @property
     def num_tokens(self) -> np.ndarray:
         """Tokens per sample (int64, one per sample)."""
-        return np.add.reduceat(self.stops - self.starts, self.offsets[:-1]) if self.doc_ids.size else np.zeros(0, np.int64)
+        return (
+            np.add.reduceat(self.stops - self.starts, self.offsets[:-1]) if self.doc_ids.size else np.zeros(0, np.int64)
+        )
 
     def sample(self, i: int) -> list[tuple[int, int, int]]:
         """The spans of sample ``i`` as ``(doc_id, start, stop)`` tuples."""
@@ -107,7 +118,8 @@ class Layout(Protocol):
     """What the plan, the dataset, mixtures and the tools read of a layout; nothing else of it is used.
 
     ``labels_cross_documents``: True when a sample is a window of one token stream whose label at the last input is the
-    next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels stay
+    next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels
+    stay
     within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
     """
 
@@ -157,16 +169,23 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 def document_order(num_documents: int, seed: int) -> np.ndarray:
     """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
 
-    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan epochs,
-    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the same
+    Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan
+    epochs,
+    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the
+    same
     whatever version a plan reads it with (tests/test_pinned.py pins them once).
     """
-    return permute(np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
+    return permute(
+        np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1
+    )
 
 
 def documents_at(positions: np.ndarray, num_documents: int, seed: int) -> np.ndarray:
-    """``document_order(num_documents, seed)[positions]``, computed pointwise: O(len(positions)), whatever the corpus."""
-    return permute(np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1)
+    """``document_order(num_documents, seed)[positions]``, computed pointwise: O(len(positions)),
+    whatever the corpus."""
+    return permute(
+        np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1
+    )
 
 
 def _take(arr: Any, idx: np.ndarray) -> np.ndarray:
@@ -220,7 +239,8 @@ class _Ordered:
 
 
 class ConcatLayout(_Ordered):
-    """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L + 1)``.
+    """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L +
+    1)``.
 
     ``ends[i]`` is the stream position just after the i-th document of the order (given: persisted, else computed).
     """
@@ -319,7 +339,8 @@ class DocumentLayout(_Ordered):
 
 @dataclass(frozen=True)
 class BinPacking:
-    """A best-fit layout's bins, cumulative: window ``w`` holds bins ``window_bins[w]:window_bins[w+1]``, bin ``b`` holds
+    """A best-fit layout's bins, cumulative: window ``w`` holds bins ``window_bins[w]:window_bins[w+1]``, bin ``b``
+    holds
     items ``bin_items[b]:bin_items[b+1]``, item ``j`` is piece ``item_pieces[j]`` of document ``item_docs[j]``."""
 
     window_bins: Any
@@ -346,8 +367,9 @@ class BestFitLayout(_Ordered):
 
     labels_cross_documents = False
 
-    def __init__(self, config: LayoutConfig, lengths: Any, packing: BinPacking | None = None,
-                 num_tokens: int | None = None) -> None:
+    def __init__(
+        self, config: LayoutConfig, lengths: Any, packing: BinPacking | None = None, num_tokens: int | None = None
+    ) -> None:
         self._init_lengths(config, lengths, in_ram=packing is None)
         self.num_windows = -(-self.num_documents // config.window_docs)
         if packing is None:

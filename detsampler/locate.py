@@ -3,15 +3,17 @@
 The batch sampler, the packed dataset and the CLI all go through :func:`locate` (or the two calls it composes,
 ``plan.micro_batch`` and ``layout.locate``), so random access and iteration cannot disagree.
 
-For a plan over a :class:`~detsampler.mixture.Mixture`, ``layout`` is the list of the sources' layouts (or the mixture itself,
-when its sources are layouts): each sample's spans come from its own source's layout, so their ``doc_ids`` are documents of
+For a plan over a :class:`~detsampler.mixture.Mixture`, ``layout`` is the list of the sources' layouts (or the mixture
+itself,
+when its sources are layouts): each sample's spans come from its own source's layout, so their ``doc_ids`` are documents
+of
 that source, and :attr:`Located.sources` names it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -36,12 +38,13 @@ class Located:
     sources: np.ndarray | None = None  # mixture only: the source of each sample
     source_sample_ids: np.ndarray | None = None  # mixture only: the sample id within that source
 
+
 def _source_layouts(mixture: Mixture, layout: Layout | Sequence[Layout] | Mixture) -> list[Layout]:
     layouts = list(layout.sources if isinstance(layout, Mixture) else layout) if not hasattr(layout, "locate") else None
     if layouts is None or len(layouts) != mixture.num_sources or not all(hasattr(x, "locate") for x in layouts):
         raise ValueError(
-            f"the plan draws from a mixture of {mixture.num_sources} sources: pass their layouts (a list, one per source, "
-            f"or a Mixture built over layouts), got {type(layout).__name__}"
+            f"the plan draws from a mixture of {mixture.num_sources} sources: pass their layouts (a list, one per"
+            f" source, or a Mixture built over layouts), got {type(layout).__name__}"
         )
     for k, (lay, n) in enumerate(zip(layouts, mixture.sizes)):
         if lay.num_samples != n:
@@ -106,7 +109,10 @@ def locate(plan: Plan, layout: Layout, step: int, rank: int | None = None, micro
             idx = np.flatnonzero(look.source == k)
             parts.append((idx, layouts[int(k)].locate(look.source_sample[idx])))
         spans = merge_spans(parts, len(positions))
-        return Located(step, rank, micro_step, positions, look.global_id, look.source_epoch, spans, look.source,
-                       look.source_sample)
+        return Located(
+            step, rank, micro_step, positions, look.global_id, look.source_epoch, spans, look.source, look.source_sample
+        )
     sample_ids = plan.stream.sample_ids(positions)
-    return Located(step, rank, micro_step, positions, sample_ids, plan.stream.epochs(positions), layout.locate(sample_ids))
+    return Located(
+        step, rank, micro_step, positions, sample_ids, plan.stream.epochs(positions), layout.locate(sample_ids)
+    )

@@ -109,7 +109,7 @@ def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
             for rk in round_keys:
                 if inverse:
                     lo = x >> high
-                    x = ((((x & high_mask) ^ (mix64_int(lo ^ rk) & high_mask))) << low) | lo
+                    x = (((x & high_mask) ^ (mix64_int(lo ^ rk) & high_mask)) << low) | lo
                 else:
                     lo = x & low_mask
                     x = (lo << high) | ((x >> low) ^ (mix64_int(lo ^ rk) & high_mask))

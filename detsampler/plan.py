@@ -5,16 +5,21 @@ The stream: global position ``g`` (counted from the start of training) belongs t
 other with nothing dropped or repeated, whatever N and the batch size.
 
 Mapping versions: ``Plan(..., mapping_version=v)`` computes the permutations of version ``v`` (every sample order: the
-epochs here and a mixture's sources); the default is the current :data:`~detsampler.version.MAPPING_VERSION`, and version
+epochs here and a mixture's sources); the default is the current :data:`~detsampler.version.MAPPING_VERSION`, and
+version
 1 stays computable so that a run started on it resumes exactly. The fingerprint records it.
 
 The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, with ``B(s)`` the global batch size of step
-``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank ``r``
+``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank
+``r``
 take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
 
-Skip ranges: ``skip_steps=[(a, b), ...]`` (inclusive, in *data* steps: the steps of the stream above) name data that is never
-trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range, and takes its
-batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads exactly the same samples
+Skip ranges: ``skip_steps=[(a, b), ...]`` (inclusive, in *data* steps: the steps of the stream above) name data that is
+never
+trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range, and
+takes its
+batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads exactly the same
+samples
 whatever the ranges (tests/test_skip.py).
 
 Invariants (tests/test_plan.py):
@@ -26,9 +31,10 @@ Invariants (tests/test_plan.py):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -38,7 +44,15 @@ from detsampler.permutation import check_mapping_version, permute
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
-__all__ = ["MAX_GLOBAL_BATCH_SIZE", "MAX_STEP", "EpochStream", "Plan", "SampleStream", "data_step", "normalize_skip_steps"]
+__all__ = [
+    "MAX_GLOBAL_BATCH_SIZE",
+    "MAX_STEP",
+    "EpochStream",
+    "Plan",
+    "SampleStream",
+    "data_step",
+    "normalize_skip_steps",
+]
 
 # NOTE: sample positions are int64: step * global_batch_size must fit with room to spare. 2**40 steps of 2**22 samples
 # (1.1e12 steps, 4.2M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
@@ -56,7 +70,8 @@ class SampleStream(Protocol):
         whose order does not depend on steps returns itself)."""
 
     def with_mapping_version(self, version: int) -> SampleStream:
-        """This stream drawing its permutations from mapping version ``version``; a ValueError if it was built for another."""
+        """This stream drawing its permutations from mapping version ``version``; a ValueError if it was built for
+        another."""
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         """Sample ids at global positions ``positions`` (int64 array)."""
@@ -136,12 +151,15 @@ def normalize_skip_steps(skip_steps: Sequence[tuple[int, int]] | None) -> tuple[
     rows.sort()
     for (a0, b0), (a1, b1) in zip(rows, rows[1:]):
         if a1 <= b0:
-            raise ValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap: give each skipped data step once")
+            raise ValueError(
+                f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap: give each skipped data step once"
+            )
     return tuple(rows)
 
 
 def data_step(skip_steps: Sequence[tuple[int, int]], step: int) -> int:
-    """``d(step)``: the ``step``-th data step (from 0) that lies in none of the sorted, disjoint ``skip_steps`` ranges."""
+    """``d(step)``: the ``step``-th data step (from 0) that lies in none of the sorted, disjoint
+    ``skip_steps`` ranges."""
     d = int(step)
     for a, b in skip_steps:
         if a > d:
@@ -169,18 +187,23 @@ def _check_step(step: int, name: str = "step") -> int:
 class Plan:
     """Which samples every rank reads at every step. Pure: every method is a function of its arguments and the fields.
 
-    Give either ``num_samples``, the number of samples per epoch (a layout's ``num_samples``: the plan draws them epoch by
+    Give either ``num_samples``, the number of samples per epoch (a layout's ``num_samples``: the plan draws them epoch
+    by
     epoch, each epoch a keyed permutation), or ``source=``, a :class:`SampleStream` such as a
-    :class:`~detsampler.mixture.Mixture`. ``batch_size_schedule``, when given, is a list of ``(first_step, global_batch_size)`` starting at step 0 (a
+    :class:`~detsampler.mixture.Mixture`. ``batch_size_schedule``, when given, is a list of ``(first_step,
+    global_batch_size)`` starting at step 0 (a
     ramp-up, say); its last size must equal ``global_batch_size``. ``world_size`` is the data-parallel degree: tensor-,
     pipeline- and context-parallel peers of one data-parallel rank read the same batches. ``skip_steps`` lists inclusive
-    ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and the
+    ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and
+    the
     skip ranges are all in data steps, which equal training steps before the first skip range.
 
-    ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own seed),
+    ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own
+    seed),
     and :func:`~detsampler.resume.check_resume` lets a resume change it.
 
-    ``plan.stream`` is what the plan reads: the :class:`EpochStream` of ``num_samples``, or ``source`` placed on the plan's
+    ``plan.stream`` is what the plan reads: the :class:`EpochStream` of ``num_samples``, or ``source`` placed on the
+    plan's
     steps (``source.with_step_positions``: a mixture's weight schedule is given in steps, the stream needs positions).
     """
 
@@ -212,7 +235,9 @@ class Plan:
                 first_consumed += (first_step - prev_step) * prev_size
             rows.append((first_step, size, first_consumed))
         object.__setattr__(self, "_schedule", tuple(rows))
-        object.__setattr__(self, "batch_size_schedule", tuple(schedule) if self.batch_size_schedule is not None else None)
+        object.__setattr__(
+            self, "batch_size_schedule", tuple(schedule) if self.batch_size_schedule is not None else None
+        )
         skips = normalize_skip_steps(self.skip_steps)
         object.__setattr__(self, "_skips", skips)
         object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
@@ -221,7 +246,9 @@ class Plan:
     def _unplaced_stream(self) -> SampleStream:
         if self.source is not None:
             if isinstance(self.source, (int, np.integer)):
-                raise ValueError(f"source must be a sample stream such as a Mixture; pass a count as num_samples={self.source}")
+                raise ValueError(
+                    f"source must be a sample stream such as a Mixture; pass a count as num_samples={self.source}"
+                )
             if self.num_samples is not None:
                 raise ValueError(f"give num_samples or source, not both (got num_samples={self.num_samples!r})")
             return self.source.with_mapping_version(self.mapping_version)
@@ -235,13 +262,14 @@ class Plan:
     def _normalized_schedule(self) -> list[tuple[int, int]]:
         if self.batch_size_schedule is None:
             return [(0, int(self.global_batch_size))]
-        size = lambda value, label: check_int(value, label, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)  # noqa: E731
+        size = lambda value, label: check_int(value, label, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
         schedule = list(parse_step_schedule(self.batch_size_schedule, size, "batch_size_schedule"))
         if schedule[-1][0] > MAX_STEP:
             raise ValueError(f"batch_size_schedule steps must be <= 2**40 = {MAX_STEP}, got {schedule[-1][0]}")
         if schedule[-1][1] != self.global_batch_size:
             raise ValueError(
-                f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size ({self.global_batch_size})"
+                f"the last batch_size_schedule size ({schedule[-1][1]}) must equal global_batch_size"
+                f" ({self.global_batch_size})"
             )
         return schedule
 
@@ -258,7 +286,8 @@ class Plan:
             raise ValueError(f"Got rank {rank!r}, allowed ranks are in [0, {self.world_size})")
         return int(rank)
 
-    # -- steps -> positions ------------------------------------------------------------------------------------------------
+    # -- steps -> positions
+    # ------------------------------------------------------------------------------------------------
 
     def data_step(self, step: int) -> int:
         """``d(step)``: the data step that training step ``step`` reads (``step`` itself without skip ranges)."""
@@ -289,7 +318,8 @@ class Plan:
     def consumed(self, step: int) -> int:
         """Samples consumed by all steps before ``step``: the global position where ``step`` starts.
 
-        With skip ranges this counts the skipped data too (it is the position in the data stream of data step ``d(step)``).
+        With skip ranges this counts the skipped data too (it is the position in the data stream of data step
+        ``d(step)``).
         """
         return self.data_consumed(self.data_step(step))
 
@@ -311,11 +341,15 @@ class Plan:
         rank = self._check_rank(rank)
         micro_step = _check_step(micro_step, "micro_step")
         if micro_step >= self.num_micro_steps(step):
-            raise ValueError(f"Got micro_step {micro_step}, allowed micro steps of step {step} are in [0, {self.num_micro_steps(step)})")
+            raise ValueError(
+                f"Got micro_step {micro_step}, allowed micro steps of step {step} are in [0,"
+                f" {self.num_micro_steps(step)})"
+            )
         start = self.consumed(step) + (micro_step * self.world_size + rank) * self.micro_batch_size
         return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
 
-    # -- positions -> sample ids -------------------------------------------------------------------------------------------
+    # -- positions -> sample ids
+    # -------------------------------------------------------------------------------------------
 
     def global_batch(self, step: int) -> np.ndarray:
         """The sample ids of the whole of ``step``; as a set, independent of ``world_size`` and ``micro_batch_size``."""
@@ -325,15 +359,22 @@ class Plan:
         """The sample ids that ``rank`` reads at ``micro_step`` of ``step``."""
         return self.stream.sample_ids(self.micro_batch_positions(step, micro_step, rank))
 
-    def worker_micro_batches(self, step: int, rank: int, worker: int, num_workers: int, start_step: int = 0) -> list[int]:
-        """The micro steps of ``step`` that DataLoader worker ``worker`` fetches for ``rank`` after a start at ``start_step``.
+    def worker_micro_batches(
+        self, step: int, rank: int, worker: int, num_workers: int, start_step: int = 0
+    ) -> list[int]:
+        """The micro steps of ``step`` that DataLoader worker ``worker`` fetches for ``rank`` after a start at
+        ``start_step``.
 
-        A DataLoader hands the i-th batch of its batch sampler to worker ``i % num_workers``; the sampler yields the micro
-        batches of ``start_step``, ``start_step + 1``, ... in order, so the assignment is a pure function of these arguments.
+        A DataLoader hands the i-th batch of its batch sampler to worker ``i % num_workers``; the sampler yields the
+        micro
+        batches of ``start_step``, ``start_step + 1``, ... in order, so the assignment is a pure function of these
+        arguments.
         """
         self._check_rank(rank)
         if num_workers < 1 or not 0 <= worker < num_workers:
-            raise ValueError(f"Got worker {worker} of num_workers {num_workers}; need num_workers >= 1, worker in [0, num_workers)")
+            raise ValueError(
+                f"Got worker {worker} of num_workers {num_workers}; need num_workers >= 1, worker in [0, num_workers)"
+            )
         start_step, step = _check_step(start_step, "start_step"), _check_step(step)
         if step < start_step:
             raise ValueError(f"step {step} comes before start_step {start_step}")
@@ -347,14 +388,16 @@ class Plan:
             return (self.consumed(stop_step) - self.consumed(start_step)) // per_micro
         return (self._trained(stop_step) - self._trained(start_step)) // per_micro
 
-    # -- identity ----------------------------------------------------------------------------------------------------------
+    # -- identity
+    # ----------------------------------------------------------------------------------------------------------
 
     def with_world(self, world_size: int, micro_batch_size: int | None = None) -> Plan:
         """The same stream cut for another data-parallel degree (and micro batch size): the elastic-resume plan."""
         return replace(self, world_size=world_size, micro_batch_size=micro_batch_size or self.micro_batch_size)
 
     def fingerprint(self) -> dict:
-        """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on resume."""
+        """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on
+        resume."""
         out = {
             "mapping_version": self.mapping_version,
             "stream": self.stream.describe(),

@@ -1,8 +1,11 @@
 """Checking that a resumed run trains, before the resume step, on exactly what the checkpointed run trained on.
 
-What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture), the
-layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch schedule,
-skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on resume.
+What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture),
+the
+layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch
+schedule,
+skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on
+resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new mixture schedule
 entries at or after the resume step, and with new skip ranges that start at or after the data step the resume reads. Any
@@ -29,7 +32,8 @@ __all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
 @dataclass(frozen=True)
 class DataFingerprint:
     """What fixes the data stream of every step: ``index`` (the index's identity string; for a mixture, its sources'
-    identities joined by ``,``), ``layout`` (``Layout.describe()``; for a mixture ``{"mixture": [describe() per source]}``)
+    identities joined by ``,``), ``layout`` (``Layout.describe()``; for a mixture ``{"mixture": [describe() per
+    source]}``)
     and ``plan`` (``Plan.fingerprint()``, which holds the mapping version). None of them holds the number of ranks, the
     micro batch size or the number of workers, which may change on resume.
 
@@ -56,7 +60,8 @@ class DataFingerprint:
     def of(cls, index: Any, layout: Any, plan: Plan) -> DataFingerprint:
         """The fingerprint of ``plan`` over ``layout`` of ``index``.
 
-        ``index``: the index's identity (a string, or an object with a ``fingerprint`` string such as ``TokenIndex``), or a
+        ``index``: the index's identity (a string, or an object with a ``fingerprint`` string such as ``TokenIndex``),
+        or a
         sequence of them for a mixture; ``layout``: a layout (with ``describe()``) or, for a mixture, one per source.
         """
         if not isinstance(plan, Plan):
@@ -65,8 +70,11 @@ class DataFingerprint:
             layouts = list(layout) if isinstance(layout, (list, tuple)) else None
             if layouts is None or len(layouts) != len(index):
                 raise ValueError("a mixture's fingerprint needs one layout per index")
-            return cls(",".join(_identity(i) for i in index), {"mixture": [lay.describe() for lay in layouts]},
-                       plan.fingerprint())
+            return cls(
+                ",".join(_identity(i) for i in index),
+                {"mixture": [lay.describe() for lay in layouts]},
+                plan.fingerprint(),
+            )
         return cls(_identity(index), layout.describe(), plan.fingerprint())
 
     def to_dict(self) -> dict:
@@ -81,7 +89,9 @@ class DataFingerprint:
             raise ValueError(f"a saved DataFingerprint needs the keys index, layout and plan, got {keys}")
         fp = cls(saved["index"], saved["layout"], saved["plan"])
         if "hash" in saved and saved["hash"] != fp.hash:
-            raise ValueError(f"the saved DataFingerprint's hash {saved['hash']!r} does not match its content ({fp.hash})")
+            raise ValueError(
+                f"the saved DataFingerprint's hash {saved['hash']!r} does not match its content ({fp.hash})"
+            )
         return fp
 
     @property
@@ -108,10 +118,16 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def fingerprint_changes(saved: DataFingerprint | dict, current: DataFingerprint | dict) -> list[str]:
     """Human-readable differences ``key: saved -> current`` between two fingerprints (``hash`` left out)."""
-    flat = [{k: v for k, v in _flatten(f.to_dict() if isinstance(f, DataFingerprint) else f).items() if k != "hash"}
-            for f in (saved, current)]
+    flat = [
+        {k: v for k, v in _flatten(f.to_dict() if isinstance(f, DataFingerprint) else f).items() if k != "hash"}
+        for f in (saved, current)
+    ]
     a, b = flat
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
 
 
 def _as_fingerprint(value: DataFingerprint | dict, name: str) -> DataFingerprint:
@@ -120,8 +136,10 @@ def _as_fingerprint(value: DataFingerprint | dict, name: str) -> DataFingerprint
     if isinstance(value, dict):
         return DataFingerprint.from_dict(value)
     hint = " (a Plan alone does not name the index and layout: pass DataFingerprint.of(index, layout, plan))"
-    raise ValueError(f"{name} must be a DataFingerprint or its to_dict(), got {type(value).__name__}"
-                     + (hint if isinstance(value, Plan) else ""))
+    raise ValueError(
+        f"{name} must be a DataFingerprint or its to_dict(), got {type(value).__name__}"
+        + (hint if isinstance(value, Plan) else "")
+    )
 
 
 def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resume_step: int) -> None:
@@ -129,7 +147,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
 
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
     resuming run's. The index and the layout must be the same. Allowed plan changes: another
-    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by its
+    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
+    its
     own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
     starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
     """
@@ -141,8 +160,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
         if getattr(before, name) != getattr(after, name):
             changes = [c for c in fingerprint_changes(before, after) if c.startswith(name)]
             raise ValueError(
-                f"resuming at step {resume_step} changes the {name}: {'; '.join(changes)}; this would change data already "
-                "trained on"
+                f"resuming at step {resume_step} changes the {name}: {'; '.join(changes)}; this would change data"
+                " already trained on"
             )
     _check_plan(before.plan, after.plan, int(resume_step))
 
@@ -173,27 +192,31 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"} - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
-                f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the new "
-                f"plan {after.get(key)!r}; this would change data already trained on"
+                f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the"
+                f" new plan {after.get(key)!r}; this would change data already trained on"
             )
 
     old_stream, new_stream = before["stream"], after["stream"]
     if old_stream.get("kind") == "mixture" and new_stream.get("kind") == "mixture":
-        rest = lambda d: {k: v for k, v in d.items() if k != "schedule"}  # noqa: E731
+        rest = lambda d: {k: v for k, v in d.items() if k != "schedule"}
         if rest(old_stream) != rest(new_stream):
-            changed = sorted(k for k in set(rest(old_stream)) | set(rest(new_stream)) if old_stream.get(k) != new_stream.get(k))
+            changed = sorted(
+                k for k in set(rest(old_stream)) | set(rest(new_stream)) if old_stream.get(k) != new_stream.get(k)
+            )
             raise ValueError(
-                f"resuming at step {resume_step} changes the mixture's {', '.join(changed)}: only its weights schedule may "
-                "change, by entries at or after the resume step"
+                f"resuming at step {resume_step} changes the mixture's {', '.join(changed)}: only its weights schedule"
+                " may change, by entries at or after the resume step"
             )
         past_old = [e for e in old_stream["schedule"] if e[0] < boundary]
         past_new = [e for e in new_stream["schedule"] if e[0] < boundary]
         if past_old != past_new:
-            diff = next((a, b) for a, b in zip(past_old + [None] * len(past_new), past_new + [None] * len(past_old)) if a != b)
+            diff = next(
+                (a, b) for a, b in zip(past_old + [None] * len(past_new), past_new + [None] * len(past_old)) if a != b
+            )
             raise ValueError(
-                f"the mixture weights schedule changes the past: before data step {boundary} (where training step "
-                f"{resume_step} resumes) the checkpoint has entry {diff[0]!r} and the new plan {diff[1]!r}; write the change as "
-                f"a schedule entry at step >= {boundary}"
+                f"the mixture weights schedule changes the past: before data step {boundary} (where training step"
+                f" {resume_step} resumes) the checkpoint has entry {diff[0]!r} and the new plan {diff[1]!r}; write the"
+                f" change as a schedule entry at step >= {boundary}"
             )
     elif old_stream != new_stream:
         raise ValueError(
@@ -209,6 +232,6 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
         removed = [r for r in past_old_skips if r not in past_new_skips]
         what = f"adds {added}" if added else f"removes {removed}"
         raise ValueError(
-            f"skip_steps {what}, which lies in the past of the resume: training step {resume_step} resumes at data step "
-            f"{boundary}, so new ranges must start at data step >= {boundary} and earlier ranges must stay as trained"
+            f"skip_steps {what}, which lies in the past of the resume: training step {resume_step} resumes at data step"
+            f" {boundary}, so new ranges must start at data step >= {boundary} and earlier ranges must stay as trained"
         )

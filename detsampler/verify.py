@@ -10,7 +10,8 @@ CLI parses and prints around these).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,11 @@ __all__ = ["document_stats", "layout_stats", "mixture_stats", "verify_mixture_pl
 
 def _micro_batch_positions(plan: Plan, step: int) -> np.ndarray:
     """The positions of all of ``step``'s micro batches, every micro step and rank, concatenated."""
-    parts = [plan.micro_batch_positions(step, a, r) for a in range(plan.num_micro_steps(step)) for r in range(plan.world_size)]
+    parts = [
+        plan.micro_batch_positions(step, a, r)
+        for a in range(plan.num_micro_steps(step))
+        for r in range(plan.world_size)
+    ]
     return np.concatenate(parts)
 
 
@@ -71,7 +76,7 @@ def _skipped(plan: Plan, start: int, stop: int, read: list[list[int]]) -> tuple[
     summary: the skipped data steps, clipped to the audited ones, and how many positions they hold)."""
     spans = [[a[1], b[0]] for a, b in zip(read, read[1:]) if b[0] > a[1]]
     d_lo, d_hi = plan.data_step(start), plan.data_step(stop)
-    steps = [[max(a, d_lo), min(b, d_hi - 1)] for a, b in (plan.skip_steps or ()) if max(a, d_lo) <= min(b, d_hi - 1)]
+    steps = [[max(a, d_lo), min(b, d_hi - 1)] for a, b in plan.skip_steps or () if max(a, d_lo) <= min(b, d_hi - 1)]
     return spans, {"data_steps": steps, "positions": sum(hi - lo for lo, hi in spans)}
 
 
@@ -113,8 +118,9 @@ def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict
     """
     n = plan.stream.num_samples
     first, last = plan.consumed(start), plan.consumed(stop)
-    position_problems = [step for step in range(start, stop)
-                         if not _partitions_step(plan, step, _micro_batch_positions(plan, step))]
+    position_problems = [
+        step for step in range(start, stop) if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
+    ]
     read_spans = _data_spans(plan, start, stop)
     skipped_spans, skipped = _skipped(plan, start, stop, read_spans)
     read, skip = _epoch_counts(plan, read_spans, chunk), _epoch_counts(plan, skipped_spans, chunk)
@@ -123,8 +129,15 @@ def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict
         complete = first <= e * n and (e + 1) * n <= last
         epochs_report.append(_epoch_row(e, read.get(e, np.zeros(n, dtype=np.int64)), skip.get(e), n, complete))
     ok = not position_problems and _rows_ok(epochs_report)
-    return {"steps": [start, stop], "positions": [first, last], "num_samples": n, "ok": ok,
-            "position_problems": position_problems, "skipped": skipped, "epochs": epochs_report}
+    return {
+        "steps": [start, stop],
+        "positions": [first, last],
+        "num_samples": n,
+        "ok": ok,
+        "position_problems": position_problems,
+        "skipped": skipped,
+        "epochs": epochs_report,
+    }
 
 
 def _source_counts(mixture: Any, spans: list[list[int]], chunk: int) -> dict[tuple[int, int], np.ndarray]:
@@ -154,8 +167,9 @@ def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16)
     """
     mixture = plan.stream
     first, last = plan.consumed(start), plan.consumed(stop)
-    position_problems = [step for step in range(start, stop)
-                         if not _partitions_step(plan, step, _micro_batch_positions(plan, step))]
+    position_problems = [
+        step for step in range(start, stop) if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
+    ]
     read_spans = _data_spans(plan, start, stop)
     skipped_spans, skipped = _skipped(plan, start, stop, read_spans)
     read, skip = _source_counts(mixture, read_spans, chunk), _source_counts(mixture, skipped_spans, chunk)
@@ -169,8 +183,14 @@ def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16)
         served = [int(served_first[k]), int(served_last[k])]
         sources.append({"source": k, "num_samples": n, "served": served, "epochs": rows})
     ok = not position_problems and all(_rows_ok(src["epochs"]) for src in sources)
-    return {"steps": [start, stop], "positions": [first, last], "ok": ok, "position_problems": position_problems,
-            "skipped": skipped, "sources": sources}
+    return {
+        "steps": [start, stop],
+        "positions": [first, last],
+        "ok": ok,
+        "position_problems": position_problems,
+        "skipped": skipped,
+        "sources": sources,
+    }
 
 
 def mixture_stats(plan: Plan, labels: Sequence[str], step: int | None) -> dict:
@@ -180,16 +200,34 @@ def mixture_stats(plan: Plan, labels: Sequence[str], step: int | None) -> dict:
     out: dict[str, Any] = {"sources": []}
     rows = mixture.report(plan.consumed(step)) if step is not None else None
     for k, (name, layout) in enumerate(zip(labels, mixture.sources)):
-        row: dict[str, Any] = {"name": name, "samples_per_epoch": layout.num_samples,
-                               "padding_fraction": layout.describe().get("padding_fraction", 0.0)}
+        row: dict[str, Any] = {
+            "name": name,
+            "samples_per_epoch": layout.num_samples,
+            "padding_fraction": layout.describe().get("padding_fraction", 0.0),
+        }
         if rows is not None:
             r = rows[k]
-            row.update({"samples": r["served"], "epochs": r["epochs"], "upsampled": r["upsampled"], "tokens": r["tokens"],
-                        "sample_share": r["share"], "token_share": r["token_share"], "expected_share": r["expected_share"]})
+            row.update(
+                {
+                    "samples": r["served"],
+                    "epochs": r["epochs"],
+                    "upsampled": r["upsampled"],
+                    "tokens": r["tokens"],
+                    "sample_share": r["share"],
+                    "token_share": r["token_share"],
+                    "expected_share": r["expected_share"],
+                }
+            )
         out["sources"].append(row)
     if step is not None:
-        out.update({"step": step, "data_step": plan.data_step(step), "position": plan.consumed(step),
-                    "weights_at_step": [str(w) for w in mixture.weights_at(plan.consumed(step))]})
+        out.update(
+            {
+                "step": step,
+                "data_step": plan.data_step(step),
+                "position": plan.consumed(step),
+                "weights_at_step": [str(w) for w in mixture.weights_at(plan.consumed(step))],
+            }
+        )
     return out
 
 
@@ -202,17 +240,26 @@ def document_stats(lengths: np.ndarray) -> dict[str, Any]:
         "tokens": num_tokens,
         "tokens_with_eos": num_tokens + int(lengths.size),
         "empty_documents": int((lengths == 0).sum()),
-        "document_tokens": {"min": int(lengths.min()), "median": float(np.median(lengths)), "mean": float(lengths.mean()),
-                            "max": int(lengths.max())},
+        "document_tokens": {
+            "min": int(lengths.min()),
+            "median": float(np.median(lengths)),
+            "mean": float(lengths.mean()),
+            "max": int(lengths.max()),
+        },
     }
 
 
 def layout_stats(layout: Layout, plan: Plan, step: int | None = None) -> dict[str, Any]:
-    """``layout``'s samples per epoch, padding, dropped tokens and steps per epoch under ``plan`` (and with ``step``, the
+    """``layout``'s samples per epoch, padding, dropped tokens and steps per epoch under ``plan`` (and with ``step``,
+    the
     epoch reached there)."""
     d = layout.describe()
-    row = {"samples_per_epoch": layout.num_samples, "padding_fraction": d["padding_fraction"],
-           "dropped_tokens": d["dropped_tokens"], "steps_per_epoch": layout.num_samples / plan.global_batch_size}
+    row = {
+        "samples_per_epoch": layout.num_samples,
+        "padding_fraction": d["padding_fraction"],
+        "dropped_tokens": d["dropped_tokens"],
+        "steps_per_epoch": layout.num_samples / plan.global_batch_size,
+    }
     if step is not None:
         row["epochs_at_step"] = plan.consumed(step) / layout.num_samples
         row["epoch_at_step"] = plan.epoch(step)

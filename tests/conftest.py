@@ -19,7 +19,8 @@ settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-# -- shared corpora, tokenizers and indexes (built once per test session, small so that the suite stays fast) --------------
+# -- shared corpora, tokenizers and indexes (built once per test session, small so that the suite stays fast)
+# --------------
 
 import pytest  # noqa: E402
 

@@ -8,8 +8,8 @@ import io
 import json
 import sysconfig
 import tokenize
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["docs_and_comments", "write_mixture_corpora"]
 
@@ -36,7 +36,8 @@ def docs_and_comments(source: str) -> str:
 
 
 def write_mixture_corpora(root: Path, code_texts: Sequence[str], max_text_files: int = 8) -> list[str]:
-    """Write ``code.jsonl`` (the sources), ``docs.jsonl`` (their docstrings and comments) and ``text/`` (the first plain-text
+    """Write ``code.jsonl`` (the sources), ``docs.jsonl`` (their docstrings and comments) and ``text/`` (the first
+    plain-text
     files of the standard library, by path, outside its tests) under ``root``; returns the three paths."""
     root.mkdir(parents=True, exist_ok=True)
     code, docs, text = root / "code.jsonl", root / "docs.jsonl", root / "text"
@@ -50,8 +51,11 @@ def write_mixture_corpora(root: Path, code_texts: Sequence[str], max_text_files:
                 f.write(json.dumps({"text": d}) + "\n")
     text.mkdir(exist_ok=True)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.rglob("*.txt")
-                   if not {"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(stdlib).parts))
+    files = sorted(
+        p
+        for p in stdlib.rglob("*.txt")
+        if not {"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(stdlib).parts)
+    )
     for i, p in enumerate(files[:max_text_files]):
         (text / f"{i:03d}_{p.name}").write_text(p.read_text(encoding="utf-8", errors="replace"))
     return [str(code), str(docs), str(text)]

@@ -121,7 +121,7 @@ def four_point_z(rows: np.ndarray, samples_per_row: int = 64, seed: int = 0) -> 
         rng = np.random.default_rng(seed)
         x, a, b = (rng.integers(lo, n, size=(k, samples_per_row)) for lo in (0, 1, 1))
     ok = a != b
-    pick = lambda idx: np.take_along_axis(rows, idx, axis=1)  # noqa: E731
+    pick = lambda idx: np.take_along_axis(rows, idx, axis=1)
     zero = (pick(x) ^ pick(x ^ a) ^ pick(x ^ b) ^ pick(x ^ a ^ b)) == 0
     total, p = int(ok.sum()), 1 / (n - 3)
     return float((int((zero & ok).sum()) - total * p) / math.sqrt(total * p * (1 - p)))

@@ -23,7 +23,8 @@ def doc_lengths(draw, max_docs: int = 40, max_len: int = 60) -> np.ndarray:
 
 @st.composite
 def plans(draw, max_samples: int = 200, schedule: bool = False) -> Plan:
-    """A plan with arbitrary samples per epoch, world size, micro batch size and accumulation (and optionally a ramp)."""
+    """A plan with arbitrary samples per epoch, world size, micro batch size and accumulation (and
+    optionally a ramp)."""
     num_samples = draw(st.integers(min_value=1, max_value=max_samples))
     world_size = draw(st.integers(min_value=1, max_value=4))
     micro_batch_size = draw(st.integers(min_value=1, max_value=4))
@@ -44,7 +45,8 @@ def steps_per_epoch(plan: Plan) -> int:
     return max(1, plan.stream.num_samples // plan.global_batch_size)
 
 
-# -- mixtures and skip ranges (tests/test_mixture.py, tests/test_skip.py) -------------------------------------------------
+# -- mixtures and skip ranges (tests/test_mixture.py, tests/test_skip.py)
+# -------------------------------------------------
 
 
 @st.composite

@@ -1,6 +1,7 @@
 """Bad input (issue 10): a clear one-line error, a non-zero exit, no traceback, nothing half-written.
 
-The CLI is driven in process through ``detsampler.cli.main`` (its exit status and stderr are what a shell sees); disk full
+The CLI is driven in process through ``detsampler.cli.main`` (its exit status and stderr are what a shell sees); disk
+full
 is a real write failure in a child process (``RLIMIT_FSIZE``: writes past the limit fail with EFBIG, as with ENOSPC).
 """
 
@@ -51,8 +52,16 @@ def test_unreadable_corpora(capsys, tmp_path: Path, small_tokenizer, name: str) 
     data, message = CORPORA[name]
     (tmp_path / name).write_bytes(data)
     cache = tmp_path / "cache"
-    line = _cli(capsys, "build", "--data", str(tmp_path / name), "--tokenizer", str(small_tokenizer.path),
-                "--cache-dir", str(cache))
+    line = _cli(
+        capsys,
+        "build",
+        "--data",
+        str(tmp_path / name),
+        "--tokenizer",
+        str(small_tokenizer.path),
+        "--cache-dir",
+        str(cache),
+    )
     assert message in line
     if cache.exists():
         _no_index_written(cache)
@@ -62,8 +71,16 @@ def test_a_dataset_dict_directory(capsys, tmp_path: Path, small_tokenizer) -> No
     import datasets
 
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"]})}).save_to_disk(str(tmp_path / "dd"))
-    line = _cli(capsys, "build", "--data", str(tmp_path / "dd"), "--tokenizer", str(small_tokenizer.path),
-                "--cache-dir", str(tmp_path / "cache"))
+    line = _cli(
+        capsys,
+        "build",
+        "--data",
+        str(tmp_path / "dd"),
+        "--tokenizer",
+        str(small_tokenizer.path),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
     assert "holds a DatasetDict with splits ['train']; pass one split's directory" in line
 
 
@@ -73,13 +90,23 @@ def _jsonl(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("cache, message", [("file", "is a file, not a directory"), ("", "cache_dir must be a directory"),
-                                            ("file/sub", "Not a directory")])
+@pytest.mark.parametrize(
+    "cache, message",
+    [("file", "is a file, not a directory"), ("", "cache_dir must be a directory"), ("file/sub", "Not a directory")],
+)
 def test_bad_cache_dirs(capsys, tmp_path: Path, small_tokenizer, cache: str, message: str) -> None:
     (tmp_path / "file").write_text("not a directory")
     target = str(tmp_path / cache) if cache else ""
-    line = _cli(capsys, "build", "--data", str(_jsonl(tmp_path)), "--tokenizer", str(small_tokenizer.path),
-                "--cache-dir", target)
+    line = _cli(
+        capsys,
+        "build",
+        "--data",
+        str(_jsonl(tmp_path)),
+        "--tokenizer",
+        str(small_tokenizer.path),
+        "--cache-dir",
+        target,
+    )
     assert message in line
     assert (tmp_path / "file").read_text() == "not a directory"
 
@@ -103,7 +130,8 @@ def test_permission_denied(capsys, tmp_path: Path, small_tokenizer, what: str) -
 
 
 def test_disk_full_during_a_build(tmp_path: Path, small_tokenizer) -> None:
-    """The token file outgrows what the process may write: one line, exit 2, no index and no temporary directory left."""
+    """The token file outgrows what the process may write: one line, exit 2, no index and no
+    temporary directory left."""
     cache = tmp_path / "cache"
     limit = 256 * 1024
 
@@ -111,8 +139,18 @@ def test_disk_full_during_a_build(tmp_path: Path, small_tokenizer) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    cmd = [sys.executable, "-m", "detsampler.cli", "build", "--max-documents", "200", "--tokenizer",
-           str(small_tokenizer.path), "--cache-dir", str(cache)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "detsampler.cli",
+        "build",
+        "--max-documents",
+        "200",
+        "--tokenizer",
+        str(small_tokenizer.path),
+        "--cache-dir",
+        str(cache),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit_writes, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
@@ -127,7 +165,9 @@ def test_tokenizer_train_to_an_unwritable_place(capsys, tmp_path: Path, out: str
     (tmp_path / "file").write_text("x")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f(x):\n    return x + 1\n" * 200)
-    line = _cli(capsys, "tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / out))
+    line = _cli(
+        capsys, "tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / out)
+    )
     assert message in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "file", "outdir"]  # no temporary files
     assert not list((tmp_path / "outdir").iterdir())
@@ -135,16 +175,31 @@ def test_tokenizer_train_to_an_unwritable_place(capsys, tmp_path: Path, out: str
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["show", "--step", str(2**60)], "step must be <= 2**40"),
-     (["verify", "--steps", "0:2", "--skip-steps", f"0:{10**20}"], "ends after the last possible data step"),
-     (["verify", "--steps", "0:2", "--global-batch-size", str(2**40)], "global_batch_size must be an integer <= 4194304"),
-     (["stats", "--step", str(2**62)], "step must be <= 2**40"),
-     (["show", "--step", "0", "--decode", "--max-chars", "-5"], "expected an integer >= 0, got -5")],
+    [
+        (["show", "--step", str(2**60)], "step must be <= 2**40"),
+        (["verify", "--steps", "0:2", "--skip-steps", f"0:{10**20}"], "ends after the last possible data step"),
+        (
+            ["verify", "--steps", "0:2", "--global-batch-size", str(2**40)],
+            "global_batch_size must be an integer <= 4194304",
+        ),
+        (["stats", "--step", str(2**62)], "step must be <= 2**40"),
+        (["show", "--step", "0", "--decode", "--max-chars", "-5"], "expected an integer >= 0, got -5"),
+    ],
     ids=["step", "skip-steps", "global-batch-size", "stats-step", "max-chars"],
 )
 def test_absurd_numbers(capsys, cache_root: Path, small_tokenizer, argv: list[str], message: str) -> None:
-    line = _cli(capsys, *argv, "--max-documents", "16", "--tokenizer", str(small_tokenizer.path), "--cache-dir",
-                str(cache_root), "--seq-len", "64")
+    line = _cli(
+        capsys,
+        *argv,
+        "--max-documents",
+        "16",
+        "--tokenizer",
+        str(small_tokenizer.path),
+        "--cache-dir",
+        str(cache_root),
+        "--seq-len",
+        "64",
+    )
     assert message in line
 
 
@@ -169,11 +224,13 @@ def test_the_api_refuses_floats_and_bools_instead_of_coercing(small_index) -> No
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--stop-at", "-5"], "expected an integer >= 0, got -5"),
-     (["--set", "data.seq_len=0"], "DataConfig.seq_len must be an integer >= 1, got 0"),
-     (["--set", "data.batch_size_schedule=5"], "config section [data]: a value has the wrong type"),
-     (["--set", "nonsense"], "--set expects section.key=value"),
-     (["--config", "/nonexistent.toml"], "No such file or directory: /nonexistent.toml")],
+    [
+        (["--stop-at", "-5"], "expected an integer >= 0, got -5"),
+        (["--set", "data.seq_len=0"], "DataConfig.seq_len must be an integer >= 1, got 0"),
+        (["--set", "data.batch_size_schedule=5"], "config section [data]: a value has the wrong type"),
+        (["--set", "nonsense"], "--set expects section.key=value"),
+        (["--config", "/nonexistent.toml"], "No such file or directory: /nonexistent.toml"),
+    ],
 )
 def test_trainer_usage_and_config_errors_are_one_line(capsys, tmp_path: Path, argv: list[str], message: str) -> None:
     from train.train import main as train_main

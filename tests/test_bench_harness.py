@@ -31,10 +31,20 @@ def test_every_result_shape_renders_with_its_verdicts():
 
     markdown, verdicts, number = _as_markdown("index", [{"contender": "build", "tokens/s": 10}])
     assert number == 4 and "| build | 10 |" in markdown and verdicts == []
-    numbers = {"build_tokens_per_s": 700.0, "raw_encode_tokens_per_s": 1000.0, "num_proc": 2, "layouts": {"concat": {"x": 1}}}
+    numbers = {
+        "build_tokens_per_s": 700.0,
+        "raw_encode_tokens_per_s": 1000.0,
+        "num_proc": 2,
+        "layouts": {"concat": {"x": 1}},
+    }
     markdown, verdicts, number = _as_markdown("index", numbers)
     assert "| layouts.concat.x | 1 |" in markdown and "| build_tokens_per_s | 700 |" in markdown
-    assert len(verdicts) == 1 and verdicts[0].startswith("- **MISSED**") and "70%" in verdicts[0] and "Gap: 1.14x" in verdicts[0]
+    assert (
+        len(verdicts) == 1
+        and verdicts[0].startswith("- **MISSED**")
+        and "70%" in verdicts[0]
+        and "Gap: 1.14x" in verdicts[0]
+    )
     markdown, verdicts, number = _as_markdown("index", {"title": "Index", "rows": [{"x": 1}], "verdicts": ["MET: ok"]})
     assert "| 1 |" in markdown and verdicts == ["MET: ok"]
     markdown, verdicts, _ = _as_markdown("trainer", "## 6. Trainer\n- **MET** — under 1%")

@@ -18,8 +18,7 @@ import pytest
 from detsampler.index import TokenIndex, TokenIndexError, build_index
 from detsampler.text.corpus import default_corpus
 
-BUILD = textwrap.dedent(
-    """
+BUILD = textwrap.dedent("""
     import json, os, pathlib, sys, time
     import detsampler.index as index_module
     import detsampler.index.build as build_module
@@ -53,15 +52,16 @@ BUILD = textwrap.dedent(
         again = index_module.build_index(corpus, Tokenizer.load(model), cache_dir=cache, progress=False)
         assert again.path == index.path
     print(json.dumps({"rank": rank, "path": str(index.path), "built": len(calls), "num_tokens": index.num_tokens}))
-    """
-)
+    """)
 
 
 def _spawn(*args: str, gate: Path | None = None, num_proc: int = 1, on_time: bool = False) -> subprocess.Popen:
     env = dict(os.environ, NUM_PROC=str(num_proc), **({"GATE_DIR": str(gate)} if gate else {}))
     if on_time:
         env["ON_TIME"] = "1"
-    return subprocess.Popen([sys.executable, "-c", BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> None:
@@ -92,10 +92,15 @@ def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment
     corpus = default_corpus(max_documents=n_docs)
     final = tmp_path / f"index-{TokenIndex.cache_key(corpus, small_tokenizer)}"
     proc = _spawn(small_tokenizer.path, str(tmp_path), str(n_docs), num_proc=num_proc)
-    temps = lambda: list(tmp_path.glob(".tmp-index-*"))  # noqa: E731
+    temps = lambda: list(tmp_path.glob(".tmp-index-*"))
     _wait_for(lambda: temps() or proc.poll() is not None)
     if moment == "tokens-half-written":
-        _wait_for(lambda: proc.poll() is not None or any((t / "tokens.npy").exists() and (t / "tokens.npy").stat().st_size > 1_000_000 for t in temps()))
+        _wait_for(
+            lambda: (
+                proc.poll() is not None
+                or any((t / "tokens.npy").exists() and (t / "tokens.npy").stat().st_size > 1_000_000 for t in temps())
+            )
+        )
     assert proc.poll() is None, "the build finished before it could be killed"
     workers = _children(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
@@ -126,7 +131,9 @@ def test_two_concurrent_builders_make_one_index(tmp_path, small_tokenizer):
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert results[0]["path"] == results[1]["path"]
     assert sorted(r["built"] for r in results) == [0, 1]  # one tokenized, the other waited on the lock and opened
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(("index-", ".tmp-index-")) and p.is_dir()] == [Path(results[0]["path"]).name]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(("index-", ".tmp-index-")) and p.is_dir()] == [
+        Path(results[0]["path"]).name
+    ]
     index = TokenIndex.open(results[0]["path"], verify_tokens=True)
     expected = small_tokenizer.encode_batch(default_corpus(max_documents=100)["text"])
     assert np.array_equal(index.lengths, [len(d) for d in expected])
@@ -134,8 +141,10 @@ def test_two_concurrent_builders_make_one_index(tmp_path, small_tokenizer):
 
 def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
     world = 2
-    procs = [_spawn(small_tokenizer.path, str(tmp_path / "cache"), "40", str(r), str(world), str(tmp_path / "rendezvous"))
-             for r in range(world)]
+    procs = [
+        _spawn(small_tokenizer.path, str(tmp_path / "cache"), "40", str(r), str(world), str(tmp_path / "rendezvous"))
+        for r in range(world)
+    ]
     results = []
     try:
         for p in procs:
@@ -152,11 +161,22 @@ def test_distributed_ranks_build_once(tmp_path, small_tokenizer):
 
 
 def test_ranks_without_a_shared_filesystem_each_build_their_own(tmp_path, small_tokenizer):
-    """Issue 12: no collective around the build. Ranks whose cache directories differ (nodes without a shared filesystem)
+    """Issue 12: no collective around the build. Ranks whose cache directories differ (nodes without a shared
+    filesystem)
     each build the index under their own lock, instead of waiting at a barrier for rank 0's build they cannot see."""
     world = 2
-    procs = [_spawn(small_tokenizer.path, str(tmp_path / f"node{r}"), "40", str(r), str(world), str(tmp_path / "rdzv"),
-                    on_time=True) for r in range(world)]
+    procs = [
+        _spawn(
+            small_tokenizer.path,
+            str(tmp_path / f"node{r}"),
+            "40",
+            str(r),
+            str(world),
+            str(tmp_path / "rdzv"),
+            on_time=True,
+        )
+        for r in range(world)
+    ]
     results = []
     try:
         for p in procs:

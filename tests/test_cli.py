@@ -21,7 +21,8 @@ from detsampler.verify import verify_plan
 
 @pytest.fixture()
 def base_args(cache_root, small_tokenizer, small_index):
-    """Options selecting the session's small corpus (first 16 stdlib files), tokenizer and cache: the index is cached."""
+    """Options selecting the session's small corpus (first 16 stdlib files), tokenizer and cache:
+    the index is cached."""
     return ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
 
 
@@ -68,8 +69,22 @@ def test_build_prints_the_summary(capsys, base_args, small_index):
 
 
 def test_show_lists_the_located_spans(capsys, base_args, small_index, small_tokenizer):
-    opts = ["--kind", "document", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
-    code, out, _ = _run(capsys, ["show", *base_args, *opts, "--step", "5", "--rank", "1", "--micro-step", "1", "--decode", "--max-chars", "0"])
+    opts = [
+        "--kind",
+        "document",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--world-size",
+        "2",
+    ]
+    code, out, _ = _run(
+        capsys,
+        ["show", *base_args, *opts, "--step", "5", "--rank", "1", "--micro-step", "1", "--decode", "--max-chars", "0"],
+    )
     assert code == 0
     layout = small_index.layout(LayoutConfig(kind="document", seq_len=64))
     plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2)
@@ -79,7 +94,9 @@ def test_show_lists_the_located_spans(capsys, base_args, small_index, small_toke
         for doc, s, e in loc.spans.sample(i):
             n = int(small_index.lengths[doc])
             assert f"doc {doc} (" in out and f"tokens [{s}, {min(e, n)})" in out
-            text = small_tokenizer.decode(small_index.document_tokens(doc)[s:min(e, n)].tolist()) + ("<EOS>" if e > n else "")
+            text = small_tokenizer.decode(small_index.document_tokens(doc)[s : min(e, n)].tolist()) + (
+                "<EOS>" if e > n else ""
+            )
             assert repr(text) in out
     assert "rank 0" not in out
     code, out, _ = _run(capsys, ["show", *base_args, *opts, "--step", "5"])
@@ -87,14 +104,28 @@ def test_show_lists_the_located_spans(capsys, base_args, small_index, small_toke
 
 
 def test_verify_and_stats(capsys, base_args, small_index):
-    opts = ["--kind", "bestfit", "--seq-len", "128", "--window-docs", "4", "--global-batch-size", "12", "--micro-batch-size", "3",
-            "--world-size", "2"]
+    opts = [
+        "--kind",
+        "bestfit",
+        "--seq-len",
+        "128",
+        "--window-docs",
+        "4",
+        "--global-batch-size",
+        "12",
+        "--micro-batch-size",
+        "3",
+        "--world-size",
+        "2",
+    ]
     layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=128, window_docs=4))
     steps = 2 * layout.num_samples // 12 + 3
     code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--steps", f"0:{steps}"])
     assert code == 0 and "OK: no duplicates, no gaps" in out
     assert "epoch 0:" in out and "epoch 1:" in out and "complete" in out and "epoch 2:" in out
-    code, out, _ = _run(capsys, ["stats", *base_args, "--seq-len", "128", "--window-docs", "4", "--step", "100", "--json"])
+    code, out, _ = _run(
+        capsys, ["stats", *base_args, "--seq-len", "128", "--window-docs", "4", "--step", "100", "--json"]
+    )
     stats = json.loads(out)
     assert stats["documents"] == small_index.num_documents and stats["tokens"] == small_index.num_tokens
     for kind in ("concat", "document", "bestfit"):
@@ -133,7 +164,9 @@ class _RepeatingStream:
 def test_verify_plan_catches_duplicates_and_gaps():
     good = verify_plan(Plan(10, seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
     assert good["ok"] and [r["complete"] for r in good["epochs"]] == [True, True, False]
-    bad = verify_plan(Plan(source=_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6)
+    bad = verify_plan(
+        Plan(source=_RepeatingStream(10), seed=1, global_batch_size=4, micro_batch_size=1, world_size=2), 0, 6
+    )
     assert not bad["ok"]
     assert bad["epochs"][0]["duplicates"] == 1 and bad["epochs"][0]["gaps"] == 1
 
@@ -144,14 +177,26 @@ def test_tokenizer_train_command(capsys, tmp_path, small_corpus):
     for i, text in enumerate(small_corpus["text"][:5]):
         (src / f"{i}.py").write_text(text)
     out_model = tmp_path / "tok.model"
-    code, out, _ = _run(capsys, ["tokenizer", "train", "--input", str(src), "--vocab-size", "350", "--out", str(out_model)])
+    code, out, _ = _run(
+        capsys, ["tokenizer", "train", "--input", str(src), "--vocab-size", "350", "--out", str(out_model)]
+    )
     tok = Tokenizer.load(out_model)
     assert code == 0 and tok.vocab_size == 350 and tok.sha256 in out
 
 
 def test_bad_input_exits_with_a_message(capsys, tmp_path, base_args):
     with pytest.raises(SystemExit) as exc:
-        main(["build", "--tokenizer", str(tmp_path / "missing.model"), "--max-documents", "2", "--cache-dir", str(tmp_path)])
+        main(
+            [
+                "build",
+                "--tokenizer",
+                str(tmp_path / "missing.model"),
+                "--max-documents",
+                "2",
+                "--cache-dir",
+                str(tmp_path),
+            ]
+        )
     assert exc.value.code == 2 and "no sentencepiece model file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["build", "--data", str(tmp_path / "nothing"), "--cache-dir", str(tmp_path)])
@@ -165,7 +210,8 @@ def test_bad_input_exits_with_a_message(capsys, tmp_path, base_args):
 
 
 def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_index, tmp_path):
-    """``--mapping-version`` takes a version, or the checkpoint of a run, whose recorded version the command then uses."""
+    """``--mapping-version`` takes a version, or the checkpoint of a run, whose recorded version the
+    command then uses."""
     import json
 
     from detsampler.cli.options import mapping_version
@@ -175,16 +221,23 @@ def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_
     ckpt = tmp_path / "step_00000004"
     ckpt.mkdir()
     (ckpt / "data_fingerprint.json").write_text(json.dumps({"step": 4, "data_fingerprint": {"plan": v1.fingerprint()}}))
-    assert mapping_version(str(ckpt)) == mapping_version(str(ckpt / "data_fingerprint.json")) == mapping_version("1") == 1
+    assert (
+        mapping_version(str(ckpt)) == mapping_version(str(ckpt / "data_fingerprint.json")) == mapping_version("1") == 1
+    )
     opts = ["--kind", "concat", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--step", "3"]
-    outs = [_run(capsys, ["show", *base_args, *opts, *extra])[1] for extra in ([], ["--mapping-version", "1"],
-                                                                               ["--mapping-version", str(ckpt)])]
+    outs = [
+        _run(capsys, ["show", *base_args, *opts, *extra])[1]
+        for extra in ([], ["--mapping-version", "1"], ["--mapping-version", str(ckpt)])
+    ]
     assert outs[1] == outs[2] != outs[0]
     for sid in v1.global_batch(3).tolist():
         assert f"sample {sid} " in outs[1]
     (tmp_path / "empty.json").write_text("{}")
-    for bad, message in (("3", "must be one of (1, 2)"), (str(tmp_path / "empty.json"), "records no mapping version"),
-                         (str(tmp_path / "missing"), "expected a mapping version or a checkpoint")):
+    for bad, message in (
+        ("3", "must be one of (1, 2)"),
+        (str(tmp_path / "empty.json"), "records no mapping version"),
+        (str(tmp_path / "missing"), "expected a mapping version or a checkpoint"),
+    ):
         with pytest.raises(SystemExit) as exc:
             main(["show", *base_args, *opts, "--mapping-version", bad])
         assert exc.value.code == 2 and message in capsys.readouterr().err
@@ -192,7 +245,18 @@ def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_
 
 def test_verify_with_skip_steps_reports_skipped_data_not_gaps(capsys, base_args, small_index):
     """Issue 11, item 1: a correct plan with a skip range verifies OK; the skipped data is reported as skipped."""
-    opts = ["--kind", "concat", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    opts = [
+        "--kind",
+        "concat",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--world-size",
+        "2",
+    ]
     layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
     steps = 2 * layout.num_samples // 8
     code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--skip-steps", "2:3", "--steps", f"0:{steps}"])

@@ -74,8 +74,9 @@ def test_the_index_follows_the_content(tmp_path: Path, small_tokenizer) -> None:
     corpus, cache = _write_corpus(tmp_path / "corpus"), tmp_path / "cache"
 
     def index_of(source: Path):
-        return prepare_index(IndexConfig(data=str(source), tokenizer=str(small_tokenizer.path), cache_dir=str(cache)),
-                             progress=False).index
+        return prepare_index(
+            IndexConfig(data=str(source), tokenizer=str(small_tokenizer.path), cache_dir=str(cache)), progress=False
+        ).index
 
     first = index_of(corpus)
     moved = tmp_path / "moved"

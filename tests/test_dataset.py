@@ -42,8 +42,10 @@ def test_concat_round_trip(small_index):
     assert np.array_equal(out["position_ids"], np.broadcast_to(np.arange(L), (n, L)))
     doc_of_stream = np.concatenate([np.full(len(docs[d]), d) for d in layout.order])
     assert np.array_equal(out["document_ids"].reshape(-1), doc_of_stream[: n * L])
-    restart = PackedDataset(small_index, layout, restart_position_ids=True).get_batch(np.arange(n))["position_ids"].numpy()
-    starts = (out["document_ids"][:, 1:] != out["document_ids"][:, :-1])
+    restart = (
+        PackedDataset(small_index, layout, restart_position_ids=True).get_batch(np.arange(n))["position_ids"].numpy()
+    )
+    starts = out["document_ids"][:, 1:] != out["document_ids"][:, :-1]
     assert np.all(restart[:, 0] == 0) and np.all(restart[:, 1:][starts] == 0)
     assert np.all(restart[:, 1:][~starts] == restart[:, :-1][~starts] + 1)
 
@@ -120,7 +122,9 @@ def test_batched_read_equals_per_sample_reference(small_index, kind, seq_len, se
 
 @pytest.fixture(scope="module")
 def lean_index(tmp_path_factory, small_corpus, small_tokenizer):
-    return build_index(small_corpus, small_tokenizer, cache_dir=tmp_path_factory.mktemp("lean"), store_tokens=False, progress=False)
+    return build_index(
+        small_corpus, small_tokenizer, cache_dir=tmp_path_factory.mktemp("lean"), store_tokens=False, progress=False
+    )
 
 
 @pytest.mark.parametrize("kind", ["concat", "document", "bestfit"])
@@ -142,7 +146,8 @@ def test_on_the_fly_needs_text_and_checks_lengths(tmp_path, small_tokenizer):
         PackedDataset(index, layout)
     # the same fingerprint over other text (a dataset whose fingerprint did not follow an edit): caught, never misread
     edited = datasets.Dataset(
-        datasets.table.InMemoryTable.from_pydict({"text": [texts[0], texts[1] + "# more\n", texts[2]]}), fingerprint="fixed-fingerprint"
+        datasets.table.InMemoryTable.from_pydict({"text": [texts[0], texts[1] + "# more\n", texts[2]]}),
+        fingerprint="fixed-fingerprint",
     )
     ds_edit = PackedDataset(index, layout, dataset=edited, tokenizer=small_tokenizer)
     doc1 = [i for i in range(len(ds_edit)) if 1 in layout.locate(np.array([i])).doc_ids]
@@ -193,7 +198,8 @@ def test_resumed_multiworker_loader_equals_uninterrupted(small_index, lean_index
 
 
 def test_nothing_per_document_lives_in_python_containers(small_index):
-    """Workers must not grow by copy-on-read: the dataset, its layout and index hold arrays (memory maps), no big lists."""
+    """Workers must not grow by copy-on-read: the dataset, its layout and index hold arrays (memory
+    maps), no big lists."""
     for kind in ("concat", "document", "bestfit"):
         ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind=kind, seq_len=32, window_docs=4)))
         ds.get_batch(np.arange(min(len(ds), 64)))
@@ -208,8 +214,10 @@ def test_core_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, detsampler, detsampler.index, detsampler.text.corpus, detsampler.cli, detsampler.index.prepare, detsampler.gather; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, detsampler, detsampler.index, detsampler.text.corpus, detsampler.cli, detsampler.index.prepare,"
+        " detsampler.gather; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     import detsampler
 

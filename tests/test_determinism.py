@@ -17,7 +17,8 @@ for kind in ("concat", "document", "bestfit"):
     for step in list(range(12)) + [10**9]:
         for rank in range(3):
             loc = locate(plan, layout, step, rank)
-            for a in (loc.sample_ids, loc.epochs, loc.spans.offsets, loc.spans.doc_ids, loc.spans.starts, loc.spans.stops):
+            for a in (loc.sample_ids, loc.epochs, loc.spans.offsets, loc.spans.doc_ids, loc.spans.starts,
+            loc.spans.stops):
                 h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
 print(h.hexdigest())
 """

@@ -108,7 +108,9 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     tokens = np.load(p / "tokens.npy")
     tokens[5] ^= 1
     np.save(p / "tokens.npy", tokens)
-    TokenIndex.open(p)  # sizes still match: found when the chunk is read (tests/test_integrity.py), or by the full check
+    TokenIndex.open(
+        p
+    )  # sizes still match: found when the chunk is read (tests/test_integrity.py), or by the full check
     with pytest.raises(TokenIndexError, match="tokens.npy chunk 0 .* fails its checksum"):
         TokenIndex.open(p, verify_tokens=True)
     # a file replaced by a pickled object array: never loaded
@@ -118,7 +120,9 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     from detsampler.index.checksums import write_checksums
     from detsampler.index.format import seal_meta
 
-    meta["files"]["offsets.npy"] = write_checksums(p, "offsets.npy")  # a consistent forgery, checksums and seal included
+    meta["files"]["offsets.npy"] = write_checksums(
+        p, "offsets.npy"
+    )  # a consistent forgery, checksums and seal included
     (p / "meta.json").write_text(json.dumps(seal_meta(meta)))
     with pytest.raises(TokenIndexError, match="offsets.npy is not a readable .npy file"):
         TokenIndex.open(p)

@@ -48,8 +48,13 @@ def test_concat_tiles_the_stream(lengths, seq_len, seed):
     assert layout.num_samples == (int(lengths.sum()) + len(lengths) - 1) // seq_len
 
 
-@given(lengths=doc_lengths(), seq_len=st.integers(min_value=2, max_value=40), seed=seeds,
-       kind=st.sampled_from(["document", "bestfit"]), window_docs=st.integers(min_value=1, max_value=12))
+@given(
+    lengths=doc_lengths(),
+    seq_len=st.integers(min_value=2, max_value=40),
+    seed=seeds,
+    kind=st.sampled_from(["document", "bestfit"]),
+    window_docs=st.integers(min_value=1, max_value=12),
+)
 @example(lengths=np.array([0]), seq_len=2, seed=0, kind="bestfit", window_docs=1)
 def test_packed_layouts_hold_every_position_once(lengths, seq_len, seed, kind, window_docs):
     layout = make_layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=seed, window_docs=window_docs), lengths)
@@ -71,8 +76,13 @@ def test_bestfit_windows_are_consecutive_documents(lengths, seq_len, seed, windo
         assert docs == set(layout.window_documents(window).tolist())
 
 
-@given(lengths=doc_lengths(), seq_len=seq_lens, seed=seeds, kind=st.sampled_from(["concat", "document", "bestfit"]),
-       data=st.data())
+@given(
+    lengths=doc_lengths(),
+    seq_len=seq_lens,
+    seed=seeds,
+    kind=st.sampled_from(["concat", "document", "bestfit"]),
+    data=st.data(),
+)
 def test_locate_is_pointwise(lengths, seq_len, seed, kind, data):
     """Locating a batch equals locating each sample alone, in any order and with repeats."""
     assume(lengths.sum() + len(lengths) > seq_len)

@@ -28,7 +28,6 @@ def check_resume(old, new, resume_step):
     check_fingerprints(fp(old), fp(new), resume_step)
 
 
-
 def _prefix_counts(sources: np.ndarray, num_sources: int) -> np.ndarray:
     """counts[k, n] = how many of positions [0, n) went to source k."""
     onehot = sources[None, :] == np.arange(num_sources)[:, None]
@@ -49,7 +48,8 @@ def _assert_within_bound(mix: Mixture, counts: np.ndarray, lengths: np.ndarray, 
             assert (err * bound.denominator < bound.numerator * total).all(), (k, bound, int(err.max()), total)
 
 
-# -- property 1: the discrepancy bound -----------------------------------------------------------------------------------
+# -- property 1: the discrepancy bound
+# -----------------------------------------------------------------------------------
 
 
 @given(weights=integer_weights(), seed=seeds, n=st.integers(1, 3000), big=st.integers(0, 2**52))
@@ -146,7 +146,8 @@ def test_a_small_source_is_upsampled_by_epochs_and_reported():
     assert report[0]["share"] == 0.5
 
 
-# -- property 3: weight schedules ----------------------------------------------------------------------------------------
+# -- property 3: weight schedules
+# ----------------------------------------------------------------------------------------
 
 
 @given(sizes=st.lists(st.integers(1, 30), min_size=2, max_size=4), data=st.data(), seed=seeds)
@@ -154,8 +155,13 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
     schedule = data.draw(weight_schedules(len(sizes)))
     # a source added at a boundary: weight 0 in the first entry
     schedule[0] = (0, [0] + list(schedule[0][1][1:]) if any(schedule[0][1][1:]) else schedule[0][1])
-    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=6, micro_batch_size=3,
-                batch_size_schedule=[(0, 3), (4, 6)])
+    plan = Plan(
+        source=Mixture(sizes, schedule, seed),
+        seed=seed,
+        global_batch_size=6,
+        micro_batch_size=3,
+        batch_size_schedule=[(0, 3), (4, 6)],
+    )
     num_steps = schedule[-1][0] + 5
     positions = np.arange(plan.consumed(num_steps))
     look = plan.stream.lookup(positions)
@@ -181,41 +187,64 @@ def test_schedule_boundaries_neither_repeat_nor_skip_positions(sizes, data, seed
 def test_a_resume_with_a_new_schedule_entry_equals_the_uninterrupted_run(sizes, data, seed, resume, world):
     w0, w1 = data.draw(integer_weights(len(sizes))), data.draw(integer_weights(len(sizes)))
     full = [(0, w0), (resume, w1)]
-    uninterrupted = Plan(source=Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
+    uninterrupted = Plan(
+        source=Mixture(sizes, full, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2
+    )
     first = Plan(source=Mixture(sizes, w0, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2)
     resumed = uninterrupted.with_world(*world)
     check_resume(first, resumed, resume)
     check_resume(first.fingerprint(), resumed, resume)  # also from a saved fingerprint
-    stitched = [first.global_batch(s) for s in range(resume)] + [resumed.global_batch(s) for s in range(resume, resume + 6)]
+    stitched = [first.global_batch(s) for s in range(resume)] + [
+        resumed.global_batch(s) for s in range(resume, resume + 6)
+    ]
     straight = [uninterrupted.global_batch(s) for s in range(resume + 6)]
     for a, b in zip(stitched, straight):
         assert (np.sort(a) == np.sort(b)).all()
     # the same change written before the resume step changes the past: refused
     if resume > 1:
-        early = Plan(source=Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2)
+        early = Plan(
+            source=Mixture(sizes, [(0, w0), (resume - 1, w1)], seed), seed=seed, global_batch_size=8, micro_batch_size=2
+        )
         with pytest.raises(ValueError, match="changes the past"):
             check_resume(first, early, resume)
     if normalize_weights(w0, len(sizes)) != normalize_weights(w1, len(sizes)):
         with pytest.raises(ValueError, match="changes the past"):
-            check_resume(first, Plan(source=Mixture(sizes, w1, seed), seed=seed, global_batch_size=8, micro_batch_size=2), resume)
+            check_resume(
+                first, Plan(source=Mixture(sizes, w1, seed), seed=seed, global_batch_size=8, micro_batch_size=2), resume
+            )
 
 
 def test_check_resume_refuses_other_changes():
     base = Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2)
     with pytest.raises(ValueError, match="mixture's seed"):
-        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(
+            base, Plan(source=Mixture([10, 20], [1, 1], 4), seed=0, global_batch_size=4, micro_batch_size=2), 5
+        )
     with pytest.raises(ValueError, match="mixture's sources"):
-        check_resume(base, Plan(source=Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)
+        check_resume(
+            base, Plan(source=Mixture([10, 21], [1, 1], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5
+        )
     with pytest.raises(ValueError, match="batch_size_schedule"):
-        check_resume(base, Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5)
+        check_resume(
+            base, Plan(source=Mixture([10, 20], [1, 1], 3), seed=0, global_batch_size=8, micro_batch_size=2), 5
+        )
     with pytest.raises(ValueError, match="data stream"):
         check_resume(base, Plan(30, seed=0, global_batch_size=4, micro_batch_size=2), 5)
     check_resume(base, base.with_world(2, 1), 5)  # elastic resume is fine
-    check_resume(base, Plan(source=Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # an entry at the resume step
-    check_resume(base, Plan(source=Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2), 5)  # same weights, other scale
+    check_resume(
+        base,
+        Plan(source=Mixture([10, 20], [(0, [1, 1]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2),
+        5,
+    )  # an entry at the resume step
+    check_resume(
+        base,
+        Plan(source=Mixture([10, 20], [(0, [2, 2]), (5, [1, 3])], 3), seed=0, global_batch_size=4, micro_batch_size=2),
+        5,
+    )  # same weights, other scale
 
 
-# -- bad input -----------------------------------------------------------------------------------------------------------
+# -- bad input
+# -----------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -252,7 +281,8 @@ def test_bad_sources_and_unplaced_schedules_are_clear_errors():
         Mixture([3, 4], [1, 1e-12], 0)
 
 
-# -- property 5: elastic resume and DataLoader workers ------------------------------------------------------------------
+# -- property 5: elastic resume and DataLoader workers
+# ------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
 
@@ -299,8 +329,14 @@ def _loader_steps(plan: Plan, start: int, stop: int, num_workers: int) -> dict[i
 )
 def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, data, seed, resume):
     schedule = data.draw(weight_schedules(len(sizes), max_step=6))
-    plan = Plan(source=Mixture(sizes, schedule, seed), seed=seed, global_batch_size=8, micro_batch_size=2, world_size=2,
-                skip_steps=[(resume + 1, resume + 1)])
+    plan = Plan(
+        source=Mixture(sizes, schedule, seed),
+        seed=seed,
+        global_batch_size=8,
+        micro_batch_size=2,
+        world_size=2,
+        skip_steps=[(resume + 1, resume + 1)],
+    )
     before = _loader_steps(plan, 0, resume, num_workers)
     after_plan = plan.with_world(4, 1)  # elastic: 4 ranks, micro batch 1, same global batch
     check_resume(plan, after_plan, resume)
@@ -311,15 +347,18 @@ def test_elastic_resume_through_a_dataloader_with_a_mixture(num_workers, sizes, 
         assert (np.sort(plan.with_world(1, 8).global_batch(step)) == got).all()
 
 
-# -- locate and the dataset adapter ---------------------------------------------------------------------------------------
+# -- locate and the dataset adapter
+# ---------------------------------------------------------------------------------------
 
 
 def _three_layouts():
     from detsampler import LayoutConfig, make_layout
 
     rng = np.random.default_rng(0)
-    return [make_layout(LayoutConfig(kind=kind, seq_len=16, seed=3), rng.integers(0, 60, size=25))
-            for kind in ("concat", "document", "bestfit")]
+    return [
+        make_layout(LayoutConfig(kind=kind, seq_len=16, seed=3), rng.integers(0, 60, size=25))
+        for kind in ("concat", "document", "bestfit")
+    ]
 
 
 _LAYOUTS = _three_layouts()
@@ -384,7 +423,8 @@ def test_mixture_dataset_serves_each_source_sample_through_a_dataloader(num_work
         MixtureDataset([_Tagged(0, 13), _Tagged(1, 8), _Tagged(2, 30)], mix)
 
 
-# -- pins and cost --------------------------------------------------------------------------------------------------------
+# -- pins and cost
+# --------------------------------------------------------------------------------------------------------
 
 
 def test_pinned_mixture_ids():
@@ -403,14 +443,23 @@ def test_pinned_mixture_ids():
 def test_pinned_mixture_ids_version_1():
     """Version 1's outputs, as the first release computed them (the routing is the same; the source shuffles differ)."""
     mix = Mixture([100, 50, 30], [(0, [0.5, 0.3, 0.2]), (4, [1, 1, 2])], seed=7)
-    plan = Plan(source=mix, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(2, 2)],
-                mapping_version=1)
+    plan = Plan(
+        source=mix,
+        seed=0,
+        global_batch_size=8,
+        micro_batch_size=2,
+        world_size=2,
+        skip_steps=[(2, 2)],
+        mapping_version=1,
+    )
     assert [plan.global_batch(s).tolist() for s in (0, 3, 5)] == [
         [94, 93, 124, 92, 153, 118, 61, 74],
         [178, 131, 159, 48, 167, 103, 151, 35],
         [170, 145, 173, 56, 174, 141, 163, 53],
     ]
-    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1, mapping_version=1).sample_ids(np.array([0, 10**15, 10**15 + 1, 2**60]))
+    far = Mixture([10**9, 3 * 10**9], [1, 3], seed=1, mapping_version=1).sample_ids(
+        np.array([0, 10**15, 10**15 + 1, 2**60])
+    )
     assert far.tolist() == [1061388743, 3747138047, 937306914, 3619923107]
 
 
@@ -487,13 +536,17 @@ def test_report_counts_the_tokens_each_source_served(seed, data, steps):
         expected = int(np.minimum(lay.locate(mine).num_tokens, lay.config.seq_len).sum()) if mine.size else 0
         assert report[k]["served"] == mine.size and report[k]["tokens"] == expected
     assert sum(r["tokens"] for r in report) == sum(
-        int(np.minimum(lay.locate(look.source_sample[look.source == k]).num_tokens, 16).sum()) for k, lay in enumerate(layouts)
+        int(np.minimum(lay.locate(look.source_sample[look.source == k]).num_tokens, 16).sum())
+        for k, lay in enumerate(layouts)
     )
 
 
 def test_sizes_and_positions_beyond_int64_arithmetic_are_refused():
-    """Issue 11, item 6: every size, total and position a Mixture accepts is one its int64 arithmetic computes exactly."""
-    with pytest.raises(ValueError, match=r"sources\[0\] has 9223372036854775808 samples; a source holds at most 2\*\*62"):
+    """Issue 11, item 6: every size, total and position a Mixture accepts is one its int64
+    arithmetic computes exactly."""
+    with pytest.raises(
+        ValueError, match=r"sources\[0\] has 9223372036854775808 samples; a source holds at most 2\*\*62"
+    ):
         Mixture([2**63, 3], [1, 1], 0)
     with pytest.raises(ValueError, match=r"the sources hold 9223372036854775813 samples in all; at most 2\*\*63 - 1"):
         Mixture([2**62, 2**62, 5], [1, 1, 1], 0)
@@ -506,7 +559,9 @@ def test_sizes_and_positions_beyond_int64_arithmetic_are_refused():
     assert served.tolist() == [int(k == look.source[0]) for k in range(3)]
     with pytest.raises(ValueError, match=r"Got position 4611686018427387904, allowed positions are in \[0, 2\*\*62\)"):
         last.sample_ids(np.array([2**62]))
-    with pytest.raises(ValueError, match=r"position must be an integer <= 4611686018427387904, got 4611686018427387905"):
+    with pytest.raises(
+        ValueError, match=r"position must be an integer <= 4611686018427387904, got 4611686018427387905"
+    ):
         last.served(2**62 + 1)
     with pytest.raises(ValueError, match=r"step_positions must be .* at most 2\*\*62"):
         Mixture([10, 20], [(0, [1, 1]), (5, [1, 2])], 0, step_positions=(0, 2**62 + 8))
@@ -517,7 +572,9 @@ def test_small_mixture_flaws_of_issue_11():
     assert Mixture([10, 10], [np.float32(0.1), np.float32(0.9)], 0).schedule == ((0, (1, 9)),)
     assert Mixture([10, 10], np.array([0.25, 0.75]), 0).schedule == ((0, (1, 3)),)
     assert Mixture([10, 10], [(0, np.array([1, 1])), (3, np.array([np.float16(0.5), 1]))], 0).schedule == (
-        (0, (1, 1)), (3, (1, 2)))
+        (0, (1, 1)),
+        (3, (1, 2)),
+    )
     with pytest.raises(ValueError, match=r"weights must be one weight per source or a schedule .*got a 2-D array"):
         Mixture([10, 10], np.array([[0.5, 0.5]]), 0)
     config = MixtureConfig(weights=np.array([np.float32(0.1), np.float32(0.9)]), schedule=[(5, np.array([1, 1]))])
@@ -529,11 +586,14 @@ def test_small_mixture_flaws_of_issue_11():
 
 
 def test_plan_seed_does_not_key_a_mixture_and_a_resume_may_change_it():
-    """Item 7: a mixture has its own seed; the plan's is unused, so changing it on resume changes nothing and is accepted."""
+    """Item 7: a mixture has its own seed; the plan's is unused, so changing it on resume changes nothing and is
+    accepted."""
     mix = Mixture([100, 50], [1, 1], seed=7)
     a = Plan(source=mix, seed=1, global_batch_size=4, micro_batch_size=2)
     b = Plan(source=mix, seed=2, global_batch_size=4, micro_batch_size=2)
     assert all(np.array_equal(a.global_batch(s), b.global_batch(s)) for s in range(5))
     check_resume(a.fingerprint(), b, 3)
     with pytest.raises(ValueError, match="seed"):
-        check_resume(Plan(100, 1, 4, 2).fingerprint(), Plan(100, 2, 4, 2), 3)  # an epoch stream's seed keys its shuffles
+        check_resume(
+            Plan(100, 1, 4, 2).fingerprint(), Plan(100, 2, 4, 2), 3
+        )  # an epoch stream's seed keys its shuffles

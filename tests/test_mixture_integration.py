@@ -1,5 +1,6 @@
 """Mixtures over three real local corpora (stdlib code, its docstrings and comments, plain-text files): the CLI's show
-names each sample's source and source epoch, verify checks every source epoch, stats reports per-source shares and tokens;
+names each sample's source and source epoch, verify checks every source epoch, stats reports per-source shares and
+tokens;
 PackedDataset samples come through MixtureDataset and a DataLoader unchanged."""
 
 from __future__ import annotations
@@ -28,15 +29,38 @@ def mixture_paths(tmp_path_factory, small_corpus):
 @pytest.fixture(scope="session")
 def mixture_layouts(mixture_paths, small_tokenizer, cache_root):
     config = LayoutConfig(kind="concat", seq_len=64)
-    return [prepare_index(IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False)
-            .index.layout(config) for p in mixture_paths]
+    return [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False
+        ).index.layout(config)
+        for p in mixture_paths
+    ]
 
 
 @pytest.fixture()
 def mixture_args(mixture_paths, small_tokenizer, cache_root, mixture_layouts):
-    return ["--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root), "--mixture-data", ",".join(mixture_paths),
-            "--mixture-weights", ",".join(WEIGHTS), "--mixture-names", ",".join(NAMES), "--kind", "concat", "--seq-len", "64",
-            "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    return [
+        "--tokenizer",
+        small_tokenizer.path,
+        "--cache-dir",
+        str(cache_root),
+        "--mixture-data",
+        ",".join(mixture_paths),
+        "--mixture-weights",
+        ",".join(WEIGHTS),
+        "--mixture-names",
+        ",".join(NAMES),
+        "--kind",
+        "concat",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--world-size",
+        "2",
+    ]
 
 
 def _run(capsys, argv):
@@ -47,8 +71,14 @@ def _run(capsys, argv):
 
 def _plan(layouts, schedule=None, skip_steps=None, seed=0) -> Plan:
     weights = [(0, WEIGHTS)] + (schedule or [])
-    return Plan(source=Mixture(layouts, weights, seed), seed=0, global_batch_size=8, micro_batch_size=2, world_size=2,
-                skip_steps=skip_steps)
+    return Plan(
+        source=Mixture(layouts, weights, seed),
+        seed=0,
+        global_batch_size=8,
+        micro_batch_size=2,
+        world_size=2,
+        skip_steps=skip_steps,
+    )
 
 
 def test_show_names_each_samples_source_and_source_epoch(capsys, mixture_args, mixture_layouts):
@@ -59,8 +89,11 @@ def test_show_names_each_samples_source_and_source_epoch(capsys, mixture_args, m
     for a in range(2):
         loc = locate(plan, mixture_layouts, 6, rank=1, micro_step=a)
         for i in range(2):
-            line = (f"position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  source {NAMES[int(loc.sources[i])]}  "
-                    f"source sample {int(loc.source_sample_ids[i])}  source epoch {int(loc.epochs[i])}")
+            line = (
+                f"position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  source"
+                f" {NAMES[int(loc.sources[i])]}  source sample {int(loc.source_sample_ids[i])}  source epoch"
+                f" {int(loc.epochs[i])}"
+            )
             assert line in out
             for doc, s, e in loc.spans.sample(i):
                 assert f"doc {doc}  tokens [{s}," in out
@@ -98,8 +131,10 @@ def test_mixture_options_bad_input(capsys, mixture_args, mixture_paths):
         (["stats", *mixture_args, "--mixture-weights", "1,-1,1"], "must be >= 0"),
         (["stats", *mixture_args, "--data", mixture_paths[0]], "not both"),
         (["show", *mixture_args, "--step", "0", "--skip-steps", "5:3"], "reversed"),
-        (["show", *mixture_args, "--step", "0", "--mixture-schedule", "2:1,1,1", "--mixture-schedule", "2:1,2,1"],
-         "strictly increasing"),
+        (
+            ["show", *mixture_args, "--step", "0", "--mixture-schedule", "2:1,1,1", "--mixture-schedule", "2:1,2,1"],
+            "strictly increasing",
+        ),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exc:
@@ -111,15 +146,21 @@ def test_mixture_options_bad_input(capsys, mixture_args, mixture_paths):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_packed_mixture_dataset_through_a_dataloader(num_workers, mixture_paths, mixture_layouts, small_tokenizer, cache_root):
+def test_packed_mixture_dataset_through_a_dataloader(
+    num_workers, mixture_paths, mixture_layouts, small_tokenizer, cache_root
+):
     import torch
 
     from detsampler.loader.dataset import PackedDataset, collate_micro_batch
     from detsampler.loader.mixture_dataset import MixtureDataset
     from detsampler.loader.sampler import DeterministicBatchSampler
 
-    indexes = [prepare_index(IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False).index
-               for p in mixture_paths]
+    indexes = [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False
+        ).index
+        for p in mixture_paths
+    ]
     packed = [PackedDataset(index, layout) for index, layout in zip(indexes, mixture_layouts)]
     plan = _plan(mixture_layouts, [(2, [1, 1, 1])])
     dataset = MixtureDataset(packed, plan.stream)
@@ -127,7 +168,9 @@ def test_packed_mixture_dataset_through_a_dataloader(num_workers, mixture_paths,
 
     assert isinstance(dataset.__getitems__([0, plan.stream.offsets[2], 1]), MicroBatch)  # the batched path
     sampler = DeterministicBatchSampler(plan, rank=0, stop_step=4)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch
+    )
     for step, micro_batches in sampler.steps(loader):
         for a, batch in enumerate(micro_batches):
             look = plan.stream.lookup(plan.micro_batch_positions(step, a, 0))

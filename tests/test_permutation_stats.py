@@ -88,8 +88,14 @@ def test_numpy_passes_the_battery():
     for n in (64, 1023, 1024, 1025):
         r = numpy_rows(2000, n)
         agree, corr = epoch_pairs_z(r[:-1], r[1:])
-        assert_within(parity=parity_z(r), fixed_points=fixed_points_z(r), cycles=cycles_z(r), avalanche=avalanche_z(r),
-                      agreements=agree, correlation=corr)
+        assert_within(
+            parity=parity_z(r),
+            fixed_points=fixed_points_z(r),
+            cycles=cycles_z(r),
+            avalanche=avalanche_z(r),
+            agreements=agree,
+            correlation=corr,
+        )
     for n in (8, 16, 128, 1024):
         assert_within(four_point=four_point_z(numpy_rows(4000, n)))
 

@@ -1,8 +1,10 @@
 """Pinned outputs of the mapping: users rely on them across versions.
 
-If one of these fails, the mapping changed. If that was on purpose, bump ``MAPPING_VERSION`` (detsampler/version.py), keep
+If one of these fails, the mapping changed. If that was on purpose, bump ``MAPPING_VERSION`` (detsampler/version.py),
+keep
 the old version computable and add pins for the new one in the same commit: every cache and checkpoint fingerprint then
-changes with it, so resuming an old run under the new mapping fails loudly instead of silently reading other data. The pins
+changes with it, so resuming an old run under the new mapping fails loudly instead of silently reading other data. The
+pins
 of an old version never change: a run started on it resumes exactly (``Plan(..., mapping_version=1)``).
 """
 
@@ -23,7 +25,16 @@ def test_mapping_version():
 def test_pinned_hash_and_permutation():
     assert stable_hash64("a", 1) == 4743243401550993662
     assert permute(np.arange(8), 1000, 12345).tolist() == [133, 601, 432, 512, 898, 524, 47, 842]  # the keyed sort
-    assert permute(np.arange(8), 10**6, 12345).tolist() == [535266, 94573, 579096, 238939, 14298, 448395, 356741, 508138]
+    assert permute(np.arange(8), 10**6, 12345).tolist() == [
+        535266,
+        94573,
+        579096,
+        238939,
+        14298,
+        448395,
+        356741,
+        508138,
+    ]
     assert permute(np.array([0, 1, 2**41]), 2**42 + 7, 12345).tolist() == [2489372792195, 2908304626110, 682393012405]
 
 

@@ -12,9 +12,13 @@ from detsampler import DataFingerprint, LayoutConfig, Plan, check_resume, make_l
 LENGTHS = np.array([5, 70, 3, 40, 18, 9, 64, 1, 33, 12] * 3, dtype=np.int64)
 
 
-def _fingerprint(index: str = "idx-a", layout_seed: int = 0, kind: str = "bestfit", plan_seed: int = 0) -> DataFingerprint:
+def _fingerprint(
+    index: str = "idx-a", layout_seed: int = 0, kind: str = "bestfit", plan_seed: int = 0
+) -> DataFingerprint:
     layout = make_layout(LayoutConfig(kind=kind, seq_len=16, seed=layout_seed, window_docs=8), LENGTHS)
-    return DataFingerprint.of(index, layout, Plan(layout.num_samples, seed=plan_seed, global_batch_size=4, micro_batch_size=2))
+    return DataFingerprint.of(
+        index, layout, Plan(layout.num_samples, seed=plan_seed, global_batch_size=4, micro_batch_size=2)
+    )
 
 
 def test_a_changed_layout_seed_is_refused_although_the_plans_are_equal():

@@ -175,8 +175,20 @@ def test_the_cli_reads_a_sharded_index_as_data(corpus, tmp_path, small_tokenizer
     cache = tmp_path / "cache"
     assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
     root = str(_root(corpus, cache, small_tokenizer))
-    plan = ["--data", root, "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache), "--kind", "bestfit",
-            "--seq-len", "64", "--global-batch-size", "4"]
+    plan = [
+        "--data",
+        root,
+        "--tokenizer",
+        small_tokenizer.path,
+        "--cache-dir",
+        str(cache),
+        "--kind",
+        "bestfit",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "4",
+    ]
     capsys.readouterr()
     assert main(["verify", *plan, "--steps", "0:20", "--tokens"]) == 0
     assert "OK: no duplicates, no gaps" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Skip ranges: training step s reads data step d(s), skipped data never appears, ranges compose, bad input is refused."""
+"""Skip ranges: training step s reads data step d(s), skipped data never appears, ranges compose,
+bad input is refused."""
 
 from __future__ import annotations
 
@@ -28,8 +29,15 @@ _BATCH_SCHEDULES = [None, [(0, 4), (3, 8)], [(0, 8), (10, 4), (20, 8)]]
 
 def _plan(stream, seed, skips=None, schedule=None, world_size=2, micro_batch_size=2) -> Plan:
     data = {"num_samples": stream} if isinstance(stream, int) else {"source": stream}
-    return Plan(**data, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size,
-                batch_size_schedule=schedule, skip_steps=skips)
+    return Plan(
+        **data,
+        seed=seed,
+        global_batch_size=8,
+        micro_batch_size=micro_batch_size,
+        world_size=world_size,
+        batch_size_schedule=schedule,
+        skip_steps=skips,
+    )
 
 
 def _d_brute(skips, step: int) -> int:
@@ -41,7 +49,8 @@ def _d_brute(skips, step: int) -> int:
     return next(free)
 
 
-# -- property 4 ----------------------------------------------------------------------------------------------------------
+# -- property 4
+# ----------------------------------------------------------------------------------------------------------
 
 
 @given(
@@ -52,11 +61,14 @@ def _d_brute(skips, step: int) -> int:
     mixture=st.booleans(),
     data=st.data(),
 )
-def test_training_step_reads_data_step_d_and_skipped_data_never_appears(skips, seed, schedule, num_samples, mixture, data):
+def test_training_step_reads_data_step_d_and_skipped_data_never_appears(
+    skips, seed, schedule, num_samples, mixture, data
+):
     if mixture:
         sizes = data.draw(st.lists(st.integers(1, 30), min_size=2, max_size=3))
-        stream = Mixture(sizes, [(0, data.draw(integer_weights(len(sizes)))), (7, data.draw(integer_weights(len(sizes))))],
-                         seed)
+        stream = Mixture(
+            sizes, [(0, data.draw(integer_weights(len(sizes)))), (7, data.draw(integer_weights(len(sizes))))], seed
+        )
     else:
         stream = num_samples
     plain, skipping = _plan(stream, seed, schedule=schedule), _plan(stream, seed, skips, schedule=schedule)
@@ -89,7 +101,9 @@ def test_one_range_shifts_by_its_length(a, length, seed):
         assert plan.data_step(s) == (s if s < a else s + (b - a + 1))
 
 
-@given(skips=skip_ranges(max_ranges=4), seed=seeds, cut=st.integers(0, 4), world=st.sampled_from([(1, 8), (4, 2), (2, 1)]))
+@given(
+    skips=skip_ranges(max_ranges=4), seed=seeds, cut=st.integers(0, 4), world=st.sampled_from([(1, 8), (4, 2), (2, 1)])
+)
 def test_ranges_given_at_different_resumes_compose(skips, seed, cut, world):
     """A run that adds ranges at successive resumes trains exactly on what one plan with all ranges trains on."""
     final = _plan(40, seed, skips)
@@ -141,7 +155,8 @@ def test_sampler_yields_the_data_steps_of_the_training_steps():
     assert got == expected
 
 
-# -- bad input -----------------------------------------------------------------------------------------------------------
+# -- bad input
+# -----------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The trainer's checkpoints and run directory under faults: corrupted checkpoints, two trainers on one directory, a killed
+"""The trainer's checkpoints and run directory under faults: corrupted checkpoints, two trainers on one directory, a
+killed
 launcher, a rewind, optimizer overrides on resume, configuration errors (issue 10, items 7-12).
 
 Most runs are one process (no torchrun) over the tiny setup of tests/test_train_resume.py: a 6-step run checkpointing at
@@ -34,11 +35,13 @@ def _args(run_dir: Path, cache: Path, *extra: str, **settings: object) -> list[s
 
 
 def _run(run_dir: Path, cache: Path, *extra: str, nproc: int = 1, **settings: object):
-    return run_training(train_command(nproc, _args(run_dir, cache, *extra, **settings), torchrun=nproc > 1), timeout=300)
+    return run_training(
+        train_command(nproc, _args(run_dir, cache, *extra, **settings), torchrun=nproc > 1), timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
-def six_steps(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:  # noqa: F811
+def six_steps(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("six")
     result = _run(run_dir, cache_dir)
     assert result.returncode == 0, result.output[-3000:]
@@ -77,8 +80,9 @@ def _assert_one_clean_line(output: str, needle: str) -> None:
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_corrupted_checkpoint_is_refused_and_the_previous_one_resumes(six_steps: Path, tmp_path: Path,
-                                                                         cache_dir: Path, fault: str) -> None:  # noqa: F811
+def test_a_corrupted_checkpoint_is_refused_and_the_previous_one_resumes(
+    six_steps: Path, tmp_path: Path, cache_dir: Path, fault: str
+) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     FAULTS[fault](_ckpt(run_dir, 6))
     result = _run(run_dir, cache_dir, "--stop-at", "4")
@@ -90,8 +94,9 @@ def test_a_corrupted_checkpoint_is_refused_and_the_previous_one_resumes(six_step
     assert len(list((run_dir / "checkpoints").glob("rejected-*/step_00000006"))) == 1  # moved aside, not deleted
 
 
-def test_the_fallback_trains_exactly_what_the_uninterrupted_run_trained(six_steps: Path, tmp_path: Path,
-                                                                        cache_dir: Path) -> None:  # noqa: F811
+def test_the_fallback_trains_exactly_what_the_uninterrupted_run_trained(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     _flip_byte(_ckpt(run_dir, 6) / "__0_0.distcp")
     assert _run(run_dir, cache_dir, "--stop-at", "6").returncode == 0
@@ -100,7 +105,7 @@ def test_the_fallback_trains_exactly_what_the_uninterrupted_run_trained(six_step
     assert all(got.steps[s]["loss"] == ref.steps[s]["loss"] for s in range(STEPS))
 
 
-def test_no_verifying_checkpoint_is_a_clear_refusal(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:  # noqa: F811
+def test_no_verifying_checkpoint_is_a_clear_refusal(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     for step in (2, 4, 6):
         _flip_byte(_ckpt(run_dir, step) / "__0_0.distcp")
@@ -111,7 +116,7 @@ def test_no_verifying_checkpoint_is_a_clear_refusal(six_steps: Path, tmp_path: P
     assert (run_dir / "metrics.jsonl").read_text() == before  # nothing trained, nothing logged
 
 
-def test_resume_path_that_fails_verification_is_refused(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:  # noqa: F811
+def test_resume_path_that_fails_verification_is_refused(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     (_ckpt(run_dir, 4) / "__0_0.distcp").unlink()
     result = _run(run_dir, cache_dir, "--resume", str(_ckpt(run_dir, 4)))
@@ -119,11 +124,13 @@ def test_resume_path_that_fails_verification_is_refused(six_steps: Path, tmp_pat
     _assert_one_clean_line(result.output, "the checkpoint fails verification: __0_0.distcp is missing")
 
 
-def test_rewinding_moves_the_newer_checkpoints_aside(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:  # noqa: F811
+def test_rewinding_moves_the_newer_checkpoints_aside(six_steps: Path, tmp_path: Path, cache_dir: Path) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     result = _run(run_dir, cache_dir, "--resume", str(_ckpt(run_dir, 2)), "--stop-at", "2")
     assert result.returncode == 0, result.output[-3000:]
-    _assert_one_clean_line(result.output, "rewinding to step 2: moved the newer checkpoints step_00000004, step_00000006")
+    _assert_one_clean_line(
+        result.output, "rewinding to step 2: moved the newer checkpoints step_00000004, step_00000006"
+    )
     assert [p.name for p in complete_checkpoints(run_dir / "checkpoints")] == ["step_00000002"]
     aside = list((run_dir / "checkpoints").glob("abandoned-*"))
     assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["step_00000004", "step_00000006"]
@@ -131,8 +138,9 @@ def test_rewinding_moves_the_newer_checkpoints_aside(six_steps: Path, tmp_path: 
     assert f"resuming from {_ckpt(run_dir, 2)} at step 2" in again.output
 
 
-def test_a_new_learning_rate_on_resume_is_applied_and_recorded(six_steps: Path, tmp_path: Path,
-                                                               cache_dir: Path) -> None:  # noqa: F811
+def test_a_new_learning_rate_on_resume_is_applied_and_recorded(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
     from train.config import load_config
     from train.train import lr_factor
 
@@ -150,10 +158,20 @@ def test_a_new_learning_rate_on_resume_is_applied_and_recorded(six_steps: Path, 
 
 def _start_held(run_dir: Path, cache: Path, point: str, nproc: int = 1) -> tuple[subprocess.Popen, str]:
     """Start a run that stops at kill point ``point`` (it prints the marker and sleeps); returns it and its output."""
-    env = {**os.environ, "DETSAMPLER_TEST_KILL_POINT": point, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen(train_command(nproc, _args(run_dir, cache), torchrun=nproc > 1), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    env = {
+        **os.environ,
+        "DETSAMPLER_TEST_KILL_POINT": point,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    proc = subprocess.Popen(
+        train_command(nproc, _args(run_dir, cache), torchrun=nproc > 1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -162,8 +180,9 @@ def _start_held(run_dir: Path, cache: Path, point: str, nproc: int = 1) -> tuple
     raise AssertionError("the held run ended early:\n" + "".join(lines)[-3000:])
 
 
-def test_a_second_trainer_on_the_same_run_directory_is_refused(six_steps: Path, tmp_path: Path,
-                                                               cache_dir: Path) -> None:  # noqa: F811
+def test_a_second_trainer_on_the_same_run_directory_is_refused(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
     run_dir = _copy(six_steps, tmp_path / "run")
     (_ckpt(run_dir, 6)).rename(run_dir / "checkpoints" / "moved")  # so that the first run has steps to train
     first, _ = _start_held(run_dir, cache_dir, "before_step:5")
@@ -187,7 +206,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("point", ["before_init:0", "before_step:3"], ids=["rendezvous", "training"])
-def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path, cache_dir: Path, point: str) -> None:  # noqa: F811
+def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path, cache_dir: Path, point: str) -> None:
     """SIGKILL torchrun alone: its ranks (one held at a kill point, the other waiting for it) must not outlive it."""
     proc, _ = _start_held(tmp_path / "run", cache_dir, point, nproc=2)
     ranks = [p for p in process_tree(proc.pid) if p != proc.pid]
@@ -205,12 +224,18 @@ def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path, cache_dir: Pat
 
 @pytest.mark.parametrize(
     "settings, message",
-    [({"data.layout": '"document"', "data.seq_len": 1}, "seq_len must be >= 2 for the document layout"),
-     ({"data.layout": '"bestfit"', "data.seq_len": 1}, "seq_len must be >= 2 for the bestfit layout"),
-     ({"data.nonsense": 1}, "unknown key(s) ['nonsense'] in config section [data]")],
+    [
+        ({"data.layout": '"document"', "data.seq_len": 1}, "seq_len must be >= 2 for the document layout"),
+        ({"data.layout": '"bestfit"', "data.seq_len": 1}, "seq_len must be >= 2 for the bestfit layout"),
+        ({"data.nonsense": 1}, "unknown key(s) ['nonsense'] in config section [data]"),
+    ],
 )
-def test_a_configuration_error_is_one_line_printed_once(tmp_path: Path, cache_dir: Path, settings: dict,  # noqa: F811
-                                                        message: str) -> None:
+def test_a_configuration_error_is_one_line_printed_once(
+    tmp_path: Path,
+    cache_dir: Path,
+    settings: dict,
+    message: str,
+) -> None:
     result = _run(tmp_path / "run", cache_dir, nproc=2, **settings)
     assert result.returncode != 0
     lines = [line for line in result.output.splitlines() if message in line]

@@ -1,8 +1,10 @@
 """The trainer on a 3-source mixture of local corpora (stdlib code, its docstrings and comments, plain-text files).
 
-A run trains 4 steps and stops with a checkpoint; it resumes with a schedule entry written at the resume step (allowed, and
+A run trains 4 steps and stops with a checkpoint; it resumes with a schedule entry written at the resume step (allowed,
+and
 checked) and trains to step 8; `detsampler stats` with the same options reports the per-source token shares the weights
-ask for, and every step the trainer logged reads exactly the plan's samples. Resuming with an entry before the checkpoint's
+ask for, and every step the trainer logged reads exactly the plan's samples. Resuming with an entry before the
+checkpoint's
 step, or a skip range in its past, is refused.
 """
 
@@ -80,10 +82,18 @@ def _train(run_dir: Path, root: Path, paths: list[str], stop_at: int | None = No
 
 
 def _plan(root: Path, paths: list[str], schedule=None) -> Plan:
-    layouts = [prepare_index(IndexConfig(data=p, tokenizer=str(root / "tok.model"), cache_dir=str(root / "cache")),
-                             progress=False).index.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN, seed=SEED))
-               for p in paths]
-    return Plan(source=Mixture(layouts, [(0, WEIGHTS), *(schedule or [])], SEED), seed=SEED, global_batch_size=GBS, micro_batch_size=MBS)
+    layouts = [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=str(root / "tok.model"), cache_dir=str(root / "cache")), progress=False
+        ).index.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN, seed=SEED))
+        for p in paths
+    ]
+    return Plan(
+        source=Mixture(layouts, [(0, WEIGHTS), *(schedule or [])], SEED),
+        seed=SEED,
+        global_batch_size=GBS,
+        micro_batch_size=MBS,
+    )
 
 
 def test_trainer_on_a_three_source_mixture_and_stats_report_the_shares(setup, tmp_path, capsys):
@@ -104,11 +114,38 @@ def test_trainer_on_a_three_source_mixture_and_stats_report_the_shares(setup, tm
         assert record["loss"] == record["loss"]  # finite, not NaN
 
     # detsampler stats with the same options: per-source token shares are what the weights ask for
-    cli = ["stats", "--tokenizer", str(root / "tok.model"), "--cache-dir", str(root / "cache"), "--mixture-data", ",".join(paths),
-           "--mixture-weights", ",".join(map(str, WEIGHTS)), "--mixture-schedule", f"{ANNEAL[0]}:{','.join(map(str, ANNEAL[1]))}",
-           "--mixture-names", ",".join(NAMES), "--mixture-seed", str(SEED), "--seed", str(SEED), "--layout-seed", str(SEED),
-           "--kind", "concat", "--seq-len", str(SEQ_LEN), "--global-batch-size", str(GBS), "--micro-batch-size", str(MBS),
-           "--step", "8", "--json"]
+    cli = [
+        "stats",
+        "--tokenizer",
+        str(root / "tok.model"),
+        "--cache-dir",
+        str(root / "cache"),
+        "--mixture-data",
+        ",".join(paths),
+        "--mixture-weights",
+        ",".join(map(str, WEIGHTS)),
+        "--mixture-schedule",
+        f"{ANNEAL[0]}:{','.join(map(str, ANNEAL[1]))}",
+        "--mixture-names",
+        ",".join(NAMES),
+        "--mixture-seed",
+        str(SEED),
+        "--seed",
+        str(SEED),
+        "--layout-seed",
+        str(SEED),
+        "--kind",
+        "concat",
+        "--seq-len",
+        str(SEQ_LEN),
+        "--global-batch-size",
+        str(GBS),
+        "--micro-batch-size",
+        str(MBS),
+        "--step",
+        "8",
+        "--json",
+    ]
     assert main(cli) == 0
     stats = json.loads(capsys.readouterr().out)
     asked = [(4 * GBS * a + 4 * GBS * b) / (8 * GBS) for a, b in zip(WEIGHTS, ANNEAL[1])]

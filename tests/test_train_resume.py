@@ -3,7 +3,8 @@
 Every run trains the same tiny model for N = 8 steps on the first 120 files of the default corpus, with a 512-piece
 tokenizer trained on them (bestfit layout, so the per-document attention mask and restarting position ids are on the
 path), checkpointing every 2 steps. Each step's record
-in metrics.jsonl carries ``sample_hash`` (the plan's global sample ids) and ``tokens_hash`` (the tokens the ranks actually
+in metrics.jsonl carries ``sample_hash`` (the plan's global sample ids) and ``tokens_hash`` (the tokens the ranks
+actually
 trained on, gathered in global position order), so the runs are compared on the data they really saw, step by step.
 
 Same number of ranks: losses are compared with ``==`` (bit for bit: deterministic algorithms, fixed seeds, the same
@@ -55,14 +56,35 @@ def _overrides(cache_dir: Path, **extra: object) -> list[str]:
     return out
 
 
-def _train(run_dir: Path, cache_dir: Path, *, nproc: int = 2, torchrun: bool = True, kill_point: str | None = None,
-           stop_at: int | None = None, extra_args: tuple[str, ...] = (), expect_rc: int | None = 0, **settings: object):
-    args = ["--config", CONFIG, "--run-dir", str(run_dir), "--resume", "auto", *_overrides(cache_dir, **settings), *extra_args]
+def _train(
+    run_dir: Path,
+    cache_dir: Path,
+    *,
+    nproc: int = 2,
+    torchrun: bool = True,
+    kill_point: str | None = None,
+    stop_at: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    expect_rc: int | None = 0,
+    **settings: object,
+):
+    args = [
+        "--config",
+        CONFIG,
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "auto",
+        *_overrides(cache_dir, **settings),
+        *extra_args,
+    ]
     if stop_at is not None:
         args += ["--stop-at", str(stop_at)]
     result = run_training(train_command(nproc, args, torchrun=torchrun), kill_point=kill_point, timeout=300)
     if kill_point is not None:
-        assert result.killed_at == kill_point, f"the run never reached kill point {kill_point}:\n{result.output[-4000:]}"
+        assert result.killed_at == kill_point, (
+            f"the run never reached kill point {kill_point}:\n{result.output[-4000:]}"
+        )
     elif expect_rc is not None:
         assert result.returncode == expect_rc, f"training exited with {result.returncode}:\n{result.output[-4000:]}"
     return result
@@ -144,7 +166,9 @@ def test_sigkill_right_after_a_checkpoint(baseline: Path, tmp_path: Path, cache_
     _assert_same_steps(baseline, run_dir)
 
 
-def test_sigkill_while_a_checkpoint_is_written_uses_the_previous_one(baseline: Path, tmp_path: Path, cache_dir: Path) -> None:
+def test_sigkill_while_a_checkpoint_is_written_uses_the_previous_one(
+    baseline: Path, tmp_path: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     _train(run_dir, cache_dir, kill_point=f"during_save:{HALF}")
     ckpts = run_dir / "checkpoints"
@@ -183,8 +207,9 @@ def test_two_dataloader_workers_match_zero(baseline: Path, tmp_path: Path, cache
     [({"data.seed": 99}, ["layout.seed", "plan.seed"]), ({"data.seq_len": 32}, ["layout.seq_len"])],
     ids=["seed", "seq_len"],
 )
-def test_resume_with_other_data_is_refused(baseline: Path, tmp_path: Path, cache_dir: Path, setting: dict,
-                                           changed: list[str]) -> None:
+def test_resume_with_other_data_is_refused(
+    baseline: Path, tmp_path: Path, cache_dir: Path, setting: dict, changed: list[str]
+) -> None:
     run_dir = _copy_run(baseline, tmp_path / "run")
     result = _train(run_dir, cache_dir, nproc=1, torchrun=False, expect_rc=2, **setting)
     assert "was trained on a different data stream" in result.output
@@ -196,8 +221,14 @@ def test_resume_with_other_data_is_refused(baseline: Path, tmp_path: Path, cache
 
 def test_allow_data_change_resumes_anyway(baseline: Path, tmp_path: Path, cache_dir: Path) -> None:
     run_dir = _copy_run(baseline, tmp_path / "run")
-    result = _train(run_dir, cache_dir, nproc=1, torchrun=False, extra_args=("--allow-data-change",),
-                    **{"data.seed": 99, "schedule.steps": N + 1})
+    result = _train(
+        run_dir,
+        cache_dir,
+        nproc=1,
+        torchrun=False,
+        extra_args=("--allow-data-change",),
+        **{"data.seed": 99, "schedule.steps": N + 1},
+    )
     assert f"resuming from {run_dir / 'checkpoints' / f'step_{N:08d}'} at step {N}" in result.output
     m = read_metrics(run_dir)
     assert sorted(m.steps) == list(range(N + 1))

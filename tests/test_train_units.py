@@ -30,7 +30,8 @@ from train.train import lr_factor
 CONFIGS = Path(__file__).resolve().parent.parent / "train" / "configs"
 
 
-# -- configuration -----------------------------------------------------------------------------------------------------------
+# -- configuration
+# -----------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["tiny.toml", "gpu.toml"])
@@ -41,8 +42,16 @@ def test_shipped_configs_load(name: str) -> None:
 
 
 def test_overrides_map_one_to_one_onto_toml_keys() -> None:
-    cfg = load_config(CONFIGS / "tiny.toml", ["data.seq_len=32", "optimizer.lr=1", "data.source=corpus.txt",
-                                              "data.batch_size_schedule=[[0, 8], [4, 16]]", "runtime.deterministic=false"])
+    cfg = load_config(
+        CONFIGS / "tiny.toml",
+        [
+            "data.seq_len=32",
+            "optimizer.lr=1",
+            "data.source=corpus.txt",
+            "data.batch_size_schedule=[[0, 8], [4, 16]]",
+            "runtime.deterministic=false",
+        ],
+    )
     assert cfg.data.seq_len == 32
     assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
     assert cfg.data.source == "corpus.txt"
@@ -60,7 +69,10 @@ def test_overrides_map_one_to_one_onto_toml_keys() -> None:
         (["model.dim=30"], "ModelConfig.dim (30) must be divisible by n_heads (4)"),
         (["schedule.decay=exp"], "ScheduleConfig.decay must be"),
         (["seq_len=3"], "--set expects section.key=value"),
-        (["data.mapping_version=3"], "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of"),
+        (
+            ["data.mapping_version=3"],
+            "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of",
+        ),
     ],
 )
 def test_bad_configuration_names_the_parameter(overrides: list[str], message: str) -> None:
@@ -69,7 +81,8 @@ def test_bad_configuration_names_the_parameter(overrides: list[str], message: st
     assert message in str(info.value)
 
 
-# -- model -------------------------------------------------------------------------------------------------------------------
+# -- model
+# -------------------------------------------------------------------------------------------------------------------
 
 
 def _model(seed: int = 0) -> Transformer:
@@ -119,11 +132,14 @@ def test_mask_never_leaves_a_row_empty() -> None:
     assert mask[0, 0, 4].tolist() == [False, False, False, False, True]
 
 
-# -- fingerprints and checkpoint discovery -----------------------------------------------------------------------------------
+# -- fingerprints and checkpoint discovery
+# -----------------------------------------------------------------------------------
 
 
 def _fingerprint(seed: int = 0, world_size: int = 1, micro_batch_size: int = 2, seq_len: int = 64) -> dict:
-    plan = Plan(num_samples=100, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size)
+    plan = Plan(
+        num_samples=100, seed=seed, global_batch_size=8, micro_batch_size=micro_batch_size, world_size=world_size
+    )
     layout = {"kind": "concat", "seq_len": seq_len, "seed": seed, "num_samples": 100}
     return data_fingerprint("idx", layout, plan.fingerprint())
 
@@ -163,7 +179,8 @@ def test_newest_complete_checkpoint_ignores_temporary_and_incomplete(tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010"]
 
 
-# -- metrics -----------------------------------------------------------------------------------------------------------------
+# -- metrics
+# -----------------------------------------------------------------------------------------------------------------
 
 
 def test_read_metrics_applies_resumes(tmp_path: Path) -> None:
@@ -239,9 +256,13 @@ def test_the_mapping_version_comes_from_the_config_else_the_checkpoint_else_the_
     assert saved_mapping_version(v1_meta["data"]) == 1
     assert _data_config(DataConfig(), v1_meta).mapping_version == 1  # a run started on version 1 resumes on it
     assert _data_config(DataConfig(), None).mapping_version == 2  # a new run: the current version
-    assert _data_config(DataConfig(mapping_version=2), v1_meta).mapping_version == 2  # as asked (the fingerprint check refuses)
+    assert (
+        _data_config(DataConfig(mapping_version=2), v1_meta).mapping_version == 2
+    )  # as asked (the fingerprint check refuses)
     with pytest.raises(DataFingerprintError, match="records no mapping version"):
         saved_mapping_version({"plan": {"seed": 0}})
+
+
 def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
     """A NaN loss used to be written as a bare ``NaN``, which strict JSON parsers reject (issue 10 item 12)."""
     import json

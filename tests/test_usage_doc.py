@@ -1,6 +1,7 @@
 """docs/usage.md's Python examples run as written, in order and in one namespace, and print what the document says.
 
-Blocks whose first line starts with ``# not run`` need a cluster, torchtitan or an API not on this branch and are skipped.
+Blocks whose first line starts with ``# not run`` need a cluster, torchtitan or an API not on this branch and are
+skipped.
 """
 
 from __future__ import annotations

@@ -51,8 +51,13 @@ class _LosingStream:
 
 
 def test_real_gaps_are_found_beside_skipped_data():
-    report = verify_plan(Plan(source=_LosingStream(20), seed=1, global_batch_size=4, micro_batch_size=2, world_size=2,
-                              skip_steps=[(2, 3)]), 0, 12)
+    report = verify_plan(
+        Plan(
+            source=_LosingStream(20), seed=1, global_batch_size=4, micro_batch_size=2, world_size=2, skip_steps=[(2, 3)]
+        ),
+        0,
+        12,
+    )
     assert not report["ok"]
     assert report["epochs"][0]["gaps"] == 1 and report["epochs"][0]["skipped_samples"] == 8
     assert report["epochs"][1]["gaps"] == 1 and report["epochs"][1]["duplicates"] == 1
@@ -83,8 +88,9 @@ class _LosingMixture(Mixture):
     def lookup(self, positions):
         look = super().lookup(positions)
         sample = np.where((look.source == 1) & (look.source_sample == 3), 4, look.source_sample)
-        return MixtureLookup(look.source, look.source_position, look.source_epoch, sample,
-                             sample + np.asarray(self.offsets)[look.source])
+        return MixtureLookup(
+            look.source, look.source_position, look.source_epoch, sample, sample + np.asarray(self.offsets)[look.source]
+        )
 
 
 def test_mixture_gaps_are_found_with_a_skip_range():

@@ -6,13 +6,15 @@ Layout of a checkpoint root::
     ROOT/.tmp-step_00000010/ one being written (or left by a killed run): never read, removed at the next start
 
 Every rank writes its shards into the temporary directory with ``dcp.save`` and hashes them; then rank 0 writes the
-human-readable ``data_fingerprint.json`` and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`) and
+human-readable ``data_fingerprint.json`` and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`)
+and
 renames the directory into place. A directory named ``step_N`` that holds ``COMPLETE`` is therefore whole; before a load
 every file is checked against ``COMPLETE`` (:func:`verify`; which checkpoint a run resumes from: :mod:`train.rundir`).
 
 Content: ``model`` and ``optim`` (sharded, from ``get_state_dict``; DCP reshards them when the number of ranks changes),
 ``scheduler`` (the LR scheduler's state as JSON) and ``meta`` = ``{"step": s, "data": fingerprint JSON}``. DCP keeps the
-non-tensor values of rank 0 only; step and fingerprint are the same on every rank, so that loses nothing. ``step`` is the
+non-tensor values of rank 0 only; step and fingerprint are the same on every rank, so that loses nothing. ``step`` is
+the
 next step to train: the batch sampler restarts there, and there is no other data-loader state.
 
 Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (the shards of
@@ -58,13 +60,13 @@ __all__ = [
     "complete_checkpoints",
     "data_fingerprint",
     "fingerprint_changes",
-    "saved_mapping_version",
     "kill_point",
     "latest_checkpoint",
     "load_checkpoint",
     "read_meta",
     "remove_incomplete",
     "save_checkpoint",
+    "saved_mapping_version",
     "verify",
 ]
 
@@ -91,14 +93,16 @@ def _barrier() -> None:
 
 
 def kill_point(name: str, step: int) -> None:
-    """On rank 0, when ``$DETSAMPLER_TEST_KILL_POINT == f"{name}:{step}"``: print a marker line and sleep (for a test's kill)."""
+    """On rank 0, when ``$DETSAMPLER_TEST_KILL_POINT == f"{name}:{step}"``: print a marker line and sleep (for a test's
+    kill)."""
     if os.environ.get(KILL_POINT_ENV) == f"{name}:{step}" and _rank() == 0:
         print(f"DETSAMPLER_KILL_POINT {name}:{step}", flush=True)
         sys.stdout.flush()
         time.sleep(3600)
 
 
-# -- the data fingerprint ----------------------------------------------------------------------------------------------------
+# -- the data fingerprint
+# ----------------------------------------------------------------------------------------------------
 
 
 def data_fingerprint(index_fingerprint: str, layout: dict, plan: dict) -> dict:
@@ -110,14 +114,18 @@ def saved_mapping_version(saved: dict) -> int:
     """The mapping version a checkpoint's data fingerprint records (its plan's), which a resume must keep."""
     version = saved.get("plan", {}).get("mapping_version") if isinstance(saved, dict) else None
     if isinstance(version, bool) or not isinstance(version, int):
-        raise DataFingerprintError(f"the checkpoint's data fingerprint records no mapping version (plan: {saved.get('plan')!r})")
+        raise DataFingerprintError(
+            f"the checkpoint's data fingerprint records no mapping version (plan: {saved.get('plan')!r})"
+        )
     return version
 
 
 def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, resume_step: int | None = None) -> None:
-    """Raise DataFingerprintError naming what changed unless resuming ``current`` at ``resume_step`` continues ``saved``.
+    """Raise DataFingerprintError naming what changed unless resuming ``current`` at ``resume_step`` continues
+    ``saved``.
 
-    The library's :func:`detsampler.resume.check_resume` decides: the index and the layout must be the same; the plan may
+    The library's :func:`detsampler.resume.check_resume` decides: the index and the layout must be the same; the plan
+    may
     change only in its future (mixture schedule entries or skip ranges at or after the resume step). Without
     ``resume_step`` the two fingerprints must hash the same. ``plan`` is accepted for compatibility and unused.
     """
@@ -135,7 +143,8 @@ def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, 
         same_source = all(saved.get(k) == current.get(k) for k in ("index", "layout"))
         if same_source and resume_step is not None and str(exc) != "differs":
             raise DataFingerprintError(
-                f"checkpoint {path} (step {resume_step}): {exc}. Pass --allow-data-change to resume anyway, or start a new run."
+                f"checkpoint {path} (step {resume_step}): {exc}. Pass --allow-data-change to resume anyway, or start a"
+                " new run."
             ) from None
     changes = fingerprint_changes(saved, current) or ["(fingerprint hash differs)"]
     raise DataFingerprintError(
@@ -145,7 +154,8 @@ def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, 
     )
 
 
-# -- finding checkpoints -----------------------------------------------------------------------------------------------------
+# -- finding checkpoints
+# -----------------------------------------------------------------------------------------------------
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -192,12 +202,13 @@ def read_meta(path: str | Path) -> dict:
     state: dict[str, Any] = {"meta": {"step": -1, "data": ""}}
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise CheckpointLoadError(f"checkpoint {path} cannot be read: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}
 
 
-# -- save and load -----------------------------------------------------------------------------------------------------------
+# -- save and load
+# -----------------------------------------------------------------------------------------------------------
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -272,7 +283,8 @@ def _hash_shards(tmp: Path) -> dict[str, dict[str, Any]]:
 
 
 def verify(path: Path) -> str | None:
-    """None when checkpoint ``path`` matches its ``COMPLETE`` record, else the first problem (collective: the ranks split
+    """None when checkpoint ``path`` matches its ``COMPLETE`` record, else the first problem (collective: the ranks
+    split
     the files, and all return the same answer)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     try:
@@ -294,6 +306,6 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scheduler.load_state_dict(json.loads(state["scheduler"]))
-    except Exception as exc:  # noqa: BLE001 - e.g. another model shape; the files were verified before
+    except Exception as exc:
         raise CheckpointLoadError(f"checkpoint {path} does not load into this model: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}

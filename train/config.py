@@ -1,4 +1,5 @@
-"""Training configuration: one TOML file mapped one to one onto frozen dataclasses, overridable with ``--set key=value``.
+"""Training configuration: one TOML file mapped one to one onto frozen dataclasses, overridable with ``--set
+key=value``.
 
 TOML sections are the fields of :class:`TrainConfig`: ``[model]``, ``[data]``, ``[optimizer]``, ``[schedule]``,
 ``[checkpoint]``, ``[runtime]``. A command-line override ``--set data.seq_len=128`` sets the same key as the TOML line
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from detsampler.checks import check_int
 
@@ -71,7 +73,9 @@ class ModelConfig:
         if self.dim % self.n_heads:
             raise ValueError(f"ModelConfig.dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"ModelConfig head dim dim/n_heads = {self.dim // self.n_heads} must be even for rotary embeddings")
+            raise ValueError(
+                f"ModelConfig head dim dim/n_heads = {self.dim // self.n_heads} must be even for rotary embeddings"
+            )
         if self.n_heads % self.kv_heads:
             raise ValueError(f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})")
         _positive_float(self, "rope_theta")
@@ -93,7 +97,9 @@ def _source_spec(value: Any, name: str) -> str:
         return value
     if isinstance(value, dict) and set(value) == {"kind", "path"} and all(isinstance(v, str) for v in value.values()):
         return value["path"] if value["kind"] == "text" else f"{value['kind']}:{value['path']}"
-    raise ValueError(f"DataConfig.{name}: expected a path or a table {{kind = \"megatron\", path = \"...\"}}, got {value!r}")
+    raise ValueError(
+        f'DataConfig.{name}: expected a path or a table {{kind = "megatron", path = "..."}}, got {value!r}'
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,12 +112,16 @@ class DataConfig:
     Face ``tokenizer.json`` or a local transformers directory; empty means a
     ``vocab_size``-piece tokenizer trained once on the corpus (the whole default corpus when ``source`` is empty) and
     cached. ``max_documents > 0`` keeps only the first documents of the source. The index options map one to one onto
-    :class:`detsampler.index.prepare.IndexConfig` (``train.data.index_config``). ``add_bos`` / ``add_eos`` (``"virtual"``,
-    ``"real"``, or empty for the source's default) are the BOS/EOS policy (:class:`detsampler.text.policy.SpecialTokens`).
+    :class:`detsampler.index.prepare.IndexConfig` (``train.data.index_config``). ``add_bos`` / ``add_eos``
+    (``"virtual"``,
+    ``"real"``, or empty for the source's default) are the BOS/EOS policy
+    (:class:`detsampler.text.policy.SpecialTokens`).
 
-    A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the same
+    A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the
+    same
     tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
-    ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too (see
+    ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too
+    (see
     :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
     trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
     ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint
@@ -149,14 +159,24 @@ class DataConfig:
         from detsampler.version import MAPPING_VERSIONS
 
         version = self.mapping_version
-        if isinstance(version, bool) or not isinstance(version, int) or (version != 0 and version not in MAPPING_VERSIONS):
-            raise ValueError(f"DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
-                             f"{MAPPING_VERSIONS}, got {self.mapping_version!r}")
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or (version != 0 and version not in MAPPING_VERSIONS)
+        ):
+            raise ValueError(
+                "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
+                f"{MAPPING_VERSIONS}, got {self.mapping_version!r}"
+            )
 
         object.__setattr__(self, "source", _source_spec(self.source, "source"))
-        object.__setattr__(self, "mixture_sources", tuple(_source_spec(s, "mixture_sources") for s in self.mixture_sources))
+        object.__setattr__(
+            self, "mixture_sources", tuple(_source_spec(s, "mixture_sources") for s in self.mixture_sources)
+        )
         if self.add_eos not in ("", "virtual", "real"):
-            raise ValueError(f"DataConfig.add_eos must be virtual, real or empty (the source's default), got {self.add_eos!r}")
+            raise ValueError(
+                f"DataConfig.add_eos must be virtual, real or empty (the source's default), got {self.add_eos!r}"
+            )
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
@@ -185,8 +205,13 @@ class DataConfig:
 
         if not self.mixture_sources:
             return None
-        return MixtureConfig(sources=tuple(self.mixture_sources), weights=tuple(self.mixture_weights),
-                             schedule=tuple(self.mixture_schedule), seed=self.seed, names=tuple(self.mixture_names) or None)
+        return MixtureConfig(
+            sources=tuple(self.mixture_sources),
+            weights=tuple(self.mixture_weights),
+            schedule=tuple(self.mixture_schedule),
+            seed=self.seed,
+            names=tuple(self.mixture_names) or None,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +238,8 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
-    """Number of steps and the learning-rate schedule: linear warmup, then cosine (or constant) down to ``min_lr_ratio``."""
+    """Number of steps and the learning-rate schedule: linear warmup, then cosine (or constant) down to
+    ``min_lr_ratio``."""
 
     steps: int = 100
     warmup_steps: int = 10
@@ -231,7 +257,8 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    """Save every ``every`` steps (and at the end); keep the last ``keep`` complete checkpoints. ``dir`` empty: RUN_DIR/checkpoints."""
+    """Save every ``every`` steps (and at the end); keep the last ``keep`` complete checkpoints. ``dir`` empty:
+    RUN_DIR/checkpoints."""
 
     every: int = 50
     keep: int = 2
@@ -257,7 +284,9 @@ class RuntimeConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"RuntimeConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.mixed_precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"RuntimeConfig.mixed_precision must be 'auto', 'bf16' or 'fp32', got {self.mixed_precision!r}")
+            raise ValueError(
+                f"RuntimeConfig.mixed_precision must be 'auto', 'bf16' or 'fp32', got {self.mixed_precision!r}"
+            )
         _positive_int(self, "threads", 0)
         _positive_int(self, "log_every")
 
@@ -323,7 +352,9 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
             return [plain(v) for v in value]
         return value
 
-    return {name: {k: plain(v) for k, v in dataclasses.asdict(getattr(config, name)).items()} for name in _SECTION_TYPES}
+    return {
+        name: {k: plain(v) for k, v in dataclasses.asdict(getattr(config, name)).items()} for name in _SECTION_TYPES
+    }
 
 
 def _parse_value(text: str) -> Any:

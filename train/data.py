@@ -1,6 +1,8 @@
-"""The trainer's data path: corpus -> tokenizer -> TokenIndex -> layout -> Plan -> DeterministicBatchSampler -> DataLoader.
+"""The trainer's data path: corpus -> tokenizer -> TokenIndex -> layout -> Plan -> DeterministicBatchSampler ->
+DataLoader.
 
-Everything that decides which tokens a step trains on is fixed by the index, the layout config, the plan's seed and batch
+Everything that decides which tokens a step trains on is fixed by the index, the layout config, the plan's seed and
+batch
 schedule; :func:`DataPipeline.fingerprint` hashes exactly these (not the number of ranks, the micro batch size or the
 number of workers, which may change on resume). The DataLoader's only state is the sampler's start step.
 """
@@ -9,8 +11,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +121,9 @@ class DataPipeline:
     layout: Layout
     plan: Plan
     dataset: Any
-    sources: list[tuple[Any, Layout]] | None = None  # a mixture: (index, layout) of each source; index/layout: source 0's
+    sources: list[tuple[Any, Layout]] | None = (
+        None  # a mixture: (index, layout) of each source; index/layout: source 0's
+    )
 
     @property
     def vocab_size(self) -> int:
@@ -134,10 +139,13 @@ class DataPipeline:
         return self.data_fingerprint().to_dict()
 
     def data_fingerprint(self) -> DataFingerprint:
-        """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index provides its identity)."""
+        """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index
+        provides its identity)."""
         if self.sources is None:
             return DataFingerprint.of(self.index, self.layout, self.plan)
-        return DataFingerprint.of([index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan)
+        return DataFingerprint.of(
+            [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan
+        )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
@@ -157,7 +165,8 @@ class DataPipeline:
 
 
 def index_config(config: DataConfig) -> Any:
-    """The :class:`detsampler.index.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens the same
+    """The :class:`detsampler.index.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens
+    the same
     cached index."""
     from detsampler.index.prepare import IndexConfig
 
@@ -196,11 +205,14 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
 
 
 def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
-    """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the fly."""
+    """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the
+    fly."""
     from detsampler.loader.dataset import PackedDataset
 
     if prepared.index.tokens is None:
-        return PackedDataset(prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column)
+        return PackedDataset(
+            prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column
+        )
     return PackedDataset(prepared.index, layout)
 
 
@@ -213,12 +225,14 @@ def _verify_once(index: Any) -> None:
 
 
 def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPipeline:
-    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for ``world_size`` ranks."""
+    """Build (or open from the cache) tokenizer and index, then the layout, plan and dataset for
+    ``world_size`` ranks."""
     from detsampler.index.prepare import prepare_index
 
     if config.mixture_sources:
         return _build_mixture_pipeline(config, world_size, rank)
-    # One process builds the index (a file lock, no collective: each node builds its own copy without a shared filesystem);
+    # One process builds the index (a file lock, no collective: each node builds its own copy without a shared
+    # filesystem);
     # a file lock serializes the default tokenizer's one-time training.
     prepared = prepare_index(index_config(config), progress=rank == 0)
     index, tokenizer = prepared.index, prepared.tokenizer
@@ -241,7 +255,8 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 
 
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
-    """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over their
+    """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over
+    their
     mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from detsampler.index.prepare import prepare_sources
     from detsampler.loader.mixture_dataset import MixtureDataset
@@ -253,5 +268,12 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)
     datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
-    return DataPipeline(config=config, index=prepared[0].index, tokenizer=prepared[0].tokenizer, layout=layouts[0], plan=plan,
-                        dataset=MixtureDataset(datasets, plan.stream), sources=[(p.index, lay) for p, lay in zip(prepared, layouts)])
+    return DataPipeline(
+        config=config,
+        index=prepared[0].index,
+        tokenizer=prepared[0].tokenizer,
+        layout=layouts[0],
+        plan=plan,
+        dataset=MixtureDataset(datasets, plan.stream),
+        sources=[(p.index, lay) for p, lay in zip(prepared, layouts)],
+    )

@@ -5,11 +5,13 @@
 1. Builds (once, then cached under .cache/detsampler) the default tokenizer and the token index over the default corpus,
    this interpreter's standard library: no download.
 2. Run A: the tiny model (train/configs/tiny.toml) for STEPS steps on 2 CPU ranks, uninterrupted:
-   ``torchrun --standalone --nproc-per-node 2 -m train.train --config train/configs/tiny.toml --run-dir OUT/uninterrupted``
+   ``torchrun --standalone --nproc-per-node 2 -m train.train --config train/configs/tiny.toml --run-dir
+   OUT/uninterrupted``
 3. Run B: the same command into OUT/interrupted, SIGKILLed (every process of it) when it is about to train step KILL_AT,
    a few steps after its last checkpoint; then the same command again with ``--resume auto``, which resumes from the
    newest complete checkpoint and trains the lost steps again.
-4. Prints, step by step, whether the sample hash (the plan's global sample ids), the hash of the tokens the ranks actually
+4. Prints, step by step, whether the sample hash (the plan's global sample ids), the hash of the tokens the ranks
+actually
    trained on, and the loss (bit for bit) agree; writes the loss plot with the resume point marked to OUT/loss.png.
    Exits 1 if any step disagrees.
 """
@@ -20,8 +22,8 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from train.launch import run_training, train_command
 from train.metrics import read_metrics
@@ -36,8 +38,26 @@ def _echo(prefix: str, verbose: bool):
     def echo(line: str) -> None:
         if not line.strip() or line.startswith(("W1", "*****", "Setting OMP_NUM_THREADS")):
             return  # torchrun's banner
-        if verbose or line.startswith(("step", "checkpoint", "resuming", "starting", "removed", "done", "DETSAMPLER", "data:",
-                                       "model:", "detsampler:", "Traceback", "error")) or "Error" in line:
+        if (
+            verbose
+            or line.startswith(
+                (
+                    "step",
+                    "checkpoint",
+                    "resuming",
+                    "starting",
+                    "removed",
+                    "done",
+                    "DETSAMPLER",
+                    "data:",
+                    "model:",
+                    "detsampler:",
+                    "Traceback",
+                    "error",
+                )
+            )
+            or "Error" in line
+        ):
             print(f"  {prefix} | {line.strip()}", flush=True)
 
     return echo
@@ -45,18 +65,25 @@ def _echo(prefix: str, verbose: bool):
 
 def _run(label: str, args: list[str], kill_point: str | None = None, verbose: bool = False) -> float:
     t0 = time.monotonic()
-    result = run_training(train_command(2, args), kill_point=kill_point, cwd=ROOT, echo=_echo(label, verbose), timeout=1800)
+    result = run_training(
+        train_command(2, args), kill_point=kill_point, cwd=ROOT, echo=_echo(label, verbose), timeout=1800
+    )
     if kill_point is not None:
         if result.killed_at != kill_point:
             raise SystemExit(f"demo: run {label} ended (exit {result.returncode}) before reaching {kill_point}")
-        print(f"  {label} | >>> SIGKILL sent to every process of the run (torchrun and both ranks) at {kill_point}", flush=True)
+        print(
+            f"  {label} | >>> SIGKILL sent to every process of the run (torchrun and both ranks) at {kill_point}",
+            flush=True,
+        )
     elif result.returncode != 0:
         raise SystemExit(f"demo: run {label} failed with exit code {result.returncode}")
     return time.monotonic() - t0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.demo", description="interrupted+resumed vs uninterrupted training")
+    p = argparse.ArgumentParser(
+        prog="python -m train.demo", description="interrupted+resumed vs uninterrupted training"
+    )
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--every", type=int, default=10, help="checkpoint every this many steps")
     p.add_argument("--kill-at", type=int, default=35, help="SIGKILL run B just before this step")
@@ -71,29 +98,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_a, run_b = out / "uninterrupted", out / "interrupted"
     for d in (run_a, run_b):
         shutil.rmtree(d, ignore_errors=True)
-    common = ["--config", str(CONFIG), "--set", f"schedule.steps={args.steps}", "--set", f"checkpoint.every={args.every}",
-              "--set", "data.num_proc=2", "--set", "runtime.log_every=5"]
+    common = [
+        "--config",
+        str(CONFIG),
+        "--set",
+        f"schedule.steps={args.steps}",
+        "--set",
+        f"checkpoint.every={args.every}",
+        "--set",
+        "data.num_proc=2",
+        "--set",
+        "runtime.log_every=5",
+    ]
     t_start = time.monotonic()
 
-    print("[1/4] tokenizer and token index over the default corpus (the standard library; cached after the first time)",
-          flush=True)
+    print(
+        "[1/4] tokenizer and token index over the default corpus (the standard library; cached after the first time)",
+        flush=True,
+    )
     from train.config import load_config
     from train.data import build_pipeline
 
     t0 = time.monotonic()
     data = build_pipeline(load_config(CONFIG, ["data.num_proc=2"]).data, world_size=2)
     t_index = time.monotonic() - t0
-    print(f"      {data.index.num_documents} documents, {data.index.num_tokens:,} tokens, vocabulary {data.vocab_size}; "
-          f"{data.layout.num_samples:,} samples of {data.layout.config.seq_len} tokens ({data.layout.config.kind} layout)",
-          flush=True)
+    print(
+        f"      {data.index.num_documents} documents, {data.index.num_tokens:,} tokens, vocabulary {data.vocab_size}; "
+        f"{data.layout.num_samples:,} samples of {data.layout.config.seq_len} tokens ({data.layout.config.kind}"
+        " layout)",
+        flush=True,
+    )
 
     print(f"[2/4] run A: {args.steps} steps on 2 CPU ranks (torchrun, gloo), uninterrupted -> {run_a}", flush=True)
     t_a = _run("A", common + ["--run-dir", str(run_a), "--resume", "none"], verbose=args.verbose)
 
-    print(f"[3/4] run B: the same, killed with SIGKILL just before step {args.kill_at} (last checkpoint: step "
-          f"{args.kill_at // args.every * args.every}), then resumed with --resume auto -> {run_b}", flush=True)
-    t_b = _run("B", common + ["--run-dir", str(run_b), "--resume", "auto"], kill_point=f"before_step:{args.kill_at}",
-               verbose=args.verbose)
+    print(
+        f"[3/4] run B: the same, killed with SIGKILL just before step {args.kill_at} (last checkpoint: step "
+        f"{args.kill_at // args.every * args.every}), then resumed with --resume auto -> {run_b}",
+        flush=True,
+    )
+    t_b = _run(
+        "B",
+        common + ["--run-dir", str(run_b), "--resume", "auto"],
+        kill_point=f"before_step:{args.kill_at}",
+        verbose=args.verbose,
+    )
     t_b += _run("B", common + ["--run-dir", str(run_b), "--resume", "auto"], verbose=args.verbose)
 
     print("[4/4] comparison, step by step", flush=True)
@@ -107,12 +156,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             bad.append(step)
             rows.append((step, ra, rb, False, False, False))
             continue
-        same = (ra["sample_hash"] == rb["sample_hash"], ra["tokens_hash"] == rb["tokens_hash"], ra["loss"] == rb["loss"])
+        same = (
+            ra["sample_hash"] == rb["sample_hash"],
+            ra["tokens_hash"] == rb["tokens_hash"],
+            ra["loss"] == rb["loss"],
+        )
         if not all(same):
             bad.append(step)
         rows.append((step, ra, rb, *same))
-    show = {0, args.steps - 1, *[s for r in resumed for s in (r - 1, r, r + 1)], *bad,
-            *range(0, args.steps, max(1, args.steps // 6))}
+    show = {
+        0,
+        args.steps - 1,
+        *[s for r in resumed for s in (r - 1, r, r + 1)],
+        *bad,
+        *range(0, args.steps, max(1, args.steps // 6)),
+    }
     print(f"      {'step':>4}  {'sample hash A':>13}  {'sample hash B':>13}  {'loss A':>18}  {'loss B':>18}  same?")
     for step, ra, rb, s_same, t_same, l_same in rows:
         if step not in show:
@@ -122,25 +180,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"      {step:>4}  missing in {'A' if ra is None else 'B'}")
             continue
         verdict = "yes" if (s_same and t_same and l_same) else "NO"
-        print(f"      {step:>4}  {ra['sample_hash']:>13}  {rb['sample_hash']:>13}  {ra['loss']:>18.15f}  {rb['loss']:>18.15f}  "
-              f"{verdict}{mark}")
+        print(
+            f"      {step:>4}  {ra['sample_hash']:>13}  {rb['sample_hash']:>13}  {ra['loss']:>18.15f} "
+            f" {rb['loss']:>18.15f}  {verdict}{mark}"
+        )
     n = args.steps
-    count = lambda i: sum(1 for r in rows if r[i])  # noqa: E731
-    print(f"      sample hashes equal: {count(3)}/{n} steps; trained tokens equal: {count(4)}/{n}; "
-          f"losses bit-identical: {count(5)}/{n}")
-    print(f"      run B: killed before step {args.kill_at}, resumed from the checkpoint of step {resumed[0] if resumed else '?'}; "
-          f"{b.superseded} logged steps of the killed attempt were trained again")
+    count = lambda i: sum(1 for r in rows if r[i])
+    print(
+        f"      sample hashes equal: {count(3)}/{n} steps; trained tokens equal: {count(4)}/{n}; "
+        f"losses bit-identical: {count(5)}/{n}"
+    )
+    print(
+        f"      run B: killed before step {args.kill_at}, resumed from the checkpoint of step"
+        f" {resumed[0] if resumed else '?'}; {b.superseded} logged steps of the killed attempt were trained again"
+    )
 
     from train.plot import plot_runs
 
-    png = plot_runs([run_a, run_b], out / "loss.png", title="tiny model, 2 CPU ranks: uninterrupted vs killed + resumed",
-                    labels=["A: uninterrupted", "B: SIGKILLed, resumed"])
+    png = plot_runs(
+        [run_a, run_b],
+        out / "loss.png",
+        title="tiny model, 2 CPU ranks: uninterrupted vs killed + resumed",
+        labels=["A: uninterrupted", "B: SIGKILLed, resumed"],
+    )
     print(f"      plot: {png}")
-    print(f"      time: tokenizer + index {t_index:.0f}s, run A {t_a:.0f}s, run B {t_b:.0f}s, total {time.monotonic() - t_start:.0f}s")
+    print(
+        f"      time: tokenizer + index {t_index:.0f}s, run A {t_a:.0f}s, run B {t_b:.0f}s, total"
+        f" {time.monotonic() - t_start:.0f}s"
+    )
     if bad:
         print(f"DEMO FAILED: steps {bad} differ between the runs", flush=True)
         return 1
-    print("DEMO OK: the killed and resumed run trained on exactly the same data, with exactly the same losses.", flush=True)
+    print(
+        "DEMO OK: the killed and resumed run trained on exactly the same data, with exactly the same losses.",
+        flush=True,
+    )
     return 0
 
 

@@ -30,9 +30,14 @@ def exit_with_launcher(poll_s: float = 0.5) -> threading.Thread | None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
-        print(f"rank {os.environ.get('RANK', '?')}: the launcher (pid {parent}) is gone; exiting", file=sys.stderr,
-              flush=True)
-        if os.getpgid(0) == os.getpid():  # our own process group (torchrun starts each rank in one): take its workers too
+        print(
+            f"rank {os.environ.get('RANK', '?')}: the launcher (pid {parent}) is gone; exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        if (
+            os.getpgid(0) == os.getpid()
+        ):  # our own process group (torchrun starts each rank in one): take its workers too
             os.killpg(os.getpid(), signal.SIGKILL)
         os._exit(1)
 

@@ -1,13 +1,16 @@
 """The ``COMPLETE`` marker of a checkpoint: the sha256 of every file the checkpoint holds, verified before a load.
 
 ``COMPLETE`` is JSON: ``{"step": s, "files": {name: {"size": bytes, "sha256": hex}}}`` over every other file of the
-checkpoint directory (DCP shards ``__R_I.distcp``, DCP ``.metadata``, ``data_fingerprint.json``). It is written last, after
+checkpoint directory (DCP shards ``__R_I.distcp``, DCP ``.metadata``, ``data_fingerprint.json``). It is written last,
+after
 those files are fsynced; :func:`verify_checkpoint` recomputes every hash and names the first difference.
 
 What the hashes protect: a checkpoint is loaded only when every file it had when it was written is present with the same
 bytes, so a flipped byte, a truncated or deleted shard, a replaced ``.metadata`` or a file copied in from another
-checkpoint is refused before DCP reads anything. DCP's ``.metadata`` is a pickle, and unpickling runs code: with the hashes
-a ``.metadata`` is unpickled only when it is byte for byte the one this trainer wrote. They do not protect against anyone
+checkpoint is refused before DCP reads anything. DCP's ``.metadata`` is a pickle, and unpickling runs code: with the
+hashes
+a ``.metadata`` is unpickled only when it is byte for byte the one this trainer wrote. They do not protect against
+anyone
 who can write the directory and rewrite ``COMPLETE`` as well (the hashes are not signed): load checkpoints only from
 directories you trust.
 
@@ -64,7 +67,8 @@ def write_complete(directory: Path, step: int, digests: dict[str, dict[str, Any]
 
 
 def read_complete(directory: Path) -> dict:
-    """The parsed ``COMPLETE`` of ``directory``; CheckpointCorrupt when it is missing, unreadable or has no file hashes."""
+    """The parsed ``COMPLETE`` of ``directory``; CheckpointCorrupt when it is missing, unreadable or
+    has no file hashes."""
     try:
         text = (directory / COMPLETE).read_text()
     except OSError as exc:
@@ -73,8 +77,14 @@ def read_complete(directory: Path) -> dict:
         record = json.loads(text)
     except json.JSONDecodeError:
         record = None
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not isinstance(record.get("step"), int):
-        raise CheckpointCorrupt(f"its {COMPLETE} marker records no file hashes (written by an older trainer, or damaged)")
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("files"), dict)
+        or not isinstance(record.get("step"), int)
+    ):
+        raise CheckpointCorrupt(
+            f"its {COMPLETE} marker records no file hashes (written by an older trainer, or damaged)"
+        )
     return record
 
 
@@ -96,7 +106,8 @@ def verify_files(directory: Path, record: dict, names: list[str]) -> str | None:
 def verify_checkpoint(directory: Path, part: int = 0, parts: int = 1) -> None:
     """Raise CheckpointCorrupt naming the first difference between ``directory`` and its ``COMPLETE`` record.
 
-    Files are checked ``part`` of ``parts`` at a time (``sorted(files)[part::parts]``), so that ranks can split the work;
+    Files are checked ``part`` of ``parts`` at a time (``sorted(files)[part::parts]``), so that ranks can split the
+    work;
     every call checks that the marker is readable and that no recorded file is missing.
     """
     record = read_complete(directory)

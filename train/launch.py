@@ -1,7 +1,8 @@
 """Launching training runs as real processes (torchrun or one process), streaming their output, and killing them.
 
 Used by ``train.demo`` and the trainer tests. A kill is real: when the run prints the marker line of a kill point (see
-:func:`train.checkpoint.kill_point`), every process of the run (torchrun, its workers, which torchrun starts in sessions of
+:func:`train.checkpoint.kill_point`), every process of the run (torchrun, its workers, which torchrun starts in sessions
+of
 their own, and their DataLoader workers) gets SIGKILL at once.
 """
 
@@ -13,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 __all__ = ["RunResult", "kill_tree", "process_tree", "run_training", "train_command"]
 
@@ -23,13 +24,23 @@ KILL_MARKER = "DETSAMPLER_KILL_POINT"
 
 
 def train_command(nproc: int, args: Sequence[str], torchrun: bool = True) -> list[str]:
-    """The command that runs ``python -m train.train ARGS`` on ``nproc`` local ranks (``torchrun=False``: one plain process)."""
+    """The command that runs ``python -m train.train ARGS`` on ``nproc`` local ranks (``torchrun=False``: one plain
+    process)."""
     if not torchrun:
         if nproc != 1:
             raise ValueError(f"without torchrun only nproc=1 is possible, got nproc={nproc}")
         return [sys.executable, "-m", "train.train", *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "train.train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "train.train",
+        *args,
+    ]
 
 
 def process_tree(pid: int) -> list[int]:
@@ -87,7 +98,8 @@ def run_training(
     echo: Callable[[str], None] | None = None,
     timeout: float = 600.0,
 ) -> RunResult:
-    """Run ``cmd``, stream its merged output to ``echo``; with ``kill_point`` (e.g. ``"after_save:4"``), SIGKILL the whole
+    """Run ``cmd``, stream its merged output to ``echo``; with ``kill_point`` (e.g. ``"after_save:4"``), SIGKILL the
+    whole
     run as soon as it prints that kill point's marker. A run that does not end within ``timeout`` seconds is killed and
     reported with returncode -9 and no kill point."""
     full_env = dict(os.environ if env is None else env)
@@ -98,8 +110,16 @@ def run_training(
     full_env["PYTHONPATH"] = root + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.monotonic()
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                            cwd=cwd, start_new_session=True, bufsize=1)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        start_new_session=True,
+        bufsize=1,
+    )
     lines: list[str] = []
     killed_at = None
     timer = threading.Timer(timeout, kill_tree, args=(proc.pid,))

@@ -1,9 +1,11 @@
 """Per-step metrics: one JSON object per line in ``RUN_DIR/metrics.jsonl``, appended across resumes.
 
 Records have an ``event``: ``"start"`` (a fresh run), ``"resumed_from"`` (a resume: ``step`` is the checkpoint's step,
-the first step trained again) and ``"step"`` (step, loss, lr, tokens_per_s, data_wait_ms, sample_hash, tokens_hash, ...).
+the first step trained again) and ``"step"`` (step, loss, lr, tokens_per_s, data_wait_ms, sample_hash, tokens_hash,
+...).
 A killed run may have logged steps past its last checkpoint; after a resume they are trained again and logged again.
-:func:`read_metrics` resolves this explicitly: a ``resumed_from`` marker at step s discards every earlier record of steps
+:func:`read_metrics` resolves this explicitly: a ``resumed_from`` marker at step s discards every earlier record of
+steps
 >= s, so each step's record is the one of the attempt that the final run state descends from.
 """
 

@@ -1,7 +1,8 @@
 """A small Llama-style decoder in plain torch: RMSNorm, rotary embeddings, SwiGLU, causal scaled-dot-product attention.
 
 Rotary angles come from the batch's ``position_ids`` (restarting per document when the dataset says so). When
-``document_ids`` is given, attention is block-diagonal causal: a token attends only to earlier tokens of the same document
+``document_ids`` is given, attention is block-diagonal causal: a token attends only to earlier tokens of the same
+document
 (``document``/``bestfit`` layouts), so packing never leaks one document into another. Without it, attention is plainly
 causal over the whole sample (``concat``).
 """
@@ -35,7 +36,9 @@ class RMSNorm(nn.Module):
 
 def rotary_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape [batch, 1, seq, head_dim // 2] for integer ``position_ids`` [batch, seq]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    )
     angles = position_ids.to(torch.float32)[:, None, :, None] * inv_freq
     return angles.cos(), angles.sin()
 
@@ -120,7 +123,9 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if config.vocab_size < 1:
-            raise ValueError(f"ModelConfig.vocab_size must be set (>= 1) before building the model, got {config.vocab_size}")
+            raise ValueError(
+                f"ModelConfig.vocab_size must be set (>= 1) before building the model, got {config.vocab_size}"
+            )
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -158,4 +163,3 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return self.output(self.norm(x))
-

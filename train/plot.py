@@ -3,7 +3,8 @@
     python -m train.plot RUN_DIR [RUN_DIR ...] [--out loss.png] [--title TEXT]
 
 Each run's ``metrics.jsonl`` is read with resumes applied (:func:`train.metrics.read_metrics`); every ``resumed_from``
-event is drawn as a vertical dashed line at its step, in the run's colour, and a marker on the curve; steps that a killed attempt
+event is drawn as a vertical dashed line at its step, in the run's colour, and a marker on the curve; steps that a
+killed attempt
 had logged past its last checkpoint (and that were trained again) are grey crosses. The default output
 is ``RUN_DIR/loss.png`` of the first run.
 """
@@ -12,16 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from train.metrics import read_metrics
 
 __all__ = ["main", "plot_runs"]
 
 
-def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, title: str | None = None,
-              labels: Sequence[str] | None = None) -> Path:
+def plot_runs(
+    run_dirs: Sequence[str | Path], out: str | Path, title: str | None = None, labels: Sequence[str] | None = None
+) -> Path:
     """Draw the loss of each run against step into ``out`` (PNG). Returns the path written."""
     import matplotlib
 
@@ -42,12 +44,27 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, title: str | None
             s = int(event["step"])
             ax.axvline(s - 0.5, color=line.get_color(), linestyle="--", alpha=0.6, linewidth=1)
             if s in m.steps:
-                ax.plot([s], [m.steps[s]["loss"]], "o", color=line.get_color(), markersize=7, markerfacecolor="none",
-                        label=f"resume point of {label}: step {s} ({event.get('world_size', '?')} ranks)" if k == 0 else None)
+                ax.plot(
+                    [s],
+                    [m.steps[s]["loss"]],
+                    "o",
+                    color=line.get_color(),
+                    markersize=7,
+                    markerfacecolor="none",
+                    label=(
+                        f"resume point of {label}: step {s} ({event.get('world_size', '?')} ranks)" if k == 0 else None
+                    ),
+                )
         lost = [r for r in m.discarded if r.get("loss") is not None]
         if lost:
-            ax.plot([r["step"] for r in lost], [r["loss"] for r in lost], "x", color="grey", markersize=6,
-                    label=f"{label}: steps of the killed attempt, trained again after the resume")
+            ax.plot(
+                [r["step"] for r in lost],
+                [r["loss"] for r in lost],
+                "x",
+                color="grey",
+                markersize=6,
+                label=f"{label}: steps of the killed attempt, trained again after the resume",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (token mean over the global batch)")
     ax.set_title(title or "loss")

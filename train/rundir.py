@@ -1,11 +1,13 @@
-"""The run directory: one trainer at a time, ranks that die with their launcher, and which checkpoint a run resumes from.
+"""The run directory: one trainer at a time, ranks that die with their launcher, and which checkpoint a run resumes
+from.
 
 - :class:`RunLock`: rank 0 holds an exclusive ``flock`` on ``RUN_DIR/.lock`` (and on the checkpoint directory's, when it
   lies elsewhere) for the whole run; a second trainer on the same directory is refused before it touches anything. The
   kernel drops the lock when the process dies, however it dies.
 - :func:`train.guard.exit_with_launcher`: ranks end when their launcher (torchrun) dies.
 - :func:`choose_checkpoint`: the checkpoint of ``--resume``, verified against its ``COMPLETE`` record; with ``auto``, a
-  checkpoint that fails is moved aside and the next older one is tried, saying so in one line; ``--resume PATH`` of an older
+  checkpoint that fails is moved aside and the next older one is tried, saying so in one line; ``--resume PATH`` of an
+  older
   checkpoint moves the newer ones aside (never deleting them), so that a later ``auto`` cannot jump back onto them.
 """
 
@@ -14,8 +16,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
 
@@ -32,7 +34,8 @@ class RunDirLocked(ValueError):
 
 
 class RunLock:
-    """Exclusive, non-blocking ``flock`` on ``DIR/.lock`` for each directory; released by :meth:`release` or by death."""
+    """Exclusive, non-blocking ``flock`` on ``DIR/.lock`` for each directory; released by
+    :meth:`release` or by death."""
 
     def __init__(self, directories: list[Path]) -> None:
         self._fds: list[int] = []
@@ -46,7 +49,8 @@ class RunLock:
                 os.close(fd)
                 self.release()
                 raise RunDirLocked(
-                    f"{directory} is in use by another trainer ({holder}); wait for it to finish or use another --run-dir"
+                    f"{directory} is in use by another trainer ({holder}); wait for it to finish or use another"
+                    " --run-dir"
                 ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
@@ -81,13 +85,16 @@ def _barrier() -> None:
 def choose_checkpoint(resume: str, ckpt_dir: Path, say: Callable[[str], None]) -> Path | None:
     """The verified checkpoint to resume from, or None for a fresh start (collective: every rank calls it).
 
-    ``resume``: ``none`` (refused when ``ckpt_dir`` holds checkpoints), ``auto`` (the newest that verifies; those that do
+    ``resume``: ``none`` (refused when ``ckpt_dir`` holds checkpoints), ``auto`` (the newest that verifies; those that
+    do
     not are moved aside, one line each; refused when some exist and none verifies) or a checkpoint directory (refused
     unless it verifies; newer checkpoints of ``ckpt_dir`` are moved aside).
     """
     if resume == "none":
         if ckpt.complete_checkpoints(ckpt_dir):
-            raise ValueError(f"--resume none but {ckpt_dir} already holds checkpoints; use --resume auto or a new --run-dir")
+            raise ValueError(
+                f"--resume none but {ckpt_dir} already holds checkpoints; use --resume auto or a new --run-dir"
+            )
         return None
     if resume == "auto":
         return _newest_verified(ckpt_dir, say)
@@ -98,12 +105,17 @@ def choose_checkpoint(resume: str, ckpt_dir: Path, say: Callable[[str], None]) -
     if problem is not None:
         raise ckpt.CheckpointCorrupt(f"--resume {resume!r}: the checkpoint fails verification: {problem}")
     step = read_complete(path)["step"]
-    newer = [c for c in ckpt.complete_checkpoints(ckpt_dir)
-             if ckpt.checkpoint_step(c) > step and c.resolve() != path.resolve()]
+    newer = [
+        c
+        for c in ckpt.complete_checkpoints(ckpt_dir)
+        if ckpt.checkpoint_step(c) > step and c.resolve() != path.resolve()
+    ]
     if newer and _is_rank0():
         target = move_aside(newer, ckpt_dir, "abandoned")
-        say(f"rewinding to step {step}: moved the newer checkpoints {', '.join(c.name for c in newer)} aside to {target} "
-            "(not deleted)")
+        say(
+            f"rewinding to step {step}: moved the newer checkpoints {', '.join(c.name for c in newer)} aside to"
+            f" {target} (not deleted)"
+        )
     _barrier()
     return path
 

@@ -15,7 +15,8 @@ STEP, saves a checkpoint there and exits (the LR schedule still spans ``schedule
 
 The data of step s is a pure function of the plan, so resuming at checkpoint step s restarts the batch sampler at s and
 nothing else: with the same number of ranks, on CPU with deterministic algorithms, every later loss is bit-identical to
-the one of an uninterrupted run. With another number of ranks (same global batch) the step's samples are the same and the
+the one of an uninterrupted run. With another number of ranks (same global batch) the step's samples are the same and
+the
 losses agree up to float reduction order. The loss of a step is the token-mean over the whole global batch (sum over
 ranks and micro steps, divided by the global number of label tokens), so it does not depend on how the batch is split.
 """
@@ -34,9 +35,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,7 +97,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, help="where metrics.jsonl, config.json and checkpoints/ go")
     p.add_argument("--resume", default="auto", help="auto | none | PATH of a checkpoint directory")
     p.add_argument("--allow-data-change", action="store_true", help="resume even if the data fingerprint differs")
-    p.add_argument("--stop-at", type=_non_negative, default=None, help="stop before this step (saving a checkpoint there)")
+    p.add_argument(
+        "--stop-at", type=_non_negative, default=None, help="stop before this step (saving a checkpoint there)"
+    )
     return p.parse_args(argv)
 
 
@@ -111,8 +115,14 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     """Initialise torch.distributed (torchrun's env, or a one-process group) and choose device and precision."""
     if "RANK" not in os.environ:  # a single process without torchrun
         os.environ.update(
-            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(_free_port())}
+            {
+                "RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()),
+            }
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -141,7 +151,8 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, rt: Runtime) -> Transformer:
-    """The model, initialised from ``model.init_seed`` (the same on every rank), sharded with FSDP2 per block and at the root."""
+    """The model, initialised from ``model.init_seed`` (the same on every rank), sharded with FSDP2 per block and at the
+    root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -171,14 +182,19 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return sched.min_lr_ratio + (1 - sched.min_lr_ratio) * shape
 
 
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    cfg: TrainConfig, model: torch.nn.Module, rt: Runtime
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (no weight decay on norms) and the warmup/decay schedule as a LambdaLR."""
     o = cfg.optimizer
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=None if rt.is_cuda else False,
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        foreach=None if rt.is_cuda else False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     return optimizer, scheduler
@@ -188,8 +204,10 @@ def apply_optimizer_config(cfg: TrainConfig, optimizer: torch.optim.Optimizer, s
     """Make the restored optimizer and scheduler use ``cfg.optimizer`` (a checkpoint restores its own hyperparameters);
     returns the changes ``optimizer.KEY: saved -> configured``, so that what is recorded is what is used."""
     o = cfg.optimizer
-    wanted = [{"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": o.weight_decay},
-              {"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": 0.0}]
+    wanted = [
+        {"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": o.weight_decay},
+        {"lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": 0.0},
+    ]
     changes: list[str] = []
     saved_lr = scheduler.base_lrs[0]
     if saved_lr != o.lr:
@@ -232,7 +250,8 @@ def log(rt: Runtime, text: str) -> None:
 
 
 def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
-    """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version it
+    """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version
+    it
     started on), else the current one."""
     if config.mapping_version:
         return config
@@ -240,8 +259,13 @@ def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
     return replace(config, mapping_version=version)
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_data_change: bool = False,
-          stop_at: int | None = None) -> None:
+def train(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    resume: str = "auto",
+    allow_data_change: bool = False,
+    stop_at: int | None = None,
+) -> None:
     """Train ``cfg.schedule.steps`` steps (or up to ``stop_at``) in ``run_dir``, resuming as ``resume`` says."""
     rt = setup_runtime(cfg)
     run_dir = Path(run_dir)
@@ -271,7 +295,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: str = "auto", allow_dat
 
 
 def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
-    """Rank 0 locks the run (and checkpoint) directory before anything is touched; every rank learns whether it could."""
+    """Rank 0 locks the run (and checkpoint) directory before anything is touched; every rank learns
+    whether it could."""
     lock, problem = None, None
     if rt.rank == 0:
         try:
@@ -286,8 +311,17 @@ def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
     return lock
 
 
-def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: DataPipeline, fingerprint: dict,
-         resume_path: Path | None, start_step: int, stop_at: int | None) -> None:
+def _run(
+    cfg: TrainConfig,
+    rt: Runtime,
+    run_dir: Path,
+    ckpt_dir: Path,
+    data: DataPipeline,
+    fingerprint: dict,
+    resume_path: Path | None,
+    start_step: int,
+    stop_at: int | None,
+) -> None:
     model = build_model(cfg, data.vocab_size, rt)
     optimizer, scheduler = build_optimizer(cfg, model, rt)
     changes: list[str] = []
@@ -298,25 +332,49 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
     metrics = MetricsLog(run_dir, enabled=rt.rank == 0)
     if rt.rank == 0:
         (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-    event = {"time": time.time(), "world_size": rt.world_size, "micro_batch_size": data.plan.micro_batch_size,
-             "num_workers": cfg.data.num_workers, "data_fingerprint": fingerprint["hash"]}
+    event = {
+        "time": time.time(),
+        "world_size": rt.world_size,
+        "micro_batch_size": data.plan.micro_batch_size,
+        "num_workers": cfg.data.num_workers,
+        "data_fingerprint": fingerprint["hash"],
+    }
     if resume_path is None:
         metrics.write({"event": "start", "step": 0, **event})
     else:
-        metrics.write({"event": "resumed_from", "step": start_step, "checkpoint": str(resume_path),
-                       "optimizer_changes": changes, **event})
+        metrics.write(
+            {
+                "event": "resumed_from",
+                "step": start_step,
+                "checkpoint": str(resume_path),
+                "optimizer_changes": changes,
+                **event,
+            }
+        )
         if changes:
             log(rt, f"applied on resume (the checkpoint had other values): {'; '.join(changes)}")
     n_params = sum(p.numel() for p in model.parameters())
-    log(rt, f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
-            f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}")
-    samples = (f"{data.layout.num_samples} samples" if data.sources is None else
-               "a mixture of " + " + ".join(str(lay.num_samples) for _, lay in data.sources) + " samples")
-    log(rt, f"data: {data.layout.describe()['kind']} layout, {samples} of seq_len {cfg.data.seq_len}, "
-            f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
-            f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}")
-    log(rt, f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
-            f"training to step {end_step}")
+    log(
+        rt,
+        f"model: {n_params / 1e6:.2f}M params, vocab {data.vocab_size}, {cfg.model.n_layers} layers, "
+        f"dim {cfg.model.dim} | device {rt.device.type} x{rt.world_size}, {str(rt.param_dtype).replace('torch.', '')}",
+    )
+    samples = (
+        f"{data.layout.num_samples} samples"
+        if data.sources is None
+        else "a mixture of " + " + ".join(str(lay.num_samples) for _, lay in data.sources) + " samples"
+    )
+    log(
+        rt,
+        f"data: {data.layout.describe()['kind']} layout, {samples} of seq_len {cfg.data.seq_len}, "
+        f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
+        f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
+    )
+    log(
+        rt,
+        f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
+        f"training to step {end_step}",
+    )
     if start_step >= end_step:
         metrics.close()
         return
@@ -342,7 +400,9 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
         for a, mb in enumerate(micro_batches):
             model.set_requires_gradient_sync(a == len(micro_batches) - 1)
             logits = model(mb["input_ids"], mb["position_ids"], mb["document_ids"] if data.masked_attention else None)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), mb["labels"].flatten(), ignore_index=-100, reduction="sum")
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), mb["labels"].flatten(), ignore_index=-100, reduction="sum"
+            )
             (loss * scale).backward()
             loss_sum += loss.detach().to(torch.float64)
         grad_norm = None
@@ -360,22 +420,40 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
         now = time.perf_counter()
         elapsed, t_last = now - t_last, now
         record = {
-            "event": "step", "step": step, "loss": step_loss, "lr": lr,
-            "tokens_per_s": float(global_tokens) / elapsed, "data_wait_ms": 1000 * waited, "step_ms": 1000 * elapsed,
-            "tokens": int(global_tokens), "sample_hash": sample_hash(data.plan.global_batch(step)),
-            "tokens_hash": token_hash, "grad_norm": None if grad_norm is None else float(grad_norm),
+            "event": "step",
+            "step": step,
+            "loss": step_loss,
+            "lr": lr,
+            "tokens_per_s": float(global_tokens) / elapsed,
+            "data_wait_ms": 1000 * waited,
+            "step_ms": 1000 * elapsed,
+            "tokens": int(global_tokens),
+            "sample_hash": sample_hash(data.plan.global_batch(step)),
+            "tokens_hash": token_hash,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
             "world_size": rt.world_size,
         }
         if rt.is_cuda:
             record["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
         metrics.write(record)
         if step % cfg.runtime.log_every == 0 or step + 1 == end_step:
-            log(rt, f"step {step:5d} | loss {step_loss:.4f} | lr {lr:.2e} | {record['tokens_per_s']:9.0f} tok/s | "
-                    f"data wait {record['data_wait_ms']:6.1f} ms | samples {record['sample_hash']}")
+            log(
+                rt,
+                f"step {step:5d} | loss {step_loss:.4f} | lr {lr:.2e} | {record['tokens_per_s']:9.0f} tok/s | "
+                f"data wait {record['data_wait_ms']:6.1f} ms | samples {record['sample_hash']}",
+            )
         next_step = step + 1
         if next_step % cfg.checkpoint.every == 0 or (next_step == end_step and cfg.checkpoint.save_final):
-            path = ckpt.save_checkpoint(ckpt_dir, next_step, model, optimizer, scheduler, fingerprint, cfg.checkpoint.keep,
-                                        extra={"world_size": rt.world_size})
+            path = ckpt.save_checkpoint(
+                ckpt_dir,
+                next_step,
+                model,
+                optimizer,
+                scheduler,
+                fingerprint,
+                cfg.checkpoint.keep,
+                extra={"world_size": rt.world_size},
+            )
             log(rt, f"checkpoint {path} (resumes at step {next_step})")
             t_last = time.perf_counter()
     if prefetch is not None:
@@ -385,7 +463,8 @@ def _run(cfg: TrainConfig, rt: Runtime, run_dir: Path, ckpt_dir: Path, data: Dat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train; a bad configuration, a refused resume or a locked run directory exits with status 2 and one line on stderr,
+    """Train; a bad configuration, a refused resume or a locked run directory exits with status 2 and one line on
+    stderr,
     printed by rank 0 only (every rank meets the same error)."""
     rank0 = os.environ.get("RANK", "0") == "0"
     try:

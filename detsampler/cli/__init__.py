@@ -2,14 +2,17 @@
 
 Options map one to one onto the library's dataclasses:
 
-- index options -> :class:`detsampler.index.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``, ``--vocab-size``,
+- index options -> :class:`detsampler.index.prepare.IndexConfig` (``--data``, ``--text-column``, ``--tokenizer``,
+``--vocab-size``,
   ``--cache-dir``, ``--num-proc``, ``--store-tokens/--no-store-tokens``, ``--max-documents``);
-- layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its ``seed``,
+- layout options -> :class:`detsampler.layout.LayoutConfig` (``--kind``, ``--seq-len``, ``--layout-seed`` for its
+``seed``,
   ``--window-docs``);
 - plan options -> :class:`detsampler.plan.Plan` (``--seed``, ``--global-batch-size``, ``--micro-batch-size``,
   ``--world-size``, ``--batch-size-schedule``, ``--skip-steps``); the plan's ``num_samples`` is the layout's;
 - mixture options -> :class:`detsampler.mixture.MixtureConfig` (``--mixture-data`` for its ``sources``,
-  ``--mixture-weights``, ``--mixture-schedule``, ``--mixture-seed``, ``--mixture-names``). With ``--mixture-data``, each source
+  ``--mixture-weights``, ``--mixture-schedule``, ``--mixture-seed``, ``--mixture-names``). With ``--mixture-data``, each
+  source
   is indexed like ``--data`` (the other index options are shared, and so is the tokenizer: ``--tokenizer``, or else the
   default one trained on the standard library), cut by the same layout options, and the plan draws from their mixture.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from detsampler.cli.build import cmd_build, cmd_tokenizer_train
 from detsampler.cli.options import OPTION_FIELDS
@@ -27,7 +30,7 @@ from detsampler.cli.show import cmd_show
 from detsampler.cli.stats import cmd_stats
 from detsampler.cli.verify import cmd_verify
 
-__all__ = ["main", "build_parser", "OPTION_FIELDS"]
+__all__ = ["OPTION_FIELDS", "build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)
         return commands[args.command](args)
-    except (ValueError, TypeError) as exc:  # every bad input is a ValueError (TypeError: a wrong type) naming what is wrong
+    except (
+        ValueError,
+        TypeError,
+    ) as exc:  # every bad input is a ValueError (TypeError: a wrong type) naming what is wrong
         parser.exit(2, f"detsampler: error: {_one_line(exc)}\n")
     except OSError as exc:  # permission denied, disk full, a path that is a file: the system's words and the path
         where = f": {exc.filename}" if exc.filename is not None else ""
@@ -65,11 +71,11 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    def stream(self):
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # noqa: ANN001
+    def stream(self, value) -> None:
         pass
 
 

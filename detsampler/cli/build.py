@@ -1,4 +1,5 @@
-"""``detsampler tokenizer train`` and ``detsampler build``: make the tokenizer and the index, and print what was made."""
+"""``detsampler tokenizer train`` and ``detsampler build``: make the tokenizer and the index, and
+print what was made."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from detsampler.cli.inputs import prepare
 from detsampler.cli.options import layout_config
 from detsampler.cli.report import fmt_int, print_rows, rel
 
-__all__ = ["cmd_tokenizer_train", "cmd_build"]
+__all__ = ["cmd_build", "cmd_tokenizer_train"]
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
@@ -23,8 +24,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         from detsampler.text.tokenizer import train_tokenizer
 
         tok = train_tokenizer(args.input, args.vocab_size, args.out)
-    print_rows([("model", tok.path), ("sha256", tok.sha256), ("vocab_size", tok.vocab_size), ("eos_id", tok.eos_id),
-                ("bos_id", tok.bos_id), ("pad_id", tok.pad_id)])
+    print_rows(
+        [
+            ("model", tok.path),
+            ("sha256", tok.sha256),
+            ("vocab_size", tok.vocab_size),
+            ("eos_id", tok.eos_id),
+            ("bos_id", tok.bos_id),
+            ("pad_id", tok.pad_id),
+        ]
+    )
     return 0
 
 
@@ -51,21 +60,46 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
     build = summary["build"]
-    print_rows([
-        ("index", rel(summary["path"])),
-        ("documents", fmt_int(summary["num_documents"])),
-        ("tokens", f"{fmt_int(summary['num_tokens'])}" + (f" (+{fmt_int(summary['num_documents'])} EOS)"
-                                                          if summary["tokens_with_eos"] > summary["num_tokens"] else "")),
-        ("special tokens", f"add_bos={summary['special_tokens']['add_bos']}, add_eos={summary['special_tokens']['add_eos']}"),
-        ("token dtype", summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)")),
-        ("text column", summary["text_column"]),
-        ("dataset fingerprint", summary["dataset_fingerprint"]),
-        ("tokenizer", f"{rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab {summary['vocab_size']}, "
-                      f"eos {summary['eos_id']}, pad {summary['pad_id']})"),
-        ("index fingerprint", summary["fingerprint"]),
-        ("built in", f"{build.get('seconds')} s, {fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
-                     f"num_proc={build.get('num_proc')}"),
-    ])
+    print_rows(
+        [
+            ("index", rel(summary["path"])),
+            ("documents", fmt_int(summary["num_documents"])),
+            (
+                "tokens",
+                f"{fmt_int(summary['num_tokens'])}"
+                + (
+                    f" (+{fmt_int(summary['num_documents'])} EOS)"
+                    if summary["tokens_with_eos"] > summary["num_tokens"]
+                    else ""
+                ),
+            ),
+            (
+                "special tokens",
+                f"add_bos={summary['special_tokens']['add_bos']}, add_eos={summary['special_tokens']['add_eos']}",
+            ),
+            (
+                "token dtype",
+                summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)"),
+            ),
+            ("text column", summary["text_column"]),
+            ("dataset fingerprint", summary["dataset_fingerprint"]),
+            (
+                "tokenizer",
+                (
+                    f"{rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab"
+                    f" {summary['vocab_size']}, eos {summary['eos_id']}, pad {summary['pad_id']})"
+                ),
+            ),
+            ("index fingerprint", summary["fingerprint"]),
+            (
+                "built in",
+                (
+                    f"{build.get('seconds')} s, {fmt_int(int(build.get('tokens_per_second', 0)))} tokens/s, "
+                    f"num_proc={build.get('num_proc')}"
+                ),
+            ),
+        ]
+    )
     return 0
 
 
@@ -74,13 +108,23 @@ def _print_source(summary: dict, as_json: bool) -> int:
     if as_json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
-    print_rows([
-        ("source", f"{summary['source_kind']} {rel(summary['path'])} (memory-mapped, not copied)"),
-        ("documents", fmt_int(summary["num_documents"])),
-        ("tokens", fmt_int(summary["num_tokens"]) + ("" if summary["eos"] == "real" else f" (+{fmt_int(summary['num_documents'])} EOS)")),
-        ("token dtype", summary["token_dtype"]),
-        ("eos", f"{summary['eos']} (eos_id {summary['eos_id']}, pad_id {summary['pad_id']}, vocab {summary['vocab_size']})"),
-        ("identity", summary["identity"][:16] + "..."),
-        ("fingerprint", summary["fingerprint"]),
-    ])
+    print_rows(
+        [
+            ("source", f"{summary['source_kind']} {rel(summary['path'])} (memory-mapped, not copied)"),
+            ("documents", fmt_int(summary["num_documents"])),
+            (
+                "tokens",
+                fmt_int(summary["num_tokens"])
+                + ("" if summary["eos"] == "real" else f" (+{fmt_int(summary['num_documents'])} EOS)"),
+            ),
+            ("token dtype", summary["token_dtype"]),
+            (
+                "eos",
+                f"{summary['eos']} (eos_id {summary['eos_id']}, pad_id {summary['pad_id']}, "
+                f"vocab {summary['vocab_size']})",
+            ),
+            ("identity", summary["identity"][:16] + "..."),
+            ("fingerprint", summary["fingerprint"]),
+        ]
+    )
     return 0

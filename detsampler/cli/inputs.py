@@ -18,7 +18,7 @@ from detsampler.plan import Plan
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
-__all__ = ["prepare", "prepare_sources", "mixture_plan", "verify_files"]
+__all__ = ["mixture_plan", "prepare", "prepare_sources", "verify_files"]
 
 
 def verify_files(index: Any) -> None:
@@ -30,13 +30,13 @@ def verify_files(index: Any) -> None:
 
 
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
-    """The prepared index of the index options (built once, cached); with ``verify_tokens``, its token sha256 checked."""
+    """The prepared index of the index options (built once, cached); with ``verify_tokens``, its
+    token sha256 checked."""
     from detsampler.index.prepare import prepare_index
 
     prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
-    if verify_tokens and prepared.dataset is not None:  # a pre-tokenized source has no recorded token checksum
-        verify_files(prepared.index)
-    elif verify_tokens and hasattr(prepared.index, "shards"):  # a sharded index: each shard
+    # a pre-tokenized source has no recorded token checksum
+    if (verify_tokens and prepared.dataset is not None) or (verify_tokens and hasattr(prepared.index, "shards")):
         verify_files(prepared.index)
     return prepared
 
@@ -48,8 +48,9 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     return prepare_all(index_config(args), config.sources, progress=sys.stderr.isatty())
 
 
-def mixture_plan(args: argparse.Namespace, config: MixtureConfig,
-                 kind: str | None = None) -> tuple[list[Prepared], list[Layout], Plan]:
+def mixture_plan(
+    args: argparse.Namespace, config: MixtureConfig, kind: str | None = None
+) -> tuple[list[Prepared], list[Layout], Plan]:
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]

@@ -1,7 +1,8 @@
 """The option <-> dataclass map of the ``detsampler`` command: option parsers, the option groups, and the dataclasses
 built back from parsed options.
 
-Invariant: every dest in :data:`OPTION_FIELDS` is added by exactly one ``add_*_options`` group, and the config built from
+Invariant: every dest in :data:`OPTION_FIELDS` is added by exactly one ``add_*_options`` group, and the config built
+from
 parsed options takes each mapped field from its option and nothing else (tests check the map covers every field).
 """
 
@@ -25,13 +26,13 @@ __all__ = [
     "OPTION_FIELDS",
     "add_index_options",
     "add_layout_options",
-    "add_plan_options",
     "add_mixture_options",
-    "step_range",
+    "add_plan_options",
     "index_config",
     "layout_config",
-    "plan_from_args",
     "mixture_config",
+    "plan_from_args",
+    "step_range",
 ]
 
 # option dest -> (dataclass, field): the one-to-one map the parser is built from (tests check it covers every field)
@@ -65,7 +66,8 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-# -- option value parsers --------------------------------------------------------------------------------------------------
+# -- option value parsers
+# --------------------------------------------------------------------------------------------------
 
 
 def _int_pairs(text: str, expected: str) -> list[tuple[int, int]]:
@@ -98,14 +100,20 @@ def mapping_version(text: str) -> int:
         try:
             found = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(f"expected a mapping version or a checkpoint recording one, got {text!r} ({exc})")
+            raise argparse.ArgumentTypeError(
+                f"expected a mapping version or a checkpoint recording one, got {text!r} ({exc})"
+            ) from None
         for key in ("data_fingerprint", "plan"):
             found = found.get(key, found) if isinstance(found, dict) else found
         version = found.get("mapping_version") if isinstance(found, dict) else None
         if not isinstance(version, int):
-            raise argparse.ArgumentTypeError(f"{path} records no mapping version (expected a checkpoint's data_fingerprint.json)")
+            raise argparse.ArgumentTypeError(
+                f"{path} records no mapping version (expected a checkpoint's data_fingerprint.json)"
+            )
     if version not in MAPPING_VERSIONS:
-        raise argparse.ArgumentTypeError(f"mapping version must be one of {MAPPING_VERSIONS}, got {version} (from {text!r})")
+        raise argparse.ArgumentTypeError(
+            f"mapping version must be one of {MAPPING_VERSIONS}, got {version} (from {text!r})"
+        )
     return version
 
 
@@ -134,25 +142,54 @@ def _weights_entry(text: str) -> tuple[int, list[str]]:
     except ValueError:
         first = -1
     if not sep or first < 1 or not weights.strip():
-        raise argparse.ArgumentTypeError(f"expected FIRST_STEP:W,W,... with FIRST_STEP >= 1, e.g. 5000:0.4,0.2,0.4, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected FIRST_STEP:W,W,... with FIRST_STEP >= 1, e.g. 5000:0.4,0.2,0.4, got {text!r}"
+        )
     return first, _csv(weights)
 
 
-# -- option groups ---------------------------------------------------------------------------------------------------------
+# -- option groups
+# ---------------------------------------------------------------------------------------------------------
 
 
 def add_mixture_options(p: argparse.ArgumentParser) -> None:
     """The MixtureConfig options."""
     g = p.add_argument_group("mixture (MixtureConfig)")
-    g.add_argument("--mixture-data", type=_csv, default=None, metavar="PATH,PATH,...",
-                   help="MixtureConfig.sources: draw from a mixture of these corpora (each indexed like --data) instead of --data")
-    g.add_argument("--mixture-weights", type=_csv, default=None, metavar="W,W,...",
-                   help="MixtureConfig.weights: one weight per source from step 0 (numbers or fractions such as 1/3)")
-    g.add_argument("--mixture-schedule", type=_weights_entry, action="append", default=None, metavar="STEP:W,W,...",
-                   help="MixtureConfig.schedule: weights from data step STEP on (repeat the option for more entries)")
-    g.add_argument("--mixture-seed", type=int, default=0, help="MixtureConfig.seed: interleaving and source shuffles (default: %(default)s)")
-    g.add_argument("--mixture-names", type=_csv, default=None, metavar="NAME,NAME,...",
-                   help="MixtureConfig.names: labels of the sources in reports (default: their paths)")
+    g.add_argument(
+        "--mixture-data",
+        type=_csv,
+        default=None,
+        metavar="PATH,PATH,...",
+        help="MixtureConfig.sources: draw from a mixture of these corpora (each indexed like --data) instead of --data",
+    )
+    g.add_argument(
+        "--mixture-weights",
+        type=_csv,
+        default=None,
+        metavar="W,W,...",
+        help="MixtureConfig.weights: one weight per source from step 0 (numbers or fractions such as 1/3)",
+    )
+    g.add_argument(
+        "--mixture-schedule",
+        type=_weights_entry,
+        action="append",
+        default=None,
+        metavar="STEP:W,W,...",
+        help="MixtureConfig.schedule: weights from data step STEP on (repeat the option for more entries)",
+    )
+    g.add_argument(
+        "--mixture-seed",
+        type=int,
+        default=0,
+        help="MixtureConfig.seed: interleaving and source shuffles (default: %(default)s)",
+    )
+    g.add_argument(
+        "--mixture-names",
+        type=_csv,
+        default=None,
+        metavar="NAME,NAME,...",
+        help="MixtureConfig.names: labels of the sources in reports (default: their paths)",
+    )
 
 
 def add_index_options(p: argparse.ArgumentParser) -> None:
@@ -161,55 +198,125 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
 
     d = IndexConfig()
     g = p.add_argument_group("index (IndexConfig)")
-    g.add_argument("--data", default=d.data, metavar="PATH",
-                   help="corpus: a text/json/jsonl/parquet file, a directory of them, a save_to_disk directory, or a "
-                        "pre-tokenized source KIND:PATH (megatron:PREFIX, olmo:FILE.npy, datatrove:FILE.ds, "
-                        "nanogpt:train.bin) (default: the running interpreter's standard library sources)")
+    g.add_argument(
+        "--data",
+        default=d.data,
+        metavar="PATH",
+        help=(
+            "corpus: a text/json/jsonl/parquet file, a directory of them, a save_to_disk directory, or a "
+            "pre-tokenized source KIND:PATH (megatron:PREFIX, olmo:FILE.npy, datatrove:FILE.ds, "
+            "nanogpt:train.bin) (default: the running interpreter's standard library sources)"
+        ),
+    )
     g.add_argument("--text-column", default=d.text_column, help="column holding the documents (default: %(default)s)")
-    g.add_argument("--tokenizer", default=d.tokenizer, metavar="PATH",
-                   help="sentencepiece .model file, Hugging Face tokenizer.json, or transformers tokenizer directory "
-                        "(default: train a BPE model of --vocab-size pieces on the corpus once, cached)")
-    g.add_argument("--vocab-size", type=int, default=d.vocab_size, help="vocabulary of the default tokenizer (default: %(default)s)")
-    g.add_argument("--cache-dir", default=d.cache_dir, metavar="DIR",
-                   help="where tokenizers and indexes are cached (default: $DETSAMPLER_CACHE or ./.cache/detsampler)")
-    g.add_argument("--num-proc", type=int, default=d.num_proc, help="tokenizer processes for a build (default: %(default)s)")
-    g.add_argument("--store-tokens", action=argparse.BooleanOptionalAction, default=d.store_tokens,
-                   help="store the tokens (default), or only counts and offsets, tokenizing samples on the fly")
-    g.add_argument("--max-documents", type=int, default=d.max_documents, metavar="N", help="use only the first N documents")
-    g.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=d.add_bos,
-                   help="store the tokenizer's BOS before each document (default: no)")
-    g.add_argument("--add-eos", choices=("virtual", "real"), default=d.add_eos,
-                   help="the EOS after each document: virtual (read, never stored; the default for text) or real (stored; "
-                        "the default for a pre-tokenized source, read as stored)")
+    g.add_argument(
+        "--tokenizer",
+        default=d.tokenizer,
+        metavar="PATH",
+        help=(
+            "sentencepiece .model file, Hugging Face tokenizer.json, or transformers tokenizer directory "
+            "(default: train a BPE model of --vocab-size pieces on the corpus once, cached)"
+        ),
+    )
+    g.add_argument(
+        "--vocab-size",
+        type=int,
+        default=d.vocab_size,
+        help="vocabulary of the default tokenizer (default: %(default)s)",
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=d.cache_dir,
+        metavar="DIR",
+        help="where tokenizers and indexes are cached (default: $DETSAMPLER_CACHE or ./.cache/detsampler)",
+    )
+    g.add_argument(
+        "--num-proc", type=int, default=d.num_proc, help="tokenizer processes for a build (default: %(default)s)"
+    )
+    g.add_argument(
+        "--store-tokens",
+        action=argparse.BooleanOptionalAction,
+        default=d.store_tokens,
+        help="store the tokens (default), or only counts and offsets, tokenizing samples on the fly",
+    )
+    g.add_argument(
+        "--max-documents", type=int, default=d.max_documents, metavar="N", help="use only the first N documents"
+    )
+    g.add_argument(
+        "--add-bos",
+        action=argparse.BooleanOptionalAction,
+        default=d.add_bos,
+        help="store the tokenizer's BOS before each document (default: no)",
+    )
+    g.add_argument(
+        "--add-eos",
+        choices=("virtual", "real"),
+        default=d.add_eos,
+        help=(
+            "the EOS after each document: virtual (read, never stored; the default for text) or real (stored; "
+            "the default for a pre-tokenized source, read as stored)"
+        ),
+    )
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:
     """The LayoutConfig options, defaulting to LayoutConfig's defaults."""
     d = LayoutConfig()
     g = p.add_argument_group("layout (LayoutConfig)")
-    g.add_argument("--kind", choices=LAYOUT_KINDS, default=d.kind, help="how documents are cut into samples (default: %(default)s)")
+    g.add_argument(
+        "--kind", choices=LAYOUT_KINDS, default=d.kind, help="how documents are cut into samples (default: %(default)s)"
+    )
     g.add_argument("--seq-len", type=int, default=d.seq_len, help="input tokens per sample (default: %(default)s)")
-    g.add_argument("--layout-seed", type=int, default=d.seed, help="LayoutConfig.seed: the document order (default: %(default)s)")
-    g.add_argument("--window-docs", type=int, default=d.window_docs, help="bestfit: documents packed together (default: %(default)s)")
+    g.add_argument(
+        "--layout-seed", type=int, default=d.seed, help="LayoutConfig.seed: the document order (default: %(default)s)"
+    )
+    g.add_argument(
+        "--window-docs",
+        type=int,
+        default=d.window_docs,
+        help="bestfit: documents packed together (default: %(default)s)",
+    )
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
     """The Plan options (all but ``num_samples``, which is the layout's or the mixture's)."""
     g = p.add_argument_group("plan (Plan)")
     g.add_argument("--seed", type=int, default=0, help="Plan.seed: the per-epoch shuffle (default: %(default)s)")
-    g.add_argument("--global-batch-size", type=int, default=8, help="samples per step, all ranks (default: %(default)s)")
-    g.add_argument("--micro-batch-size", type=int, default=2, help="samples per rank per micro step (default: %(default)s)")
+    g.add_argument(
+        "--global-batch-size", type=int, default=8, help="samples per step, all ranks (default: %(default)s)"
+    )
+    g.add_argument(
+        "--micro-batch-size", type=int, default=2, help="samples per rank per micro step (default: %(default)s)"
+    )
     g.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (default: %(default)s)")
-    g.add_argument("--batch-size-schedule", type=_schedule, default=None, metavar="S:B[,S:B...]",
-                   help="global batch size ramp: FIRST_STEP:SIZE pairs from step 0; the last SIZE must equal --global-batch-size")
-    g.add_argument("--skip-steps", type=_skip_ranges, default=None, metavar="A:B[,A:B...]",
-                   help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them")
-    g.add_argument("--mapping-version", type=mapping_version, default=MAPPING_VERSION, metavar="V|CHECKPOINT",
-                   help="Plan.mapping_version: the sample orders of this version, or of the version a checkpoint directory "
-                        "(or its data_fingerprint.json) records (default: %(default)s, the current one)")
+    g.add_argument(
+        "--batch-size-schedule",
+        type=_schedule,
+        default=None,
+        metavar="S:B[,S:B...]",
+        help="global batch size ramp: FIRST_STEP:SIZE pairs from step 0; the last SIZE must equal --global-batch-size",
+    )
+    g.add_argument(
+        "--skip-steps",
+        type=_skip_ranges,
+        default=None,
+        metavar="A:B[,A:B...]",
+        help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them",
+    )
+    g.add_argument(
+        "--mapping-version",
+        type=mapping_version,
+        default=MAPPING_VERSION,
+        metavar="V|CHECKPOINT",
+        help=(
+            "Plan.mapping_version: the sample orders of this version, or of the version a checkpoint directory "
+            "(or its data_fingerprint.json) records (default: %(default)s, the current one)"
+        ),
+    )
 
 
-# -- parsed options -> dataclasses -----------------------------------------------------------------------------------------
+# -- parsed options -> dataclasses
+# -----------------------------------------------------------------------------------------
 
 
 def index_config(args: argparse.Namespace) -> IndexConfig:
@@ -221,7 +328,9 @@ def index_config(args: argparse.Namespace) -> IndexConfig:
 
 def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutConfig:
     """The LayoutConfig of the parsed options, with ``kind`` in place of ``--kind`` when given."""
-    return LayoutConfig(kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs)
+    return LayoutConfig(
+        kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs
+    )
 
 
 def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, source: Mixture | None = None) -> Plan:
@@ -250,5 +359,10 @@ def mixture_config(args: argparse.Namespace) -> MixtureConfig | None:
         raise ValueError("give either --data (one corpus) or --mixture-data (a mixture), not both")
     if args.mixture_weights is None:
         raise ValueError("--mixture-data needs --mixture-weights, one weight per source")
-    return MixtureConfig(sources=args.mixture_data, weights=args.mixture_weights, schedule=args.mixture_schedule or (),
-                         seed=args.mixture_seed, names=args.mixture_names)
+    return MixtureConfig(
+        sources=args.mixture_data,
+        weights=args.mixture_weights,
+        schedule=args.mixture_schedule or (),
+        seed=args.mixture_seed,
+        names=args.mixture_names,
+    )

@@ -43,40 +43,79 @@ def _add_tokenizer_command(sub: Any) -> None:
     """``detsampler tokenizer train``."""
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    train = tok_sub.add_parser("train", help="train a BPE tokenizer (sentencepiece or Hugging Face)", description=(
-        "Train a BPE tokenizer locally. --kind sentencepiece (default): a .model file (byte fallback, identity "
-        "normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3). --kind hf-bpe: a Hugging Face byte-level BPE "
-        "tokenizer.json and tokenizer_config.json in the directory --out (<|endoftext|> 0 = EOS, <|begin_of_text|> 1 = "
-        "BOS, <|pad|> 2)."))
-    train.add_argument("--kind", choices=("sentencepiece", "hf-bpe"), default="sentencepiece",
-                       help="the tokenizer to train (default: %(default)s)")
-    train.add_argument("--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)")
+    train = tok_sub.add_parser(
+        "train",
+        help="train a BPE tokenizer (sentencepiece or Hugging Face)",
+        description=(
+            "Train a BPE tokenizer locally. --kind sentencepiece (default): a .model file (byte fallback, identity"
+            " normalization, '\\n' a piece; unk 0, bos 1, eos 2, pad 3). --kind hf-bpe: a Hugging Face byte-level BPE"
+            " tokenizer.json and tokenizer_config.json in the directory --out (<|endoftext|> 0 = EOS, <|begin_of_text|>"
+            " 1 = BOS, <|pad|> 2)."
+        ),
+    )
+    train.add_argument(
+        "--kind",
+        choices=("sentencepiece", "hf-bpe"),
+        default="sentencepiece",
+        help="the tokenizer to train (default: %(default)s)",
+    )
+    train.add_argument(
+        "--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)"
+    )
     train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
-    train.add_argument("--out", required=True, metavar="PATH",
-                       help="where to write the .model file (sentencepiece) or the tokenizer directory (hf-bpe)")
+    train.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="where to write the .model file (sentencepiece) or the tokenizer directory (hf-bpe)",
+    )
 
 
 def _add_build_command(sub: Any) -> None:
     """``detsampler build``: the index options, and how to print."""
-    build = sub.add_parser("build", help="build (or open) the index and print its summary",
-                           description="Build the token index of the corpus (or open the cached one) and print its summary.")
+    build = sub.add_parser(
+        "build",
+        help="build (or open) the index and print its summary",
+        description="Build the token index of the corpus (or open the cached one) and print its summary.",
+    )
     add_index_options(build)
-    build.add_argument("--from", nargs=2, dest="source", default=None, metavar=("KIND", "PATH"),
-                       help="open a pre-tokenized corpus instead of building: KIND megatron (PATH = the .bin/.idx prefix), "
-                            "olmo (a .npy token file), datatrove (a .ds file), nanogpt (a train.bin); same as --data KIND:PATH")
+    build.add_argument(
+        "--from",
+        nargs=2,
+        dest="source",
+        default=None,
+        metavar=("KIND", "PATH"),
+        help=(
+            "open a pre-tokenized corpus instead of building: KIND megatron (PATH = the .bin/.idx prefix), "
+            "olmo (a .npy token file), datatrove (a .ds file), nanogpt (a train.bin); same as --data KIND:PATH"
+        ),
+    )
     build.add_argument("--verify-tokens", action="store_true", help="also check the token file's sha256 when opening")
     build.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_layout_options(build)
-    build.add_argument("--layout", action="store_true",
-                       help="also build the persisted layout of --kind/--seq-len/... beside the index (once per corpus)")
+    build.add_argument(
+        "--layout",
+        action="store_true",
+        help="also build the persisted layout of --kind/--seq-len/... beside the index (once per corpus)",
+    )
     sharded = build.add_argument_group("sharded index (one shard per input file of --data; needs --tokenizer)")
-    sharded.add_argument("--shard", default=None, metavar="I|auto",
-                         help="build only the shards I, I+N, I+2N, ... (auto: I = $RANK, N = $WORLD_SIZE, as torchrun sets)")
-    sharded.add_argument("--num-shards", type=int, default=None, metavar="N", help="the number of tasks N (with --shard I)")
+    sharded.add_argument(
+        "--shard",
+        default=None,
+        metavar="I|auto",
+        help="build only the shards I, I+N, I+2N, ... (auto: I = $RANK, N = $WORLD_SIZE, as torchrun sets)",
+    )
+    sharded.add_argument(
+        "--num-shards", type=int, default=None, metavar="N", help="the number of tasks N (with --shard I)"
+    )
     sharded.add_argument("--finalize", action="store_true", help="write the manifest once every shard is built")
     sharded.add_argument("--sharded", action="store_true", help="build every shard here, then the manifest")
-    sharded.add_argument("--engine", choices=("local", "ray"), default="local",
-                         help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)")
+    sharded.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,35 +123,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="detsampler",
         description="Deterministic, resumable LLM data loading: build a token index and inspect the plan over it.",
-        epilog="Every option maps onto one field of IndexConfig, LayoutConfig or Plan; `detsampler COMMAND --help` lists them.",
+        epilog=(
+            "Every option maps onto one field of IndexConfig, LayoutConfig or Plan; `detsampler COMMAND --help` lists"
+            " them."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_tokenizer_command(sub)
     _add_build_command(sub)
 
-    show = sub.add_parser("show", help="what a rank reads at a step: documents, token offsets, optionally text",
-                          description="Which documents and token offsets each rank reads at a step (and micro step), "
-                                      "with the decoded text on --decode: the tool for explaining a loss spike at step S.")
+    show = sub.add_parser(
+        "show",
+        help="what a rank reads at a step: documents, token offsets, optionally text",
+        description=(
+            "Which documents and token offsets each rank reads at a step (and micro step), "
+            "with the decoded text on --decode: the tool for explaining a loss spike at step S."
+        ),
+    )
     _add_plan_inputs(show)
     show.add_argument("--step", type=int, required=True, help="the training step")
     show.add_argument("--rank", type=int, default=None, help="one data-parallel rank (default: all)")
     show.add_argument("--micro-step", type=int, default=None, help="one micro step of the step (default: all)")
     show.add_argument("--decode", action="store_true", help="print each span's decoded text")
-    show.add_argument("--max-chars", type=_non_negative, default=160, help="--decode: characters of text per span (default: %(default)s, 0 = all)")
+    show.add_argument(
+        "--max-chars",
+        type=_non_negative,
+        default=160,
+        help="--decode: characters of text per span (default: %(default)s, 0 = all)",
+    )
 
-    verify = sub.add_parser("verify", help="check a range of steps across all ranks: no duplicates, no gaps",
-                            description="Recompute the plan for steps A..B-1 on every rank and micro step and check that the "
-                                        "micro batches partition each step, no sample repeats within an epoch, and every "
-                                        "epoch the range covers completely reads every sample; print epoch coverage.")
+    verify = sub.add_parser(
+        "verify",
+        help="check a range of steps across all ranks: no duplicates, no gaps",
+        description=(
+            "Recompute the plan for steps A..B-1 on every rank and micro step and check that the "
+            "micro batches partition each step, no sample repeats within an epoch, and every "
+            "epoch the range covers completely reads every sample; print epoch coverage."
+        ),
+    )
     _add_plan_inputs(verify)
     verify.add_argument("--steps", type=step_range, required=True, metavar="A:B", help="steps A .. B-1")
-    verify.add_argument("--tokens", action="store_true",
-                        help="also check every chunk checksum and the sha256 of each index file (reads them all)")
+    verify.add_argument(
+        "--tokens",
+        action="store_true",
+        help="also check every chunk checksum and the sha256 of each index file (reads them all)",
+    )
 
-    stats = sub.add_parser("stats", help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
-                           description="Corpus and index counts, and per layout kind: samples per epoch, padding fraction, "
-                                       "dropped tokens, steps per epoch and the epoch reached at --step.")
+    stats = sub.add_parser(
+        "stats",
+        help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
+        description=(
+            "Corpus and index counts, and per layout kind: samples per epoch, padding fraction, "
+            "dropped tokens, steps per epoch and the epoch reached at --step."
+        ),
+    )
     _add_plan_inputs(stats)
     stats.add_argument("--step", type=int, default=None, help="report the epoch reached at this step")
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-__all__ = ["print_rows", "rel", "fmt_int", "fmt_weights"]
+__all__ = ["fmt_int", "fmt_weights", "print_rows", "rel"]
 
 
 def print_rows(rows: Sequence[tuple[str, Any]]) -> None:

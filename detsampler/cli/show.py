@@ -1,4 +1,5 @@
-"""``detsampler show``: which documents and token offsets each rank reads at a step (and micro step), optionally with the
+"""``detsampler show``: which documents and token offsets each rank reads at a step (and micro step), optionally with
+the
 decoded text — the tool for explaining a loss spike at step S.
 
 Invariant: what is printed is what :func:`detsampler.locate.locate` computes for that (step, rank, micro step), the same
@@ -8,7 +9,8 @@ call the data loader's batches come from.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -55,15 +57,22 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
         where_from = f"mixture of {len(labels)} sources, weights {fmt_weights(weights)}"
         per_epoch = "samples per epoch " + ", ".join(f"{n}: {lay.num_samples}" for n, lay in zip(labels, layouts))
     print(
-        f"step {step}{data}: {where_from}, global batch {plan.batch_size(step)} samples at positions "
-        f"[{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro step(s) "
-        f"x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind} seq_len={layout.config.seq_len}, "
-        f"{per_epoch}"
+        f"step {step}{data}: {where_from}, global batch {plan.batch_size(step)} samples at positions"
+        f" [{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro"
+        f" step(s) x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind}"
+        f" seq_len={layout.config.seq_len}, {per_epoch}"
     )
 
 
-def _print_micro_batch(args: argparse.Namespace, plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None,
-                       prepared: Sequence[Prepared], rank: int, micro_step: int) -> None:
+def _print_micro_batch(
+    args: argparse.Namespace,
+    plan: Plan,
+    layouts: Sequence[Layout],
+    labels: Sequence[str] | None,
+    prepared: Sequence[Prepared],
+    rank: int,
+    micro_step: int,
+) -> None:
     from detsampler.locate import locate
 
     loc = locate(plan, layouts if labels is not None else layouts[0], args.step, rank=rank, micro_step=micro_step)
@@ -74,8 +83,10 @@ def _print_micro_batch(args: argparse.Namespace, plan: Plan, layouts: Sequence[L
         k = 0 if loc.sources is None else int(loc.sources[i])
         source = "" if labels is None else f"source {labels[k]}  source sample {int(loc.source_sample_ids[i])}  "
         epoch = "epoch" if labels is None else "source epoch"
-        print(f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
-              f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)")
+        print(
+            f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
+            f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)"
+        )
         src = prepared[k]
         has_path = src.dataset is not None and "path" in src.dataset.column_names
         for doc, s, e in spans:

@@ -1,4 +1,5 @@
-"""``detsampler stats``: corpus and index counts, and per layout kind (or per mixture source) samples per epoch, padding,
+"""``detsampler stats``: corpus and index counts, and per layout kind (or per mixture source) samples per epoch,
+padding,
 dropped tokens, steps per epoch and what a step has reached.
 
 Invariant: every number is read from the index, the layouts and the plan; nothing is estimated.
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
@@ -17,7 +19,7 @@ from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
 from detsampler.verify import document_stats, layout_stats, mixture_stats
 
-__all__ = ["index_stats", "cmd_stats"]
+__all__ = ["cmd_stats", "index_stats"]
 
 
 def _cmd_stats_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
@@ -31,16 +33,22 @@ def _cmd_stats_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
         return 0
     header = f"{'source':<12} {'documents':>10} {'tokens':>12} {'samples/epoch':>14} {'padding':>8}"
     if args.step is not None:
-        print(f"at step {args.step} (data step {out['data_step']}, position {out['position']}), weights "
-              f"{', '.join(out['weights_at_step'])}; layout {args.kind} seq_len={args.seq_len}")
+        print(
+            f"at step {args.step} (data step {out['data_step']}, position {out['position']}), weights "
+            f"{', '.join(out['weights_at_step'])}; layout {args.kind} seq_len={args.seq_len}"
+        )
         header += f" {'samples':>10} {'epochs':>8} {'tokens used':>12} {'token share':>12} {'asked':>7}"
     print(header)
     for row in out["sources"]:
-        line = (f"{row['name']:<12} {row['documents']:>10,} {row['tokens_in_corpus']:>12,} {row['samples_per_epoch']:>14,} "
-                f"{100 * row['padding_fraction']:>7.2f}%")
+        line = (
+            f"{row['name']:<12} {row['documents']:>10,} {row['tokens_in_corpus']:>12,} {row['samples_per_epoch']:>14,} "
+            f"{100 * row['padding_fraction']:>7.2f}%"
+        )
         if args.step is not None:
-            line += (f" {row['samples']:>10,} {row['epochs']:>8.3f} {row['tokens']:>12,} {100 * row['token_share']:>11.2f}% "
-                     f"{100 * row['expected_share']:>6.2f}%" + ("  (upsampled)" if row["upsampled"] else ""))
+            line += (
+                f" {row['samples']:>10,} {row['epochs']:>8.3f} {row['tokens']:>12,} {100 * row['token_share']:>11.2f}% "
+                f"{100 * row['expected_share']:>6.2f}%" + ("  (upsampled)" if row["upsampled"] else "")
+            )
         print(line)
     return 0
 
@@ -65,20 +73,27 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
 
 def _print_index_stats(args: argparse.Namespace, out: dict[str, Any]) -> None:
     dt = out["document_tokens"]
-    print_rows([
-        ("documents", f"{fmt_int(out['documents'])} ({out['empty_documents']} empty)"),
-        ("tokens", f"{fmt_int(out['tokens'])} (+{fmt_int(out['documents'])} EOS = {fmt_int(out['tokens_with_eos'])})"),
-        ("tokens/document", f"min {dt['min']}, median {dt['median']:.0f}, mean {dt['mean']:.1f}, max {dt['max']}"),
-        ("seq_len", args.seq_len),
-        ("global batch size", args.global_batch_size),
-    ])
+    print_rows(
+        [
+            ("documents", f"{fmt_int(out['documents'])} ({out['empty_documents']} empty)"),
+            (
+                "tokens",
+                f"{fmt_int(out['tokens'])} (+{fmt_int(out['documents'])} EOS = {fmt_int(out['tokens_with_eos'])})",
+            ),
+            ("tokens/document", f"min {dt['min']}, median {dt['median']:.0f}, mean {dt['mean']:.1f}, max {dt['max']}"),
+            ("seq_len", args.seq_len),
+            ("global batch size", args.global_batch_size),
+        ]
+    )
     header = f"{'layout':<9} {'samples/epoch':>14} {'padding':>8} {'dropped':>8} {'steps/epoch':>12}"
     if args.step is not None:
         header += f" {'epochs@' + str(args.step):>12}"
     print(header)
     for k, row in out["layouts"].items():
-        line = (f"{k:<9} {row['samples_per_epoch']:>14,} {100 * row['padding_fraction']:>7.2f}% {row['dropped_tokens']:>8,} "
-                f"{row['steps_per_epoch']:>12.1f}")
+        line = (
+            f"{k:<9} {row['samples_per_epoch']:>14,} {100 * row['padding_fraction']:>7.2f}% {row['dropped_tokens']:>8,}"
+            f" {row['steps_per_epoch']:>12.1f}"
+        )
         if args.step is not None:
             line += f" {row['epochs_at_step']:>12.4f}"
         print(line)

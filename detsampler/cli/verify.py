@@ -21,9 +21,11 @@ def _print_epochs(rows: list[dict[str, Any]], indent: str) -> None:
     for r in rows:
         gaps = "n/a (partial epoch)" if r["gaps"] is None else r["gaps"]
         skipped = f", {r['skipped_samples']} skipped" if r["skipped_samples"] else ""
-        print(f"{indent}epoch {r['epoch']}: {r['positions']} positions, {r['distinct_samples']} distinct samples "
-              f"({100 * r['coverage']:.2f}% of the epoch){skipped}, duplicates {r['duplicates']}, gaps {gaps}"
-              + (", complete" if r["complete"] else ""))
+        print(
+            f"{indent}epoch {r['epoch']}: {r['positions']} positions, {r['distinct_samples']} distinct samples "
+            f"({100 * r['coverage']:.2f}% of the epoch){skipped}, duplicates {r['duplicates']}, gaps {gaps}"
+            + (", complete" if r["complete"] else "")
+        )
 
 
 def _print_verdict(report: dict) -> int:
@@ -33,12 +35,16 @@ def _print_verdict(report: dict) -> int:
 
 def _print_header(report: dict, plan: Plan, what: str) -> None:
     a, b = report["steps"]
-    print(f"verify steps {a}..{b - 1}: {b - a} steps x {plan.world_size} rank(s), positions [{report['positions'][0]}, "
-          f"{report['positions'][1]}), {what}")
+    print(
+        f"verify steps {a}..{b - 1}: {b - a} steps x {plan.world_size} rank(s), positions [{report['positions'][0]}, "
+        f"{report['positions'][1]}), {what}"
+    )
     if report["skipped"]["positions"]:
         ranges = ", ".join(f"{lo}..{hi}" for lo, hi in report["skipped"]["data_steps"])
-        print(f"  skipped: data steps {ranges} ({report['skipped']['positions']} positions, never trained on; "
-              "accounted as skipped, not as gaps)")
+        print(
+            f"  skipped: data steps {ranges} ({report['skipped']['positions']} positions, never trained on; "
+            "accounted as skipped, not as gaps)"
+        )
     if report["position_problems"]:
         print(f"  micro batches do not partition steps {report['position_problems'][:10]}")
 
@@ -70,6 +76,9 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     report = verify_mixture_plan(plan, a, b)
     _print_header(report, plan, f"{layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")
     for name, src in zip(config.labels, report["sources"]):
-        print(f"  source {name}: {src['num_samples']} samples per epoch, source positions [{src['served'][0]}, {src['served'][1]})")
+        print(
+            f"  source {name}: {src['num_samples']} samples per epoch, source positions [{src['served'][0]},"
+            f" {src['served'][1]})"
+        )
         _print_epochs(src["epochs"], "    ")
     return _print_verdict(report)

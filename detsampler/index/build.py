@@ -2,7 +2,8 @@
 place.
 
 Invariants: an index directory exists under its final name only once complete (written to a temporary directory, every
-file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens. One
+file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens.
+One
 process builds, the others wait and open: a file lock on the cache entry serializes builders across processes, ranks and
 jobs. There is no collective: ranks on nodes without a shared filesystem each build their own copy (one per node), and a
 build longer than a process group's timeout times nothing out. torch is never imported here.
@@ -46,8 +47,17 @@ __all__ = ["build_index"]
 logger = logging.getLogger("detsampler")
 
 
-def _write_tokens(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype,
-                  store_tokens: bool, progress: bool, policy: SpecialTokens) -> tuple[np.ndarray, int]:
+def _write_tokens(
+    tmp: Path,
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str,
+    num_proc: int,
+    dtype: np.dtype,
+    store_tokens: bool,
+    progress: bool,
+    policy: SpecialTokens,
+) -> tuple[np.ndarray, int]:
     """Tokenize ``dataset``, streaming the tokens to ``tmp/tokens.npy`` (with ``store_tokens``; its header written last,
     the file fsynced); returns the documents' lengths and the number of tokens."""
     lengths_parts: list[np.ndarray] = []
@@ -79,12 +89,23 @@ def _write_meta(tmp: Path, meta: dict) -> None:
     atomic_write(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
-def _write_index(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, store_tokens: bool,
-                 progress: bool, key: str, policy: SpecialTokens) -> dict:
+def _write_index(
+    tmp: Path,
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str,
+    num_proc: int,
+    store_tokens: bool,
+    progress: bool,
+    key: str,
+    policy: SpecialTokens,
+) -> dict:
     """Write the complete index of ``dataset`` into the directory ``tmp``; returns its meta."""
     dtype = token_dtype(tokenizer.vocab_size)
     start = time.perf_counter()
-    lengths, num_tokens = _write_tokens(tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress, policy)
+    lengths, num_tokens = _write_tokens(
+        tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress, policy
+    )
     seconds = time.perf_counter() - start
     if lengths.size != len(dataset):  # pragma: no cover - guards the batching
         raise RuntimeError(f"tokenized {lengths.size} documents of {len(dataset)}")
@@ -109,17 +130,28 @@ def _write_index(tmp: Path, dataset: Any, tokenizer: TokenizerLike, text_column:
         "num_documents": int(lengths.size),
         "num_tokens": int(num_tokens),
         "files": files,
-        "build": {"seconds": round(seconds, 3), "tokens_per_second": round(num_tokens / max(seconds, 1e-9)), "num_proc": num_proc},
+        "build": {
+            "seconds": round(seconds, 3),
+            "tokens_per_second": round(num_tokens / max(seconds, 1e-9)),
+            "num_proc": num_proc,
+        },
     }
     _write_meta(tmp, seal_meta(meta))
     if progress:
-        logger.info("detsampler: tokenized %d documents, %d tokens in %.2f s (%s tokens/s, num_proc=%d)", lengths.size,
-                    num_tokens, seconds, f"{num_tokens / max(seconds, 1e-9):,.0f}", num_proc)
+        logger.info(
+            "detsampler: tokenized %d documents, %d tokens in %.2f s (%s tokens/s, num_proc=%d)",
+            lengths.size,
+            num_tokens,
+            seconds,
+            f"{num_tokens / max(seconds, 1e-9):,.0f}",
+            num_proc,
+        )
     return meta
 
 
 def _check_build_args(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int) -> None:
-    """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is one."""
+    """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is
+    one."""
     from detsampler.text.corpus import check_text_column
 
     check_text_column(dataset, text_column)
@@ -164,13 +196,25 @@ def build_index(
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"index-{key}"
-    if (final / "meta.json").is_file():  # complete by construction (renamed into place): no lock, a read-only cache works
+    if (
+        final / "meta.json"
+    ).is_file():  # complete by construction (renamed into place): no lock, a read-only cache works
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress, policy)
 
 
-def _build_locked(root: Path, final: Path, key: str, dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int,
-                  store_tokens: bool, progress: bool, policy: SpecialTokens) -> TokenIndex:
+def _build_locked(
+    root: Path,
+    final: Path,
+    key: str,
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str,
+    num_proc: int,
+    store_tokens: bool,
+    progress: bool,
+    policy: SpecialTokens,
+) -> TokenIndex:
     if (final / "meta.json").is_file():  # complete: open without the lock
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
     with FileLock(str(root / f"index-{key}.lock")):

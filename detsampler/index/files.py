@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HEADER_BYTES", "sha256_file", "npy_bytes", "npy_header", "save_npy"]
+__all__ = ["HEADER_BYTES", "npy_bytes", "npy_header", "save_npy", "sha256_file"]
 
 HEADER_BYTES = 128  # a 1-D .npy v1.0 header is always 128 bytes (checked when written)
 
@@ -29,7 +29,9 @@ def npy_header(dtype: np.dtype, n: int) -> bytes:
     import io
 
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)})
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
+    )
     header = buf.getvalue()
     if len(header) != HEADER_BYTES:  # pragma: no cover - numpy's v1.0 header layout is fixed
         raise RuntimeError(f"unexpected .npy header size {len(header)}")
@@ -41,7 +43,6 @@ def save_npy(path: Path, array: np.ndarray) -> None:
         np.lib.format.write_array(f, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
-
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

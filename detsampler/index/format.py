@@ -61,8 +61,13 @@ def dataset_fingerprint(dataset: Any) -> str:
     return fp
 
 
-def index_cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "text", store_tokens: bool = True,
-                    special_tokens: SpecialTokens | None = None) -> str:
+def index_cache_key(
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str = "text",
+    store_tokens: bool = True,
+    special_tokens: SpecialTokens | None = None,
+) -> str:
     """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options, the BOS/EOS policy and the
     format version."""
     fields = {
@@ -76,7 +81,6 @@ def index_cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "
     if special_tokens is not None and special_tokens != SpecialTokens():
         fields["special_tokens"] = {**special_tokens.to_meta(), "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
-
 
 
 SEAL_FIELD = "meta_sha256"

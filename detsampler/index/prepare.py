@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
@@ -25,13 +26,16 @@ __all__ = ["IndexConfig", "Prepared", "prepare_index", "prepare_sources"]
 class IndexConfig:
     """Where the documents come from, how they are tokenized, and where the index is cached.
 
-    ``data``: None for the default corpus (the interpreter's standard library sources), else a local file, a directory of
+    ``data``: None for the default corpus (the interpreter's standard library sources), else a local file, a directory
+    of
     text/json/jsonl/parquet files, a ``save_to_disk`` directory, or a pre-tokenized source ``KIND:PATH``
-    (:mod:`detsampler.index.sources`: ``megatron``, ``olmo``, ``datatrove``, ``nanogpt``; opened, never copied). ``tokenizer``: a sentencepiece ``.model``, a Hugging
+    (:mod:`detsampler.index.sources`: ``megatron``, ``olmo``, ``datatrove``, ``nanogpt``; opened, never copied).
+    ``tokenizer``: a sentencepiece ``.model``, a Hugging
     Face ``tokenizer.json`` or a local transformers tokenizer directory, or None to train a ``vocab_size``-piece BPE
     model on the corpus once (cached); a pre-tokenized source takes its EOS, pad id and vocabulary size from it when
     given. ``add_bos`` / ``add_eos``: the BOS/EOS policy (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for
-    text and ``"real"`` for a pre-tokenized source, whose stored tokens are read as they are). ``max_documents``: keep only the first N rows.
+    text and ``"real"`` for a pre-tokenized source, whose stored tokens are read as they are). ``max_documents``: keep
+    only the first N rows.
     ``cache_dir``: None for ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
     """
 
@@ -47,12 +51,14 @@ class IndexConfig:
     add_eos: str | None = None
 
     def __post_init__(self) -> None:
-        self.special_tokens  # validates add_bos / add_eos
+        _ = self.special_tokens  # validates add_bos / add_eos
         if not isinstance(self.text_column, str) or not self.text_column:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
         check_int(self.vocab_size, "vocab_size", minimum=300)
         check_positive_int(self.num_proc, "num_proc")
-        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()):
+        if self.cache_dir is not None and (
+            not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()
+        ):
             raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
         if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
@@ -92,7 +98,8 @@ def load_dataset_for(config: IndexConfig) -> Any:
 
 
 def _prepare_sharded(config: IndexConfig) -> Prepared:
-    """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``): opened as one index,
+    """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``): opened as one
+    index,
     with its tokenizer (required, checked); there is no dataset (its shards hold the tokens)."""
     from detsampler.index.sharded import ShardedIndex
 
@@ -152,7 +159,8 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
 def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = True) -> list[Prepared]:
     """One prepared index per mixture source (``base`` with ``data`` set to each source), all with one tokenizer.
 
-    Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on the
+    Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on
+    the
     standard library (never a model trained per source, which would make token ids incomparable across sources).
     """
     tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)

@@ -4,14 +4,17 @@ Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``a
 
     lengths.npy   int64[num_documents]       positions of document d before its EOS (a BOS counted, the EOS not)
     offsets.npy   int64[num_documents + 1]   where document d's stored tokens start; offsets[-1] = num_tokens
-                                             (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else lengths[d])
-    tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
+                                             (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else
+                                             lengths[d])
+    tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens
+    only)
     meta.json     format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
     *.sums.npy    CRC-32 of each 64 KiB chunk of the three arrays (checked the first time a process reads the chunk)
     layouts/      persisted layouts, one directory per layout config, MAPPING_VERSION and packing version
 
 Invariants: an index directory exists under its final name only once complete (it is written to a temporary directory,
-every file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens;
+every file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that
+opens;
 :meth:`TokenIndex.open` checks the format version, every file's size and shape, and the small files' checksums, so a
 truncated or edited index is an error and never a wrong sample. Nothing an index holds is ever executed.
 
@@ -58,7 +61,9 @@ def _read_meta(path: Path) -> dict:
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenIndexError(f"index {str(path)!r}: meta.json is not valid JSON ({exc}); delete the directory and rebuild") from None
+        raise TokenIndexError(
+            f"index {str(path)!r}: meta.json is not valid JSON ({exc}); delete the directory and rebuild"
+        ) from None
     if not isinstance(meta, dict) or meta.get("kind") != INDEX_KIND:
         raise TokenIndexError(f"{str(path)!r} is not a detsampler token index (meta.json kind is not {INDEX_KIND!r})")
     if meta.get("format_version") != INDEX_FORMAT_VERSION:
@@ -68,11 +73,13 @@ def _read_meta(path: Path) -> dict:
         )
     if not seal_ok(meta):
         raise TokenIndexError(
-            f"index {str(path)!r}: meta.json fails its checksum (meta_sha256): it was edited after the build; delete the "
-            "directory and rebuild"
+            f"index {str(path)!r}: meta.json fails its checksum (meta_sha256): it was edited after the build; delete"
+            " the directory and rebuild"
         )
     if path.name.startswith("index-") and path.name != f"index-{meta.get('cache_key')}":
-        raise TokenIndexError(f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's")
+        raise TokenIndexError(
+            f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's"
+        )
     return meta
 
 
@@ -81,7 +88,10 @@ def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> N
     for name, arr in arrays.items():
         arr.verify_all()
         if sha256_file(path / name) != files[name]["sha256"]:
-            raise TokenIndexError(f"index {str(path)!r}: {name}'s sha256 differs from the recorded one: the file was edited; delete the directory and rebuild")
+            raise TokenIndexError(
+                f"index {str(path)!r}: {name}'s sha256 differs from the recorded one: the file was edited; delete the"
+                " directory and rebuild"
+            )
 
 
 class TokenIndex:
@@ -91,7 +101,9 @@ class TokenIndex:
     position ``lengths[d]``. Pickles as its path (workers reopen the memory maps; nothing is copied).
     """
 
-    def __init__(self, path: Path, meta: dict, lengths: np.ndarray, offsets: np.ndarray, tokens: np.ndarray | None) -> None:
+    def __init__(
+        self, path: Path, meta: dict, lengths: np.ndarray, offsets: np.ndarray, tokens: np.ndarray | None
+    ) -> None:
         self.path = Path(path)
         self.meta = meta
         self.lengths = lengths
@@ -151,20 +163,33 @@ class TokenIndex:
 
     # -- identity
     @staticmethod
-    def cache_key(dataset: Any, tokenizer: TokenizerLike, text_column: str = "text", store_tokens: bool = True,
-                  special_tokens: SpecialTokens | None = None) -> str:
-        """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and the format version."""
+    def cache_key(
+        dataset: Any,
+        tokenizer: TokenizerLike,
+        text_column: str = "text",
+        store_tokens: bool = True,
+        special_tokens: SpecialTokens | None = None,
+    ) -> str:
+        """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and
+        the format version."""
         return index_cache_key(dataset, tokenizer, text_column, store_tokens, special_tokens)
 
     # -- open
     @classmethod
-    def open(cls, path: str | os.PathLike, dataset: Any = None, tokenizer: TokenizerLike | None = None,
-             verify_tokens: bool = False) -> TokenIndex:
+    def open(
+        cls,
+        path: str | os.PathLike,
+        dataset: Any = None,
+        tokenizer: TokenizerLike | None = None,
+        verify_tokens: bool = False,
+    ) -> TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
-        With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also checks
+        With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also
+        checks
         every chunk and the sha256 of every file (reads them all). Otherwise opening reads only ``meta.json`` and the
-        small checksum files: each chunk of the arrays is checked the first time this process reads it. Every mismatch is an :class:`TokenIndexError` naming what differs.
+        small checksum files: each chunk of the arrays is checked the first time this process reads it. Every mismatch
+        is an :class:`TokenIndexError` naming what differs.
         """
         path = Path(path)
         meta = _read_meta(path)
@@ -174,7 +199,9 @@ class TokenIndex:
             store = bool(meta["store_tokens"])
             vocab = int(meta["tokenizer"]["vocab_size"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise TokenIndexError(f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild") from None
+            raise TokenIndexError(
+                f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild"
+            ) from None
         arrays = {
             "lengths.npy": open_checked(path, files, "lengths.npy", np.dtype(np.int64), (n_docs,)),
             "offsets.npy": open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,)),
@@ -185,7 +212,9 @@ class TokenIndex:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays.get("tokens.npy")
         if offsets[0] != 0 or offsets[-1] != n_tok:
-            raise TokenIndexError(f"index {str(path)!r}: offsets/lengths are inconsistent with {n_tok} tokens; delete and rebuild")
+            raise TokenIndexError(
+                f"index {str(path)!r}: offsets/lengths are inconsistent with {n_tok} tokens; delete and rebuild"
+            )
         index = cls(path, meta, lengths, offsets, tokens)
         if dataset is not None:
             index.check_dataset(dataset)
@@ -198,22 +227,25 @@ class TokenIndex:
         fp = dataset_fingerprint(dataset)
         if fp != self.meta["dataset_fingerprint"] or len(dataset) != self.meta["dataset_num_rows"]:
             raise TokenIndexError(
-                f"index {str(self.path)!r} was built from a dataset with fingerprint {self.meta['dataset_fingerprint']} and "
-                f"{self.meta['dataset_num_rows']} rows, got fingerprint {fp} and {len(dataset)} rows: the dataset changed "
-                "since the build; build the index again (build_index / `detsampler build`)"
+                f"index {str(self.path)!r} was built from a dataset with fingerprint {self.meta['dataset_fingerprint']}"
+                f" and {self.meta['dataset_num_rows']} rows, got fingerprint {fp} and {len(dataset)} rows: the dataset"
+                " changed since the build; build the index again (build_index / `detsampler build`)"
             )
         if text_column is not None and text_column != self.text_column:
-            raise TokenIndexError(f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}")
+            raise TokenIndexError(
+                f"index {str(self.path)!r} was built from column {self.text_column!r}, got text_column {text_column!r}"
+            )
 
     def check_tokenizer(self, tokenizer: TokenizerLike) -> None:
-        """Raise unless ``tokenizer`` is the model this index was built with (sha256) and its EOS and padding ids are the
+        """Raise unless ``tokenizer`` is the model this index was built with (sha256) and its EOS and padding ids are
+        the
         ones the index records (they are written into every sample)."""
         want = self.meta["tokenizer"]["sha256"]
         if tokenizer.sha256 != want:
             raise TokenIndexError(
-                f"index {str(self.path)!r} was built with tokenizer sha256 {want[:16]}... "
-                f"({self.meta['tokenizer'].get('path')}), got {tokenizer.sha256[:16]}... ({tokenizer.path}): the tokenizer "
-                "changed since the build; pass the original model or build the index again"
+                f"index {str(self.path)!r} was built with tokenizer sha256 {want[:16]}..."
+                f" ({self.meta['tokenizer'].get('path')}), got {tokenizer.sha256[:16]}... ({tokenizer.path}): the"
+                " tokenizer changed since the build; pass the original model or build the index again"
             )
         for field in ("eos_id", "pad_id"):
             have, recorded = getattr(tokenizer, field, None), self.meta["tokenizer"].get(field)
@@ -224,7 +256,8 @@ class TokenIndex:
                 )
 
     def verify_once(self) -> bool:
-        """The full check (every chunk, every file's sha256) the first time any process asks for this index; then a marker
+        """The full check (every chunk, every file's sha256) the first time any process asks for this index; then a
+        marker
         beside it (named by the sealed meta) says it passed. Returns whether it ran. Later reads stay checked chunk by
         chunk, so an edit after the full check is still refused when read."""
         from filelock import FileLock
@@ -266,7 +299,8 @@ class TokenIndex:
         return np.asarray(self.tokens[start : int(self.offsets[doc + 1])])
 
     def layout(self, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
-        """The layout ``config`` over this index's documents, persisted in ``layouts/`` beside it and opened as memory maps
+        """The layout ``config`` over this index's documents, persisted in ``layouts/`` beside it and opened as memory
+        maps
         (:mod:`detsampler.index.layouts`): built once, by the first process to ask (under a file lock, ``num_proc``
         processes packing a best-fit layout); opened by every other process in O(1) of the corpus size."""
         from detsampler.index.layouts import open_layout

@@ -11,9 +11,10 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_all_start_methods, get_context
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,6 @@ def check_texts(texts: Sequence[Any], first_doc: int, text_column: str) -> None:
             )
 
 
-
 _WORKER_TOKENIZER: TokenizerLike | None = None
 
 
@@ -55,9 +55,16 @@ def _init_worker(tokenizer: TokenizerLike) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
-def encode_documents(tokenizer: TokenizerLike, texts: Sequence[Any], first_doc: int, text_column: str, dtype: np.dtype,
-                     policy: SpecialTokens = SpecialTokens()) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize ``texts`` (documents ``first_doc, ...``) under ``policy``: their lengths (int64, the positions before each
+def encode_documents(
+    tokenizer: TokenizerLike,
+    texts: Sequence[Any],
+    first_doc: int,
+    text_column: str,
+    dtype: np.dtype,
+    policy: SpecialTokens = SpecialTokens(),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize ``texts`` (documents ``first_doc, ...``) under ``policy``: their lengths (int64, the positions before
+    each
     EOS, see :mod:`detsampler.text.policy`) and their stored tokens concatenated (``dtype``)."""
     check_texts(texts, first_doc, text_column)
     return policy.apply(tokenizer.encode_batch(texts), tokenizer.bos_id, tokenizer.eos_id, dtype)
@@ -78,9 +85,16 @@ def _text_batches(dataset: Any, text_column: str, batch_docs: int) -> Iterator[t
         first += len(texts)
 
 
-def _encode_ahead(tokenizer: TokenizerLike, batches: Iterator[tuple[list[Any], int]], text_column: str, dtype: np.dtype,
-                  policy: SpecialTokens, bar: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """One process: the next batch is encoded in a thread (the Rust and C++ encoders release the GIL) while this one's ids
+def _encode_ahead(
+    tokenizer: TokenizerLike,
+    batches: Iterator[tuple[list[Any], int]],
+    text_column: str,
+    dtype: np.dtype,
+    policy: SpecialTokens,
+    bar: Any,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One process: the next batch is encoded in a thread (the Rust and C++ encoders release the GIL) while this one's
+    ids
     become arrays, so the encoder's cores stay busy; results in order, at most two batches in flight."""
     with ThreadPoolExecutor(1) as ahead:
         pending: deque = deque()
@@ -97,9 +111,17 @@ def _encode_ahead(tokenizer: TokenizerLike, batches: Iterator[tuple[list[Any], i
             bar.update(n)
 
 
-def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, dtype: np.dtype, progress: bool,
-             policy: SpecialTokens = SpecialTokens()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(lengths, stored tokens) of consecutive batches of documents, in dataset order, tokenized by ``num_proc`` processes
+def tokenize(
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str,
+    num_proc: int,
+    dtype: np.dtype,
+    progress: bool,
+    policy: SpecialTokens = SpecialTokens(),
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(lengths, stored tokens) of consecutive batches of documents, in dataset order, tokenized by ``num_proc``
+    processes
     under ``policy``. A Hugging Face tokenizer with ``num_proc=1`` encodes each batch on its own Rust thread pool."""
     from tqdm.auto import tqdm
 
@@ -109,7 +131,8 @@ def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc:
         if num_proc == 1:
             yield from _encode_ahead(tokenizer, batches, text_column, dtype, policy, bar)
             return
-        # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model) elsewhere
+        # fork where available: workers start at once and inherit the tokenizer; it also pickles (as its model)
+        # elsewhere
         ctx = get_context("fork") if "fork" in get_all_start_methods() else None
         with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tokenizer,)) as pool:
             pending: deque = deque()
@@ -125,4 +148,3 @@ def tokenize(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc:
                 bar.update(n)
     finally:
         bar.close()
-

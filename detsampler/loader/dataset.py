@@ -6,7 +6,8 @@ Per sample (all int64 tensors of length ``seq_len``):
 - ``labels``: the next token. ``concat``: the stream's next token everywhere (a sample reads ``seq_len + 1`` positions).
   ``document`` / ``bestfit``: the next token within the same piece of a document, ``-100`` at each piece's last position
   and on padding (no label ever crosses a document boundary).
-- ``position_ids``: with ``restart_position_ids`` (the default for ``document`` and ``bestfit``), the position within the
+- ``position_ids``: with ``restart_position_ids`` (the default for ``document`` and ``bestfit``), the position within
+the
   contiguous piece of a document the sample holds, so they restart at 0 at each document start (and at a sample start);
   otherwise ``0 .. seq_len-1``.
 - ``document_ids``: the document each position comes from, ``-1`` on padding.
@@ -15,7 +16,8 @@ Per sample (all int64 tensors of length ``seq_len``):
 index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the dataset's
 text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error, never a
 silently shifted sample). The index may be a :class:`~detsampler.index.reader.TokenIndex` or a pre-tokenized source of
-:mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``, ``eos_stored``).
+:mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``,
+``eos_stored``).
 
 On the fly, each document is tokenized whole when a sample needs it and kept in a per-worker cache (bounded by
 ``cache_tokens``, least recently used out first), so a document split across samples is tokenized once while it stays
@@ -27,8 +29,9 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from collections.abc import Sequence as SequenceABC
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,13 +46,14 @@ from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
 from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["PackedDataset", "MicroBatch", "collate_micro_batch", "FIELDS"]
+__all__ = ["FIELDS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 
 class MicroBatch(SequenceABC):
-    """What ``__getitems__`` returns: a sequence of per-sample dicts (views into ``batch``, made only when asked for) for
+    """What ``__getitems__`` returns: a sequence of per-sample dicts (views into ``batch``, made only when asked for)
+    for
     the default collate, and ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch` returns
     without any per-sample work."""
 
@@ -67,7 +71,8 @@ class MicroBatch(SequenceABC):
 
 
 def collate_micro_batch(samples: Sequence[Any]) -> Any:
-    """A DataLoader ``collate_fn`` that passes a :class:`MicroBatch` through as its batched dict (else default_collate)."""
+    """A DataLoader ``collate_fn`` that passes a :class:`MicroBatch` through as its batched dict
+    (else default_collate)."""
     if isinstance(samples, MicroBatch):
         return samples.batch
     return default_collate(samples)
@@ -76,7 +81,8 @@ def collate_micro_batch(samples: Sequence[Any]) -> Any:
 class PackedDataset(Dataset):
     """Map-style dataset of the samples of ``layout`` over ``index``: ``len(ds) == layout.num_samples``.
 
-    When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index was
+    When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index
+    was
     built from, which is checked) supply the text and the tokenization.
     """
 
@@ -117,17 +123,21 @@ class PackedDataset(Dataset):
             index.check_tokenizer(tokenizer)
         if index.tokens is None and (dataset is None or tokenizer is None):
             raise ValueError(
-                f"index {str(index.path)!r} stores no tokens (store_tokens=False): pass dataset= and tokenizer= (the ones it "
-                "was built from) to tokenize samples on the fly"
+                f"index {str(index.path)!r} stores no tokens (store_tokens=False): pass dataset= and tokenizer= (the"
+                " ones it was built from) to tokenize samples on the fly"
             )
 
     def __reduce__(self):
-        # NOTE: a persisted layout pickles as (index path, config) and a worker reopens its memory maps: O(1) whatever the
+        # NOTE: a persisted layout pickles as (index path, config) and a worker reopens its memory maps: O(1) whatever
+        # the
         # corpus. An in-RAM layout (make_layout, small corpora) is recomputed from its config in the worker.
         layout = self.layout if hasattr(self.layout, "index_fingerprint") else self.layout.config
         kwargs = dict(
-            restart_position_ids=self.restart_position_ids, dataset=self.dataset, tokenizer=self.tokenizer,
-            text_column=self.text_column, cache_tokens=self.cache_tokens,
+            restart_position_ids=self.restart_position_ids,
+            dataset=self.dataset,
+            tokenizer=self.tokenizer,
+            text_column=self.text_column,
+            cache_tokens=self.cache_tokens,
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -160,7 +170,8 @@ class PackedDataset(Dataset):
         return starts[inverse.reshape(-1)], lengths, np.concatenate(parts)
 
     def _tokenize(self, docs: np.ndarray) -> list[np.ndarray]:
-        """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each checked against the index."""
+        """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each
+        checked against the index."""
         texts = self._texts[docs.tolist()][self.text_column]
         for i, text in enumerate(texts):  # per document, not per token: name the bad one
             if not isinstance(text, str):
@@ -171,8 +182,9 @@ class PackedDataset(Dataset):
         if not np.array_equal(got, want):
             k = int(np.flatnonzero(got != want)[0])
             raise TokenIndexError(
-                f"document {int(docs[k])} tokenizes to {int(got[k])} tokens on the fly but the index {str(self.index.path)!r} "
-                f"recorded {int(want[k])}: the dataset or tokenizer differs from the build's; build the index again"
+                f"document {int(docs[k])} tokenizes to {int(got[k])} tokens on the fly but the index"
+                f" {str(self.index.path)!r} recorded {int(want[k])}: the dataset or tokenizer differs from the build's;"
+                " build the index again"
             )
         ends = np.cumsum(got + int(policy.eos_stored))
         return np.split(flat, ends[:-1])
@@ -185,8 +197,16 @@ class PackedDataset(Dataset):
         ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
         doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
-        g = gather_spans(spans, self.layout.sample_len, doc_starts, doc_lengths, flat, self.index.eos_id, self.index.pad_id,
-                         eos_stored=self._eos_stored)
+        g = gather_spans(
+            spans,
+            self.layout.sample_len,
+            doc_starts,
+            doc_lengths,
+            flat,
+            self.index.eos_id,
+            self.index.pad_id,
+            eos_stored=self._eos_stored,
+        )
         L = self.seq_len
         # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block;
         # each field is written into it once.
@@ -216,7 +236,7 @@ def _layout_matches(layout: Layout, index: TokenIndex) -> bool:
     fingerprint = getattr(layout, "index_fingerprint", None)
     if fingerprint is not None:
         return fingerprint == index.fingerprint
-    return np.array_equal(getattr(layout, "lengths"), index.lengths)
+    return np.array_equal(layout.lengths, index.lengths)
 
 
 def _rebuild(index: TokenIndex, layout: Any, kwargs: dict) -> PackedDataset:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,15 +17,19 @@ __all__ = ["MixtureDataset"]
 class MixtureDataset(Dataset):
     """``dataset[g]`` is ``datasets[k][i]`` for the global sample id ``g = offset_k + i`` of ``mixture``.
 
-    ``datasets[k]`` is source ``k``'s map-style dataset (a ``PackedDataset`` over that source's layout, say) and must hold
-    exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan, rank)``
+    ``datasets[k]`` is source ``k``'s map-style dataset (a ``PackedDataset`` over that source's layout, say) and must
+    hold
+    exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan,
+    rank)``
     (``plan`` built over ``mixture``) reads each source's samples in that source's own keyed order. Batched fetches
     (``__getitems__``) are grouped by source and returned in the order asked.
     """
 
     def __init__(self, datasets: Sequence[Any], mixture: Mixture) -> None:
         if len(datasets) != mixture.num_sources:
-            raise ValueError(f"datasets must have one dataset per mixture source ({mixture.num_sources}), got {len(datasets)}")
+            raise ValueError(
+                f"datasets must have one dataset per mixture source ({mixture.num_sources}), got {len(datasets)}"
+            )
         for k, (ds, n) in enumerate(zip(datasets, mixture.sizes)):
             if len(ds) != n:
                 raise ValueError(f"datasets[{k}] has {len(ds)} samples but mixture source {k} has {n}")

@@ -1,14 +1,17 @@
-"""The configuration of a data mixture (the TOML ``[mixture]`` table, the CLI's mixture options): :class:`MixtureConfig`.
+"""The configuration of a data mixture (the TOML ``[mixture]`` table, the CLI's mixture options):
+:class:`MixtureConfig`.
 
-Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a :class:`~detsampler.mixture.stream.Mixture`
+Invariant: a MixtureConfig that constructs is one :meth:`MixtureConfig.build` turns into a
+:class:`~detsampler.mixture.stream.Mixture`
 without a weight or schedule error: every weight list and step is checked here, with the same messages.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from detsampler.checks import check_int
 from detsampler.mixture.stream import Mixture, Source
@@ -18,7 +21,8 @@ __all__ = ["MixtureConfig"]
 
 
 def _schedule_rows(schedule: Any) -> list[tuple[Any, Any]]:
-    """The schedule entries as ``(first_step, weights)`` pairs: TOML tables ``{step, weights}`` or pairs, checked for shape."""
+    """The schedule entries as ``(first_step, weights)`` pairs: TOML tables ``{step, weights}`` or pairs, checked for
+    shape."""
     rows = []
     for i, entry in enumerate(schedule):
         if isinstance(entry, dict):
@@ -58,7 +62,8 @@ class MixtureConfig:
     """A mixture as configured (a TOML ``[mixture]`` table): weights from step 0, later schedule entries, seed, names.
 
     ``weights``: one number (or fraction string such as ``"1/3"``) per source; ``schedule``: ``(first_step, weights)``
-    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports; ``sources``: the
+    entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports; ``sources``:
+    the
     data of each source (a local corpus path, what ``IndexConfig.data`` takes), for the tools that build the indexes. In
     TOML::
 
@@ -73,14 +78,20 @@ class MixtureConfig:
     schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     seed: int = 0
     names: tuple[str, ...] | None = None
-    sources: tuple[str, ...] | None = None  # where each source's documents are (the CLI's and trainer's IndexConfig.data)
+    sources: tuple[str, ...] | None = (
+        None  # where each source's documents are (the CLI's and trainer's IndexConfig.data)
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", as_weight_list(self.weights, "weights"))
         if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not self.weights:
             raise ValueError(f"weights must be a non-empty list of numbers, one per source, got {self.weights!r}")
         object.__setattr__(self, "weights", tuple(self.weights))
-        if self.sources is not None and not isinstance(self.sources, (str, bytes)) and isinstance(self.sources, Sequence):
+        if (
+            self.sources is not None
+            and not isinstance(self.sources, (str, bytes))
+            and isinstance(self.sources, Sequence)
+        ):
             normalize_weights(self.weights, len(self.sources))  # the count first: "one weight per source (N)"
         rows = _schedule_rows(self.schedule)
         object.__setattr__(self, "schedule", tuple(rows))
@@ -107,7 +118,9 @@ class MixtureConfig:
 
     def weights_schedule(self) -> list[tuple[int, list[Any]]]:
         """``[(0, weights), *schedule]``: what :class:`Mixture` takes as ``weights``."""
-        return [(0, list(self.weights))] + [(int(s) if isinstance(s, numbers.Integral) else s, list(w)) for s, w in self.schedule]
+        return [(0, list(self.weights))] + [
+            (int(s) if isinstance(s, numbers.Integral) else s, list(w)) for s, w in self.schedule
+        ]
 
     def build(self, sources: Sequence[Source | int]) -> Mixture:
         """The mixture of ``sources`` (layouts, in the order of ``weights``)."""

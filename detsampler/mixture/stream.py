@@ -1,8 +1,10 @@
-"""Deterministic data mixtures: global position -> (source, position in that source) by a pure function, no blending index.
+"""Deterministic data mixtures: global position -> (source, position in that source) by a pure function, no blending
+index.
 
 Weights. Each weight list is turned into exact integers ``c_k`` with ``D = sum(c_k)``: the weights are read as exact
 fractions (a float by its shortest decimal form, a string such as ``"1/3"`` as written), scaled by the least common
-denominator and reduced. Only when that ``D`` would exceed ``2**30`` are they quantized (largest remainder) to ``D = 2**30``;
+denominator and reduced. Only when that ``D`` would exceed ``2**30`` are they quantized (largest remainder) to ``D =
+2**30``;
 ``describe()`` always records the exact fractions ``c_k / D`` that are used. Floating point never enters the mapping.
 
 Routing. The sources of positive weight, in a seeded order, are the leaves of a balanced binary tree (split in halves by
@@ -11,12 +13,16 @@ position (counted among the positions that reached the node) to the left iff ``L
 
     L(q) = floor((q * a + r) / T),   r = hash(seed, first step, node) mod T   (a seeded phase in [0, T)),
 
-and the position becomes the left child's ``L(q)``-th, or the right child's ``(q - L(q))``-th. ``L`` is a Beatty sequence:
-the left child's share of any prefix of ``n`` node positions is ``L(n)``, within ``(-1, 1)`` of ``n * a / T``, and its slots
+and the position becomes the left child's ``L(q)``-th, or the right child's ``(q - L(q))``-th. ``L`` is a Beatty
+sequence:
+the left child's share of any prefix of ``n`` node positions is ``L(n)``, within ``(-1, 1)`` of ``n * a / T``, and its
+slots
 are spread evenly (never in runs longer than needed) with a seeded shift. Evaluated with integer arithmetic only.
 
-Bound (tests/test_mixture.py, property 1). Let leaf ``k`` hang at depth ``h_k`` under nodes ``u_1 .. u_{h_k}`` below the root
-(``u_{h_k}`` is the leaf) and let ``W(u)`` be a node's share of the total weight. Over every prefix of ``n`` positions of a
+Bound (tests/test_mixture.py, property 1). Let leaf ``k`` hang at depth ``h_k`` under nodes ``u_1 .. u_{h_k}`` below the
+root
+(``u_{h_k}`` is the leaf) and let ``W(u)`` be a node's share of the total weight. Over every prefix of ``n`` positions
+of a
 segment, the count ``N_k(n)`` served by source ``k`` satisfies
 
     |N_k(n) - n * w_k| < sum_{i=1..h_k} w_k / W(u_i)  <=  h_k  <=  ceil(log2 m),
@@ -29,26 +35,31 @@ Across schedule segments the bound holds within each segment, from its start (ov
 
 Sources. Source ``k`` (``N_k`` samples) serves its positions ``p_k = 0, 1, 2, ...`` in order: epoch ``p_k // N_k`` and
 sample ``permute(p_k % N_k, N_k, key(seed, k, epoch))``; a source smaller than its share is upsampled by whole epochs
-(see :meth:`Mixture.report`), never by repeating a sample within one of its epochs. The global sample id of (source ``k``,
+(see :meth:`Mixture.report`), never by repeating a sample within one of its epochs. The global sample id of (source
+``k``,
 sample ``i``) is ``offset_k + i`` with ``offset_k`` the total ``num_samples`` of the sources before ``k``.
 
 Schedules. ``weights`` may be a list of ``(first_step, weights)`` entries, steps of the data stream (the training steps
-when no skip range lies before them), strictly increasing from 0. A :class:`~detsampler.plan.Plan` places each entry at the
-global position where its step starts (:meth:`Mixture.with_step_positions`). At a boundary every source continues from the
+when no skip range lies before them), strictly increasing from 0. A :class:`~detsampler.plan.Plan` places each entry at
+the
+global position where its step starts (:meth:`Mixture.with_step_positions`). At a boundary every source continues from
+the
 position it reached: ``p_k`` always counts exactly the earlier positions served by source ``k``, whatever the schedule.
 
 Cost: a batch of ``B`` positions costs O(B * depth + number of sources + number of segments it touches); memory O(B).
 
 Code: weights and schedules are read in :mod:`detsampler.mixture.weights`, the routing tree is
-:mod:`detsampler.mixture.tree`, the configuration in :mod:`detsampler.mixture.config`; this module holds :class:`Mixture`.
+:mod:`detsampler.mixture.tree`, the configuration in :mod:`detsampler.mixture.config`; this module holds
+:class:`Mixture`.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -85,7 +96,6 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-
 MAX_POSITION = 1 << 62  # global positions are below it: every routing value (q + 1, q * a / T, p_k) then fits in int64
 MAX_SOURCE_SAMPLES = MAX_DOMAIN  # a source's epochs are permutations of at most 2**62 samples
 
@@ -101,29 +111,39 @@ def _source_sizes(sources: Any) -> list[int]:
         if not is_int(n) or n < 1:
             raise ValueError(f"sources[{k}] must have num_samples >= 1 (a layout or an int), got {src!r}")
         if n > MAX_SOURCE_SAMPLES:
-            raise ValueError(f"sources[{k}] has {int(n)} samples; a source holds at most 2**62 (its epochs are permutations)")
+            raise ValueError(
+                f"sources[{k}] has {int(n)} samples; a source holds at most 2**62 (its epochs are permutations)"
+            )
         sizes.append(int(n))
     if sum(sizes) > (1 << 63) - 1:
-        raise ValueError(f"the sources hold {sum(sizes)} samples in all; at most 2**63 - 1, so that global ids fit in int64")
+        raise ValueError(
+            f"the sources hold {sum(sizes)} samples in all; at most 2**63 - 1, so that global ids fit in int64"
+        )
     return sizes
 
 
 def _placed_positions(step_positions: Any, num_entries: int) -> tuple[int, ...] | None:
-    """The global position of each schedule entry: as given (checked), ``(0,)`` for a single entry, else None (unplaced)."""
+    """The global position of each schedule entry: as given (checked), ``(0,)`` for a single entry, else None
+    (unplaced)."""
     if step_positions is None:
         return (0,) if num_entries == 1 else None
     positions = tuple(int(p) for p in step_positions)
-    if (len(positions) != num_entries or positions[0] != 0 or any(b < a for a, b in zip(positions, positions[1:]))
-            or positions[-1] > MAX_POSITION):
+    if (
+        len(positions) != num_entries
+        or positions[0] != 0
+        or any(b < a for a, b in zip(positions, positions[1:]))
+        or positions[-1] > MAX_POSITION
+    ):
         raise ValueError(
-            f"step_positions must be a non-decreasing position for each of the {num_entries} schedule entries, starting "
-            f"at 0 and at most 2**62, got {positions}"
+            f"step_positions must be a non-decreasing position for each of the {num_entries} schedule entries, starting"
+            f" at 0 and at most 2**62, got {positions}"
         )
     return positions
 
 
-def _segment_starts(trees: Sequence[RouteNode], positions: tuple[int, ...] | None,
-                    num_sources: int) -> tuple[tuple[int, ...], ...]:
+def _segment_starts(
+    trees: Sequence[RouteNode], positions: tuple[int, ...] | None, num_sources: int
+) -> tuple[tuple[int, ...], ...]:
     """Per segment, the position ``p_k`` each source has reached where the segment starts (empty when unplaced)."""
     starts: list[tuple[int, ...]] = []
     if positions is not None:
@@ -139,7 +159,8 @@ def _segment_starts(trees: Sequence[RouteNode], positions: tuple[int, ...] | Non
 class Mixture:
     """A weighted, seeded, low-discrepancy blend of sources; implements the ``SampleStream`` protocol of the plan.
 
-    ``sources``: layouts (or ints), each with its own ``num_samples``; ``weights``: one non-negative number per source, or a
+    ``sources``: layouts (or ints), each with its own ``num_samples``; ``weights``: one non-negative number per source,
+    or a
     schedule ``[(first_step, weights), ...]`` starting at step 0. ``num_samples`` is the total over sources (the size of
     the global id space, for reporting). Every method is a pure function of its arguments and the fields.
     """
@@ -171,7 +192,8 @@ class Mixture:
         object.__setattr__(self, "step_positions", positions)
         object.__setattr__(self, "_starts", _segment_starts(self._trees, positions, len(sizes)))
 
-    # -- the SampleStream protocol ---------------------------------------------------------------------------------------
+    # -- the SampleStream protocol
+    # ---------------------------------------------------------------------------------------
 
     @property
     def num_samples(self) -> int:
@@ -204,10 +226,12 @@ class Mixture:
             "schedule": [[step, [str(Fraction(c, sum(ints))) for c in ints]] for step, ints in self.schedule],
         }
 
-    # -- placing a step schedule -----------------------------------------------------------------------------------------
+    # -- placing a step schedule
+    # -----------------------------------------------------------------------------------------
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> Mixture:
-        """This mixture with each schedule entry placed at ``consumed(first_step)``, the position where its step starts."""
+        """This mixture with each schedule entry placed at ``consumed(first_step)``, the position
+        where its step starts."""
         return replace(self, step_positions=tuple(int(consumed(step)) for step, _ in self.schedule))
 
     def with_mapping_version(self, version: int) -> Mixture:
@@ -224,13 +248,14 @@ class Mixture:
         """The mapping version of the source permutations."""
         return MAPPING_VERSION if self.mapping_version is None else self.mapping_version
 
-    # -- lookups ---------------------------------------------------------------------------------------------------------
+    # -- lookups
+    # ---------------------------------------------------------------------------------------------------------
 
     def _check_placed(self) -> None:
         if self.step_positions is None:
             raise ValueError(
-                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)), which places "
-                "each entry at the position where its step starts"
+                "this Mixture has a weights schedule over steps: use it through a Plan (Plan(source=mixture, ...)),"
+                " which places each entry at the position where its step starts"
             )
 
     def _locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +273,7 @@ class Mixture:
         pos = np.empty(flat.shape, dtype=np.int64)
         bounds = np.asarray(self.step_positions, dtype=np.int64)
         segment = np.searchsorted(bounds, flat, side="right") - 1
-        for j in (np.unique(segment) if len(bounds) > 1 else [0]):
+        for j in np.unique(segment) if len(bounds) > 1 else [0]:
             idx = np.flatnonzero(segment == j) if len(bounds) > 1 else np.arange(flat.size)
             leaf_pos = np.empty(idx.shape, dtype=np.int64)
             leaf_src = np.empty(idx.shape, dtype=np.int64)
@@ -284,12 +309,15 @@ class Mixture:
         """(source, sample within the source) of global sample ids."""
         ids = np.asarray(global_ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
-            raise ValueError(f"global sample ids must be in [0, {self.num_samples}), got {int(ids.min())}..{int(ids.max())}")
+            raise ValueError(
+                f"global sample ids must be in [0, {self.num_samples}), got {int(ids.min())}..{int(ids.max())}"
+            )
         offsets = np.asarray(self.offsets, dtype=np.int64)
         source = np.searchsorted(offsets, ids, side="right") - 1
         return source, ids - offsets[source]
 
-    # -- reporting -------------------------------------------------------------------------------------------------------
+    # -- reporting
+    # -------------------------------------------------------------------------------------------------------
 
     def served(self, position: int) -> np.ndarray:
         """How many of the global positions ``[0, position)`` each source served (exact; O(segments + sources))."""
@@ -320,8 +348,13 @@ class Mixture:
         return [Fraction(c, sum(ints)) for c in ints]
 
     def discrepancy_bounds(self, segment: int = 0) -> list[Fraction]:
-        """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the segment (0 if unused)."""
-        if isinstance(segment, bool) or not isinstance(segment, numbers.Integral) or not 0 <= segment < len(self._trees):
+        """Per source, the bound ``b_k`` with ``|N_k(n) - n w_k| < b_k`` over every prefix of the
+        segment (0 if unused)."""
+        if (
+            isinstance(segment, bool)
+            or not isinstance(segment, numbers.Integral)
+            or not 0 <= segment < len(self._trees)
+        ):
             raise ValueError(f"Got segment {segment!r}, allowed segments are in [0, {len(self._trees)})")
         out = [Fraction(0)] * self.num_sources
         leaf_bounds(self._trees[int(segment)], (), out)
@@ -330,8 +363,10 @@ class Mixture:
     def report(self, position: int, tokens: bool = True, chunk: int = 1 << 16) -> list[dict]:
         """Per source, what global positions ``[0, position)`` drew: samples, epochs, upsampling, and tokens.
 
-        ``tokens`` (sources that are layouts only, else None) counts the input tokens of the samples served: whole epochs
-        from the layout's totals (``num_samples * seq_len`` for concat, every position once for document and bestfit), the
+        ``tokens`` (sources that are layouts only, else None) counts the input tokens of the samples served: whole
+        epochs
+        from the layout's totals (``num_samples * seq_len`` for concat, every position once for document and bestfit),
+        the
         current partial epoch by locating its served samples, ``chunk`` at a time (so O(chunk) memory, O(N_k) time).
         """
         served = self.served(position)

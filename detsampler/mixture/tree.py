@@ -1,7 +1,9 @@
 """The routing tree of one mixture segment: global positions -> (source, position in that source), integers only.
 
-Invariants (see :mod:`detsampler.mixture`, "Routing" and "Bound"): the sources of positive weight, in a seeded order, are
-the leaves of a balanced binary tree; a node of weight ``T`` whose left child weighs ``a`` sends its ``q``-th position left
+Invariants (see :mod:`detsampler.mixture`, "Routing" and "Bound"): the sources of positive weight, in a seeded order,
+are
+the leaves of a balanced binary tree; a node of weight ``T`` whose left child weighs ``a`` sends its ``q``-th position
+left
 iff ``L(q + 1) > L(q)`` with ``L(q) = floor((q * a + r) / T)`` and a seeded phase ``r`` in ``[0, T)``; every value stays
 below ``2**62`` in int64 (``a, r < T <= MAX_DENOMINATOR``). :func:`leaf_counts` is the closed form of what :func:`route`
 does to a prefix of positions.
@@ -16,7 +18,7 @@ import numpy as np
 
 from detsampler.keys import stable_hash64
 
-__all__ = ["RouteNode", "build_tree", "route", "leaf_counts", "leaf_bounds"]
+__all__ = ["RouteNode", "build_tree", "leaf_bounds", "leaf_counts", "route"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,9 @@ class RouteNode:
 def build_tree(ints: tuple[int, ...], seed: int, first_step: int) -> RouteNode:
     """The routing tree of integer weights ``ints`` for the segment starting at ``first_step``."""
     # The sources of positive weight, in a seeded order (so that the interleaving pattern itself depends on the seed).
-    active = sorted((k for k, c in enumerate(ints) if c > 0), key=lambda k: stable_hash64("mixture-order", seed, first_step, k))
+    active = sorted(
+        (k for k, c in enumerate(ints) if c > 0), key=lambda k: stable_hash64("mixture-order", seed, first_step, k)
+    )
 
     def build(ks: list[int]) -> RouteNode:
         if len(ks) == 1:
@@ -54,7 +58,8 @@ def _left_count(q: np.ndarray, node: RouteNode) -> np.ndarray:
 
 
 def route(node: RouteNode, idx: np.ndarray, q: np.ndarray, out_source: np.ndarray, out_pos: np.ndarray) -> None:
-    """Send positions ``idx`` (the ``q``-th positions of ``node``) down to the leaves: fills source and leaf position."""
+    """Send positions ``idx`` (the ``q``-th positions of ``node``) down to the leaves: fills source
+    and leaf position."""
     if node.leaf >= 0:
         out_source[idx] = node.leaf
         out_pos[idx] = q
@@ -77,10 +82,10 @@ def leaf_counts(node: RouteNode, n: int, out: list[int]) -> None:
 
 
 def leaf_bounds(node: RouteNode, path: tuple[int, ...], out: list[Fraction]) -> None:
-    """The per-source bound ``sum_i w_k / W(u_i) = sum_i c_k / T(u_i)`` over the nodes below the root (the mixture module's docstring)."""
+    """The per-source bound ``sum_i w_k / W(u_i) = sum_i c_k / T(u_i)`` over the nodes below the root (the mixture
+    module's docstring)."""
     if node.leaf >= 0:
         out[node.leaf] = sum((Fraction(node.weight, t) for t in path), Fraction(0))
         return
     leaf_bounds(node.left, path + (node.left.weight,), out)
     leaf_bounds(node.right, path + (node.right.weight,), out)
-

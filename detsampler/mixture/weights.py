@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,15 +39,17 @@ def _as_fraction(value: Any, where: str) -> Fraction:
         f = float(value)
         if not math.isfinite(f):
             raise ValueError(f"{where} must be finite, got {value!r}")
-        if isinstance(value, np.floating):  # the shortest decimal that reads back in its own precision: float32 0.1 is 1/10
+        if isinstance(
+            value, np.floating
+        ):  # the shortest decimal that reads back in its own precision: float32 0.1 is 1/10
             return Fraction(np.format_float_positional(value, unique=True, trim="0"))
         return Fraction(repr(f))  # the shortest decimal that reads back as this float: 0.1 is 1/10
     raise ValueError(f"{where} must be a number, got {type(value).__name__} {value!r}")
 
 
-
 def _quantize(fracs: list[Fraction], total: Fraction, weights: Sequence[Any], name: str) -> tuple[int, ...]:
-    """Largest-remainder quantization of ``fracs`` to ``MAX_DENOMINATOR`` (ties to the lower index), reduced by the gcd."""
+    """Largest-remainder quantization of ``fracs`` to ``MAX_DENOMINATOR`` (ties to the lower index),
+    reduced by the gcd."""
     num_sources = len(fracs)
     scaled = [f / total * MAX_DENOMINATOR for f in fracs]
     floors = [math.floor(s) for s in scaled]
@@ -69,7 +72,9 @@ def normalize_weights(weights: Sequence[Any], num_sources: int, name: str = "wei
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ValueError(f"{name} must be a list of {num_sources} numbers, got {weights!r}")
     if len(weights) != num_sources:
-        raise ValueError(f"{name} must have one weight per source ({num_sources}), got {len(weights)}: {list(weights)!r}")
+        raise ValueError(
+            f"{name} must have one weight per source ({num_sources}), got {len(weights)}: {list(weights)!r}"
+        )
     fracs = [_as_fraction(w, f"{name}[{k}]") for k, w in enumerate(weights)]
     for k, f in enumerate(fracs):
         if f < 0:
@@ -91,8 +96,10 @@ def as_weight_list(weights: Any, where: str) -> Any:
     """A 1-D numpy array of weights as a list of its elements (numpy scalars kept, so float32 reads as float32)."""
     if isinstance(weights, np.ndarray):
         if weights.ndim != 1:
-            raise ValueError(f"{where} must be one weight per source or a schedule [(first_step, weights), ...], "
-                             f"got a {weights.ndim}-D array of shape {weights.shape}")
+            raise ValueError(
+                f"{where} must be one weight per source or a schedule [(first_step, weights), ...], "
+                f"got a {weights.ndim}-D array of shape {weights.shape}"
+            )
         return list(weights)
     return weights
 
@@ -103,19 +110,29 @@ def parse_schedule(weights: Any, num_sources: int) -> tuple[tuple[int, tuple[int
     Weight lists may be 1-D numpy arrays (the weights of a schedule entry too)."""
     weights = as_weight_list(weights, "weights")
     if isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
-        weights = [(e[0], as_weight_list(e[1], f"weights schedule entry {i}"))
-                   if isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2 else e
-                   for i, e in enumerate(weights)]
+        weights = [
+            (
+                (e[0], as_weight_list(e[1], f"weights schedule entry {i}"))
+                if isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2
+                else e
+            )
+            for i, e in enumerate(weights)
+        ]
     is_schedule = (
         isinstance(weights, Sequence)
         and not isinstance(weights, (str, bytes))
         and len(weights) > 0
         and all(
-            isinstance(e, Sequence) and not isinstance(e, (str, bytes)) and len(e) == 2 and isinstance(e[1], Sequence)
+            isinstance(e, Sequence)
+            and not isinstance(e, (str, bytes))
+            and len(e) == 2
+            and isinstance(e[1], Sequence)
             and not isinstance(e[1], (str, bytes))
             for e in weights
         )
     )
     if not is_schedule:
         return ((0, normalize_weights(weights, num_sources)),)
-    return parse_step_schedule(weights, lambda ws, label: normalize_weights(ws, num_sources, label), "the weights schedule")
+    return parse_step_schedule(
+        weights, lambda ws, label: normalize_weights(ws, num_sources, label), "the weights schedule"
+    )

@@ -1,7 +1,9 @@
-"""Text and tokenizers: the tokenizers an index is built with and the corpora it is built from. Above the core; below the
+"""Text and tokenizers: the tokenizers an index is built with and the corpora it is built from. Above the core; below
+the
 index.
 
-- :mod:`~detsampler.text.protocol`: :class:`TokenizerLike` (what the index needs of a tokenizer) and the files' identity;
+- :mod:`~detsampler.text.protocol`: :class:`TokenizerLike` (what the index needs of a tokenizer) and the files'
+identity;
 - :mod:`~detsampler.text.tokenizer`: :class:`Tokenizer` (sentencepiece), and training a small BPE model locally;
 - :mod:`~detsampler.text.hf`: :class:`HFTokenizer` (``tokenizer.json``), :class:`TransformersTokenizer` (a local
   ``AutoTokenizer`` directory, optional) and training a small byte-level BPE ``tokenizer.json`` locally;

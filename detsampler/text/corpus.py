@@ -1,8 +1,10 @@
 """Corpora as map-style Hugging Face ``datasets.Dataset`` objects, and the default corpus and tokenizer (no download).
 
 The default corpus is the running interpreter's standard library: every ``*.py`` file under
-``sysconfig.get_paths()["stdlib"]`` outside ``site-packages``, sorted by relative path, one document per file, with columns
-``text`` and ``path``. Its fingerprint is a sha256 of the paths and texts, so it is the same in every process and changes
+``sysconfig.get_paths()["stdlib"]`` outside ``site-packages``, sorted by relative path, one document per file, with
+columns
+``text`` and ``path``. Its fingerprint is a sha256 of the paths and texts, so it is the same in every process and
+changes
 exactly when a file does.
 """
 
@@ -21,7 +23,14 @@ from filelock import FileLock
 from detsampler.text.fingerprint import content_fingerprint
 from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "check_text_column", "default_corpus", "default_tokenizer", "load_corpus", "stdlib_files"]
+__all__ = [
+    "DEFAULT_VOCAB_SIZE",
+    "check_text_column",
+    "default_corpus",
+    "default_tokenizer",
+    "load_corpus",
+    "stdlib_files",
+]
 
 logger = logging.getLogger("detsampler")
 
@@ -31,7 +40,8 @@ _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", 
 
 
 def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
-    """``(relative posix path, file)`` of the standard library's ``.py`` sources outside site-packages, sorted by path."""
+    """``(relative posix path, file)`` of the standard library's ``.py`` sources outside
+    site-packages, sorted by path."""
     base = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
     found = []
     for p in base.rglob("*.py"):
@@ -49,7 +59,8 @@ def _dataset_from_columns(columns: dict[str, list], fingerprint: str) -> dataset
 
 
 def default_corpus(max_documents: int | None = None, root: str | os.PathLike | None = None) -> datasets.Dataset:
-    """The standard library's sources as a dataset (columns ``text``, ``path``); the first ``max_documents`` by path if given.
+    """The standard library's sources as a dataset (columns ``text``, ``path``); the first ``max_documents`` by path if
+    given.
 
     Files are decoded as UTF-8 (the few that are not have undecodable bytes replaced). Deterministic across processes.
     """
@@ -71,15 +82,19 @@ def default_corpus(max_documents: int | None = None, root: str | os.PathLike | N
     return _dataset_from_columns({"text": texts, "path": paths}, h.hexdigest()[:16])
 
 
-def load_corpus(source: str | os.PathLike | None = None, text_column: str = "text",
-                cache_dir: str | os.PathLike | None = None) -> datasets.Dataset:
+def load_corpus(
+    source: str | os.PathLike | None = None, text_column: str = "text", cache_dir: str | os.PathLike | None = None
+) -> datasets.Dataset:
     """A corpus from ``source``: None for the default corpus; a directory written by ``Dataset.save_to_disk``; or local
     ``text`` (one document per file), ``json``/``jsonl`` or ``parquet`` files (a file, or a directory of them).
 
-    The dataset's fingerprint is the content fingerprint of the source's files (:mod:`detsampler.text.fingerprint`), so it
+    The dataset's fingerprint is the content fingerprint of the source's files (:mod:`detsampler.text.fingerprint`), so
+    it
     does not depend on where the corpus lies or on its files' times, and changes with every edit. ``cache_dir`` (the
-    detsampler cache; None: ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``) keeps the per-file hashes, so that a normal open rehashes nothing, and Hugging Face's arrow cache of
-    the parsed files, per content (its own cache is keyed by path and mtime, and would serve an edit with a restored mtime
+    detsampler cache; None: ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``) keeps the per-file hashes, so that a
+    normal open rehashes nothing, and Hugging Face's arrow cache of
+    the parsed files, per content (its own cache is keyed by path and mtime, and would serve an edit with a restored
+    mtime
     stale). ``text_column`` is only checked here, so that a missing column is reported before anything is built.
     """
     if source is None:
@@ -93,7 +108,9 @@ def load_corpus(source: str | os.PathLike | None = None, text_column: str = "tex
 def _local_files(p: Path) -> tuple[str, list[Path]]:
     """The loader kind and the files of local source ``p`` (raises ValueError naming what is wrong)."""
     if not p.exists():
-        raise ValueError(f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory")
+        raise ValueError(
+            f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory"
+        )
     if p.is_dir() and (p / "dataset_dict.json").is_file():
         splits = sorted(d.name for d in p.iterdir() if d.is_dir())
         raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {splits}; pass one split's directory")
@@ -120,7 +137,8 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def _default_cache_dir() -> Path:
-    # NOTE: the same rule as detsampler.index.format.default_cache_dir (the index tier is above this one; a test pins both)
+    # NOTE: the same rule as detsampler.index.format.default_cache_dir (the index tier is above this one; a test pins
+    # both)
     return Path(os.environ.get("DETSAMPLER_CACHE") or Path.cwd() / ".cache" / "detsampler")
 
 
@@ -141,7 +159,7 @@ def _load_local(p: Path, cache_dir: str | os.PathLike | None) -> datasets.Datase
             ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
         except OSError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the parser's error (bad JSON, bad UTF-8, ...) as one line
+        except Exception as exc:
             raise ValueError(f"data: {str(p)!r} cannot be read as {kind} files: {_root_cause(exc)}") from None
     if len(ds) == 0:
         raise ValueError(f"data: {str(p)!r} holds no documents")
@@ -165,10 +183,12 @@ def default_tokenizer(
     corpus: datasets.Dataset | None = None,
     text_column: str = "text",
 ) -> Tokenizer:
-    """A BPE tokenizer trained on ``corpus``'s ``text_column`` (default: the default corpus) the first time, cached under
+    """A BPE tokenizer trained on ``corpus``'s ``text_column`` (default: the default corpus) the first time, cached
+    under
     ``cache_dir``.
 
-    The cache name holds the corpus fingerprint and the vocabulary size; a file lock keeps concurrent callers from training
+    The cache name holds the corpus fingerprint and the vocabulary size; a file lock keeps concurrent callers from
+    training
     twice.
     """
     corpus = default_corpus() if corpus is None else corpus

@@ -1,13 +1,16 @@
 """The content fingerprint of a corpus of local files: a hash of their bytes, never of their paths or times.
 
 Invariant: two corpora get the same fingerprint exactly when they hold the same files (relative names under the corpus
-root, sizes, bytes; the loader kind) — up to a collision of xxh3-128 or sha256. So moving or copying a corpus, or touching
+root, sizes, bytes; the loader kind) — up to a collision of xxh3-128 or sha256. So moving or copying a corpus, or
+touching
 its files, changes nothing, and every edit is seen, also one that keeps the size and restores the mtime (``cp -p``,
 ``rsync -a``, ``tar x``).
 
 Cost: each file is read once at xxh3-128 speed (3.46 GB/s on one core of the CI machine; in practice the disk's read
-rate). The per-file hashes are cached in ``CACHE/content-hashes/``, keyed by the file's absolute path, size, mtime, ctime,
-inode and device: a normal open stats the files and hashes nothing. ctime cannot be set from user space, so an edit whose mtime was restored still
+rate). The per-file hashes are cached in ``CACHE/content-hashes/``, keyed by the file's absolute path, size, mtime,
+ctime,
+inode and device: a normal open stats the files and hashes nothing. ctime cannot be set from user space, so an edit
+whose mtime was restored still
 misses the cache and is hashed again.
 """
 
@@ -82,8 +85,9 @@ def _write_cache(path: Path, files: dict) -> None:
             pass
 
 
-def content_fingerprint(root: str | os.PathLike, files: list[Path], kind: str,
-                        cache_dir: str | os.PathLike | None = None) -> ContentFingerprint:
+def content_fingerprint(
+    root: str | os.PathLike, files: list[Path], kind: str, cache_dir: str | os.PathLike | None = None
+) -> ContentFingerprint:
     """The fingerprint of ``files`` (under directory ``root``, or ``root`` itself when it is the one file) loaded as
     ``kind``; per-file hashes are cached under ``cache_dir`` when given (see the module docstring)."""
     root = Path(root).resolve()

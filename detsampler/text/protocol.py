@@ -47,7 +47,7 @@ def check_tokenizer_like(tokenizer: object) -> None:
     missing = [name for name in _REQUIRED if not hasattr(tokenizer, name)]
     if missing:
         raise ValueError(
-            f"tokenizer must be a TokenizerLike (detsampler.text.load_tokenizer(path) makes one from a .model, a "
+            "tokenizer must be a TokenizerLike (detsampler.text.load_tokenizer(path) makes one from a .model, a "
             f"tokenizer.json or a transformers directory), got {type(tokenizer).__name__} lacking {', '.join(missing)}"
         )
 

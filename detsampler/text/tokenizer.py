@@ -1,7 +1,8 @@
 """Sentencepiece tokenizers: load one from a path (recording its sha256, vocabulary size, EOS and pad ids) or train one.
 
 A :class:`Tokenizer` is identified by the sha256 of its model file: an index records it and refuses a different model.
-It pickles as its serialized model (not as a path), so DataLoader workers and build processes get exactly the same model.
+It pickles as its serialized model (not as a path), so DataLoader workers and build processes get exactly the same
+model.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_int
 
-__all__ = ["Tokenizer", "train_tokenizer", "iter_training_lines", "read_inputs"]
+__all__ = ["Tokenizer", "iter_training_lines", "read_inputs", "train_tokenizer"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
 _MAX_LINE_BYTES = 16384
@@ -30,7 +31,8 @@ def _sha256_bytes(data: bytes) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Tokenizer:
-    """A loaded sentencepiece model (a :class:`~detsampler.text.protocol.TokenizerLike`). ``pad_id`` is the model's pad id,
+    """A loaded sentencepiece model (a :class:`~detsampler.text.protocol.TokenizerLike`). ``pad_id`` is the model's pad
+    id,
     or ``eos_id`` when the model defines none; ``bos_id`` is None when it defines no BOS."""
 
     path: str
@@ -47,8 +49,8 @@ class Tokenizer:
         p = Path(path)
         if not p.is_file():
             raise ValueError(
-                f"tokenizer: no sentencepiece model file at {str(p)!r}; pass the path of a .model file, or train one with "
-                "`detsampler tokenizer train --input FILES_OR_DIR --vocab-size N --out PATH`"
+                f"tokenizer: no sentencepiece model file at {str(p)!r}; pass the path of a .model file, or train one"
+                " with `detsampler tokenizer train --input FILES_OR_DIR --vocab-size N --out PATH`"
             )
         return cls.from_bytes(p.read_bytes(), str(p))
 
@@ -60,12 +62,14 @@ class Tokenizer:
             sp.LoadFromSerializedProto(model)
         except (RuntimeError, OSError, TypeError) as exc:
             raise ValueError(
-                f"tokenizer: {path!r} is not a sentencepiece model ({exc}); pass a .model file written by the sentencepiece "
-                "trainer or `detsampler tokenizer train`"
+                f"tokenizer: {path!r} is not a sentencepiece model ({exc}); pass a .model file written by the"
+                " sentencepiece trainer or `detsampler tokenizer train`"
             ) from None
         eos = int(sp.eos_id())
         if eos < 0:
-            raise ValueError(f"tokenizer: the model {path!r} has no EOS token (eos_id=-1); train it with an eos_id >= 0")
+            raise ValueError(
+                f"tokenizer: the model {path!r} has no EOS token (eos_id=-1); train it with an eos_id >= 0"
+            )
         pad = int(sp.pad_id())
         return cls(
             path=path,
@@ -93,15 +97,25 @@ class Tokenizer:
         return self._sp.Decode([int(i) for i in ids])
 
     def describe(self) -> dict:
-        return {"kind": "sentencepiece", "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
-                "eos_id": self.eos_id, "bos_id": self.bos_id, "pad_id": self.pad_id}
+        return {
+            "kind": "sentencepiece",
+            "path": self.path,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "pad_id": self.pad_id,
+        }
 
     def __reduce__(self):
         return (Tokenizer.from_bytes, (self._model, self.path))
 
 
-def iter_training_lines(texts: Iterable[str], max_lines: int | None = None, total_lines: int | None = None) -> Iterator[str]:
-    """The non-blank lines of ``texts`` (each shorter than the trainer's limit), every k-th one when ``max_lines`` caps them.
+def iter_training_lines(
+    texts: Iterable[str], max_lines: int | None = None, total_lines: int | None = None
+) -> Iterator[str]:
+    """The non-blank lines of ``texts`` (each shorter than the trainer's limit), every k-th one when ``max_lines`` caps
+    them.
 
     The subsampling is a fixed stride, so the lines (and the trained model) are a pure function of the texts.
     """
@@ -159,8 +173,10 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a BPE sentencepiece model on the lines of ``inputs`` (files or directories, read recursively) or ``texts``.
 
-    Byte fallback is on (every text encodes, no unknown tokens), normalization is the identity and whitespace is kept, so
-    decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model is
+    Byte fallback is on (every text encodes, no unknown tokens), normalization is the identity and whitespace is kept,
+    so
+    decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model
+    is
     written to ``out_path`` atomically (a temporary file renamed into place).
     """
     check_int(vocab_size, "vocab_size (256 byte pieces + specials + merges)", minimum=300)
@@ -198,7 +214,9 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as exc:
-        raise ValueError(f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help") from None
+        raise ValueError(
+            f"tokenizer train: sentencepiece failed ({exc}); a smaller --vocab-size or more text may help"
+        ) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, buf.getvalue())
     return Tokenizer.load(out)

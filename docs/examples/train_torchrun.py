@@ -43,7 +43,9 @@ class RandomTokens(Dataset):
 class TrainState(Stateful):
     """What DCP saves: model and optimizer (sharded) and the data position, {"step": s, ...}, the same on every rank."""
 
-    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer, sampler: DeterministicBatchSampler) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optim: torch.optim.Optimizer, sampler: DeterministicBatchSampler
+    ) -> None:
         self.model, self.optim, self.sampler = model, optim, sampler
 
     def state_dict(self) -> dict:

@@ -2,7 +2,8 @@
 
 Reads JSON on stdin and prints one JSON line:
 - ``{"contender": "skip", "n": N, "batch": B, "marks": [k...], "budget": s}``: a plain shuffled DataLoader iterated from
-  the start; the elapsed time when batch ``k`` arrives is what a trainer that resumes at step k by skipping k batches waits.
+  the start; the elapsed time when batch ``k`` arrives is what a trainer that resumes at step k by skipping k batches
+  waits.
   Iteration stops at the time budget; the rate after the first batch is reported for extrapolation.
 - ``{"contender": "torchdata", "n": N, "batch": B, "offset": o}``: a fresh ``StatefulDataLoader(shuffle=True)`` restored
   from a state_dict that says ``o`` samples of the current epoch were consumed; the time to its first batch.
@@ -56,17 +57,28 @@ def skip_run(n: int, batch: int, marks: list[int], budget: float) -> dict:
             break
     elapsed = time.perf_counter() - t0
     rate = i / (elapsed - first) if i > 0 else None
-    return {"first": first, "marks": seen, "batches": i + 1, "elapsed": elapsed, "rate": rate, "peak_rss": peak_rss_bytes()}
+    return {
+        "first": first,
+        "marks": seen,
+        "batches": i + 1,
+        "elapsed": elapsed,
+        "rate": rate,
+        "peak_rss": peak_rss_bytes(),
+    }
 
 
 def torchdata_state(n_template: int, batch: int, offset: int) -> dict:
-    """A real StatefulDataLoader state_dict (after one batch, on a small dataset) with its counters set to ``offset`` samples.
+    """A real StatefulDataLoader state_dict (after one batch, on a small dataset) with its counters set to ``offset``
+    samples.
 
-    Only the consumed counts change; the generator state is the one the loader saved (any generator state costs the same).
+    Only the consumed counts change; the generator state is the one the loader saved (any generator state costs the
+    same).
     """
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    loader = StatefulDataLoader(CheapDataset(n_template), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = StatefulDataLoader(
+        CheapDataset(n_template), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     next(iter(loader))
     state = loader.state_dict()
     batches = offset // batch
@@ -82,7 +94,9 @@ def torchdata_restore(n: int, batch: int, offset: int) -> dict:
 
     state = torchdata_state(1000, batch, offset)
     t0 = time.perf_counter()
-    loader = StatefulDataLoader(CheapDataset(n), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = StatefulDataLoader(
+        CheapDataset(n), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     loader.load_state_dict(state)
     first = next(iter(loader))
     seconds = time.perf_counter() - t0
@@ -93,7 +107,9 @@ def accelerate_skip(n: int, batch: int, offset: int) -> dict:
     from accelerate import skip_first_batches
 
     t0 = time.perf_counter()
-    loader = skip_first_batches(DataLoader(CheapDataset(n), batch_size=batch, shuffle=True), num_batches=offset // batch)
+    loader = skip_first_batches(
+        DataLoader(CheapDataset(n), batch_size=batch, shuffle=True), num_batches=offset // batch
+    )
     next(iter(loader))
     return {"seconds": time.perf_counter() - t0, "peak_rss": peak_rss_bytes()}
 

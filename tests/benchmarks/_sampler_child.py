@@ -1,8 +1,10 @@
 """Child process of benchmark 2: build one sampler for one N, take its first index, report time and peak RSS as JSON.
 
-Reads ``{"contender": "detsampler" | "distributed", "n": N, "world_size": W}`` on stdin. Everything both contenders import
+Reads ``{"contender": "detsampler" | "distributed", "n": N, "world_size": W}`` on stdin. Everything both contenders
+import
 is imported before the baseline is taken, so the reported growth is the sampler's own: on Linux the kernel's peak-RSS
-mark is reset (``/proc/self/clear_refs``) just before the sampler is built, and growth is the peak reached while building
+mark is reset (``/proc/self/clear_refs``) just before the sampler is built, and growth is the peak reached while
+building
 it and taking its first index minus the resident size at the reset. Where that reset is unavailable, the process's peak
 since start (``ru_maxrss``) is used instead, which hides growth smaller than the import-time peak.
 """
@@ -36,7 +38,9 @@ class _Sized:
 
 def first_index(contender: str, n: int, world_size: int) -> int:
     if contender == "detsampler":
-        plan = Plan(n, seed=0, global_batch_size=MICRO_BATCH * world_size, micro_batch_size=MICRO_BATCH, world_size=world_size)
+        plan = Plan(
+            n, seed=0, global_batch_size=MICRO_BATCH * world_size, micro_batch_size=MICRO_BATCH, world_size=world_size
+        )
         return next(iter(DeterministicBatchSampler(plan, rank=0)))[0]
     if contender == "distributed":
         sampler = DistributedSampler(_Sized(n), num_replicas=world_size, rank=0, shuffle=True, seed=0)
@@ -74,10 +78,18 @@ def main() -> None:
     index = first_index(args["contender"], int(args["n"]), int(args["world_size"]))
     seconds = time.perf_counter() - t0
     peak = _status_bytes("VmHWM") if reset else peak_rss_bytes()
-    print(json.dumps({
-        "seconds": seconds, "peak_rss": peak_rss_bytes(), "baseline_rss": baseline, "growth": max(peak - baseline, 0),
-        "index": int(index), "peak_reset": reset,
-    }))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_rss": peak_rss_bytes(),
+                "baseline_rss": baseline,
+                "growth": max(peak - baseline, 0),
+                "index": int(index),
+                "peak_reset": reset,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

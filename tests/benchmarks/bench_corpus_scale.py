@@ -3,7 +3,8 @@ open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documen
 
 For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
 each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a
-process's cost runs in a fresh interpreter (``_corpus_scale_child``), one after the other: open the index and the layout, plan,
+process's cost runs in a fresh interpreter (``_corpus_scale_child``), one after the other: open the index and the
+layout, plan,
 locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch" and the
 growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages, shared by
 every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first time
@@ -196,7 +197,7 @@ def _verdicts(results: dict, builds: dict, parallel: dict) -> list[Verdict]:
     worst_growth = max(r["growth"] for r in persisted.values())
     out.append(
         Verdict(
-            f"open + first micro batch < 100 ms and < 100 MB RSS growth per process, every layout kind (at "
+            "open + first micro batch < 100 ms and < 100 MB RSS growth per process, every layout kind (at "
             f"{top:.0e} documents, the largest run)",
             worst_open < 0.1 and worst_growth < 100e6,
             f"Worst over {sorted(persisted)}: {fmt_seconds(worst_open)}, {fmt_bytes(worst_growth)}.",

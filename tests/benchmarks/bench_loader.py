@@ -234,15 +234,19 @@ def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
     def stream(path):
         return corpus.select_columns(["text"]).to_iterable_dataset(num_shards=4)
 
-    return {
-        "detsampler concat (sentencepiece)": lambda w: detsampler_loader(fly, w),
-        "torchtitan HuggingFaceTextDataLoader (HF tokenizers BPE)": lambda w: peers.titan_loader(
-            "detsampler_bench", stream, hf_tok(), SEQ_LEN, MICRO_BATCH, w
-        ),
-        "torchtitan HuggingFaceTextDataLoader (sentencepiece)": lambda w: peers.titan_loader(
-            "detsampler_bench", stream, sp_tok(), SEQ_LEN, MICRO_BATCH, w
-        ),
-    }, hf_tok, fly
+    return (
+        {
+            "detsampler concat (sentencepiece)": lambda w: detsampler_loader(fly, w),
+            "torchtitan HuggingFaceTextDataLoader (HF tokenizers BPE)": lambda w: peers.titan_loader(
+                "detsampler_bench", stream, hf_tok(), SEQ_LEN, MICRO_BATCH, w
+            ),
+            "torchtitan HuggingFaceTextDataLoader (sentencepiece)": lambda w: peers.titan_loader(
+                "detsampler_bench", stream, sp_tok(), SEQ_LEN, MICRO_BATCH, w
+            ),
+        },
+        hf_tok,
+        fly,
+    )
 
 
 def _run_group(contenders: dict) -> dict:
@@ -299,14 +303,15 @@ def _limits(dataset, stored, concat_layout) -> list[str]:
     t_locate = per_batch(lambda i: concat_layout.locate(np.asarray(i)))
     t_batch = per_batch(dataset.get_batch)
     return [
-        f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate "
-        f"{t_locate:.0f} µs; "
-        f"PackedDataset.get_batch (locate, gather, four int64 fields of 8 x 2,048) {t_batch:.0f} µs. The ceiling's "
-        f"memcpy moves a batch's {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.itemsize:,} bytes in a few µs: the "
-        "loader's "
-        "cost is its fixed per-batch work (Python and numpy calls on a handful of ids, the DataLoader's fetch) and "
-        "writing 32 bytes of int64 per position (input ids, labels, positions, document ids) where the ceiling copies "
-        f"{stored.tokens.itemsize}.",
+        (
+            f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate"
+            f" {t_locate:.0f} µs; PackedDataset.get_batch (locate, gather, four int64 fields of 8 x 2,048)"
+            f" {t_batch:.0f} µs. The ceiling's memcpy moves a batch's"
+            f" {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.itemsize:,} bytes in a few µs: the loader's cost is its"
+            " fixed per-batch work (Python and numpy calls on a handful of ids, the DataLoader's fetch) and writing 32"
+            " bytes of int64 per position (input ids, labels, positions, document ids) where the ceiling copies"
+            f" {stored.tokens.itemsize}."
+        ),
     ]
 
 
@@ -339,7 +344,7 @@ def main() -> BenchResult:
         for r in runs
     ]
     ceiling_table = Table(
-        f"The ceiling: copies of the same batches' tokens from the memory map (median of 7 passes over "
+        "The ceiling: copies of the same batches' tokens from the memory map (median of 7 passes over "
         f"{MAX_BATCHES} batches)",
         ["copy", "tokens/s", "spread (min - max)", "/ ceiling"],
         ceiling_rows,
@@ -387,8 +392,10 @@ def main() -> BenchResult:
         _like_for_like("on the fly", fly_ours, best_peer_fly)
         + " detsampler tokenizes each document a sample touches whole, for every sample that touches it (a document "
         "longer than a sample is tokenized again for each of its samples); a stream tokenizes each document once.",
-        "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds contention "
-        "here.",
+        (
+            "With 2 cores shared by the run's own workers (and any other load), num_workers = 2 mostly adds contention "
+            "here."
+        ),
     ]
     return BenchResult(
         3,

@@ -2,7 +2,8 @@
 
 Contenders: detsampler's ``DeterministicBatchSampler`` (Plan + sampler, first micro batch of rank 0) and
 ``torch.utils.data.DistributedSampler(shuffle=True)`` (first index of rank 0), both for 8 data-parallel ranks. Each
-(contender, N) runs in a fresh interpreter (``_sampler_child``), one after the other, so no measurement inherits another's
+(contender, N) runs in a fresh interpreter (``_sampler_child``), one after the other, so no measurement inherits
+another's
 heap. "RSS growth" is the peak resident size reached while building the sampler and taking its first index, minus the
 resident size just before (the kernel's peak mark is reset there through ``/proc/self/clear_refs``); "process peak RSS"
 is the child's peak since it started, imports included.
@@ -35,7 +36,12 @@ def main() -> BenchResult:
     t_start = time.perf_counter()
     results: dict[tuple[str, int], dict | None] = {}
     for contender, n, repeats, timeout in RUNS:
-        runs = [run_child("tests.benchmarks._sampler_child", {"contender": contender, "n": n, "world_size": WORLD_SIZE}, timeout) for _ in range(repeats)]
+        runs = [
+            run_child(
+                "tests.benchmarks._sampler_child", {"contender": contender, "n": n, "world_size": WORLD_SIZE}, timeout
+            )
+            for _ in range(repeats)
+        ]
         runs = [r for r in runs if r is not None]
         results[(contender, n)] = (
             {
@@ -59,10 +65,15 @@ def main() -> BenchResult:
             if r is None:
                 rows.append([LABELS[c], "failed or timed out", "—", "—", "—", "—"])
             else:
-                rows.append([LABELS[c], fmt_seconds(r["seconds"]), tr, fmt_bytes(r["growth"]), mr, fmt_bytes(r["peak_rss"])])
+                rows.append(
+                    [LABELS[c], fmt_seconds(r["seconds"]), tr, fmt_bytes(r["growth"]), mr, fmt_bytes(r["peak_rss"])]
+                )
         notes = []
         if n == 10**12:
-            notes.append("DistributedSampler is not run at 1e12: its permutation alone would need ~48 TB (a Python list of ints).")
+            notes.append(
+                "DistributedSampler is not run at 1e12: its permutation alone would need ~48 TB (a Python list of"
+                " ints)."
+            )
         tables.append(
             Table(
                 f"N = {n:.0e} samples per epoch, {WORLD_SIZE} ranks (median time over repeats, max memory)",
@@ -98,8 +109,8 @@ def main() -> BenchResult:
     notes = []
     if ds8:
         notes.append(
-            f"DistributedSampler at 1e8 took {fmt_seconds(ds8['seconds'])} and grew RSS by {fmt_bytes(ds8['growth'])} on every "
-            "rank, at every epoch start (torch.randperm(N).tolist())."
+            f"DistributedSampler at 1e8 took {fmt_seconds(ds8['seconds'])} and grew RSS by {fmt_bytes(ds8['growth'])}"
+            " on every rank, at every epoch start (torch.randperm(N).tolist())."
         )
     return BenchResult(
         2,

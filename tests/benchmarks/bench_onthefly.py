@@ -110,8 +110,9 @@ def titan_rate(corpus, tokenizer, workers: int) -> tuple[float, int]:
     def stream(path):
         return corpus.to_iterable_dataset(num_shards=4)
 
-    loader = peers.titan_loader("detsampler_short_docs", stream, peers.SentencePieceForTitan(tokenizer), SEQ_LEN,
-                                MICRO_BATCH, workers)
+    loader = peers.titan_loader(
+        "detsampler_short_docs", stream, peers.SentencePieceForTitan(tokenizer), SEQ_LEN, MICRO_BATCH, workers
+    )
     return _rate(loader, lambda b: int(_input_ids(b).numel()))
 
 

@@ -3,9 +3,11 @@
 Contenders, side by side in this process (single-threaded: numpy's permutation and element-wise ops use one core):
 - detsampler ``permute(np.arange(N), N, key)`` (mapping version 2, the default): O(1) memory, any index on its own;
 - the same with ``version=1``, the first release's permutation (kept for runs started on it);
-- ``numpy.random.permutation`` (the legacy ``RandomState``; also ``Generator.permutation``): materializes all N (O(N) memory);
+- ``numpy.random.permutation`` (the legacy ``RandomState``; also ``Generator.permutation``): materializes all N (O(N)
+memory);
 - Grain ``MapDataset.range(N).shuffle(seed)`` (O(1) memory): indices read one at a time through its public ``ds[i]``.
-Bijectivity: every contender's image of ``range(N)`` is checked to be exactly ``range(N)`` at N = 2**16 + 1 (asked for by
+Bijectivity: every contender's image of ``range(N)`` is checked to be exactly ``range(N)`` at N = 2**16 + 1 (asked for
+by
 the issue), 2**17 + 1 and 2**18 + 1. Grain's ``index_shuffle`` (``index_shuffle.cc``) sizes its Simon cipher's block as
 ``ceil(log2(max_index))`` bits rounded up to even, at least 16, with ``max_index = N - 1``; when ``max_index = 2**(2j)``
 with ``2j >= 16`` that block holds ``[0, 2**(2j))`` only, one value short: ``max_index`` is never produced and the index
@@ -62,9 +64,12 @@ def _bijective(values: np.ndarray, n: int) -> tuple[bool, str]:
         return True, "bijective"
     counts = np.bincount(values, minlength=n)
     dup = np.flatnonzero(counts > 1)
-    return False, (
-        f"NOT bijective: {len(uniq)} distinct of {n}; never produced {missing[:3].tolist()}"
-        f"{'...' if len(missing) > 3 else ''}; produced twice {dup[:3].tolist()}{'...' if len(dup) > 3 else ''}"
+    return (
+        False,
+        (
+            f"NOT bijective: {len(uniq)} distinct of {n}; never produced {missing[:3].tolist()}"
+            f"{'...' if len(missing) > 3 else ''}; produced twice {dup[:3].tolist()}{'...' if len(dup) > 3 else ''}"
+        ),
     )
 
 
@@ -80,18 +85,41 @@ def _statistics() -> Table:
     rows = []
     for n in STAT_NS:
         k = 10 * 40320 if n == 8 else STAT_KEYS
-        for name, r in (("numpy Generator", pb.numpy_rows(k, n)), ("version 1", detsampler_rows(k, n, 1)),
-                        ("version 2", detsampler_rows(k, n, 2))):
+        for name, r in (
+            ("numpy Generator", pb.numpy_rows(k, n)),
+            ("version 1", detsampler_rows(k, n, 1)),
+            ("version 2", detsampler_rows(k, n, 2)),
+        ):
             agree, corr = pb.epoch_pairs_z(r[:-1], r[1:])
             four = f"{pb.four_point_z(r):.1f}" if n & (n - 1) == 0 else "—"
             orders = "{:.1f} ({:,} seen)".format(*pb.orders_z(r)) if n == 8 else "—"
-            rows.append([f"{n:,}", name, f"{pb.parity_z(r):.1f}", f"{pb.fixed_points_z(r):.1f}", f"{pb.cycles_z(r):.1f}",
-                         four, f"{pb.avalanche_z(r):.1f}", f"{agree:.1f} / {corr:.1f}", orders])
+            rows.append(
+                [
+                    f"{n:,}",
+                    name,
+                    f"{pb.parity_z(r):.1f}",
+                    f"{pb.fixed_points_z(r):.1f}",
+                    f"{pb.cycles_z(r):.1f}",
+                    four,
+                    f"{pb.avalanche_z(r):.1f}",
+                    f"{agree:.1f} / {corr:.1f}",
+                    orders,
+                ]
+            )
     return Table(
         f"Statistics: z-scores against a uniform random permutation over {STAT_KEYS:,} consecutive epoch keys "
         "(403,200 at n = 8); |z| < 5 passes",
-        ["n", "permutation", "parity", "fixed points", "cycles", "four-point", "avalanche (max over bit pairs)",
-         "epoch e vs e+1: agreements / correlation", "orders of range(8)"],
+        [
+            "n",
+            "permutation",
+            "parity",
+            "fixed points",
+            "cycles",
+            "four-point",
+            "avalanche (max over bit pairs)",
+            "epoch e vs e+1: agreements / correlation",
+            "orders of range(8)",
+        ],
         rows,
     )
 
@@ -106,7 +134,11 @@ def main() -> BenchResult:
     contenders = {
         "detsampler permute, version 2 (O(1) memory)": (lambda: permute(x, n, SEED), n, 3),
         "detsampler permute, version 1 (the first release)": (lambda: permute(x, n, SEED, version=1), n, 3),
-        "numpy.random.permutation (RandomState, O(N) memory)": (lambda: np.random.RandomState(SEED).permutation(n), n, 3),
+        "numpy.random.permutation (RandomState, O(N) memory)": (
+            lambda: np.random.RandomState(SEED).permutation(n),
+            n,
+            3,
+        ),
         "numpy Generator.permutation (O(N) memory)": (lambda: np.random.default_rng(SEED).permutation(n), n, 3),
         "grain MapDataset.range(N).shuffle(seed) (O(1) memory)": (
             lambda: [grain_ds[i] for i in grain_idx],
@@ -144,13 +176,19 @@ def main() -> BenchResult:
             bij_rows.append([f"{bn:,} (2**{bn.bit_length() - 1} + 1)", name, text])
             if not ok:
                 findings.append(f"{name} at N = {bn}: {text} (seed {SEED})")
-    bijectivity = Table("Bijectivity: is the image of range(N) exactly range(N)?", ["N", "contender", "result"], bij_rows)
+    bijectivity = Table(
+        "Bijectivity: is the image of range(N) exactly range(N)?", ["N", "contender", "result"], bij_rows
+    )
 
     det_rate, v1_rate = med[0], med[1]
-    gap = "" if det_rate >= TARGET else (
-        f" Gap: {TARGET / det_rate:.2f}x short. What limits it: each index goes through 8 Feistel rounds of about 14 numpy "
-        "element-wise passes (SplitMix64's finalizer, a multiply-high or a shift, a modular add) over chunks of 16,384 "
-        "uint64 values. Timings were taken on a shared machine: see the load average above."
+    gap = (
+        ""
+        if det_rate >= TARGET
+        else (
+            f" Gap: {TARGET / det_rate:.2f}x short. What limits it: each index goes through 8 Feistel rounds of about"
+            " 14 numpy element-wise passes (SplitMix64's finalizer, a multiply-high or a shift, a modular add) over"
+            " chunks of 16,384 uint64 values. Timings were taken on a shared machine: see the load average above."
+        )
     )
     verdicts = [
         Verdict(
@@ -160,7 +198,7 @@ def main() -> BenchResult:
             f"{det_rate / med[2]:.2f}x numpy's RandomState.permutation, side by side).{gap}",
         )
     ]
-    notes = findings and [f"Finding: {f}." for f in findings] or ["Every contender was bijective at every N checked."]
+    notes = (findings and [f"Finding: {f}." for f in findings]) or ["Every contender was bijective at every N checked."]
     return BenchResult(
         5,
         "Permutation: indices/s on one core, and bijectivity",

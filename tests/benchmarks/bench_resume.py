@@ -1,15 +1,18 @@
 """Benchmark 1: time to the first batch after resuming at step k, with 1e8 samples per epoch and 8 samples a batch.
 
-Every contender builds its loader afresh (as a restarted job does), over the same cheap map-style dataset (sample i is i),
+Every contender builds its loader afresh (as a restarted job does), over the same cheap map-style dataset (sample i is
+i),
 with ``num_workers=0``, one rank; the clock runs from building the loader to holding the first batch of step k.
 - detsampler: ``DataLoader(batch_sampler=DeterministicBatchSampler(plan, rank=0, start_step=k))``, median of interleaved
   repeats.
-- plain DataLoader(shuffle=True) that skips k batches (what a trainer without loader state does): one pass from the start
+- plain DataLoader(shuffle=True) that skips k batches (what a trainer without loader state does): one pass from the
+start
   in a fresh process, read at batch k; where k is past the time budget the time is extrapolated from the measured rate
   (one epoch start, i.e. one ``randperm(N).tolist()``, per 1e8 samples, plus k batches at the measured rate).
 - torchdata ``StatefulDataLoader(shuffle=True)`` restored from its ``state_dict``: the state dict is a real one whose
   consumed-sample counters are set to step k. Restoring re-runs ``randperm(N).tolist()`` and then calls ``next()`` once
-  per consumed sample of the epoch. It is run for real at the largest in-epoch offset in a fresh process; the other steps
+  per consumed sample of the epoch. It is run for real at the largest in-epoch offset in a fresh process; the other
+  steps
   are modelled from that run and a per-sample skip cost measured at N = 1e6 (labelled).
 - Hugging Face ``datasets`` ``IterableDataset`` restored from its ``state_dict`` (the path torchtitan uses): a
   generator-backed dataset of 64 shards (1,562,500 examples each), fed to a DataLoader. Its state is (shard, example in
@@ -22,7 +25,8 @@ with ``num_workers=0``, one rank; the clock runs from building the loader to hol
 - accelerate ``skip_first_batches(DataLoader(shuffle=True), num_batches)``, skipping the in-epoch batches before k: run
   for real in a fresh process at the epoch start (steps 0 and 1e9) and at step 1e6; step 1e3 is modelled from those two
   runs (labelled). It skips batches of sample ids without reading samples, after the epoch's ``randperm(N).tolist()``.
-Megatron's and OLMo-core's resume (a stored index read at the consumed-sample offset) are measured in benchmark 7, at the
+Megatron's and OLMo-core's resume (a stored index read at the consumed-sample offset) are measured in benchmark 7, at
+the
 sizes where their index builds fit.
 Step 1e9 is 8e9 samples: epoch 80, offset 0 within the epoch (1e9 is a multiple of 1e8), which the state-dict contenders
 hold as "epoch start".
@@ -64,7 +68,8 @@ def _offset(step: int) -> tuple[int, int]:
     return divmod(step * BATCH, N)
 
 
-# -- detsampler ------------------------------------------------------------------------------------------------------------
+# -- detsampler
+# ------------------------------------------------------------------------------------------------------------
 
 
 def _detsampler_first_batch(plan: Plan, dataset: CheapDataset, step: int) -> float:
@@ -86,7 +91,8 @@ def detsampler_times() -> dict[int, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-# -- Hugging Face datasets -------------------------------------------------------------------------------------------------
+# -- Hugging Face datasets
+# -------------------------------------------------------------------------------------------------
 
 
 def _hf_examples(shards: list[int], shard_size: int):
@@ -112,7 +118,9 @@ def _hf_state(step: int) -> dict:
     epoch, offset = _offset(step)
     shard_size = N // HF_SHARDS
     state["epoch"] = epoch
-    state["examples_iterable"]["shard_idx"], state["examples_iterable"]["shard_example_idx"] = divmod(offset, shard_size)
+    state["examples_iterable"]["shard_idx"], state["examples_iterable"]["shard_example_idx"] = divmod(
+        offset, shard_size
+    )
     return state
 
 
@@ -136,11 +144,13 @@ def hf_times() -> tuple[dict[int, float], dict[int, int]]:
     return {k: statistics.median(v) for k, v in times.items()}, first
 
 
-# -- torchdata -------------------------------------------------------------------------------------------------------------
+# -- torchdata
+# -------------------------------------------------------------------------------------------------------------
 
 
 def torchdata_skip_cost() -> float | None:
-    """Seconds per consumed sample that a StatefulDataLoader restore replays, measured at N = 1e6 (offsets 0 and 1e6 - 8)."""
+    """Seconds per consumed sample that a StatefulDataLoader restore replays, measured at N = 1e6 (offsets 0 and 1e6 -
+    8)."""
     small = 10**6
     args = {"contender": "torchdata", "n": small, "batch": BATCH}
     at0 = [run_child("tests.benchmarks._resume_child", {**args, "offset": 0}, 120) for _ in range(3)]
@@ -164,7 +174,9 @@ def torchdata_times(per_sample: float | None) -> tuple[dict[int, float | None], 
     how: dict[int, str] = {}
     for k in STEPS:
         if k == real_step:
-            times[k], how[k] = (real["seconds"], "measured") if real else (None, "failed: killed (memory?) or past 240 s")
+            times[k], how[k] = (
+                (real["seconds"], "measured") if real else (None, "failed: killed (memory?) or past 240 s")
+            )
         elif real and per_sample is not None:
             fixed = real["seconds"] - _offset(real_step)[1] * per_sample
             times[k], how[k] = fixed + _offset(k)[1] * per_sample, "modelled"
@@ -173,7 +185,8 @@ def torchdata_times(per_sample: float | None) -> tuple[dict[int, float | None], 
     return times, how, real
 
 
-# -- Grain and accelerate --------------------------------------------------------------------------------------------------
+# -- Grain and accelerate
+# --------------------------------------------------------------------------------------------------
 
 
 def _grain_first_batch(step: int) -> float:
@@ -200,7 +213,11 @@ def grain_times() -> dict[int, float]:
 def accelerate_times() -> tuple[dict[int, float | None], dict[int, str]]:
     runs = {}
     for k in (0, 10**6):
-        runs[k] = run_child("tests.benchmarks._resume_child", {"contender": "accelerate", "n": N, "batch": BATCH, "offset": _offset(k)[1]}, 240)
+        runs[k] = run_child(
+            "tests.benchmarks._resume_child",
+            {"contender": "accelerate", "n": N, "batch": BATCH, "offset": _offset(k)[1]},
+            240,
+        )
     times: dict[int, float | None] = {}
     how: dict[int, str] = {}
     for k in STEPS:
@@ -227,7 +244,8 @@ def _or_reason(measure, how: dict | None = None) -> tuple[dict, dict]:
     return (out, how) if how is not None else out
 
 
-# -- plain DataLoader that skips -------------------------------------------------------------------------------------------
+# -- plain DataLoader that skips
+# -------------------------------------------------------------------------------------------
 
 
 def skip_times() -> tuple[dict[int, float | None], dict[int, str], dict | None]:
@@ -244,13 +262,16 @@ def skip_times() -> tuple[dict[int, float | None], dict[int, str], dict | None]:
         elif str(k) in run["marks"]:
             times[k], how[k] = run["marks"][str(k)], "measured"
         else:
-            epoch_starts = k * BATCH // N  # further randperm(N).tolist() calls, each costing about the first batch's time
+            epoch_starts = (
+                k * BATCH // N
+            )  # further randperm(N).tolist() calls, each costing about the first batch's time
             times[k] = run["first"] * (1 + epoch_starts) + k / run["rate"]
             how[k] = f"> {fmt_seconds(run['elapsed'])} budget; extrapolated from {run['rate']:.3g} batches/s"
     return times, how, run
 
 
-# -- the benchmark ---------------------------------------------------------------------------------------------------------
+# -- the benchmark
+# ---------------------------------------------------------------------------------------------------------
 
 
 def main() -> BenchResult:
@@ -283,7 +304,9 @@ def main() -> BenchResult:
             if how[k].startswith(">"):
                 shown = f"> {fmt_seconds(skip_run['elapsed'])} (extrapolated: {fmt_seconds(v)})"
             rows.append([name, shown, r, how[k]])
-        peers_only = [(v, c[0]) for c, v in zip(contenders, values) if v is not None and not c[0].startswith("detsampler")]
+        peers_only = [
+            (v, c[0]) for c, v in zip(contenders, values) if v is not None and not c[0].startswith("detsampler")
+        ]
         strongest = min(peers_only)[1] if peers_only else "none"
         tables.append(
             Table(
@@ -299,26 +322,31 @@ def main() -> BenchResult:
         Verdict(
             f"detsampler's time at step 1e9 within {TARGET_RATIO}x of its time at step 0",
             ratio <= TARGET_RATIO,
-            f"Step 0: {fmt_seconds(det[0])}, step 1e9: {fmt_seconds(det[10**9])}: {ratio:.2f}x (median of {DET_REPEATS}).",
+            f"Step 0: {fmt_seconds(det[0])}, step 1e9: {fmt_seconds(det[10**9])}: {ratio:.2f}x (median of"
+            f" {DET_REPEATS}).",
         )
     ]
     notes = [
-        f"HF IterableDataset's first sample at each step: {hf_first} (it reads in stream order: no global shuffle). Its "
-        f"restore cost is bounded by one shard's {N // HF_SHARDS:,} examples whatever k, because whole shards are skipped "
-        "unread; per example, this generator is far cheaper than decoding real files (a streamed JSON or Parquet shard "
-        "is read up to the offset), so real corpora resume slower.",
+        (
+            f"HF IterableDataset's first sample at each step: {hf_first} (it reads in stream order: no global shuffle)."
+            f" Its restore cost is bounded by one shard's {N // HF_SHARDS:,} examples whatever k, because whole shards"
+            " are skipped unread; per example, this generator is far cheaper than decoding real files (a streamed JSON"
+            " or Parquet shard is read up to the offset), so real corpora resume slower."
+        ),
     ]
     if per_sample is not None:
         notes.append(
-            f"torchdata restore replays {per_sample * 1e9:.0f} ns per consumed sample of the epoch (measured at N = 1e6), "
-            "on top of regenerating the epoch's permutation (torch.randperm(N).tolist(), several times per restore)."
+            f"torchdata restore replays {per_sample * 1e9:.0f} ns per consumed sample of the epoch (measured at N ="
+            " 1e6), on top of regenerating the epoch's permutation (torch.randperm(N).tolist(), several times per"
+            " restore)."
         )
     if td_real:
         notes.append(f"torchdata's real restore at N = 1e8 peaked at {td_real['peak_rss'] / 1e9:.1f} GB RSS.")
     if skip_run:
         notes.append(
-            f"The skipping DataLoader took {fmt_seconds(skip_run['first'])} to its first batch (the epoch's randperm(N).tolist()), "
-            f"then skipped at {skip_run['rate']:.3g} batches/s; it peaked at {skip_run['peak_rss'] / 1e9:.1f} GB RSS."
+            f"The skipping DataLoader took {fmt_seconds(skip_run['first'])} to its first batch (the epoch's"
+            f" randperm(N).tolist()), then skipped at {skip_run['rate']:.3g} batches/s; it peaked at"
+            f" {skip_run['peak_rss'] / 1e9:.1f} GB RSS."
         )
     return BenchResult(
         1,

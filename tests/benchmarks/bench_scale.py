@@ -167,16 +167,20 @@ def main() -> BenchResult:
         if n in MIXTURE_SIZES:
             tables.append(_table(n, step, MIXTURES, results, "Mixture of three sources"))
     notes = [
-        "10^8 documents are not run by `make bench`: the corpus alone is about 12 GB of tokens at these lengths, and "
-        "from 10^6 to 10^7 documents the cold builds of Megatron (document, sample and shuffle indices) and of "
-        "detsampler's layouts (a permutation of the documents and a cumulative sum of their lengths; bestfit packs "
-        "every window) grew about tenfold: at 10^8 they would take minutes each on 2 cores. OLMo-core's FSL dataset "
-        "chunks the token array without looking at documents, so its index is O(samples), not O(documents). "
-        "detsampler rebuilds its layout in every process (nothing is cached for concat), which is its resume cost "
-        "here; the plan and the permutation are O(1) (benchmark 2).",
-        f"Machine: {os.cpu_count()} cores; each number is one run in a fresh process (no repeats: the cold builds "
-        "write "
-        "files and take seconds).",
+        (
+            "10^8 documents are not run by `make bench`: the corpus alone is about 12 GB of tokens at these lengths,"
+            " and from 10^6 to 10^7 documents the cold builds of Megatron (document, sample and shuffle indices) and of"
+            " detsampler's layouts (a permutation of the documents and a cumulative sum of their lengths; bestfit packs"
+            " every window) grew about tenfold: at 10^8 they would take minutes each on 2 cores. OLMo-core's FSL"
+            " dataset chunks the token array without looking at documents, so its index is O(samples), not"
+            " O(documents). detsampler rebuilds its layout in every process (nothing is cached for concat), which is"
+            " its resume cost here; the plan and the permutation are O(1) (benchmark 2)."
+        ),
+        (
+            f"Machine: {os.cpu_count()} cores; each number is one run in a fresh process (no repeats: the cold builds "
+            "write "
+            "files and take seconds)."
+        ),
     ]
     return BenchResult(
         7,

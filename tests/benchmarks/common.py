@@ -2,7 +2,8 @@
 
 A benchmark module ``tests/benchmarks/bench_<name>.py`` has a ``main()`` that runs its contenders side by side (in one
 process, interleaved, or in fresh subprocesses one after the other) and returns a :class:`BenchResult`; ``run_all``
-prints it and writes its markdown into ``docs/benchmarks.md``. Run one alone with ``python -m tests.benchmarks.bench_<name>``.
+prints it and writes its markdown into ``docs/benchmarks.md``. Run one alone with ``python -m
+tests.benchmarks.bench_<name>``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = [
     "BenchResult",
@@ -52,7 +54,8 @@ class Table:
 
 @dataclass
 class Verdict:
-    """A target of the issue and whether this run met it; ``detail`` states the measured value and, if missed, the gap."""
+    """A target of the issue and whether this run met it; ``detail`` states the measured value and,
+    if missed, the gap."""
 
     target: str
     met: bool
@@ -148,7 +151,8 @@ def fmt_rate(r: float | None, unit: str = "/s") -> str:
 
 
 def run_child(module: str, args: dict, timeout: float) -> dict | None:
-    """Run ``python -m module`` in a fresh interpreter with ``args`` as JSON on stdin; return its last stdout line as JSON.
+    """Run ``python -m module`` in a fresh interpreter with ``args`` as JSON on stdin; return its last stdout line as
+    JSON.
 
     Returns None when the child ran past ``timeout`` seconds (it is killed) or failed; its stderr is echoed on failure.
     """

@@ -45,8 +45,7 @@ def test_a_plan_whose_step_is_not_one_trainer_step_is_refused_with_the_value_to_
     )
     with pytest.raises(
         ValueError,
-        match=r"2 processes x 2 per device x 2 micro steps: set gradient_accumulation_steps=2 "
-        r"\(it is 3\)",
+        match=r"2 processes x 2 per device x 2 micro steps: set gradient_accumulation_steps=2 " r"\(it is 3\)",
     ):
         trainer_plan(PLAN, args, num_processes=2)
     args.gradient_accumulation_steps = 4

@@ -178,8 +178,9 @@ def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def cached_starts(kind: str, identity: str, mode: str, compute: Callable[[], np.ndarray],
-                  files: Sequence[str | os.PathLike]) -> np.ndarray:
+def cached_starts(
+    kind: str, identity: str, mode: str, compute: Callable[[], np.ndarray], files: Sequence[str | os.PathLike]
+) -> np.ndarray:
     """Document starts found by ``compute`` (an EOS scan or a metadata parse), kept in ``$DETSAMPLER_CACHE/sources``
     under the source's content identity, so that only the first open of a file pays for the scan. The cache file is
     written atomically; an unwritable cache only means computing again."""
