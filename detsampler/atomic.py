@@ -1,10 +1,8 @@
 """Durable, atomic file writes: the one place that says how a file or directory reaches the disk.
 
 Invariants: after :func:`atomic_write` returns, ``path`` holds exactly ``data`` and survives a power cut (the data and
-the
-directory entry are fsynced); at no moment does ``path`` hold a partial write (the data goes to a temporary file in the
-same
-directory, renamed over ``path``); a failed write leaves ``path`` as it was and no temporary file behind
+the directory entry are fsynced); at no moment does ``path`` hold a partial write (the data goes to a temporary file in
+the same directory, renamed over ``path``); a failed write leaves ``path`` as it was and no temporary file behind
 (tests/test_foundations.py).
 """
 

@@ -1,9 +1,8 @@
 """Argument checks shared by every tier: one place that says what an integer argument is.
 
 Invariant: :func:`check_int` accepts Python and numpy integers only (``bool``, floats, strings and integral floats such
-as
-``2.0`` are refused, never coerced) and returns a Python ``int``; the error names the argument, what it got and what is
-allowed (tests/test_foundations.py).
+as ``2.0`` are refused, never coerced) and returns a Python ``int``; the error names the argument, what it got and what
+is allowed (tests/test_foundations.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Reading the tokens of a batch of samples' spans at once (numpy only): one fancy-index gather, no per-token Python.
 
 Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token
-array
-and how many tokens the document has, :func:`gather_spans` lays the spans' positions out in a ``[B, sample_len]`` grid:
-position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with ``eos_stored``
-the
-stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's separator); cells after a
-sample's last span are padding (``pad_id``, document -1).
+array and how many tokens the document has, :func:`gather_spans` lays the spans' positions out in a ``[B, sample_len]``
+grid: position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with
+``eos_stored`` the stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's
+separator); cells after a sample's last span are padding (``pad_id``, document -1).
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_leng
 
 def _into_grid(values: np.ndarray, valid: np.ndarray | None, shape: tuple[int, int], fill: int | bool) -> np.ndarray:
     """``values`` (the filled cells of all rows, row-major) laid into the grid, ``fill`` elsewhere; no copy when every
-    row
-    is full (``valid`` None)."""
+    row is full (``valid`` None)."""
     if valid is None:
         return values.reshape(shape)
     grid = np.full(shape, fill, dtype=values.dtype)
@@ -69,9 +66,8 @@ def gather_spans(
     eos_stored: bool = False,
 ) -> Gathered:
     """The tokens of ``spans``: span ``j`` reads ``flat_tokens[doc_starts[j] + p]`` for its positions ``p <
-    doc_lengths[j]``
-    and ``eos_id`` at ``p == doc_lengths[j]`` (with ``eos_stored``, ``flat_tokens[doc_starts[j] + doc_lengths[j]]``
-    there too). ``doc_starts`` / ``doc_lengths`` are per span (not per document).
+    doc_lengths[j]`` and ``eos_id`` at ``p == doc_lengths[j]`` (with ``eos_stored``, ``flat_tokens[doc_starts[j] +
+    doc_lengths[j]]`` there too). ``doc_starts`` / ``doc_lengths`` are per span (not per document).
 
     Cost: a constant number of passes over the batch's cells and one fancy-index gather from ``flat_tokens``.
     """

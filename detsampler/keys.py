@@ -1,10 +1,8 @@
 """64-bit keys and mixing, the only source of randomness in detsampler.
 
 Every random choice of the library (a permutation's round keys, an epoch's shuffle, a layout's document order, a
-mixture's
-interleaving) is a pure function of the user's seed and of integers that name the choice, through the functions here.
-Nothing
-reads a global random state, so two processes with the same arguments compute the same bits.
+mixture's interleaving) is a pure function of the user's seed and of integers that name the choice, through the
+functions here. Nothing reads a global random state, so two processes with the same arguments compute the same bits.
 """
 
 from __future__ import annotations

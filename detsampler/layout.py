@@ -1,16 +1,14 @@
 """Layouts: how the documents of a corpus are cut into samples of ``seq_len`` tokens.
 
 A layout sees only per-document token counts (documents in dataset order). Each document is followed by one EOS token,
-so
-document ``d`` owns ``lengths[d] + 1`` token positions: ``[0, lengths[d])`` are its tokens and position ``lengths[d]``
-its EOS.
-A sample is a list of spans ``(doc_id, start, stop)`` over those positions (:class:`Spans`). Documents are visited in a
-seeded order (``document_order``), fixed for the whole run; the plan shuffles samples per epoch on top of it.
+so document ``d`` owns ``lengths[d] + 1`` token positions: ``[0, lengths[d])`` are its tokens and position
+``lengths[d]`` its EOS. A sample is a list of spans ``(doc_id, start, stop)`` over those positions (:class:`Spans`).
+Documents are visited in a seeded order (``document_order``), fixed for the whole run; the plan shuffles samples per
+epoch on top of it.
 
 - ``concat``: the documents in that order, each with its EOS, form one token stream; sample ``c`` is the stream's tokens
   ``[c*L, c*L + L + 1)``: L inputs and the shifted label. The inputs of samples ``0 .. num_samples-1`` tile the stream's
-  first
-  ``num_samples * L`` tokens exactly; only the final partial sample's tokens are left out.
+  first ``num_samples * L`` tokens exactly; only the final partial sample's tokens are left out.
 - ``document``: each sample is one piece of one document: a document of ``m = length + 1`` positions gives ``ceil(m /
 L)``
   consecutive pieces of ``L`` positions (the last one shorter); the rest of a sample is padding.
@@ -73,8 +71,7 @@ class LayoutConfig:
             raise ValueError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if self.kind != "concat" and self.seq_len < 2:
             # NOTE: a document/bestfit sample holds seq_len positions and its labels are the next ones within it: with
-            # one
-            # position there is no label, and training on it gives a NaN loss.
+            # one position there is no label, and training on it gives a NaN loss.
             raise ValueError(
                 f"seq_len must be >= 2 for the {self.kind} layout (a sample of 1 token has no label), got 1"
             )
@@ -119,8 +116,7 @@ class Layout(Protocol):
 
     ``labels_cross_documents``: True when a sample is a window of one token stream whose label at the last input is the
     next document's first token (concat: ``sample_len = seq_len + 1``, position ids count 0..L-1); False when labels
-    stay
-    within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
+    stay within a span (document, bestfit: the last position of each span gets no label, position ids restart per span).
     """
 
     config: LayoutConfig
@@ -170,10 +166,8 @@ def document_order(num_documents: int, seed: int) -> np.ndarray:
     """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
 
     Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan
-    epochs,
-    mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples are the
-    same
-    whatever version a plan reads it with (tests/test_pinned.py pins them once).
+    epochs, mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples
+    are the same whatever version a plan reads it with (tests/test_pinned.py pins them once).
     """
     return permute(
         np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1
@@ -340,8 +334,7 @@ class DocumentLayout(_Ordered):
 @dataclass(frozen=True)
 class BinPacking:
     """A best-fit layout's bins, cumulative: window ``w`` holds bins ``window_bins[w]:window_bins[w+1]``, bin ``b``
-    holds
-    items ``bin_items[b]:bin_items[b+1]``, item ``j`` is piece ``item_pieces[j]`` of document ``item_docs[j]``."""
+    holds items ``bin_items[b]:bin_items[b+1]``, item ``j`` is piece ``item_pieces[j]`` of document ``item_docs[j]``."""
 
     window_bins: Any
     bin_items: Any

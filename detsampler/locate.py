@@ -4,10 +4,8 @@ The batch sampler, the packed dataset and the CLI all go through :func:`locate` 
 ``plan.micro_batch`` and ``layout.locate``), so random access and iteration cannot disagree.
 
 For a plan over a :class:`~detsampler.mixture.Mixture`, ``layout`` is the list of the sources' layouts (or the mixture
-itself,
-when its sources are layouts): each sample's spans come from its own source's layout, so their ``doc_ids`` are documents
-of
-that source, and :attr:`Located.sources` names it.
+itself, when its sources are layouts): each sample's spans come from its own source's layout, so their ``doc_ids`` are
+documents of that source, and :attr:`Located.sources` names it.
 """
 
 from __future__ import annotations

@@ -11,16 +11,12 @@ version
 
 The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, with ``B(s)`` the global batch size of step
 ``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank
-``r``
-take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
+``r`` take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
 
 Skip ranges: ``skip_steps=[(a, b), ...]`` (inclusive, in *data* steps: the steps of the stream above) name data that is
-never
-trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range, and
-takes its
-batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads exactly the same
-samples
-whatever the ranges (tests/test_skip.py).
+never trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range,
+and takes its batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads
+exactly the same samples whatever the ranges (tests/test_skip.py).
 
 Invariants (tests/test_plan.py):
 - the micro batches of all ranks and micro steps of a step partition the step's positions;
@@ -188,15 +184,13 @@ class Plan:
     """Which samples every rank reads at every step. Pure: every method is a function of its arguments and the fields.
 
     Give either ``num_samples``, the number of samples per epoch (a layout's ``num_samples``: the plan draws them epoch
-    by
-    epoch, each epoch a keyed permutation), or ``source=``, a :class:`SampleStream` such as a
+    by epoch, each epoch a keyed permutation), or ``source=``, a :class:`SampleStream` such as a
     :class:`~detsampler.mixture.Mixture`. ``batch_size_schedule``, when given, is a list of ``(first_step,
-    global_batch_size)`` starting at step 0 (a
-    ramp-up, say); its last size must equal ``global_batch_size``. ``world_size`` is the data-parallel degree: tensor-,
-    pipeline- and context-parallel peers of one data-parallel rank read the same batches. ``skip_steps`` lists inclusive
-    ranges of data steps never to train on (module docstring). The batch-size schedule, a mixture's weight schedule and
-    the
-    skip ranges are all in data steps, which equal training steps before the first skip range.
+    global_batch_size)`` starting at step 0 (a ramp-up, say); its last size must equal ``global_batch_size``.
+    ``world_size`` is the data-parallel degree: tensor-, pipeline- and context-parallel peers of one data-parallel rank
+    read the same batches. ``skip_steps`` lists inclusive ranges of data steps never to train on (module docstring). The
+    batch-size schedule, a mixture's weight schedule and the skip ranges are all in data steps, which equal training
+    steps before the first skip range.
 
     ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own
     seed),
@@ -366,8 +360,7 @@ class Plan:
         ``start_step``.
 
         A DataLoader hands the i-th batch of its batch sampler to worker ``i % num_workers``; the sampler yields the
-        micro
-        batches of ``start_step``, ``start_step + 1``, ... in order, so the assignment is a pure function of these
+        micro batches of ``start_step``, ``start_step + 1``, ... in order, so the assignment is a pure function of these
         arguments.
         """
         self._check_rank(rank)

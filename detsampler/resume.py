@@ -1,11 +1,9 @@
 """Checking that a resumed run trains, before the resume step, on exactly what the checkpointed run trained on.
 
 What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture),
-the
-layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch
-schedule,
-skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on
-resume.
+the layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch
+schedule, skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with
+it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new mixture schedule
 entries at or after the resume step, and with new skip ranges that start at or after the data step the resume reads. Any
@@ -33,9 +31,8 @@ __all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
 class DataFingerprint:
     """What fixes the data stream of every step: ``index`` (the index's identity string; for a mixture, its sources'
     identities joined by ``,``), ``layout`` (``Layout.describe()``; for a mixture ``{"mixture": [describe() per
-    source]}``)
-    and ``plan`` (``Plan.fingerprint()``, which holds the mapping version). None of them holds the number of ranks, the
-    micro batch size or the number of workers, which may change on resume.
+    source]}``) and ``plan`` (``Plan.fingerprint()``, which holds the mapping version). None of them holds the number of
+    ranks, the micro batch size or the number of workers, which may change on resume.
 
     Invariant: two fingerprints have the same :attr:`hash` exactly when their JSON forms are equal.
     """
@@ -148,9 +145,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
     resuming run's. The index and the layout must be the same. Allowed plan changes: another
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
-    its
-    own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges
-    starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
+    its own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip
+    ranges starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
     """
     check_int(resume_step, "resume_step", minimum=0)
     before, after = _as_fingerprint(old, "old"), _as_fingerprint(new, "new")

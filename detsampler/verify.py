@@ -251,8 +251,7 @@ def document_stats(lengths: np.ndarray) -> dict[str, Any]:
 
 def layout_stats(layout: Layout, plan: Plan, step: int | None = None) -> dict[str, Any]:
     """``layout``'s samples per epoch, padding, dropped tokens and steps per epoch under ``plan`` (and with ``step``,
-    the
-    epoch reached there)."""
+    the epoch reached there)."""
     d = layout.describe()
     row = {
         "samples_per_epoch": layout.num_samples,

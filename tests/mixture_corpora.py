@@ -37,8 +37,7 @@ def docs_and_comments(source: str) -> str:
 
 def write_mixture_corpora(root: Path, code_texts: Sequence[str], max_text_files: int = 8) -> list[str]:
     """Write ``code.jsonl`` (the sources), ``docs.jsonl`` (their docstrings and comments) and ``text/`` (the first
-    plain-text
-    files of the standard library, by path, outside its tests) under ``root``; returns the three paths."""
+    plain-text files of the standard library, by path, outside its tests) under ``root``; returns the three paths."""
     root.mkdir(parents=True, exist_ok=True)
     code, docs, text = root / "code.jsonl", root / "docs.jsonl", root / "text"
     with code.open("w") as f:

@@ -1,11 +1,9 @@
 """Pinned outputs of the mapping: users rely on them across versions.
 
 If one of these fails, the mapping changed. If that was on purpose, bump ``MAPPING_VERSION`` (detsampler/version.py),
-keep
-the old version computable and add pins for the new one in the same commit: every cache and checkpoint fingerprint then
-changes with it, so resuming an old run under the new mapping fails loudly instead of silently reading other data. The
-pins
-of an old version never change: a run started on it resumes exactly (``Plan(..., mapping_version=1)``).
+keep the old version computable and add pins for the new one in the same commit: every cache and checkpoint fingerprint
+then changes with it, so resuming an old run under the new mapping fails loudly instead of silently reading other data.
+The pins of an old version never change: a run started on it resumes exactly (``Plan(..., mapping_version=1)``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The trainer's checkpoints and run directory under faults: corrupted checkpoints, two trainers on one directory, a
-killed
-launcher, a rewind, optimizer overrides on resume, configuration errors (issue 10, items 7-12).
+killed launcher, a rewind, optimizer overrides on resume, configuration errors (issue 10, items 7-12).
 
 Most runs are one process (no torchrun) over the tiny setup of tests/test_train_resume.py: a 6-step run checkpointing at
 steps 2, 4 and 6 is trained once, and each test works on a copy of it; a resume with ``--stop-at`` equal to the step it

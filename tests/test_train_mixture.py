@@ -1,11 +1,9 @@
 """The trainer on a 3-source mixture of local corpora (stdlib code, its docstrings and comments, plain-text files).
 
 A run trains 4 steps and stops with a checkpoint; it resumes with a schedule entry written at the resume step (allowed,
-and
-checked) and trains to step 8; `detsampler stats` with the same options reports the per-source token shares the weights
-ask for, and every step the trainer logged reads exactly the plan's samples. Resuming with an entry before the
-checkpoint's
-step, or a skip range in its past, is refused.
+and checked) and trains to step 8; `detsampler stats` with the same options reports the per-source token shares the
+weights ask for, and every step the trainer logged reads exactly the plan's samples. Resuming with an entry before the
+checkpoint's step, or a skip range in its past, is refused.
 """
 
 from __future__ import annotations

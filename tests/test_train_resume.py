@@ -2,10 +2,9 @@
 
 Every run trains the same tiny model for N = 8 steps on the first 120 files of the default corpus, with a 512-piece
 tokenizer trained on them (bestfit layout, so the per-document attention mask and restarting position ids are on the
-path), checkpointing every 2 steps. Each step's record
-in metrics.jsonl carries ``sample_hash`` (the plan's global sample ids) and ``tokens_hash`` (the tokens the ranks
-actually
-trained on, gathered in global position order), so the runs are compared on the data they really saw, step by step.
+path), checkpointing every 2 steps. Each step's record in metrics.jsonl carries ``sample_hash`` (the plan's global
+sample ids) and ``tokens_hash`` (the tokens the ranks actually trained on, gathered in global position order), so the
+runs are compared on the data they really saw, step by step.
 
 Same number of ranks: losses are compared with ``==`` (bit for bit: deterministic algorithms, fixed seeds, the same
 reduction order). 2 -> 1 ranks: the data is the same, the float reduction order is not (one rank accumulates all micro

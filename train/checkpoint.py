@@ -14,8 +14,7 @@ every file is checked against ``COMPLETE`` (:func:`verify`; which checkpoint a r
 Content: ``model`` and ``optim`` (sharded, from ``get_state_dict``; DCP reshards them when the number of ranks changes),
 ``scheduler`` (the LR scheduler's state as JSON) and ``meta`` = ``{"step": s, "data": fingerprint JSON}``. DCP keeps the
 non-tensor values of rank 0 only; step and fingerprint are the same on every rank, so that loses nothing. ``step`` is
-the
-next step to train: the batch sampler restarts there, and there is no other data-loader state.
+the next step to train: the batch sampler restarts there, and there is no other data-loader state.
 
 Tests kill the training processes at named points: with ``DETSAMPLER_TEST_KILL_POINT=during_save:8`` (the shards of
 step 8 written by every rank, its DCP ``.metadata`` not yet) or ``after_save:8`` (after the rename), rank 0 prints
@@ -125,8 +124,7 @@ def check_fingerprint(path: Path, saved: dict, current: dict, plan: Any = None, 
     ``saved``.
 
     The library's :func:`detsampler.resume.check_resume` decides: the index and the layout must be the same; the plan
-    may
-    change only in its future (mixture schedule entries or skip ranges at or after the resume step). Without
+    may change only in its future (mixture schedule entries or skip ranges at or after the resume step). Without
     ``resume_step`` the two fingerprints must hash the same. ``plan`` is accepted for compatibility and unused.
     """
     if saved.get("hash") == current.get("hash") and resume_step is None:
@@ -284,8 +282,7 @@ def _hash_shards(tmp: Path) -> dict[str, dict[str, Any]]:
 
 def verify(path: Path) -> str | None:
     """None when checkpoint ``path`` matches its ``COMPLETE`` record, else the first problem (collective: the ranks
-    split
-    the files, and all return the same answer)."""
+    split the files, and all return the same answer)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     try:
         verify_checkpoint(path, _rank(), world)

@@ -118,14 +118,12 @@ class DataConfig:
     (:class:`detsampler.text.policy.SpecialTokens`).
 
     A mixture: ``mixture_sources`` lists local corpora (each like ``source``, which must then be empty), all with the
-    same
-    tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
+    same tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too
-    (see
-    :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps never
-    trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its step.
-    ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint
-    records and starts a new run on the current one.
+    (see :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps
+    never trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its
+    step. ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its
+    checkpoint records and starts a new run on the current one.
     """
 
     source: str = ""

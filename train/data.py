@@ -2,9 +2,8 @@
 DataLoader.
 
 Everything that decides which tokens a step trains on is fixed by the index, the layout config, the plan's seed and
-batch
-schedule; :func:`DataPipeline.fingerprint` hashes exactly these (not the number of ranks, the micro batch size or the
-number of workers, which may change on resume). The DataLoader's only state is the sampler's start step.
+batch schedule; :func:`DataPipeline.fingerprint` hashes exactly these (not the number of ranks, the micro batch size or
+the number of workers, which may change on resume). The DataLoader's only state is the sampler's start step.
 """
 
 from __future__ import annotations
@@ -166,8 +165,7 @@ class DataPipeline:
 
 def index_config(config: DataConfig) -> Any:
     """The :class:`detsampler.index.prepare.IndexConfig` of ``config``: ``detsampler build`` with the same options opens
-    the same
-    cached index."""
+    the same cached index."""
     from detsampler.index.prepare import IndexConfig
 
     return IndexConfig(
@@ -256,8 +254,7 @@ def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarra
 
 def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> DataPipeline:
     """One index per ``mixture_sources`` entry (one shared tokenizer), the same layout config for each, the plan over
-    their
-    mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
+    their mixture and a :class:`detsampler.loader.mixture_dataset.MixtureDataset` of their packed datasets."""
     from detsampler.index.prepare import prepare_sources
     from detsampler.loader.mixture_dataset import MixtureDataset
 

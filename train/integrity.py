@@ -2,17 +2,14 @@
 
 ``COMPLETE`` is JSON: ``{"step": s, "files": {name: {"size": bytes, "sha256": hex}}}`` over every other file of the
 checkpoint directory (DCP shards ``__R_I.distcp``, DCP ``.metadata``, ``data_fingerprint.json``). It is written last,
-after
-those files are fsynced; :func:`verify_checkpoint` recomputes every hash and names the first difference.
+after those files are fsynced; :func:`verify_checkpoint` recomputes every hash and names the first difference.
 
 What the hashes protect: a checkpoint is loaded only when every file it had when it was written is present with the same
 bytes, so a flipped byte, a truncated or deleted shard, a replaced ``.metadata`` or a file copied in from another
 checkpoint is refused before DCP reads anything. DCP's ``.metadata`` is a pickle, and unpickling runs code: with the
-hashes
-a ``.metadata`` is unpickled only when it is byte for byte the one this trainer wrote. They do not protect against
-anyone
-who can write the directory and rewrite ``COMPLETE`` as well (the hashes are not signed): load checkpoints only from
-directories you trust.
+hashes a ``.metadata`` is unpickled only when it is byte for byte the one this trainer wrote. They do not protect
+against anyone who can write the directory and rewrite ``COMPLETE`` as well (the hashes are not signed): load
+checkpoints only from directories you trust.
 
 Cost: one read of the checkpoint at save (each rank hashes the shard files it wrote) and one at resume (the files split
 over the ranks); sha256 ran at 0.38 GB/s on one core of the 2-core CI machine (in memory, while other tests ran), so a

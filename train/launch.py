@@ -2,8 +2,7 @@
 
 Used by ``train.demo`` and the trainer tests. A kill is real: when the run prints the marker line of a kill point (see
 :func:`train.checkpoint.kill_point`), every process of the run (torchrun, its workers, which torchrun starts in sessions
-of
-their own, and their DataLoader workers) gets SIGKILL at once.
+of their own, and their DataLoader workers) gets SIGKILL at once.
 """
 
 from __future__ import annotations
@@ -99,9 +98,8 @@ def run_training(
     timeout: float = 600.0,
 ) -> RunResult:
     """Run ``cmd``, stream its merged output to ``echo``; with ``kill_point`` (e.g. ``"after_save:4"``), SIGKILL the
-    whole
-    run as soon as it prints that kill point's marker. A run that does not end within ``timeout`` seconds is killed and
-    reported with returncode -9 and no kill point."""
+    whole run as soon as it prints that kill point's marker. A run that does not end within ``timeout`` seconds is
+    killed and reported with returncode -9 and no kill point."""
     full_env = dict(os.environ if env is None else env)
     full_env.pop("DETSAMPLER_TEST_KILL_POINT", None)
     if kill_point is not None:

@@ -4,9 +4,8 @@
 
 Each run's ``metrics.jsonl`` is read with resumes applied (:func:`train.metrics.read_metrics`); every ``resumed_from``
 event is drawn as a vertical dashed line at its step, in the run's colour, and a marker on the curve; steps that a
-killed attempt
-had logged past its last checkpoint (and that were trained again) are grey crosses. The default output
-is ``RUN_DIR/loss.png`` of the first run.
+killed attempt had logged past its last checkpoint (and that were trained again) are grey crosses. The default output is
+``RUN_DIR/loss.png`` of the first run.
 """
 
 from __future__ import annotations

@@ -86,8 +86,7 @@ def choose_checkpoint(resume: str, ckpt_dir: Path, say: Callable[[str], None]) -
     """The verified checkpoint to resume from, or None for a fresh start (collective: every rank calls it).
 
     ``resume``: ``none`` (refused when ``ckpt_dir`` holds checkpoints), ``auto`` (the newest that verifies; those that
-    do
-    not are moved aside, one line each; refused when some exist and none verifies) or a checkpoint directory (refused
+    do not are moved aside, one line each; refused when some exist and none verifies) or a checkpoint directory (refused
     unless it verifies; newer checkpoints of ``ckpt_dir`` are moved aside).
     """
     if resume == "none":

@@ -16,8 +16,7 @@ STEP, saves a checkpoint there and exits (the LR schedule still spans ``schedule
 The data of step s is a pure function of the plan, so resuming at checkpoint step s restarts the batch sampler at s and
 nothing else: with the same number of ranks, on CPU with deterministic algorithms, every later loss is bit-identical to
 the one of an uninterrupted run. With another number of ranks (same global batch) the step's samples are the same and
-the
-losses agree up to float reduction order. The loss of a step is the token-mean over the whole global batch (sum over
+the losses agree up to float reduction order. The loss of a step is the token-mean over the whole global batch (sum over
 ranks and micro steps, divided by the global number of label tokens), so it does not depend on how the batch is split.
 """
 
@@ -251,8 +250,7 @@ def log(rt: Runtime, text: str) -> None:
 
 def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
     """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version
-    it
-    started on), else the current one."""
+    it started on), else the current one."""
     if config.mapping_version:
         return config
     version = ckpt.saved_mapping_version(meta["data"]) if meta is not None else MAPPING_VERSION

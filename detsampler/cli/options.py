@@ -2,8 +2,7 @@
 built back from parsed options.
 
 Invariant: every dest in :data:`OPTION_FIELDS` is added by exactly one ``add_*_options`` group, and the config built
-from
-parsed options takes each mapped field from its option and nothing else (tests check the map covers every field).
+from parsed options takes each mapped field from its option and nothing else (tests check the map covers every field).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """``detsampler show``: which documents and token offsets each rank reads at a step (and micro step), optionally with
-the
-decoded text — the tool for explaining a loss spike at step S.
+the decoded text — the tool for explaining a loss spike at step S.
 
 Invariant: what is printed is what :func:`detsampler.locate.locate` computes for that (step, rank, micro step), the same
 call the data loader's batches come from.

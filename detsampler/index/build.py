@@ -3,10 +3,9 @@ place.
 
 Invariants: an index directory exists under its final name only once complete (written to a temporary directory, every
 file fsynced, ``meta.json`` last, then renamed into place), so a build killed at any moment leaves nothing that opens.
-One
-process builds, the others wait and open: a file lock on the cache entry serializes builders across processes, ranks and
-jobs. There is no collective: ranks on nodes without a shared filesystem each build their own copy (one per node), and a
-build longer than a process group's timeout times nothing out. torch is never imported here.
+One process builds, the others wait and open: a file lock on the cache entry serializes builders across processes, ranks
+and jobs. There is no collective: ranks on nodes without a shared filesystem each build their own copy (one per node),
+and a build longer than a process group's timeout times nothing out. torch is never imported here.
 """
 
 from __future__ import annotations

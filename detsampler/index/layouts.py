@@ -3,12 +3,11 @@ memory maps.
 
 A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
 
-    ends.npy          int64[D]     concat: stream end of the i-th document of the order; document: samples up to it
-    ends.fence.npy    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB
-    block) window_bins.npy   int64[W+1]   bestfit: bins of window w are window_bins[w]:window_bins[w+1]
-    bin_items.npy     int64[B+1]   bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
-    item_docs.npy     int64[I]     bestfit: the item's document
-    item_pieces.npy   uint32[I]    bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the document
+    ends.npy int64[D] concat: stream end of the i-th document of the order; document: samples up to it ends.fence.npy
+    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB block) window_bins.npy
+    int64[W+1] bestfit: bins of window w are window_bins[w]:window_bins[w+1] bin_items.npy int64[B+1] bestfit: items of
+    bin (sample) b are bin_items[b]:bin_items[b+1] item_docs.npy int64[I] bestfit: the item's document item_pieces.npy
+    uint32[I] bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the document
     *.sums.npy        uint32       CRC-32 of each 64 KiB chunk of the file above (detsampler.index.checksums)
     layout.json       config, versions, index fingerprint, counts, file sizes/sha256, sealed (written last)
 

@@ -27,16 +27,14 @@ class IndexConfig:
     """Where the documents come from, how they are tokenized, and where the index is cached.
 
     ``data``: None for the default corpus (the interpreter's standard library sources), else a local file, a directory
-    of
-    text/json/jsonl/parquet files, a ``save_to_disk`` directory, or a pre-tokenized source ``KIND:PATH``
+    of text/json/jsonl/parquet files, a ``save_to_disk`` directory, or a pre-tokenized source ``KIND:PATH``
     (:mod:`detsampler.index.sources`: ``megatron``, ``olmo``, ``datatrove``, ``nanogpt``; opened, never copied).
-    ``tokenizer``: a sentencepiece ``.model``, a Hugging
-    Face ``tokenizer.json`` or a local transformers tokenizer directory, or None to train a ``vocab_size``-piece BPE
-    model on the corpus once (cached); a pre-tokenized source takes its EOS, pad id and vocabulary size from it when
-    given. ``add_bos`` / ``add_eos``: the BOS/EOS policy (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for
-    text and ``"real"`` for a pre-tokenized source, whose stored tokens are read as they are). ``max_documents``: keep
-    only the first N rows.
-    ``cache_dir``: None for ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
+    ``tokenizer``: a sentencepiece ``.model``, a Hugging Face ``tokenizer.json`` or a local transformers tokenizer
+    directory, or None to train a ``vocab_size``-piece BPE model on the corpus once (cached); a pre-tokenized source
+    takes its EOS, pad id and vocabulary size from it when given. ``add_bos`` / ``add_eos``: the BOS/EOS policy
+    (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for text and ``"real"`` for a pre-tokenized source, whose
+    stored tokens are read as they are). ``max_documents``: keep only the first N rows. ``cache_dir``: None for
+    ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
     """
 
     data: str | None = None
@@ -160,8 +158,7 @@ def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = 
     """One prepared index per mixture source (``base`` with ``data`` set to each source), all with one tokenizer.
 
     Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on
-    the
-    standard library (never a model trained per source, which would make token ids incomparable across sources).
+    the standard library (never a model trained per source, which would make token ids incomparable across sources).
     """
     tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
     return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]

@@ -6,9 +6,8 @@ Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``a
     offsets.npy   int64[num_documents + 1]   where document d's stored tokens start; offsets[-1] = num_tokens
                                              (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else
                                              lengths[d])
-    tokens.npy    uint16|uint32[num_tokens]  document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens
-    only)
-    meta.json     format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
+    tokens.npy uint16|uint32[num_tokens] document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
+    meta.json format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
     *.sums.npy    CRC-32 of each 64 KiB chunk of the three arrays (checked the first time a process reads the chunk)
     layouts/      persisted layouts, one directory per layout config, MAPPING_VERSION and packing version
 
@@ -186,10 +185,9 @@ class TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
         With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also
-        checks
-        every chunk and the sha256 of every file (reads them all). Otherwise opening reads only ``meta.json`` and the
-        small checksum files: each chunk of the arrays is checked the first time this process reads it. Every mismatch
-        is an :class:`TokenIndexError` naming what differs.
+        checks every chunk and the sha256 of every file (reads them all). Otherwise opening reads only ``meta.json`` and
+        the small checksum files: each chunk of the arrays is checked the first time this process reads it. Every
+        mismatch is an :class:`TokenIndexError` naming what differs.
         """
         path = Path(path)
         meta = _read_meta(path)
@@ -238,8 +236,7 @@ class TokenIndex:
 
     def check_tokenizer(self, tokenizer: TokenizerLike) -> None:
         """Raise unless ``tokenizer`` is the model this index was built with (sha256) and its EOS and padding ids are
-        the
-        ones the index records (they are written into every sample)."""
+        the ones the index records (they are written into every sample)."""
         want = self.meta["tokenizer"]["sha256"]
         if tokenizer.sha256 != want:
             raise TokenIndexError(
@@ -257,9 +254,8 @@ class TokenIndex:
 
     def verify_once(self) -> bool:
         """The full check (every chunk, every file's sha256) the first time any process asks for this index; then a
-        marker
-        beside it (named by the sealed meta) says it passed. Returns whether it ran. Later reads stay checked chunk by
-        chunk, so an edit after the full check is still refused when read."""
+        marker beside it (named by the sealed meta) says it passed. Returns whether it ran. Later reads stay checked
+        chunk by chunk, so an edit after the full check is still refused when read."""
         from filelock import FileLock
 
         from detsampler.atomic import atomic_write

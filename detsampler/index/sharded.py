@@ -1,13 +1,12 @@
 """A sharded index: a manifest over shards, opened as one index with global document ids.
 
 A sharded index directory holds ``manifest.json`` (sealed) and ``layouts/``; the manifest lists the shards in order,
-each
-``{"kind", "path", "fingerprint", "num_documents", "num_tokens"}``, its ``path`` relative to the manifest's directory.
-Shard ``k``'s documents are the global documents ``[doc_base[k], doc_base[k+1])`` and its tokens the global token
-positions ``[token_base[k], token_base[k+1])``. A shard is any reader :data:`SHARD_KINDS` can open: ``"detsampler"``, a
-:class:`~detsampler.index.reader.TokenIndex` directory (one input file tokenized); other kinds (pre-tokenized formats)
-register an opener giving the :class:`ShardReader` surface: ``lengths``, ``offsets``, ``tokens`` (1-D arrays, memory
-maps), ``fingerprint``, ``num_documents``, ``num_tokens``, ``eos_id``, ``pad_id``, ``vocab_size``.
+each ``{"kind", "path", "fingerprint", "num_documents", "num_tokens"}``, its ``path`` relative to the manifest's
+directory. Shard ``k``'s documents are the global documents ``[doc_base[k], doc_base[k+1])`` and its tokens the global
+token positions ``[token_base[k], token_base[k+1])``. A shard is any reader :data:`SHARD_KINDS` can open:
+``"detsampler"``, a :class:`~detsampler.index.reader.TokenIndex` directory (one input file tokenized); other kinds
+(pre-tokenized formats) register an opener giving the :class:`ShardReader` surface: ``lengths``, ``offsets``, ``tokens``
+(1-D arrays, memory maps), ``fingerprint``, ``num_documents``, ``num_tokens``, ``eos_id``, ``pad_id``, ``vocab_size``.
 
 Invariants: :class:`ShardedIndex` reads like a ``TokenIndex`` (``lengths``, ``offsets``, ``tokens`` over global ids,
 each read going to the shard that holds it, nothing of size D materialized); its fingerprint hashes the shards'

@@ -94,8 +94,7 @@ def _encode_ahead(
     bar: Any,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """One process: the next batch is encoded in a thread (the Rust and C++ encoders release the GIL) while this one's
-    ids
-    become arrays, so the encoder's cores stay busy; results in order, at most two batches in flight."""
+    ids become arrays, so the encoder's cores stay busy; results in order, at most two batches in flight."""
     with ThreadPoolExecutor(1) as ahead:
         pending: deque = deque()
         for texts, first in batches:

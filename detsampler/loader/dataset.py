@@ -53,9 +53,8 @@ FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 class MicroBatch(SequenceABC):
     """What ``__getitems__`` returns: a sequence of per-sample dicts (views into ``batch``, made only when asked for)
-    for
-    the default collate, and ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch` returns
-    without any per-sample work."""
+    for the default collate, and ``batch``, the dict of ``[B, seq_len]`` tensors that :func:`collate_micro_batch`
+    returns without any per-sample work."""
 
     def __init__(self, batch: dict[str, torch.Tensor]) -> None:
         self.batch = batch
@@ -82,8 +81,7 @@ class PackedDataset(Dataset):
     """Map-style dataset of the samples of ``layout`` over ``index``: ``len(ds) == layout.num_samples``.
 
     When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index
-    was
-    built from, which is checked) supply the text and the tokenization.
+    was built from, which is checked) supply the text and the tokenization.
     """
 
     def __init__(
@@ -129,8 +127,7 @@ class PackedDataset(Dataset):
 
     def __reduce__(self):
         # NOTE: a persisted layout pickles as (index path, config) and a worker reopens its memory maps: O(1) whatever
-        # the
-        # corpus. An in-RAM layout (make_layout, small corpora) is recomputed from its config in the worker.
+        # the corpus. An in-RAM layout (make_layout, small corpora) is recomputed from its config in the worker.
         layout = self.layout if hasattr(self.layout, "index_fingerprint") else self.layout.config
         kwargs = dict(
             restart_position_ids=self.restart_position_ids,

@@ -18,11 +18,9 @@ class MixtureDataset(Dataset):
     """``dataset[g]`` is ``datasets[k][i]`` for the global sample id ``g = offset_k + i`` of ``mixture``.
 
     ``datasets[k]`` is source ``k``'s map-style dataset (a ``PackedDataset`` over that source's layout, say) and must
-    hold
-    exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan,
-    rank)``
-    (``plan`` built over ``mixture``) reads each source's samples in that source's own keyed order. Batched fetches
-    (``__getitems__``) are grouped by source and returned in the order asked.
+    hold exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan,
+    rank)`` (``plan`` built over ``mixture``) reads each source's samples in that source's own keyed order. Batched
+    fetches (``__getitems__``) are grouped by source and returned in the order asked.
     """
 
     def __init__(self, datasets: Sequence[Any], mixture: Mixture) -> None:

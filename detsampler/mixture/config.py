@@ -63,15 +63,11 @@ class MixtureConfig:
 
     ``weights``: one number (or fraction string such as ``"1/3"``) per source; ``schedule``: ``(first_step, weights)``
     entries after step 0, strictly increasing (data steps); ``names``: labels of the sources, for reports; ``sources``:
-    the
-    data of each source (a local corpus path, what ``IndexConfig.data`` takes), for the tools that build the indexes. In
-    TOML::
+    the data of each source (a local corpus path, what ``IndexConfig.data`` takes), for the tools that build the
+    indexes. In TOML::
 
-        [mixture]
-        sources = ["data/web", "data/code", "data/books"]
-        names = ["web", "code", "books"]
-        weights = [0.7, 0.2, 0.1]
-        schedule = [{step = 5000, weights = [0.4, 0.2, 0.4]}]
+        [mixture] sources = ["data/web", "data/code", "data/books"] names = ["web", "code", "books"] weights = [0.7,
+        0.2, 0.1] schedule = [{step = 5000, weights = [0.4, 0.2, 0.4]}]
     """
 
     weights: tuple[Any, ...]

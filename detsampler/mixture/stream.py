@@ -14,16 +14,13 @@ position (counted among the positions that reached the node) to the left iff ``L
     L(q) = floor((q * a + r) / T),   r = hash(seed, first step, node) mod T   (a seeded phase in [0, T)),
 
 and the position becomes the left child's ``L(q)``-th, or the right child's ``(q - L(q))``-th. ``L`` is a Beatty
-sequence:
-the left child's share of any prefix of ``n`` node positions is ``L(n)``, within ``(-1, 1)`` of ``n * a / T``, and its
-slots
-are spread evenly (never in runs longer than needed) with a seeded shift. Evaluated with integer arithmetic only.
+sequence: the left child's share of any prefix of ``n`` node positions is ``L(n)``, within ``(-1, 1)`` of ``n * a / T``,
+and its slots are spread evenly (never in runs longer than needed) with a seeded shift. Evaluated with integer
+arithmetic only.
 
 Bound (tests/test_mixture.py, property 1). Let leaf ``k`` hang at depth ``h_k`` under nodes ``u_1 .. u_{h_k}`` below the
-root
-(``u_{h_k}`` is the leaf) and let ``W(u)`` be a node's share of the total weight. Over every prefix of ``n`` positions
-of a
-segment, the count ``N_k(n)`` served by source ``k`` satisfies
+root (``u_{h_k}`` is the leaf) and let ``W(u)`` be a node's share of the total weight. Over every prefix of ``n``
+positions of a segment, the count ``N_k(n)`` served by source ``k`` satisfies
 
     |N_k(n) - n * w_k| < sum_{i=1..h_k} w_k / W(u_i)  <=  h_k  <=  ceil(log2 m),
 
@@ -41,10 +38,9 @@ sample ``i``) is ``offset_k + i`` with ``offset_k`` the total ``num_samples`` of
 
 Schedules. ``weights`` may be a list of ``(first_step, weights)`` entries, steps of the data stream (the training steps
 when no skip range lies before them), strictly increasing from 0. A :class:`~detsampler.plan.Plan` places each entry at
-the
-global position where its step starts (:meth:`Mixture.with_step_positions`). At a boundary every source continues from
-the
-position it reached: ``p_k`` always counts exactly the earlier positions served by source ``k``, whatever the schedule.
+the global position where its step starts (:meth:`Mixture.with_step_positions`). At a boundary every source continues
+from the position it reached: ``p_k`` always counts exactly the earlier positions served by source ``k``, whatever the
+schedule.
 
 Cost: a batch of ``B`` positions costs O(B * depth + number of sources + number of segments it touches); memory O(B).
 
@@ -160,9 +156,8 @@ class Mixture:
     """A weighted, seeded, low-discrepancy blend of sources; implements the ``SampleStream`` protocol of the plan.
 
     ``sources``: layouts (or ints), each with its own ``num_samples``; ``weights``: one non-negative number per source,
-    or a
-    schedule ``[(first_step, weights), ...]`` starting at step 0. ``num_samples`` is the total over sources (the size of
-    the global id space, for reporting). Every method is a pure function of its arguments and the fields.
+    or a schedule ``[(first_step, weights), ...]`` starting at step 0. ``num_samples`` is the total over sources (the
+    size of the global id space, for reporting). Every method is a pure function of its arguments and the fields.
     """
 
     sources: Sequence[Source | int]
@@ -364,10 +359,9 @@ class Mixture:
         """Per source, what global positions ``[0, position)`` drew: samples, epochs, upsampling, and tokens.
 
         ``tokens`` (sources that are layouts only, else None) counts the input tokens of the samples served: whole
-        epochs
-        from the layout's totals (``num_samples * seq_len`` for concat, every position once for document and bestfit),
-        the
-        current partial epoch by locating its served samples, ``chunk`` at a time (so O(chunk) memory, O(N_k) time).
+        epochs from the layout's totals (``num_samples * seq_len`` for concat, every position once for document and
+        bestfit), the current partial epoch by locating its served samples, ``chunk`` at a time (so O(chunk) memory,
+        O(N_k) time).
         """
         served = self.served(position)
         expected = self.expected_served(position)

@@ -1,12 +1,10 @@
 """The routing tree of one mixture segment: global positions -> (source, position in that source), integers only.
 
 Invariants (see :mod:`detsampler.mixture`, "Routing" and "Bound"): the sources of positive weight, in a seeded order,
-are
-the leaves of a balanced binary tree; a node of weight ``T`` whose left child weighs ``a`` sends its ``q``-th position
-left
-iff ``L(q + 1) > L(q)`` with ``L(q) = floor((q * a + r) / T)`` and a seeded phase ``r`` in ``[0, T)``; every value stays
-below ``2**62`` in int64 (``a, r < T <= MAX_DENOMINATOR``). :func:`leaf_counts` is the closed form of what :func:`route`
-does to a prefix of positions.
+are the leaves of a balanced binary tree; a node of weight ``T`` whose left child weighs ``a`` sends its ``q``-th
+position left iff ``L(q + 1) > L(q)`` with ``L(q) = floor((q * a + r) / T)`` and a seeded phase ``r`` in ``[0, T)``;
+every value stays below ``2**62`` in int64 (``a, r < T <= MAX_DENOMINATOR``). :func:`leaf_counts` is the closed form of
+what :func:`route` does to a prefix of positions.
 """
 
 from __future__ import annotations

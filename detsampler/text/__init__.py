@@ -1,6 +1,5 @@
 """Text and tokenizers: the tokenizers an index is built with and the corpora it is built from. Above the core; below
-the
-index.
+the index.
 
 - :mod:`~detsampler.text.protocol`: :class:`TokenizerLike` (what the index needs of a tokenizer) and the files'
 identity;

@@ -2,10 +2,8 @@
 
 The default corpus is the running interpreter's standard library: every ``*.py`` file under
 ``sysconfig.get_paths()["stdlib"]`` outside ``site-packages``, sorted by relative path, one document per file, with
-columns
-``text`` and ``path``. Its fingerprint is a sha256 of the paths and texts, so it is the same in every process and
-changes
-exactly when a file does.
+columns ``text`` and ``path``. Its fingerprint is a sha256 of the paths and texts, so it is the same in every process
+and changes exactly when a file does.
 """
 
 from __future__ import annotations
@@ -89,13 +87,11 @@ def load_corpus(
     ``text`` (one document per file), ``json``/``jsonl`` or ``parquet`` files (a file, or a directory of them).
 
     The dataset's fingerprint is the content fingerprint of the source's files (:mod:`detsampler.text.fingerprint`), so
-    it
-    does not depend on where the corpus lies or on its files' times, and changes with every edit. ``cache_dir`` (the
+    it does not depend on where the corpus lies or on its files' times, and changes with every edit. ``cache_dir`` (the
     detsampler cache; None: ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``) keeps the per-file hashes, so that a
-    normal open rehashes nothing, and Hugging Face's arrow cache of
-    the parsed files, per content (its own cache is keyed by path and mtime, and would serve an edit with a restored
-    mtime
-    stale). ``text_column`` is only checked here, so that a missing column is reported before anything is built.
+    normal open rehashes nothing, and Hugging Face's arrow cache of the parsed files, per content (its own cache is
+    keyed by path and mtime, and would serve an edit with a restored mtime stale). ``text_column`` is only checked here,
+    so that a missing column is reported before anything is built.
     """
     if source is None:
         ds = default_corpus()
@@ -184,12 +180,10 @@ def default_tokenizer(
     text_column: str = "text",
 ) -> Tokenizer:
     """A BPE tokenizer trained on ``corpus``'s ``text_column`` (default: the default corpus) the first time, cached
-    under
-    ``cache_dir``.
+    under ``cache_dir``.
 
     The cache name holds the corpus fingerprint and the vocabulary size; a file lock keeps concurrent callers from
-    training
-    twice.
+    training twice.
     """
     corpus = default_corpus() if corpus is None else corpus
     check_text_column(corpus, text_column)

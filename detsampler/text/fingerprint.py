@@ -2,16 +2,13 @@
 
 Invariant: two corpora get the same fingerprint exactly when they hold the same files (relative names under the corpus
 root, sizes, bytes; the loader kind) — up to a collision of xxh3-128 or sha256. So moving or copying a corpus, or
-touching
-its files, changes nothing, and every edit is seen, also one that keeps the size and restores the mtime (``cp -p``,
-``rsync -a``, ``tar x``).
+touching its files, changes nothing, and every edit is seen, also one that keeps the size and restores the mtime (``cp
+-p``, ``rsync -a``, ``tar x``).
 
 Cost: each file is read once at xxh3-128 speed (3.46 GB/s on one core of the CI machine; in practice the disk's read
 rate). The per-file hashes are cached in ``CACHE/content-hashes/``, keyed by the file's absolute path, size, mtime,
-ctime,
-inode and device: a normal open stats the files and hashes nothing. ctime cannot be set from user space, so an edit
-whose mtime was restored still
-misses the cache and is hashed again.
+ctime, inode and device: a normal open stats the files and hashes nothing. ctime cannot be set from user space, so an
+edit whose mtime was restored still misses the cache and is hashed again.
 """
 
 from __future__ import annotations

@@ -174,10 +174,8 @@ def train_tokenizer(
     """Train a BPE sentencepiece model on the lines of ``inputs`` (files or directories, read recursively) or ``texts``.
 
     Byte fallback is on (every text encodes, no unknown tokens), normalization is the identity and whitespace is kept,
-    so
-    decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The model
-    is
-    written to ``out_path`` atomically (a temporary file renamed into place).
+    so decoding reproduces source code exactly; ``"\\n"`` is a token of its own. Ids: unk 0, bos 1, eos 2, pad 3. The
+    model is written to ``out_path`` atomically (a temporary file renamed into place).
     """
     check_int(vocab_size, "vocab_size (256 byte pieces + specials + merges)", minimum=300)
     out = Path(out_path)

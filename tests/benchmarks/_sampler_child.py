@@ -1,12 +1,10 @@
 """Child process of benchmark 2: build one sampler for one N, take its first index, report time and peak RSS as JSON.
 
 Reads ``{"contender": "detsampler" | "distributed", "n": N, "world_size": W}`` on stdin. Everything both contenders
-import
-is imported before the baseline is taken, so the reported growth is the sampler's own: on Linux the kernel's peak-RSS
-mark is reset (``/proc/self/clear_refs``) just before the sampler is built, and growth is the peak reached while
-building
-it and taking its first index minus the resident size at the reset. Where that reset is unavailable, the process's peak
-since start (``ru_maxrss``) is used instead, which hides growth smaller than the import-time peak.
+import is imported before the baseline is taken, so the reported growth is the sampler's own: on Linux the kernel's
+peak-RSS mark is reset (``/proc/self/clear_refs``) just before the sampler is built, and growth is the peak reached
+while building it and taking its first index minus the resident size at the reset. Where that reset is unavailable, the
+process's peak since start (``ru_maxrss``) is used instead, which hides growth smaller than the import-time peak.
 """
 
 from __future__ import annotations

@@ -4,17 +4,15 @@ open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documen
 For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
 each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a
 process's cost runs in a fresh interpreter (``_corpus_scale_child``), one after the other: open the index and the
-layout, plan,
-locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch" and the
-growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages, shared by
-every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first time
-(cold: each chunk's checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one
+layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch"
+and the growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages,
+shared by every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first
+time (cold: each chunk's checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one
 locate). Side by side: today's in-RAM layouts (``make_layout(config, index.lengths)``) and
 ``torch.utils.data.DistributedSampler`` over the same number of samples (its first index). The build of a best-fit
 layout with 1 and 2 processes (``num_proc``) measures the parallel build. Sizes above ``DETSAMPLER_SCALE_MAX`` (default
-10^8) and best-fit layouts above
-``DETSAMPLER_SCALE_MAX_BESTFIT`` (default 10^7: packing runs at ~4 us per document per process) are skipped with a
-message, as is 10^9 when the disk is short.
+10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT`` (default 10^7: packing runs at ~4 us per document per
+process) are skipped with a message, as is 10^9 when the disk is short.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 Contenders: detsampler's ``DeterministicBatchSampler`` (Plan + sampler, first micro batch of rank 0) and
 ``torch.utils.data.DistributedSampler(shuffle=True)`` (first index of rank 0), both for 8 data-parallel ranks. Each
 (contender, N) runs in a fresh interpreter (``_sampler_child``), one after the other, so no measurement inherits
-another's
-heap. "RSS growth" is the peak resident size reached while building the sampler and taking its first index, minus the
-resident size just before (the kernel's peak mark is reset there through ``/proc/self/clear_refs``); "process peak RSS"
-is the child's peak since it started, imports included.
+another's heap. "RSS growth" is the peak resident size reached while building the sampler and taking its first index,
+minus the resident size just before (the kernel's peak mark is reset there through ``/proc/self/clear_refs``); "process
+peak RSS" is the child's peak since it started, imports included.
 """
 
 from __future__ import annotations

@@ -7,14 +7,13 @@ Contenders, side by side in this process (single-threaded: numpy's permutation a
 memory);
 - Grain ``MapDataset.range(N).shuffle(seed)`` (O(1) memory): indices read one at a time through its public ``ds[i]``.
 Bijectivity: every contender's image of ``range(N)`` is checked to be exactly ``range(N)`` at N = 2**16 + 1 (asked for
-by
-the issue), 2**17 + 1 and 2**18 + 1. Grain's ``index_shuffle`` (``index_shuffle.cc``) sizes its Simon cipher's block as
-``ceil(log2(max_index))`` bits rounded up to even, at least 16, with ``max_index = N - 1``; when ``max_index = 2**(2j)``
-with ``2j >= 16`` that block holds ``[0, 2**(2j))`` only, one value short: ``max_index`` is never produced and the index
-``max_index`` (its high bit dropped) lands on another index's image. At odd exponents the block is rounded up a bit and
-the shuffle is a bijection, which the ``2**17 + 1`` row checks.
-Statistics: the battery of tests/permutation_battery.py (z-scores against a uniform random permutation) over the
-permutations of consecutive epoch keys, for numpy's Generator, version 1 and version 2.
+by the issue), 2**17 + 1 and 2**18 + 1. Grain's ``index_shuffle`` (``index_shuffle.cc``) sizes its Simon cipher's block
+as ``ceil(log2(max_index))`` bits rounded up to even, at least 16, with ``max_index = N - 1``; when ``max_index =
+2**(2j)`` with ``2j >= 16`` that block holds ``[0, 2**(2j))`` only, one value short: ``max_index`` is never produced and
+the index ``max_index`` (its high bit dropped) lands on another index's image. At odd exponents the block is rounded up
+a bit and the shuffle is a bijection, which the ``2**17 + 1`` row checks. Statistics: the battery of
+tests/permutation_battery.py (z-scores against a uniform random permutation) over the permutations of consecutive epoch
+keys, for numpy's Generator, version 1 and version 2.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ start
 - torchdata ``StatefulDataLoader(shuffle=True)`` restored from its ``state_dict``: the state dict is a real one whose
   consumed-sample counters are set to step k. Restoring re-runs ``randperm(N).tolist()`` and then calls ``next()`` once
   per consumed sample of the epoch. It is run for real at the largest in-epoch offset in a fresh process; the other
-  steps
-  are modelled from that run and a per-sample skip cost measured at N = 1e6 (labelled).
+  steps are modelled from that run and a per-sample skip cost measured at N = 1e6 (labelled).
 - Hugging Face ``datasets`` ``IterableDataset`` restored from its ``state_dict`` (the path torchtitan uses): a
   generator-backed dataset of 64 shards (1,562,500 examples each), fed to a DataLoader. Its state is (shard, example in
   shard, epoch); restoring skips whole shards without reading them, then regenerates and drops the examples before the
@@ -26,10 +25,8 @@ start
   for real in a fresh process at the epoch start (steps 0 and 1e9) and at step 1e6; step 1e3 is modelled from those two
   runs (labelled). It skips batches of sample ids without reading samples, after the epoch's ``randperm(N).tolist()``.
 Megatron's and OLMo-core's resume (a stored index read at the consumed-sample offset) are measured in benchmark 7, at
-the
-sizes where their index builds fit.
-Step 1e9 is 8e9 samples: epoch 80, offset 0 within the epoch (1e9 is a multiple of 1e8), which the state-dict contenders
-hold as "epoch start".
+the sizes where their index builds fit. Step 1e9 is 8e9 samples: epoch 80, offset 0 within the epoch (1e9 is a multiple
+of 1e8), which the state-dict contenders hold as "epoch start".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark 6: the trainer's data overhead, the median data-wait per step as a fraction of the median step time.
 
-The tiny model of ``make demo`` (train/configs/tiny.toml: default corpus, concat layout, seq_len 64, global batch 16 =
-2 ranks x micro batch 4 x 2 micro steps) trains on 2 CPU ranks under torchrun (gloo) three times: as configured
+The tiny model of ``make demo`` (train/configs/tiny.toml: default corpus, concat layout, seq_len 64, global batch 16 = 2
+ranks x micro batch 4 x 2 micro steps) trains on 2 CPU ranks under torchrun (gloo) three times: as configured
 (``num_workers=0``, ``prefetch_batches=0``: the DataLoader reads in the training loop), with ``prefetch_batches=2`` (a
 thread reads the next micro batches while the model computes), and with ``num_workers=2`` as well. The verdict is the
 configured run's; the others show what read-ahead buys and costs on 2 cores that already run both ranks. In the runs
@@ -9,9 +9,8 @@ made while this benchmark was written, read-ahead removed the wait but left the 
 reader thread competes with the training loop for the interpreter lock on cores both ranks already use), so the CPU
 config leaves it off; the GPU config, whose loop mostly waits on the device, turns it on. The trainer logs, per step,
 the time it waited on the DataLoader (``data_wait_ms``: from asking for the step's first micro batch to holding its
-last)
-and the step's wall time (``step_ms``); the first ``WARMUP`` steps (worker start-up, first index reads) are left out.
-Both runs use the same data, so they are compared side by side.
+last) and the step's wall time (``step_ms``); the first ``WARMUP`` steps (worker start-up, first index reads) are left
+out. Both runs use the same data, so they are compared side by side.
 """
 
 from __future__ import annotations

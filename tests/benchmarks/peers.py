@@ -2,10 +2,9 @@
 
 Each helper builds what a peer's own documentation asks a user to build (Megatron's ``.bin``/``.idx`` written by its
 ``IndexedDatasetBuilder``, OLMo-core's raw token array, a torchtitan dataset entry and a Hugging Face tokenizer) and
-returns
-the peer's own dataset or loader object. Inputs hold the same tokens as detsampler's index: each document's tokens
-followed by the EOS id (detsampler's EOS is virtual, the peers store it). ``missing()`` names the peers that are not
-installed, so a benchmark can say why a contender did not run instead of failing.
+returns the peer's own dataset or loader object. Inputs hold the same tokens as detsampler's index: each document's
+tokens followed by the EOS id (detsampler's EOS is virtual, the peers store it). ``missing()`` names the peers that are
+not installed, so a benchmark can say why a contender did not run instead of failing.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@ A benchmark module has a ``main()`` (or ``main(argv)``, called with ``[]``) retu
 :class:`~tests.benchmarks.common.BenchResult` (preferred), a markdown string, a list of row dicts (shown as a table), a
 dict with ``"markdown"`` or ``"rows"`` (and optionally ``"title"``, ``"number"``, ``"verdicts"``), or a dict of numbers
 (nested dicts allowed), shown as a two-column table. For a dict of numbers the harness derives the issue's target
-verdict
-where it knows how (``NUMBER_VERDICTS``: benchmark 4 from ``bench_index``'s ``build_tokens_per_s`` and
+verdict where it knows how (``NUMBER_VERDICTS``: benchmark 4 from ``bench_index``'s ``build_tokens_per_s`` and
 ``raw_encode_tokens_per_s``). Benchmarks run sequentially, never in parallel, so each has the machine to itself (as far
-as we control).
-A benchmark that raises is reported as failed in the output and the document, the others still run, and the command
-exits 1.
+as we control). A benchmark that raises is reported as failed in the output and the document, the others still run, and
+the command exits 1.
 
 Usage: ``python -m tests.benchmarks.run_all [--only resume,memory] [--no-write] [--out docs/benchmarks.md]``.
 """
