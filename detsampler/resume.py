@@ -147,6 +147,14 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
     its own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip
     ranges starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
+
+    Args:
+        old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
+        new: the resuming run's fingerprint (``DataFingerprint.of(index, layout, plan)``).
+        resume_step: the training step the resumed run starts at (the checkpoint's step).
+
+    Raises:
+        ValueError: naming what changed, when the resumed run would read other data before ``resume_step``.
     """
     check_int(resume_step, "resume_step", minimum=0)
     before, after = _as_fingerprint(old, "old"), _as_fingerprint(new, "new")

@@ -123,7 +123,16 @@ def open_prepared_source(config: IndexConfig) -> Prepared:
 
 def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
     """Load the corpus and tokenizer of ``config`` and build (or open the cached) index; open a pre-tokenized source, or
-    a sharded index directory, as it is."""
+    a sharded index directory, as it is.
+
+    Args:
+        config: where the documents are, the tokenizer, the BOS/EOS policy and the cache.
+        progress: show progress bars and a summary line on stderr while building.
+
+    Returns:
+        The :class:`Prepared` dataset (None for a pre-tokenized source or a sharded index), tokenizer and index,
+        the index checked against both.
+    """
     from detsampler.index.sharded import MANIFEST
     from detsampler.index.sources import is_source_spec
 
@@ -159,6 +168,14 @@ def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = 
 
     Invariant: every source is tokenized by the same model: ``base.tokenizer``, or else the default one trained once on
     the standard library (never a model trained per source, which would make token ids incomparable across sources).
+
+    Args:
+        base: the index options shared by every source.
+        sources: one ``data`` value per source (a local corpus, or ``KIND:PATH`` of a pre-tokenized one).
+        progress: as for :func:`prepare_index`.
+
+    Returns:
+        One :class:`Prepared` per source, in the order of ``sources``.
     """
     tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
     return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]
