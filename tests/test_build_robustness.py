@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from detsampler.index import TokenIndex, TokenIndexError, build_index
+from detsampler.index.format import index_cache_key
 from detsampler.text.corpus import default_corpus
 
 BUILD = textwrap.dedent("""
@@ -90,7 +91,7 @@ def _alive(pid: int) -> bool:
 def test_killed_build_leaves_no_openable_index(tmp_path, small_tokenizer, moment, num_proc):
     n_docs = 300
     corpus = default_corpus(max_documents=n_docs)
-    final = tmp_path / f"index-{TokenIndex.cache_key(corpus, small_tokenizer)}"
+    final = tmp_path / f"index-{index_cache_key(corpus, small_tokenizer)}"
     proc = _spawn(small_tokenizer.path, str(tmp_path), str(n_docs), num_proc=num_proc)
     temps = lambda: list(tmp_path.glob(".tmp-index-*"))
     _wait_for(lambda: temps() or proc.poll() is not None)

@@ -38,7 +38,6 @@ from detsampler.index.format import (
     INDEX_KIND,
     TokenIndexError,
     dataset_fingerprint,
-    index_cache_key,
     seal_ok,
     token_dtype,
 )
@@ -159,19 +158,6 @@ class TokenIndex:
 
     def __reduce__(self):
         return (TokenIndex.open, (str(self.path),))
-
-    # -- identity
-    @staticmethod
-    def cache_key(
-        dataset: Any,
-        tokenizer: TokenizerLike,
-        text_column: str = "text",
-        store_tokens: bool = True,
-        special_tokens: SpecialTokens | None = None,
-    ) -> str:
-        """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options and
-        the format version."""
-        return index_cache_key(dataset, tokenizer, text_column, store_tokens, special_tokens)
 
     # -- open
     @classmethod

@@ -142,9 +142,6 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def id_to_piece(self, token_id: int) -> str:
-        return self._tok.id_to_token(int(token_id)) or ""
-
     def describe(self) -> dict:
         return {
             "kind": "hf",
@@ -225,9 +222,6 @@ class TransformersTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids])
-
-    def id_to_piece(self, token_id: int) -> str:
-        return str(self._tok.convert_ids_to_tokens(int(token_id)))
 
     def describe(self) -> dict:
         return {
