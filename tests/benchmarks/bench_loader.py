@@ -307,10 +307,10 @@ def _limits(dataset, stored, concat_layout) -> list[str]:
             f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate"
             f" {t_locate:.0f} µs; PackedDataset.get_batch (locate, gather, four int64 fields of 8 x 2,048)"
             f" {t_batch:.0f} µs. The ceiling's memcpy moves a batch's"
-            f" {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.itemsize:,} bytes in a few µs: the loader's cost is its"
+            f" {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.dtype.itemsize:,} bytes in a few µs: the loader's cost is its"
             " fixed per-batch work (Python and numpy calls on a handful of ids, the DataLoader's fetch) and writing 32"
             " bytes of int64 per position (input ids, labels, positions, document ids) where the ceiling copies"
-            f" {stored.tokens.itemsize}."
+            f" {stored.tokens.dtype.itemsize}."
         ),
     ]
 
