@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from detsampler.cli import show_library_log
+from detsampler.cli.parser import non_negative_int
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
 from train.config import DataConfig, TrainConfig, config_to_dict, load_config
@@ -79,16 +80,6 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(f"{self.prog}: {message} (see --help)")
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog="python -m train.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="TOML file (train/configs/tiny.toml, train/configs/gpu.toml)")
@@ -97,7 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default="auto", help="auto | none | PATH of a checkpoint directory")
     p.add_argument("--allow-data-change", action="store_true", help="resume even if the data fingerprint differs")
     p.add_argument(
-        "--stop-at", type=_non_negative, default=None, help="stop before this step (saving a checkpoint there)"
+        "--stop-at", type=non_negative_int, default=None, help="stop before this step (saving a checkpoint there)"
     )
     return p.parse_args(argv)
 

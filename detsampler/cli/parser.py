@@ -18,10 +18,11 @@ from detsampler.cli.options import (
 )
 from detsampler.layout import LAYOUT_KINDS
 
-__all__ = ["build_parser"]
+__all__ = ["build_parser", "non_negative_int"]
 
 
-def _non_negative(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: ``text`` as an integer >= 0, else an ``ArgumentTypeError`` naming it."""
     try:
         value = int(text)
     except ValueError:
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--decode", action="store_true", help="print each span's decoded text")
     show.add_argument(
         "--max-chars",
-        type=_non_negative,
+        type=non_negative_int,
         default=160,
         help="--decode: characters of text per span (default: %(default)s, 0 = all)",
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detsampler.text.protocol import files_sha256
+from detsampler.text.protocol import describe_tokenizer, files_sha256
 
 __all__ = ["HF_BPE_SPECIALS", "HFTokenizer", "TransformersTokenizer", "train_hf_bpe"]
 
@@ -143,15 +143,7 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def describe(self) -> dict:
-        return {
-            "kind": "hf",
-            "path": self.path,
-            "sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "pad_id": self.pad_id,
-        }
+        return describe_tokenizer(self, "hf")
 
     def __reduce__(self):
         return (_hf_from_state, (self._json, self.path, self.sha256, {f"{k}": v for k, v in self.specials.items()}))
@@ -224,15 +216,7 @@ class TransformersTokenizer:
         return self._tok.decode([int(i) for i in ids])
 
     def describe(self) -> dict:
-        return {
-            "kind": "transformers",
-            "path": self.path,
-            "sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "pad_id": self.pad_id,
-        }
+        return describe_tokenizer(self, "transformers")
 
     def __reduce__(self):
         return (TransformersTokenizer.load, (self.path,))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["TokenizerLike", "check_tokenizer_like", "files_sha256"]
+__all__ = ["TokenizerLike", "check_tokenizer_like", "describe_tokenizer", "files_sha256"]
 
 
 @runtime_checkable
@@ -62,3 +62,16 @@ def files_sha256(paths: Sequence[str | os.PathLike]) -> str:
     for f in sorted(files, key=lambda f: f.name):
         h.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
     return h.hexdigest()
+
+
+def describe_tokenizer(tokenizer: TokenizerLike, kind: str) -> dict:
+    """What an index records of ``tokenizer`` (its kind, path, identity, vocabulary size and special ids)."""
+    return {
+        "kind": kind,
+        "path": tokenizer.path,
+        "sha256": tokenizer.sha256,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "bos_id": tokenizer.bos_id,
+        "pad_id": tokenizer.pad_id,
+    }

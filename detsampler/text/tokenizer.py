@@ -18,6 +18,7 @@ import sentencepiece as spm
 
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_int
+from detsampler.text.protocol import describe_tokenizer
 
 __all__ = ["Tokenizer", "iter_training_lines", "read_inputs", "train_tokenizer"]
 
@@ -97,15 +98,7 @@ class Tokenizer:
         return self._sp.Decode([int(i) for i in ids])
 
     def describe(self) -> dict:
-        return {
-            "kind": "sentencepiece",
-            "path": self.path,
-            "sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "pad_id": self.pad_id,
-        }
+        return describe_tokenizer(self, "sentencepiece")
 
     def __reduce__(self):
         return (Tokenizer.from_bytes, (self._model, self.path))
