@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from tests.benchmarks.common import BenchResult, Table, Verdict, ratio_column
-from tests.benchmarks.run_all import _as_markdown, discover, render
+from tests.benchmarks.run_all import _as_markdown, discover, machine
 
 
 def test_discovery_follows_the_issue_numbering():
@@ -57,14 +57,16 @@ def test_ratios_name_the_best_contender():
 
 
 def test_document_states_cores_date_load_and_every_verdict():
-    sections = [(1, "resume", "## 1. Resume\n\nbody", ["- **MET** — target: x."], 3.0)]
-    doc = render(sections, [2.5, 3.0], 10.0)
+    from tests.benchmarks.report import Section, render_document
+
+    section = Section(1, "resume", "## 1. Resume\n\nbody\n\n- **MET** — target: x.", "2026-01-01 00:00 UTC", (2.5, 3.0))
+    doc = render_document([section], machine(), "numpy 2")
     assert f"- Machine: {os.cpu_count()} cores" in doc
-    assert "- Date: 20" in doc and "UTC" in doc
-    assert "Timings were taken under load" in doc
-    assert "- Benchmark 1 (resume): **MET** — target: x." in doc
+    assert "_Run: 2026-01-01 00:00 UTC; load 2.5 before, 3.0 after (**timed under load**" in doc
+    assert "- Benchmark 1 (resume, 2026-01-01 00:00 UTC): **MET** — target: x." in doc
     assert "## 1. Resume" in doc
-    assert "under load" not in render(sections, [0.2, 0.3], 10.0)
+    calm = Section(1, "resume", "## 1. Resume", "2026-01-01 00:00 UTC", (0.2, 0.3))
+    assert "under load" not in render_document([calm], machine(), "numpy 2")
 
 
 def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):

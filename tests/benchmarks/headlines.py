@@ -1,0 +1,362 @@
+"""The README's benchmark table, row by row, read from the tables of docs/benchmarks.md's sections.
+
+Each row is (what is measured, detsampler's figure, the contenders strongest first). A row is computed from a section's
+markdown tables only (never from numbers kept elsewhere), so the README cannot disagree with docs/benchmarks.md. A
+section whose tables are not the expected ones (a benchmark changed its report) gets a generic row: its title and its
+verdicts, pointing at docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.benchmarks.report import Section, section_verdicts
+
+__all__ = ["MdTable", "headline_rows", "parse_tables", "readme_table"]
+
+Row = tuple[str, str, str]
+_UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "h": 3600.0, "days": 86400.0, "B": 1.0, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+@dataclass(frozen=True)
+class MdTable:
+    """A markdown table of a section: its bold title line and its rows as column -> cell."""
+
+    title: str
+    columns: list[str]
+    rows: list[dict[str, str]]
+
+    def where(self, column: str, prefix: str) -> list[dict[str, str]]:
+        return [r for r in self.rows if r[column].startswith(prefix)]
+
+
+def parse_tables(markdown: str) -> list[MdTable]:
+    """Every ``**title**`` followed by a markdown table in ``markdown``."""
+    tables, lines = [], markdown.splitlines()
+    for i, line in enumerate(lines):
+        if not (line.startswith("**") and line.endswith("**")) or i + 3 >= len(lines):
+            continue
+        header, sep = lines[i + 2], lines[i + 3]
+        if not (header.startswith("|") and sep.startswith("|---")):
+            continue
+        columns = [c.strip() for c in header.strip("|").split("|")]
+        rows = []
+        for row in lines[i + 4 :]:
+            if not row.startswith("|"):
+                break
+            rows.append(dict(zip(columns, (c.strip() for c in row.strip().strip("|").split("|")), strict=False)))
+        tables.append(MdTable(line.strip("*"), columns, rows))
+    return tables
+
+
+def _table(markdown: str, prefix: str) -> MdTable:
+    found = [t for t in parse_tables(markdown) if t.title.startswith(prefix)]
+    if not found:
+        raise LookupError(f"no table titled {prefix!r}")
+    return found[-1]
+
+
+def value(cell: str) -> float:
+    """The number a cell states: ``3.24e+07 tokens/s``, ``95 µs``, ``4.8 GB``, ``97%``; an extrapolation wins."""
+    cell = cell.split("extrapolated:")[-1] if "extrapolated:" in cell else cell
+    m = re.search(r"([\d.,]+(?:e[+-]?\d+)?)\s*(µs|ms|s|h|days|B|kB|MB|GB|%)?", cell)
+    if not m:
+        raise ValueError(f"no number in {cell!r}")
+    return float(m[1].replace(",", "")) * _UNITS.get(m[2] or "", 1.0)
+
+
+def _best_per(rows: list[dict[str, str]], by: str, col: str, higher: bool) -> list[dict[str, str]]:
+    """For each distinct ``rows[by]``, its best row by ``col``; strongest first."""
+    best: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if r[col] in ("—", "") or (r[by] in best and (value(r[col]) > value(best[r[by]][col])) != higher):
+            continue
+        best[r[by]] = r
+    return sorted(best.values(), key=lambda r: value(r[col]), reverse=higher)
+
+
+def _listing(rows: list[dict[str, str]], fmt: Callable[[dict[str, str]], str]) -> str:
+    return "; ".join(fmt(r) for r in rows) or "—"
+
+
+def _short(cell: str) -> str:
+    return cell.replace(" tokens/s", "").replace(" indices/s", "")
+
+
+def _verdict(markdown: str, words: str) -> str:
+    """ "met" when every verdict line of the section that mentions ``words`` is met."""
+    found = [v for v in section_verdicts(markdown) if words in v]
+    if not found:
+        return "no verdict"
+    return "met" if all(v.startswith("- **MET**") for v in found) else "**missed**"
+
+
+def _resume(md: str) -> list[Row]:
+    t = _table(md, "Resume at step 1e9")
+    step0 = _table(md, "Resume at step 0").where("contender", "detsampler")[0]["time to first batch"]
+    ours = t.where("contender", "detsampler")[0]
+    peers = sorted((r for r in t.rows if r is not ours), key=lambda r: value(r["time to first batch"]))
+    return [
+        (
+            "first batch after resuming at step 10⁹ (10⁸ samples per epoch; benchmark 1)",
+            f"{ours['time to first batch']} ({step0} at step 0)",
+            _listing(peers, lambda r: f"{r['contender']}: {r['time to first batch']} ({r['how']})"),
+        )
+    ]
+
+
+def _memory(md: str) -> list[Row]:
+    t = _table(md, "N = 1e+08")
+    ours = t.where("contender", "detsampler")[0]
+    top = _table(md, "N = 1e+12").where("contender", "detsampler")[0]
+    peers = [r for r in t.rows if r is not ours]
+    return [
+        (
+            "sampler start-up and memory at 10⁸ samples per epoch, 8 ranks (benchmark 2)",
+            f"{ours['time to first index']}, {ours['RSS growth']} ({top['time to first index']}, {top['RSS growth']}"
+            " at 10¹²)",
+            _listing(peers, lambda r: f"{r['contender']}: {r['time to first index']}, {r['RSS growth']}"),
+        )
+    ]
+
+
+def _loader(md: str) -> list[Row]:
+    def per(t: MdTable, col: str) -> tuple[list, list]:
+        best = _best_per(t.rows, "contender", col, higher=True)
+        return [r for r in best if r["contender"].startswith("detsampler")], [
+            r for r in best if not r["contender"].startswith("detsampler")
+        ]
+
+    def fmt(col: str) -> Callable[[dict[str, str]], str]:
+        return lambda r: f"{r['contender']} ({r['num_workers']} workers): {_short(r[col])}"
+
+    stored, onfly = _table(md, "Stored tokens: tokens/s"), _table(md, "Tokenized on the fly: tokens/s")
+    ceiling = _best_per(_table(md, "The ceiling").rows, "copy", "tokens/s", higher=True)
+    ours_s, peers_s = per(stored, "tokens/s")
+    ours_f, peers_f = per(onfly, "tokens/s")
+    top = ceiling[0]
+
+    def share(r: dict[str, str]) -> str:
+        return f"{value(r['tokens/s']) / value(top['tokens/s']):.1%}"
+
+    rows = [
+        ("tokens/s into the training loop, stored tokens (8 x 2,048; benchmark 3)", _listing(ours_s, fmt("tokens/s")))
+    ]
+    rows[0] += (_listing(peers_s, fmt("tokens/s")),)
+    rows.append(
+        (
+            f"the same against the ceiling ({top['copy']} from the memory map: {_short(top['tokens/s'])} tokens/s)",
+            _listing(ours_s, lambda r: f"{r['contender']} {share(r)}")
+            + f" (target 70%: {_verdict(md, 'of the ceiling')})",
+            _listing(peers_s[:1] + ceiling[1:], lambda r: f"{r.get('contender') or r['copy']}: {share(r)}"),
+        )
+    )
+    rows.append(
+        (
+            "tokens/s into the training loop, tokenized on the fly (benchmark 3)",
+            _listing(ours_f, fmt("tokens/s")),
+            _listing(peers_f, fmt("tokens/s")),
+        )
+    )
+    resume = _table(md, "Tokenized on the fly: time to the first batch")
+    ours_r = resume.where("contender", "detsampler")
+    peers_r = sorted((r for r in resume.rows if r not in ours_r), key=lambda r: value(r["time to first batch"]))
+    rows.append(
+        (
+            "first batch after resuming on the fly (benchmark 3)",
+            _listing(ours_r, lambda r: r["time to first batch"]),
+            _listing(peers_r, lambda r: f"{r['contender']}: {r['time to first batch']}"),
+        )
+    )
+    return rows
+
+
+def _index(md: str) -> list[Row]:
+    t = {r["quantity"]: r["value"] for r in _table(md, "Results").rows}
+    build, raw = value(t["build_tokens_per_s"]), value(t["raw_encode_tokens_per_s"])
+    return [
+        (
+            "index build, sentencepiece tokenizer (benchmark 4)",
+            f"{build:.3g} tokens/s = {build / raw:.0%} of the encode (target 80%: {_verdict(md, 'build_index')})",
+            f"sentencepiece batched encode alone ({t['num_proc']} threads): {raw:.3g} tokens/s",
+        )
+    ]
+
+
+def _permutation(md: str) -> list[Row]:
+    t = _table(md, "Throughput at N")
+    n = re.search(r"N = ([\d,]+)", t.title)
+    ours = t.where("contender", "detsampler permute, version 2")[0]
+    peers = sorted((r for r in t.rows if r is not ours), key=lambda r: -value(r["indices/s"]))
+    broken = sorted(
+        {r["N"].split(" (")[1].rstrip(")") for r in _table(md, "Bijectivity").rows if r["result"].startswith("NOT")}
+    )
+    return [
+        (
+            f"keyed permutation, one core, N = {n[1] if n else '?'} (benchmark 5)",
+            f"{_short(ours['indices/s'])} indices/s, O(1) memory, bijective",
+            _listing(peers, lambda r: f"{r['contender']}: {_short(r['indices/s'])}")
+            + (f"; Grain's shuffle not a bijection at N = {', '.join(broken)}" if broken else ""),
+        )
+    ]
+
+
+def _trainer(md: str) -> list[Row]:
+    rows = _table(md, "Tiny trainer").rows
+    first = rows[0]
+    return [
+        (
+            "tiny trainer, 2 CPU ranks: data wait per step (benchmark 6)",
+            f"{first['data wait / step']} of a {first['step time']} step ({first['wait / step time']})",
+            _listing(
+                rows[1:],
+                lambda r: (
+                    f"num_workers={r['num_workers']}, prefetch {r['prefetch_batches']}: {r['data wait / step']}"
+                    f" of {r['step time']}"
+                ),
+            ),
+        )
+    ]
+
+
+def _scale(md: str) -> list[Row]:
+    singles = [t for t in parse_tables(md) if t.title.startswith("One dataset:")]
+    t = max(singles, key=lambda t: value(t.title.split(":")[1]))
+    size = re.search(r"([\d,]+) documents", t.title)[1]
+
+    def fmt(r: dict[str, str]) -> str:
+        return f"{r['contender']}: {r['cold: first batch']}, {r['RSS growth']}; {r['resume at step k']}"
+
+    ours = t.where("contender", "detsampler")
+    peers = sorted((r for r in t.rows if r not in ours), key=lambda r: value(r["cold: first batch"]))
+    rows = [(f"{size} documents: cold first batch, RSS; resume at half an epoch (benchmark 7)",)]
+    rows[0] += (_listing(ours, fmt), _listing(peers, fmt))
+    mixes = [t for t in parse_tables(md) if t.title.startswith("Mixture of three sources")]
+    if mixes:
+        m = mixes[-1]
+        ours_m = m.where("contender", "detsampler")
+        peers_m = [r for r in m.rows if r not in ours_m]
+        msize = re.search(r"([\d,]+) documents", m.title)[1]
+
+        def fmt_m(r: dict[str, str]) -> str:
+            return f"{fmt(r)}; {r['on disk']} on disk"
+
+        rows.append(
+            (
+                f"mixture of three sources, {msize} documents (same columns)",
+                _listing(ours_m, fmt_m),
+                _listing(peers_m, fmt_m),
+            )
+        )
+    return rows
+
+
+def _hf_build(md: str) -> list[Row]:
+    t = [x for x in parse_tables(md) if " tokens of " in x.title][-1].rows
+    ours = next(r for r in t if r["contender"].startswith("detsampler"))
+    peers = sorted((r for r in t if r is not ours), key=lambda r: -value(r["tokens/s"]))
+    return [
+        (
+            "index build, Hugging Face tokenizer.json (benchmark 8)",
+            f"{_short(ours['tokens/s'])} tokens/s (target 90% of encode_batch: {_verdict(md, 'encode_batch')})",
+            _listing(peers, lambda r: f"{r['contender']}: {_short(r['tokens/s'])} ({r['rate / best']})"),
+        )
+    ]
+
+
+def _onthefly(md: str) -> list[Row]:
+    t = [x for x in parse_tables(md) if x.title.startswith("Real tokens/s")][-1]
+    best = _best_per(t.rows, "contender", "real tokens/s", higher=True)
+    ours = [r for r in best if r["contender"].startswith("detsampler")]
+    peers = [r for r in best if r not in ours]
+
+    def fmt(r: dict[str, str]) -> str:
+        return f"{r['contender']} ({r['num_workers']} workers): {_short(r['real tokens/s'])}"
+
+    return [("on the fly, documents shorter than a sample (benchmark 9)", _listing(ours, fmt), _listing(peers, fmt))]
+
+
+def _corpus_scale(md: str) -> list[Row]:
+    sized = [t for t in parse_tables(md) if re.match(r"1e\+\d+ documents", t.title)]
+    t = max(sized, key=lambda t: value(t.title))
+    ours = [r for r in t.rows if "persisted" in r["contender"]]
+    peers = sorted((r for r in t.rows if r not in ours), key=lambda r: value(r["open + first micro batch"]))
+
+    def fmt(r: dict[str, str]) -> str:
+        return f"{r['contender']}: {r['open + first micro batch']}, {r['RSS growth']}"
+
+    return [
+        (
+            f"open + first micro batch, RSS, at {t.title.split(' (')[0]} (benchmark 11)",
+            _listing(ours, fmt),
+            _listing(peers, fmt),
+        )
+    ]
+
+
+def _source_open(md: str) -> list[Row]:
+    t = [x for x in parse_tables(md) if x.title.startswith("Opening")][-1]
+
+    def fmt(r: dict[str, str]) -> str:
+        return f"{r['file']}: {r['open']}, +{r['RSS growth']}"
+
+    return [
+        (
+            f"{t.title.split(' (')[0]}, fresh process, per file (benchmark 10)",
+            _listing(t.rows, fmt) + f" (targets < 1 s, < 50 MB: {_verdict(md, 'open < 1 s')})",
+            "no peer measured (each peer opens only its own format)",
+        )
+    ]
+
+
+HEADLINES: dict[str, Callable[[str], list[Row]]] = {
+    "resume": _resume,
+    "memory": _memory,
+    "loader": _loader,
+    "index": _index,
+    "permutation": _permutation,
+    "trainer": _trainer,
+    "scale": _scale,
+    "hf_build": _hf_build,
+    "onthefly": _onthefly,
+    "source_open": _source_open,
+    "corpus_scale": _corpus_scale,
+}
+
+
+def _generic(section: Section) -> list[Row]:
+    title = section.markdown.splitlines()[0].lstrip("# ")
+    verdicts = [
+        re.sub(r"^- \*\*(\w+)\*\* — target: ", r"\1: ", v).split(". ")[0] for v in section_verdicts(section.markdown)
+    ]
+    return [
+        (
+            f"{title} (benchmark {section.number})",
+            "; ".join(verdicts) or "see docs/benchmarks.md",
+            "see docs/benchmarks.md",
+        )
+    ]
+
+
+def headline_rows(section: Section) -> list[Row]:
+    """The README rows of one section: its headline function's, or the generic row when it has none or its tables
+    are not the expected ones."""
+    fn = HEADLINES.get(section.name)
+    if fn is None:
+        return _generic(section)
+    try:
+        return fn(section.markdown)
+    except (LookupError, ValueError, IndexError, TypeError) as e:
+        print(f"README row of benchmark {section.name}: its tables are not the expected ones ({e!r}); generic row")
+        return _generic(section)
+
+
+def readme_table(sections: list[Section]) -> str:
+    """The markdown table of every section's headline rows, with the date of the section each row comes from."""
+    lines = ["| measured (benchmark, its run) | detsampler | contenders, strongest first |", "|---|---|---|"]
+    for s in sections:
+        for what, ours, peers in headline_rows(s):
+            lines.append(f"| {what}, {s.date} | {ours} | {peers} |")
+    return "\n".join(lines)
