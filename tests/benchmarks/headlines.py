@@ -261,7 +261,7 @@ def _hf_build(md: str) -> list[Row]:
         (
             "index build, Hugging Face tokenizer.json (benchmark 8)",
             f"{_short(ours['tokens/s'])} tokens/s (target 90% of encode_batch: {_verdict(md, 'encode_batch')})",
-            _listing(peers, lambda r: f"{r['contender']}: {_short(r['tokens/s'])} ({r['rate / best']})"),
+            _listing(peers, lambda r: f"{r['contender']}: {_short(r['tokens/s'])}"),
         )
     ]
 
