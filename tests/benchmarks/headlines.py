@@ -222,7 +222,7 @@ def _trainer(md: str) -> list[Row]:
 
 
 def _scale(md: str) -> list[Row]:
-    singles = [t for t in parse_tables(md) if t.title.startswith("One dataset:")]
+    singles = [t for t in parse_tables(md) if t.title.startswith("One dataset")]
     t = max(singles, key=lambda t: value(t.title.split(":")[1]))
     size = re.search(r"([\d,]+) documents", t.title)[1]
 
