@@ -87,3 +87,15 @@ def test_every_section_of_docs_benchmarks_md_has_its_own_headline_rows(capsys):
         assert rows and all(len(r) == 3 for r in rows)
         if name in HEADLINES:
             assert "README row of benchmark" not in capsys.readouterr().out, name
+
+
+def test_scale_sizes_over_the_disk_budget_or_the_free_disk_are_skipped_with_the_reason():
+    import numpy as np
+
+    from tests.benchmarks.bench_scale import MAX_EXTRA_BYTES, estimated_bytes, skip_reason, synthetic_lengths
+
+    assert estimated_bytes(10**8) < MAX_EXTRA_BYTES < estimated_bytes(10**9)
+    assert skip_reason(10**6, 100 * 10**9) is None and skip_reason(10**8, 100 * 10**9) is None
+    assert "over the 10.0 GB budget" in skip_reason(10**9, 10**12)
+    assert "free" in skip_reason(10**8, 10 * 10**9)
+    assert 7 <= float(np.median(synthetic_lengths(10_000, median=8.0))) <= 9
