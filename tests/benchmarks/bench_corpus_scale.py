@@ -1,18 +1,20 @@
 """Benchmark 11 ("corpus scale": issue 12's "scale" benchmark, numbered 11 after the others): per-process
 open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documents.
 
-For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
-each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a
-process's cost runs in a fresh interpreter (``_corpus_scale_child``), one after the other: open the index and the
-layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch"
-and the growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages,
-shared by every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first
-time (cold: each chunk's checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one
-locate). Side by side: today's in-RAM layouts (``make_layout(config, index.lengths)``) and
-``torch.utils.data.DistributedSampler`` over the same number of samples (its first index). The build of a best-fit
-layout with 1 and 2 processes (``num_proc``) measures the parallel build. Sizes above ``DETSAMPLER_SCALE_MAX`` (default
-10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT`` (default 10^7: packing runs at ~4 us per document per
-process) are skipped with a message, as is 10^9 when the disk is short.
+For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens; int32
+lengths, 4 bytes per document) is built, then each layout kind's persisted layout in turn (``index.layout``, timed:
+the once-per-corpus cost), measured, and removed before the next (so the disk holds one layout at a time: ~12 GB at
+10^9 documents). Every measurement of a process's cost runs in a fresh interpreter (``_corpus_scale_child``), one
+after the other: open the index and the layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of
+8, mid-epoch): "open + first micro batch" and the growth of the process's resident memory meanwhile (peak, and the
+private part: the rest is mapped file pages, shared by every process on the node); then the median ``locate`` of 50
+random steps whose chunks are read for the first time (cold: each chunk's checksum computed) and again (warm); and a
+worker's reopen (the layout pickled, unpickled, one locate). Side by side: today's in-RAM layouts
+(``make_layout(config, index.lengths)``) and ``torch.utils.data.DistributedSampler`` over the same number of samples
+(its first index). The build of a best-fit layout with 1 and 2 processes (``num_proc``) measures the parallel build.
+Sizes above ``DETSAMPLER_SCALE_MAX`` (default 10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT``
+(default 10^7: packing runs at ~4 us per document per process) are skipped with a message, as is 10^9 when the disk is
+short; ``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``) runs only the sizes named.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_bytes, fmt_seconds, ratio_column, run_child
 
@@ -29,7 +32,7 @@ __all__ = ["main"]
 
 SIZES = [10**6, 10**7, 10**8, 10**9]
 KINDS = ["concat", "document", "bestfit"]
-BYTES_PER_DOC = 16 + 8 + 8 + 24  # lengths + offsets, concat and document ends, a best-fit packing (approximate)
+BYTES_PER_DOC = 4 + 8 + 2  # int32 lengths + the largest layout held at a time (concat ends), and a margin
 IN_RAM_MAX = 10**8  # today's layouts above this need more RAM than the machine has to spare
 DISTRIBUTED_MAX = 10**8  # DistributedSampler materializes a list of the samples: ~50 bytes each
 
@@ -40,23 +43,42 @@ def _limits() -> tuple[int, int]:
     )
 
 
+def _sizes() -> list[int]:
+    """``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``: the smallest is the locate ratio's reference), else SIZES."""
+    given = os.environ.get("DETSAMPLER_SCALE_SIZES")
+    return sorted(int(float(x)) for x in given.split(",")) if given else SIZES
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def _child(index: Path, kind: str, mode: str, **extra) -> dict | None:
     args = {"index": str(index), "kind": kind, "seq_len": 2048, "mode": mode, "repeats": 50, **extra}
     return run_child("tests.benchmarks._corpus_scale_child", args, timeout=1800)
 
 
-def _build(root: Path, n: int, kinds: list[str]) -> tuple[Path, dict[str, float]]:
+def _build_index(root: Path, n: int) -> tuple[Any, float]:
     from detsampler.index.synthetic import synthetic_index
-    from detsampler.layout import LayoutConfig
 
     t0 = time.perf_counter()
     index = synthetic_index(root, n, mean_length=1000, seed=0)
-    seconds = {"index": time.perf_counter() - t0}
-    for kind in kinds:
-        t0 = time.perf_counter()
-        index.layout(LayoutConfig(kind=kind, seq_len=2048))
-        seconds[kind] = time.perf_counter() - t0
-    return index.path, seconds
+    return index, time.perf_counter() - t0
+
+
+def _build_layout(index: Any, kind: str) -> float:
+    from detsampler.layout import LayoutConfig
+
+    t0 = time.perf_counter()
+    index.layout(LayoutConfig(kind=kind, seq_len=2048))
+    return time.perf_counter() - t0
+
+
+def _remove_layout(index: Any, kind: str) -> None:
+    from detsampler.index.layouts import layout_dir
+    from detsampler.layout import LayoutConfig
+
+    shutil.rmtree(layout_dir(index, LayoutConfig(kind=kind, seq_len=2048)), ignore_errors=True)
 
 
 def _parallel_build(index_path: Path) -> dict[int, float]:
@@ -97,7 +119,7 @@ def main() -> BenchResult:
     root = Path(os.environ.get("DETSAMPLER_SCALE_DIR") or tempfile.mkdtemp(prefix="detsampler-scale-"))
     root.mkdir(parents=True, exist_ok=True)
     notes, results, builds, parallel = [], {}, {}, {}
-    for n in SIZES:
+    for n in _sizes():
         kinds = [k for k in KINDS if k != "bestfit" or n <= max_bestfit]
         need, free = n * BYTES_PER_DOC, shutil.disk_usage(root).free
         if n > max_n or need > free:
@@ -114,17 +136,27 @@ def main() -> BenchResult:
             notes.append(
                 f"bestfit at 10^{len(str(n)) - 1} skipped: above DETSAMPLER_SCALE_MAX_BESTFIT={max_bestfit:.0e}"
             )
-        path, builds[n] = _build(root / f"n{n}", n, kinds)
+        index, seconds = _build_index(root / f"n{n}", n)
+        loads: dict[str, str] = {}
+        builds[n], path = {"index": seconds}, index.path
         for kind in kinds:
+            builds[n][kind] = _build_layout(index, kind)
+            loads[kind] = _load()
             results[(n, kind, "persisted")] = _child(path, kind, "persisted")
             if n <= IN_RAM_MAX and (kind != "bestfit" or n <= max_bestfit):
                 results[(n, kind, "in_ram")] = _child(path, kind, "in_ram")
-        if n <= DISTRIBUTED_MAX and results.get((n, "concat", "persisted")):
-            results[(n, "concat", "distributed")] = _child(
-                path, "concat", "distributed", num_samples=results[(n, "concat", "persisted")]["num_samples"]
-            )
+            if kind == "concat" and n <= DISTRIBUTED_MAX and results.get((n, "concat", "persisted")):
+                results[(n, "concat", "distributed")] = _child(
+                    path, "concat", "distributed", num_samples=results[(n, "concat", "persisted")]["num_samples"]
+                )
+            _remove_layout(index, kind)
+        notes.append(
+            f"10^{len(str(n)) - 1} documents: 1/5/15-minute load average after each layout's build: "
+            + ", ".join(f"{k} {v}" for k, v in loads.items())
+        )
         if n == min(max_bestfit, 10**7):
             parallel = _parallel_build(path)
+            notes.append(f"1/5/15-minute load average after the 1 vs 2 process build: {_load()}")
         shutil.rmtree(root / f"n{n}", ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
     return _report(results, builds, parallel, notes, time.perf_counter() - t_start)
