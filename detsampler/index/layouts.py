@@ -62,7 +62,7 @@ from detsampler.layout import (
     LayoutConfig,
     documents_at,
 )
-from detsampler.packing import PACKING_VERSION, Packed, pack_windows
+from detsampler.packing import LOCKSTEP_DOCS, PACKING_VERSION, Packed, pack_windows
 from detsampler.version import MAPPING_VERSION
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ __all__ = ["LAYOUT_FORMAT_VERSION", "PersistedLayout", "build_layout", "layout_d
 LAYOUT_FORMAT_VERSION = 2
 LAYOUT_KIND = "detsampler-layout"
 CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
-BLOCK_WINDOWS = 64  # best-fit windows per packing task
 log = logging.getLogger("detsampler")
 
 
@@ -229,7 +228,8 @@ def _write_bestfit(
     bins, items = 0, 0
     with _bar(len(lengths), "bestfit layout", progress) as bar:
         num_windows = -(-len(lengths) // config.window_docs)
-        blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
+        per_block = max(1, LOCKSTEP_DOCS // config.window_docs)  # a packing task: windows packed in lockstep
+        blocks = [(w, min(w + per_block, num_windows)) for w in range(0, num_windows, per_block)]
         for packed in _ordered("pack", lengths, index_path, config, blocks, num_proc):
             files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
             files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
