@@ -13,8 +13,9 @@ worker's reopen (the layout pickled, unpickled, one locate). Side by side: today
 (``make_layout(config, index.lengths)``) and ``torch.utils.data.DistributedSampler`` over the same number of samples
 (its first index). The build of a best-fit layout with 1 and 2 processes (``num_proc``) measures the parallel build.
 Sizes above ``DETSAMPLER_SCALE_MAX`` (default 10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT``
-(default 10^7: packing runs at ~4 us per document per process) are skipped with a message, as is 10^9 when the disk is
-short; ``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``) runs only the sizes named.
+(default 10^8: a best-fit build takes ~1 us per document per process) are skipped with a message, as is 10^9 when the
+disk is short; ``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``) and ``DETSAMPLER_SCALE_KINDS`` (e.g. ``bestfit``) run
+only the sizes and layout kinds named.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ DISTRIBUTED_MAX = 10**8  # DistributedSampler materializes a list of the samples
 
 def _limits() -> tuple[int, int]:
     return int(float(os.environ.get("DETSAMPLER_SCALE_MAX", 1e8))), int(
-        float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e7))
+        float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e8))
     )
 
 
@@ -47,6 +48,12 @@ def _sizes() -> list[int]:
     """``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``: the smallest is the locate ratio's reference), else SIZES."""
     given = os.environ.get("DETSAMPLER_SCALE_SIZES")
     return sorted(int(float(x)) for x in given.split(",")) if given else SIZES
+
+
+def _kinds() -> list[str]:
+    """``DETSAMPLER_SCALE_KINDS`` (e.g. ``bestfit``), else every layout kind."""
+    given = os.environ.get("DETSAMPLER_SCALE_KINDS")
+    return [k for k in KINDS if k in given.split(",")] if given else KINDS
 
 
 def _load() -> str:
@@ -150,7 +157,7 @@ def main() -> BenchResult:
     notes, results, builds, parallel = [], {}, {}, {}
     speed = _packing_speed()
     for n in _sizes():
-        kinds = [k for k in KINDS if k != "bestfit" or n <= max_bestfit]
+        kinds = [k for k in _kinds() if k != "bestfit" or n <= max_bestfit]
         need, free = n * BYTES_PER_DOC, shutil.disk_usage(root).free
         if n > max_n or need > free:
             notes.append(
@@ -162,7 +169,7 @@ def main() -> BenchResult:
                 )
             )
             continue
-        if len(kinds) < len(KINDS):
+        if "bestfit" in _kinds() and "bestfit" not in kinds:
             notes.append(
                 f"bestfit at 10^{len(str(n)) - 1} skipped: above DETSAMPLER_SCALE_MAX_BESTFIT={max_bestfit:.0e}"
             )
