@@ -112,3 +112,15 @@ def test_lengths_that_do_not_fit_int32_are_refused(tmp_path):
     with pytest.raises(ValueError, match="got -1"):
         write_lengths_index(tmp_path, [np.array([1, -1])], 2, {"test": "negative"})
     assert not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_a_value_beyond_the_bound_is_refused_not_wrapped(tmp_path):
+    """An index whose counts understate its lengths could give a bound too small: the writer refuses, never wraps."""
+    from detsampler.index.layouts import _NpyStream
+
+    out = _NpyStream(tmp_path / "ends.npy", np.dtype(np.int32))
+    out.write(np.array([1, 2**31 - 1]))
+    with pytest.raises(ValueError, match="ends.npy: a value exceeds int32"):
+        out.write(np.array([2**31]))
+    out.close()
+    np.testing.assert_array_equal(np.load(tmp_path / "ends.npy"), [1, 2**31 - 1])

@@ -100,6 +100,8 @@ class _NpyStream:
         self._f.write(b"\0" * HEADER_BYTES)
 
     def write(self, values: np.ndarray) -> None:
+        if self.dtype.itemsize < 8 and len(values) and int(np.max(values)) > np.iinfo(self.dtype).max:
+            raise ValueError(f"{self.path.name}: a value exceeds {self.dtype.name}, the bound the index's counts gave")
         self._f.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
         self.count += len(values)
 
