@@ -102,11 +102,14 @@ class _SuccessorSets:
             keep = before == 0 if insert else after == 0
             rows, values = rows[keep], values[keep] >> 6
 
-    def insert_many(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Insert ``values[i]`` in row ``rows[i]`` (any number per row)."""
-        for level, base in zip(self.levels, self.bases):
-            np.bitwise_or.at(level, base[rows] + (values >> 6), _ONE << (values & 63).astype(np.uint64))
-            values = values >> 6
+    def assign(self, members: np.ndarray) -> None:
+        """Make row ``r``'s set ``{v : members[r, v]}`` (a bool array of ``rows x size``), every row at once."""
+        for level, width in zip(self.levels, self.widths):
+            padded = np.zeros((len(members), 64 * width), bool)
+            padded[:, : members.shape[1]] = members
+            words = np.packbits(padded, axis=1, bitorder="little").view("<u8")  # bit k of word w: value 64 w + k
+            level[:] = words.reshape(-1)
+            members = words != 0
 
     def successor(self, values: np.ndarray) -> np.ndarray:
         """The least member ``>= values[i]`` of row ``i``'s set, or -1."""
@@ -141,7 +144,8 @@ class _SuccessorSets:
 
 class _Bins:
     """The bins of ``rows`` windows packed in lockstep (see the module doc), flat arrays by row: remaining capacity per
-    bin, and per capacity value its number of bins, its first bin and membership in a successor set. Every step
+    bin, and per capacity value its number of bins, its least bin (-1 once that bin left: found again, by a scan of
+    the row, only if the bucket is chosen again) and membership in a successor set. Every step
     places one item in each of rows ``0 .. k - 1``. Capacity value 0 is no bucket (a full bin takes nothing more): the
     cell ``(row, 0)`` is scratch, written by rows that have nothing to write."""
 
@@ -162,9 +166,9 @@ class _Bins:
         self.remaining[self.bin_base[rows] + bins] = left
         cells = self.cell_base[rows] + left
         self.count[:] = np.bincount(cells, minlength=len(self.count))
-        unique, at = np.unique(cells, return_index=True)  # the first occurrence: the least bin (bins ascend in a row)
-        self.first[unique] = bins[at]
-        self.nonempty.insert_many(unique // self.width, unique % self.width)
+        self.first[cells] = np.iinfo(self.first.dtype).max
+        np.minimum.at(self.first, cells, bins)  # each bucket's least bin
+        self.nonempty.assign(self.count.reshape(len(self.opened), self.width) > 0)
 
     def place(self, sizes: np.ndarray) -> np.ndarray:
         """Put item ``sizes[i]`` into row ``i``'s best bin (a new one if none holds it); returns the bins chosen."""
@@ -174,6 +178,11 @@ class _Bins:
         cell = self.cell_base[:k] + np.maximum(fit, 0)
         opened = self.opened[:k]
         bins = np.where(old, self.first[cell], opened)
+        unknown = np.flatnonzero(bins < 0)  # a bucket that lost its first bin: its least bin, found now
+        if unknown.size:
+            width = int(opened[unknown].max())
+            remaining = self.remaining.reshape(-1, self.max_bins)[unknown, :width]
+            bins[unknown] = np.argmax(remaining == fit[unknown, None], axis=1)
         opened += ~old
         left = np.where(old, fit, self.capacity) - sizes
         self.remaining[self.bin_base[:k] + bins] = left
@@ -186,11 +195,7 @@ class _Bins:
         count = self.count[cell] - old
         self.count[cell] = count
         self.nonempty.update(np.maximum(fit, 0), old & (count == 0), insert=False)
-        more = np.flatnonzero(old & (count > 0))
-        if more.size:  # the bucket's next first bin: the least bin with that capacity left
-            width = int(self.opened[more].max())
-            remaining = self.remaining.reshape(-1, self.max_bins)[more, :width]
-            self.first[cell[more]] = np.argmax(remaining == fit[more, None], axis=1)
+        self.first[cell] = np.where(old, -1, self.first[cell])  # unknown until the bucket is chosen again
 
     def _enter(self, left: np.ndarray, bins: np.ndarray) -> None:
         cell = self.cell_base[: len(left)] + left

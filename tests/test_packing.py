@@ -110,11 +110,13 @@ def test_successor_sets_answer_as_a_sorted_set(size, ops):
 
 
 @given(size=st.integers(1, 5000), values=st.lists(st.integers(0, 10**6), max_size=50))
-def test_successor_sets_insert_many_equals_one_by_one(size, values):
+def test_successor_sets_assigned_at_once_equal_one_by_one(size, values):
     values = np.array(values, dtype=np.int64) % size
     rows = np.arange(len(values)) % 2
+    members = np.zeros((2, size), bool)
+    members[rows, values] = True
     many, single = _SuccessorSets(2, size), _SuccessorSets(2, size)
-    many.insert_many(rows, values)
+    many.assign(members)
     for r, v in zip(rows.tolist(), values.tolist()):
         single.update(np.array([v, v]), np.array([r == 0, r == 1]), insert=True)
     for a, b in zip(many.levels, single.levels):
