@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from detsampler.index import INDEX_FORMAT_VERSION, TokenIndex, TokenIndexError, build_index, token_dtype
+from detsampler.index.format import READ_FORMAT_VERSIONS
 from detsampler.text.corpus import default_tokenizer
 
 
@@ -131,7 +132,7 @@ def test_open_rejects_tampered_indexes(small_index, tmp_path):
     (p / "meta.json").write_text("{ not json")
     with pytest.raises(TokenIndexError, match="meta.json is not valid JSON"):
         TokenIndex.open(p)
-    meta = dict(small_index.meta, format_version=INDEX_FORMAT_VERSION + 1)
+    meta = dict(small_index.meta, format_version=max(READ_FORMAT_VERSIONS) + 1)
     (p / "meta.json").write_text(json.dumps(meta))  # the version is checked first, whatever the seal says
     with pytest.raises(TokenIndexError, match="format version"):
         TokenIndex.open(p)

@@ -22,6 +22,8 @@ from detsampler.text.protocol import TokenizerLike
 __all__ = [
     "INDEX_FORMAT_VERSION",
     "INDEX_KIND",
+    "LENGTHS_FORMAT_VERSION",
+    "READ_FORMAT_VERSIONS",
     "TokenIndexError",
     "dataset_fingerprint",
     "default_cache_dir",
@@ -33,6 +35,11 @@ __all__ = [
 
 # 2: per-chunk checksums of the arrays (``*.sums.npy``), a sealed meta.json, persisted layouts
 INDEX_FORMAT_VERSION = 2
+# 3: as 2, but lengths.npy may be int32 (its dtype named in its ``files`` record) and an index that stores no tokens has
+#    no offsets.npy (nothing reads it): what ``detsampler.index.synthetic.write_lengths_index`` writes (4 bytes per
+#    document instead of 16). ``build_index`` still writes version 2; the reader reads both.
+LENGTHS_FORMAT_VERSION = 3
+READ_FORMAT_VERSIONS = (INDEX_FORMAT_VERSION, LENGTHS_FORMAT_VERSION)
 INDEX_KIND = "detsampler-token-index"
 
 

@@ -3,13 +3,20 @@ memory maps.
 
 A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
 
-    ends.npy int64[D] concat: stream end of the i-th document of the order; document: samples up to it ends.fence.npy
-    int64[D/8192] every 8192nd entry of ends (read whole on open: a search then reads one 64 KiB block) window_bins.npy
-    int64[W+1] bestfit: bins of window w are window_bins[w]:window_bins[w+1] bin_items.npy int64[B+1] bestfit: items of
-    bin (sample) b are bin_items[b]:bin_items[b+1] item_docs.npy int64[I] bestfit: the item's document item_pieces.npy
-    uint32[I] bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the document
-    *.sums.npy        uint32       CRC-32 of each 64 KiB chunk of the file above (detsampler.index.checksums)
-    layout.json       config, versions, index fingerprint, counts, file sizes/sha256, sealed (written last)
+    ends.npy          int64|int32[D]   concat: stream end of the i-th document of the order (int64); document:
+                                       samples up to it (int32 when they fit)
+    ends.fence.npy    as ends[D/k]     every k-th entry of ends, k = 64 KiB / itemsize (read whole on open: a search
+                                       then reads one 64 KiB block)
+    window_bins.npy   int64[W+1]       bestfit: bins of window w are window_bins[w]:window_bins[w+1]
+    bin_items.npy     int64|int32[B+1] bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
+    item_docs.npy     int64|int32[I]   bestfit: the item's document
+    item_pieces.npy   uint32[I]        bestfit: the item's piece: positions [p*L, min((p+1)*L, length+1)) of the
+                                       document
+    *.sums.npy        uint32           CRC-32 of each 64 KiB chunk of the file above (detsampler.index.checksums)
+    layout.json       config, versions, index fingerprint, counts, file sizes/sha256/dtype, sealed (written last)
+
+Each array's dtype is in its ``files`` record: int32 wherever a bound known before the build (from the number of
+documents and tokens) keeps every value below 2^31, else int64.
 
 ``<key>`` hashes the layout config, :data:`LAYOUT_FORMAT_VERSION`, ``MAPPING_VERSION`` and (bestfit)
 ``PACKING_VERSION``, so a change of any of them names a new directory.
@@ -55,7 +62,7 @@ from detsampler.layout import (
     LayoutConfig,
     documents_at,
 )
-from detsampler.packing import PACKING_VERSION, Packed, pack_windows
+from detsampler.packing import LOCKSTEP_DOCS, PACKING_VERSION, Packed, pack_windows
 from detsampler.version import MAPPING_VERSION
 
 if TYPE_CHECKING:
@@ -63,10 +70,10 @@ if TYPE_CHECKING:
 
 __all__ = ["LAYOUT_FORMAT_VERSION", "PersistedLayout", "build_layout", "layout_dir", "open_layout"]
 
-LAYOUT_FORMAT_VERSION = 1
+# 2: int32 arrays where their values fit (the dtype recorded per file); 1: every count and id int64
+LAYOUT_FORMAT_VERSION = 2
 LAYOUT_KIND = "detsampler-layout"
 CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
-BLOCK_WINDOWS = 64  # best-fit windows per packing task
 log = logging.getLogger("detsampler")
 
 
@@ -93,6 +100,8 @@ class _NpyStream:
         self._f.write(b"\0" * HEADER_BYTES)
 
     def write(self, values: np.ndarray) -> None:
+        if self.dtype.itemsize < 8 and len(values) and int(np.max(values)) > np.iinfo(self.dtype).max:
+            raise ValueError(f"{self.path.name}: a value exceeds {self.dtype.name}, the bound the index's counts gave")
         self._f.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
         self.count += len(values)
 
@@ -102,6 +111,28 @@ class _NpyStream:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+
+
+def _narrowest(bound: int) -> np.dtype:
+    """int32 when every value is at most ``bound`` (< 2^31), else int64."""
+    return np.dtype(np.int32 if bound <= np.iinfo(np.int32).max else np.int64)
+
+
+def _dtypes(index: Any, config: LayoutConfig) -> dict[str, np.dtype]:
+    """The dtype of each array of the layout, from bounds known before the build: a document has ``length + 1``
+    positions, so at most ``(tokens + D) // L + D`` samples, pieces or items, and ids below ``D``."""
+    n = int(index.num_documents)
+    pieces = (int(index.num_tokens) + n) // config.seq_len + n
+    if config.kind == "concat":
+        return {"ends.npy": np.dtype(np.int64)}
+    if config.kind == "document":
+        return {"ends.npy": _narrowest(pieces)}
+    return {
+        "window_bins.npy": np.dtype(np.int64),
+        "bin_items.npy": _narrowest(pieces),
+        "item_docs.npy": _narrowest(n),
+        "item_pieces.npy": np.dtype(np.uint32),
+    }
 
 
 def _bar(total: int, desc: str, progress: bool) -> Any:
@@ -171,11 +202,11 @@ def _ordered(
 
 
 def _write_ends(
-    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int, progress: bool
+    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
 ) -> dict:
     """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory per process)."""
     n = len(lengths)
-    out = _NpyStream(tmp / "ends.npy", np.int64)
+    out = _NpyStream(tmp / "ends.npy", dtypes["ends.npy"])
     carry, tokens = 0, 0
     ranges = [(a, min(a + CHUNK_DOCS, n)) for a in range(0, n, CHUNK_DOCS)]
     with _bar(n, f"{config.kind} layout", progress) as bar:
@@ -190,24 +221,17 @@ def _write_ends(
 
 
 def _write_bestfit(
-    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, num_proc: int, progress: bool
+    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
 ) -> dict:
     """The four arrays of a best-fit layout, every window packed (by ``num_proc`` processes), streamed to disk."""
-    files = {
-        name: _NpyStream(tmp / f"{name}.npy", dt)
-        for name, dt in (
-            ("window_bins", np.int64),
-            ("bin_items", np.int64),
-            ("item_docs", np.int64),
-            ("item_pieces", np.uint32),
-        )
-    }
+    files = {name.removesuffix(".npy"): _NpyStream(tmp / name, dt) for name, dt in dtypes.items()}
     files["window_bins"].write(np.zeros(1, np.int64))
     files["bin_items"].write(np.zeros(1, np.int64))
     bins, items = 0, 0
     with _bar(len(lengths), "bestfit layout", progress) as bar:
         num_windows = -(-len(lengths) // config.window_docs)
-        blocks = [(w, min(w + BLOCK_WINDOWS, num_windows)) for w in range(0, num_windows, BLOCK_WINDOWS)]
+        per_block = max(1, LOCKSTEP_DOCS // config.window_docs)  # a packing task: windows packed in lockstep
+        blocks = [(w, min(w + per_block, num_windows)) for w in range(0, num_windows, per_block)]
         for packed in _ordered("pack", lengths, index_path, config, blocks, num_proc):
             files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
             files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
@@ -224,14 +248,13 @@ def _write_bestfit(
 def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: int, progress: bool) -> None:
     start = time.perf_counter()
     lengths = _readable_lengths(index)
+    dtypes = _dtypes(index, config)
     if config.kind == "bestfit":
-        counts = _write_bestfit(tmp, lengths, index.path, config, num_proc, progress)
+        counts = _write_bestfit(tmp, lengths, index.path, config, dtypes, num_proc, progress)
         counts["num_tokens"] = index.num_tokens + index.num_documents
-        names = ["window_bins.npy", "bin_items.npy", "item_docs.npy", "item_pieces.npy"]
     else:
-        counts = _write_ends(tmp, lengths, index.path, config, num_proc, progress)
-        names = ["ends.npy"]
-    files = {name: write_checksums(tmp, name) for name in names}
+        counts = _write_ends(tmp, lengths, index.path, config, dtypes, num_proc, progress)
+    files = {name: {**write_checksums(tmp, name), "dtype": dt.name} for name, dt in dtypes.items()}
     if "ends.npy" in files:  # searched, not indexed: a fence lets a search read one block
         files["ends.npy"]["fence"] = write_fence(tmp, "ends.npy")
     if counts["num_samples"] < 1:
@@ -312,9 +335,13 @@ def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
 def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
     """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work but the checksum files."""
     r = _read_record(path, index, config)
-    files, n, i64 = r["files"], index.num_documents, np.dtype(np.int64)
+    files, n = r["files"], index.num_documents
+    dtypes = _dtypes(index, config)
+    for name, dt in dtypes.items():
+        if not isinstance(files.get(name), dict) or files[name].get("dtype") != dt.name:
+            raise TokenIndexError(f"layout {str(path)!r}: {name} is not recorded as {dt.name}")
     if config.kind != "bestfit":
-        ends = open_checked(path, files, "ends.npy", i64, (n,))
+        ends = open_checked(path, files, "ends.npy", dtypes["ends.npy"], (n,))
         if config.kind == "concat":
             if int(ends[-1]) != r["num_tokens"]:
                 raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_tokens']} tokens")
@@ -324,10 +351,10 @@ def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
         return DocumentLayout(config, index.lengths, ends, r["num_tokens"])
     b, m, w = int(r["num_samples"]), int(r["num_items"]), -(-n // config.window_docs)
     packing = BinPacking(
-        window_bins=open_checked(path, files, "window_bins.npy", i64, (w + 1,)),
-        bin_items=open_checked(path, files, "bin_items.npy", i64, (b + 1,)),
-        item_docs=open_checked(path, files, "item_docs.npy", i64, (m,)),
-        item_pieces=open_checked(path, files, "item_pieces.npy", np.dtype(np.uint32), (m,)),
+        window_bins=open_checked(path, files, "window_bins.npy", dtypes["window_bins.npy"], (w + 1,)),
+        bin_items=open_checked(path, files, "bin_items.npy", dtypes["bin_items.npy"], (b + 1,)),
+        item_docs=open_checked(path, files, "item_docs.npy", dtypes["item_docs.npy"], (m,)),
+        item_pieces=open_checked(path, files, "item_pieces.npy", dtypes["item_pieces.npy"], (m,)),
     )
     if int(packing.window_bins[-1]) != b or int(packing.bin_items[-1]) != m:
         raise TokenIndexError(f"layout {str(path)!r}: its bin counts do not add up to {b} bins of {m} items")

@@ -3,7 +3,9 @@
 Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``allow_pickle=False``)::
 
     lengths.npy   int64[num_documents]       positions of document d before its EOS (a BOS counted, the EOS not)
+                                             (format 3: int32 where its files record says so)
     offsets.npy   int64[num_documents + 1]   where document d's stored tokens start; offsets[-1] = num_tokens
+                                             (format 3: absent when no tokens are stored; ``offsets`` is then None)
                                              (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else
                                              lengths[d])
     tokens.npy uint16|uint32[num_tokens] document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
@@ -34,8 +36,9 @@ import numpy as np
 from detsampler.index.checksums import VerifiedArray, open_checked
 from detsampler.index.files import sha256_file
 from detsampler.index.format import (
-    INDEX_FORMAT_VERSION,
     INDEX_KIND,
+    LENGTHS_FORMAT_VERSION,
+    READ_FORMAT_VERSIONS,
     TokenIndexError,
     dataset_fingerprint,
     seal_ok,
@@ -64,10 +67,10 @@ def _read_meta(path: Path) -> dict:
         ) from None
     if not isinstance(meta, dict) or meta.get("kind") != INDEX_KIND:
         raise TokenIndexError(f"{str(path)!r} is not a detsampler token index (meta.json kind is not {INDEX_KIND!r})")
-    if meta.get("format_version") != INDEX_FORMAT_VERSION:
+    if meta.get("format_version") not in READ_FORMAT_VERSIONS:
         raise TokenIndexError(
-            f"index {str(path)!r} has format version {meta.get('format_version')!r}, this detsampler reads version "
-            f"{INDEX_FORMAT_VERSION}; delete the directory and rebuild"
+            f"index {str(path)!r} has format version {meta.get('format_version')!r}, this detsampler reads versions "
+            f"{list(READ_FORMAT_VERSIONS)}; delete the directory and rebuild"
         )
     if not seal_ok(meta):
         raise TokenIndexError(
@@ -79,6 +82,15 @@ def _read_meta(path: Path) -> dict:
             f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's"
         )
     return meta
+
+
+def _lengths_dtype(path: Path, meta: dict) -> np.dtype:
+    """int64, or (format 3) the dtype its ``files`` record names: int64 or int32."""
+    record = meta["files"].get("lengths.npy") if isinstance(meta["files"], dict) else None
+    name = record.get("dtype", "int64") if isinstance(record, dict) else "int64"
+    if name not in ("int64", "int32") or (name != "int64" and meta["format_version"] != LENGTHS_FORMAT_VERSION):
+        raise TokenIndexError(f"index {str(path)!r}: lengths.npy has dtype {name!r}, not one this format allows")
+    return np.dtype(name)
 
 
 def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> None:
@@ -93,14 +105,15 @@ def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> N
 
 
 class TokenIndex:
-    """An opened index: ``lengths`` and ``offsets`` (int64 memory maps), ``tokens`` (memory map, or None), and ``meta``.
+    """An opened index: ``lengths`` and ``offsets`` (int64 memory maps; format 3: ``lengths`` may be int32 and
+    ``offsets`` None when no tokens are stored), ``tokens`` (memory map, or None), and ``meta``.
 
     Document ``d``'s tokens are ``tokens[offsets[d] : offsets[d] + lengths[d]]``; its EOS (``eos_id``) is virtual, at
     position ``lengths[d]``. Pickles as its path (workers reopen the memory maps; nothing is copied).
     """
 
     def __init__(
-        self, path: Path, meta: dict, lengths: np.ndarray, offsets: np.ndarray, tokens: np.ndarray | None
+        self, path: Path, meta: dict, lengths: np.ndarray, offsets: np.ndarray | None, tokens: np.ndarray | None
     ) -> None:
         self.path = Path(path)
         self.meta = meta
@@ -186,16 +199,15 @@ class TokenIndex:
             raise TokenIndexError(
                 f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild"
             ) from None
-        arrays = {
-            "lengths.npy": open_checked(path, files, "lengths.npy", np.dtype(np.int64), (n_docs,)),
-            "offsets.npy": open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,)),
-        }
+        arrays = {"lengths.npy": open_checked(path, files, "lengths.npy", _lengths_dtype(path, meta), (n_docs,))}
+        if store or meta["format_version"] != LENGTHS_FORMAT_VERSION or "offsets.npy" in files:
+            arrays["offsets.npy"] = open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,))
         if store:
             arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,))
         if verify_tokens:
             _verify_full(path, files, arrays)
-        lengths, offsets, tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays.get("tokens.npy")
-        if offsets[0] != 0 or offsets[-1] != n_tok:
+        lengths, offsets, tokens = arrays["lengths.npy"], arrays.get("offsets.npy"), arrays.get("tokens.npy")
+        if offsets is not None and (offsets[0] != 0 or offsets[-1] != n_tok):
             raise TokenIndexError(
                 f"index {str(path)!r}: offsets/lengths are inconsistent with {n_tok} tokens; delete and rebuild"
             )
@@ -265,7 +277,9 @@ class TokenIndex:
             lock.release()
 
     def _arrays(self) -> dict[str, VerifiedArray]:
-        arrays = {"lengths.npy": self.lengths, "offsets.npy": self.offsets}
+        arrays = {"lengths.npy": self.lengths}
+        if self.offsets is not None:
+            arrays["offsets.npy"] = self.offsets
         if self.tokens is not None:
             arrays["tokens.npy"] = self.tokens
         return arrays

@@ -2,7 +2,9 @@
 
 :func:`write_lengths_index` is the writer; :func:`synthetic_index` feeds it seeded random lengths, for scale tests and
 benchmarks (10^8 documents and more, no text, no tokenizer). Such an index opens as any other ``TokenIndex`` (with
-``store_tokens`` False); its layouts, plans and ``locate`` work unchanged.
+``store_tokens`` False); its layouts, plans and ``locate`` work unchanged. On disk it is index format 3
+(:data:`~detsampler.index.format.LENGTHS_FORMAT_VERSION`): ``lengths.npy`` as int32 and its checksums, no
+``offsets.npy`` (4 bytes per document: 4 GB at 10^9 documents).
 
 Invariant: the directory appears under its final name only once complete (temporary directory, fsync, sealed
 ``meta.json`` last, rename), as for :func:`~detsampler.index.build.build_index`.
@@ -24,42 +26,41 @@ import numpy as np
 
 from detsampler.atomic import fsync_dir, fsync_file
 from detsampler.index.checksums import write_checksums
-from detsampler.index.format import INDEX_FORMAT_VERSION, INDEX_KIND, seal_meta
+from detsampler.index.format import INDEX_KIND, LENGTHS_FORMAT_VERSION, seal_meta
 from detsampler.index.reader import TokenIndex
 from detsampler.version import __version__
 
 __all__ = ["synthetic_index", "synthetic_lengths", "write_lengths_index"]
 
 CHUNK_DOCS = 1 << 22
+LENGTHS_DTYPE = np.dtype(np.int32)
 
 
-def _write_arrays(tmp: Path, chunks: Iterable[np.ndarray], num_documents: int, progress: bool) -> int:
-    """``lengths.npy`` and ``offsets.npy`` from ``chunks``; returns the number of tokens."""
+def _write_lengths(tmp: Path, chunks: Iterable[np.ndarray], num_documents: int, progress: bool) -> int:
+    """``lengths.npy`` (int32: 4 bytes per document) from ``chunks``; returns the number of tokens."""
     from tqdm.auto import tqdm
 
-    lengths = np.lib.format.open_memmap(tmp / "lengths.npy", mode="w+", dtype=np.int64, shape=(num_documents,))
-    offsets = np.lib.format.open_memmap(tmp / "offsets.npy", mode="w+", dtype=np.int64, shape=(num_documents + 1,))
-    offsets[0] = 0
-    done = 0
+    lengths = np.lib.format.open_memmap(tmp / "lengths.npy", mode="w+", dtype=LENGTHS_DTYPE, shape=(num_documents,))
+    done, num_tokens = 0, 0
     with tqdm(
         total=num_documents, unit="doc", desc="lengths", disable=not progress, file=sys.stderr, leave=False
     ) as bar:
         for chunk in chunks:
-            chunk = np.asarray(chunk, dtype=np.int64)
-            if chunk.size and chunk.min() < 0:
-                raise ValueError(f"document lengths must be >= 0, got {int(chunk.min())}")
+            chunk = np.asarray(chunk)
+            if chunk.size and (chunk.min() < 0 or chunk.max() > np.iinfo(LENGTHS_DTYPE).max):
+                bad = int(chunk.min()) if chunk.min() < 0 else int(chunk.max())
+                raise ValueError(f"document lengths must be in [0, 2^31), got {bad}")
+            if done + len(chunk) > num_documents:
+                raise ValueError(f"got more than {num_documents} document lengths")
             lengths[done : done + len(chunk)] = chunk
-            offsets[done + 1 : done + 1 + len(chunk)] = np.cumsum(chunk) + offsets[done]
+            num_tokens += int(chunk.sum(dtype=np.int64))
             done += len(chunk)
             bar.update(len(chunk))
     if done != num_documents:
         raise ValueError(f"got {done} document lengths, expected {num_documents}")
-    num_tokens = int(offsets[-1])
-    for arr in (lengths, offsets):
-        arr.flush()
-    del lengths, offsets
-    for name in ("lengths.npy", "offsets.npy"):
-        fsync_file(tmp / name)
+    lengths.flush()
+    del lengths
+    fsync_file(tmp / "lengths.npy")
     return num_tokens
 
 
@@ -75,7 +76,7 @@ def write_lengths_index(
 ) -> TokenIndex:
     """Write (or open, if present) the lengths-only index of ``num_documents`` documents whose lengths ``chunks`` yields
     in order, under ``root/index-<key>``; ``identity`` (JSON) names its content and makes the key."""
-    key = hashlib.sha256(json.dumps({"format_version": INDEX_FORMAT_VERSION, **identity}, sort_keys=True).encode())
+    key = hashlib.sha256(json.dumps({"format_version": LENGTHS_FORMAT_VERSION, **identity}, sort_keys=True).encode())
     key = key.hexdigest()[:20]
     root = Path(root)
     final = root / f"index-{key}"
@@ -86,10 +87,10 @@ def write_lengths_index(
     tmp.mkdir()
     try:
         start = time.perf_counter()
-        num_tokens = _write_arrays(tmp, chunks, num_documents, progress)
+        num_tokens = _write_lengths(tmp, chunks, num_documents, progress)
         meta = {
             "kind": INDEX_KIND,
-            "format_version": INDEX_FORMAT_VERSION,
+            "format_version": LENGTHS_FORMAT_VERSION,
             "detsampler_version": __version__,
             "cache_key": key,
             "dataset_fingerprint": "lengths:" + key,
@@ -101,7 +102,7 @@ def write_lengths_index(
             "tokenizer": {"vocab_size": vocab_size, "eos_id": eos_id, "pad_id": pad_id, "sha256": None, "path": None},
             "num_documents": num_documents,
             "num_tokens": num_tokens,
-            "files": {name: write_checksums(tmp, name) for name in ("lengths.npy", "offsets.npy")},
+            "files": {"lengths.npy": {**write_checksums(tmp, "lengths.npy"), "dtype": LENGTHS_DTYPE.name}},
             "build": {"seconds": round(time.perf_counter() - start, 3), "num_proc": 1},
         }
         (tmp / "meta.json").write_text(json.dumps(seal_meta(meta), indent=2, sort_keys=True) + "\n")

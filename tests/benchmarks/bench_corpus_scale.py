@@ -1,18 +1,21 @@
 """Benchmark 11 ("corpus scale": issue 12's "scale" benchmark, numbered 11 after the others): per-process
 open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documents.
 
-For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens) is built, then
-each layout kind's persisted layout (``index.layout``, timed: the once-per-corpus cost). Every measurement of a
-process's cost runs in a fresh interpreter (``_corpus_scale_child``), one after the other: open the index and the
-layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of 8, mid-epoch): "open + first micro batch"
-and the growth of the process's resident memory meanwhile (peak, and the private part: the rest is mapped file pages,
-shared by every process on the node); then the median ``locate`` of 50 random steps whose chunks are read for the first
-time (cold: each chunk's checksum computed) and again (warm); and a worker's reopen (the layout pickled, unpickled, one
-locate). Side by side: today's in-RAM layouts (``make_layout(config, index.lengths)``) and
-``torch.utils.data.DistributedSampler`` over the same number of samples (its first index). The build of a best-fit
-layout with 1 and 2 processes (``num_proc``) measures the parallel build. Sizes above ``DETSAMPLER_SCALE_MAX`` (default
-10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT`` (default 10^7: packing runs at ~4 us per document per
-process) are skipped with a message, as is 10^9 when the disk is short.
+For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens; int32
+lengths, 4 bytes per document) is built, then each layout kind's persisted layout in turn (``index.layout``, timed:
+the once-per-corpus cost), measured, and removed before the next (so the disk holds one layout at a time: ~12 GB at
+10^9 documents). Every measurement of a process's cost runs in a fresh interpreter (``_corpus_scale_child``), one
+after the other: open the index and the layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of
+8, mid-epoch): "open + first micro batch" and the growth of the process's resident memory meanwhile (peak, and the
+private part: the rest is mapped file pages, shared by every process on the node); then the median ``locate`` of 50
+random steps whose chunks are read for the first time (cold: each chunk's checksum computed) and again (warm); and a
+worker's reopen (the layout pickled, unpickled, one locate). Side by side: today's in-RAM layouts
+(``make_layout(config, index.lengths)``) and ``torch.utils.data.DistributedSampler`` over the same number of samples
+(its first index). The build of a best-fit layout with 1 and 2 processes (``num_proc``) measures the parallel build.
+Sizes above ``DETSAMPLER_SCALE_MAX`` (default 10^8) and best-fit layouts above ``DETSAMPLER_SCALE_MAX_BESTFIT``
+(default 10^8: a best-fit build takes ~1 us per document per process) are skipped with a message, as is 10^9 when the
+disk is short; ``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``) and ``DETSAMPLER_SCALE_KINDS`` (e.g. ``bestfit``) run
+only the sizes and layout kinds named.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_bytes, fmt_seconds, ratio_column, run_child
 
@@ -29,15 +33,31 @@ __all__ = ["main"]
 
 SIZES = [10**6, 10**7, 10**8, 10**9]
 KINDS = ["concat", "document", "bestfit"]
-BYTES_PER_DOC = 16 + 8 + 8 + 24  # lengths + offsets, concat and document ends, a best-fit packing (approximate)
+BYTES_PER_DOC = 4 + 8 + 2  # int32 lengths + the largest layout held at a time (concat ends), and a margin
 IN_RAM_MAX = 10**8  # today's layouts above this need more RAM than the machine has to spare
 DISTRIBUTED_MAX = 10**8  # DistributedSampler materializes a list of the samples: ~50 bytes each
 
 
 def _limits() -> tuple[int, int]:
     return int(float(os.environ.get("DETSAMPLER_SCALE_MAX", 1e8))), int(
-        float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e7))
+        float(os.environ.get("DETSAMPLER_SCALE_MAX_BESTFIT", 1e8))
     )
+
+
+def _sizes() -> list[int]:
+    """``DETSAMPLER_SCALE_SIZES`` (e.g. ``1e6,1e9``: the smallest is the locate ratio's reference), else SIZES."""
+    given = os.environ.get("DETSAMPLER_SCALE_SIZES")
+    return sorted(int(float(x)) for x in given.split(",")) if given else SIZES
+
+
+def _kinds() -> list[str]:
+    """``DETSAMPLER_SCALE_KINDS`` (e.g. ``bestfit``), else every layout kind."""
+    given = os.environ.get("DETSAMPLER_SCALE_KINDS")
+    return [k for k in KINDS if k in given.split(",")] if given else KINDS
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _child(index: Path, kind: str, mode: str, **extra) -> dict | None:
@@ -45,18 +65,27 @@ def _child(index: Path, kind: str, mode: str, **extra) -> dict | None:
     return run_child("tests.benchmarks._corpus_scale_child", args, timeout=1800)
 
 
-def _build(root: Path, n: int, kinds: list[str]) -> tuple[Path, dict[str, float]]:
+def _build_index(root: Path, n: int) -> tuple[Any, float]:
     from detsampler.index.synthetic import synthetic_index
-    from detsampler.layout import LayoutConfig
 
     t0 = time.perf_counter()
     index = synthetic_index(root, n, mean_length=1000, seed=0)
-    seconds = {"index": time.perf_counter() - t0}
-    for kind in kinds:
-        t0 = time.perf_counter()
-        index.layout(LayoutConfig(kind=kind, seq_len=2048))
-        seconds[kind] = time.perf_counter() - t0
-    return index.path, seconds
+    return index, time.perf_counter() - t0
+
+
+def _build_layout(index: Any, kind: str) -> float:
+    from detsampler.layout import LayoutConfig
+
+    t0 = time.perf_counter()
+    index.layout(LayoutConfig(kind=kind, seq_len=2048))
+    return time.perf_counter() - t0
+
+
+def _remove_layout(index: Any, kind: str) -> None:
+    from detsampler.index.layouts import layout_dir
+    from detsampler.layout import LayoutConfig
+
+    shutil.rmtree(layout_dir(index, LayoutConfig(kind=kind, seq_len=2048)), ignore_errors=True)
 
 
 def _parallel_build(index_path: Path) -> dict[int, float]:
@@ -74,6 +103,35 @@ def _parallel_build(index_path: Path) -> dict[int, float]:
         index.layout(config, num_proc=num_proc)
         out[num_proc] = time.perf_counter() - t0
     return out
+
+
+def _packing_speed(num_documents: int = 1 << 18, repeats: int = 3) -> list[list]:
+    """Documents packed per second by one process: PACKING_VERSION 1's first implementation (a Python loop per
+    document, kept in tests/test_packing.py as the reference) and the lockstep one, the same windows, alternated, best
+    of ``repeats``; the outputs checked equal byte for byte."""
+    import numpy as np
+
+    from detsampler.index.synthetic import synthetic_lengths
+    from detsampler.packing import pack_windows
+    from tests.test_packing import assert_same_bytes, reference_pack_windows
+
+    extents = next(synthetic_lengths(num_documents, 1000, seed=0, chunk=num_documents)) + 1
+    rows = []
+    for window in (1024, 256):
+        cuts = np.arange(window, num_documents, window)
+        ids, ext = np.split(np.arange(num_documents), cuts), np.split(extents, cuts)
+        best, results = {"reference": float("inf"), "lockstep": float("inf")}, {}
+        for _ in range(repeats):
+            for name, fn in (("reference", reference_pack_windows), ("lockstep", pack_windows)):
+                t0 = time.perf_counter()
+                results[name] = fn(ids, ext, 2048)
+                best[name] = min(best[name], time.perf_counter() - t0)
+        assert_same_bytes(results["lockstep"], results["reference"])
+        ref, new = num_documents / best["reference"], num_documents / best["lockstep"]
+        rows.append(
+            [f"{window} documents", f"{ref / 1e6:.2f} M/s", f"{new / 1e6:.2f} M/s", f"{new / ref:.1f}x", _load()]
+        )
+    return rows
 
 
 def _row(label: str, r: dict | None, build: float | None) -> list:
@@ -97,8 +155,9 @@ def main() -> BenchResult:
     root = Path(os.environ.get("DETSAMPLER_SCALE_DIR") or tempfile.mkdtemp(prefix="detsampler-scale-"))
     root.mkdir(parents=True, exist_ok=True)
     notes, results, builds, parallel = [], {}, {}, {}
-    for n in SIZES:
-        kinds = [k for k in KINDS if k != "bestfit" or n <= max_bestfit]
+    speed = _packing_speed()
+    for n in _sizes():
+        kinds = [k for k in _kinds() if k != "bestfit" or n <= max_bestfit]
         need, free = n * BYTES_PER_DOC, shutil.disk_usage(root).free
         if n > max_n or need > free:
             notes.append(
@@ -110,27 +169,39 @@ def main() -> BenchResult:
                 )
             )
             continue
-        if len(kinds) < len(KINDS):
+        if "bestfit" in _kinds() and "bestfit" not in kinds:
             notes.append(
                 f"bestfit at 10^{len(str(n)) - 1} skipped: above DETSAMPLER_SCALE_MAX_BESTFIT={max_bestfit:.0e}"
             )
-        path, builds[n] = _build(root / f"n{n}", n, kinds)
+        index, seconds = _build_index(root / f"n{n}", n)
+        loads: dict[str, str] = {}
+        builds[n], path = {"index": seconds}, index.path
         for kind in kinds:
+            builds[n][kind] = _build_layout(index, kind)
+            loads[kind] = _load()
             results[(n, kind, "persisted")] = _child(path, kind, "persisted")
             if n <= IN_RAM_MAX and (kind != "bestfit" or n <= max_bestfit):
                 results[(n, kind, "in_ram")] = _child(path, kind, "in_ram")
-        if n <= DISTRIBUTED_MAX and results.get((n, "concat", "persisted")):
-            results[(n, "concat", "distributed")] = _child(
-                path, "concat", "distributed", num_samples=results[(n, "concat", "persisted")]["num_samples"]
-            )
+            if kind == "concat" and n <= DISTRIBUTED_MAX and results.get((n, "concat", "persisted")):
+                results[(n, "concat", "distributed")] = _child(
+                    path, "concat", "distributed", num_samples=results[(n, "concat", "persisted")]["num_samples"]
+                )
+            _remove_layout(index, kind)
+        notes.append(
+            f"10^{len(str(n)) - 1} documents: 1/5/15-minute load average after each layout's build: "
+            + ", ".join(f"{k} {v}" for k, v in loads.items())
+        )
         if n == min(max_bestfit, 10**7):
             parallel = _parallel_build(path)
+            notes.append(f"1/5/15-minute load average after the 1 vs 2 process build: {_load()}")
         shutil.rmtree(root / f"n{n}", ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
-    return _report(results, builds, parallel, notes, time.perf_counter() - t_start)
+    return _report(results, builds, parallel, speed, notes, time.perf_counter() - t_start)
 
 
-def _report(results: dict, builds: dict, parallel: dict, notes: list[str], seconds: float) -> BenchResult:
+def _report(
+    results: dict, builds: dict, parallel: dict, speed: list[list], notes: list[str], seconds: float
+) -> BenchResult:
     columns = [
         "contender",
         "build (once)",
@@ -165,6 +236,13 @@ def _report(results: dict, builds: dict, parallel: dict, notes: list[str], secon
             row.insert(3, r)
         columns_n = columns[:3] + ["open ratio"] + columns[3:]
         tables.append(Table(f"{n:.0e} documents (index built in {fmt_seconds(builds[n]['index'])})", columns_n, rows))
+    tables.append(
+        Table(
+            "best-fit packing per process, windows of 2^18 documents (lengths as above, seq_len 2048), best of 3",
+            ["window", "v1 reference (Python loop)", "lockstep (numpy)", "speed-up", "load 1/5/15"],
+            speed,
+        )
+    )
     if parallel:
         t1, t2 = parallel[1], parallel[2]
         tables.append(
