@@ -9,6 +9,10 @@ finished shard leaves a claim ``<root>/claims/shard-<j>.json`` (written atomical
 stale or corrupt shard is named in the error. ``<root>`` is ``<cache>/sharded-<key>``, the key hashing the file list
 (names and sizes), the tokenizer, the text column and the options: adding a file makes a new root whose old shards are
 found built.
+
+Pre-tokenized files (:data:`SOURCE_SUFFIXES`: Megatron ``.bin/.idx`` pairs, OLMo ``.npy``, datatrove ``.ds``, nanoGPT
+``.bin``) are shards as they are: nothing is built, :func:`source_entries` opens each file (memory-mapped, never
+copied) and gives its manifest entry, and :func:`finalize` lists them after the tokenized shards.
 """
 
 from __future__ import annotations
@@ -26,9 +30,23 @@ from detsampler.atomic import atomic_write
 from detsampler.index.build import build_index
 from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError
 from detsampler.index.sharded import MANIFEST, ShardedIndex, write_manifest
-from detsampler.text.tokenizer import Tokenizer
+from detsampler.text.policy import SpecialTokens
+from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["build_shards", "build_shards_ray", "finalize", "input_files", "shard_tasks", "sharded_root"]
+__all__ = [
+    "SOURCE_SUFFIXES",
+    "build_shards",
+    "build_shards_ray",
+    "finalize",
+    "input_files",
+    "shard_tasks",
+    "sharded_root",
+    "source_entries",
+    "source_files",
+]
+
+# the file that names one shard of each pre-tokenized kind (a Megatron shard is the prefix of its .idx/.bin pair)
+SOURCE_SUFFIXES = {"megatron": ".idx", "olmo": ".npy", "datatrove": ".ds", "nanogpt": ".bin"}
 
 
 def input_files(data: str | os.PathLike) -> list[Path]:
@@ -45,24 +63,75 @@ def input_files(data: str | os.PathLike) -> list[Path]:
     return files
 
 
+def source_files(kind: str, path: str | os.PathLike) -> list[Path]:
+    """The shards of the pre-tokenized ``kind`` at ``path``: the file (a Megatron prefix) itself, or every such file
+    under the directory ``path``, sorted."""
+    if kind not in SOURCE_SUFFIXES:
+        raise ValueError(f"source kind must be one of {', '.join(SOURCE_SUFFIXES)}, got {kind!r}")
+    p = Path(path)
+    if not p.is_dir():
+        return [Path(str(p).removesuffix(".idx").removesuffix(".bin")) if kind == "megatron" else p]
+    suffix = SOURCE_SUFFIXES[kind]
+    found = sorted(f for f in p.rglob(f"*{suffix}") if f.is_file())
+    if not found:
+        raise ValueError(f"data: no {kind} {suffix} files under {str(p)!r}")
+    return [f.with_suffix("") for f in found] if kind == "megatron" else found
+
+
+def source_entries(root: Path, kind: str, paths: list[Path], **options: Any) -> list[dict[str, Any]]:
+    """One manifest entry per pre-tokenized file of ``paths`` (opened with ``open_source(kind, path, **options)``,
+    checked, nothing copied); a file that does not open is named in the error."""
+    from detsampler.index.sources import open_source
+
+    entries = []
+    for p in paths:
+        try:
+            source = open_source(kind, p, **options)
+        except (TokenIndexError, OSError, ValueError) as exc:
+            raise TokenIndexError(f"{kind} shard {str(p)!r} cannot be opened: {exc}") from None
+        entries.append(
+            {
+                "kind": kind,
+                "path": os.path.relpath(p.resolve(), root.resolve()),
+                "options": source.open_options,
+                "fingerprint": source.fingerprint,
+                "input": p.name,
+                "num_documents": source.num_documents,
+                "num_tokens": source.num_tokens,
+            }
+        )
+    return entries
+
+
 def sharded_root(
     cache_dir: str | os.PathLike,
     files: list[Path],
-    tokenizer: Tokenizer,
+    tokenizer: TokenizerLike | None,
     text_column: str = "text",
     store_tokens: bool = True,
+    special_tokens: SpecialTokens | None = None,
+    sources: list[tuple[str, Path]] = (),  # type: ignore[assignment]
 ) -> Path:
-    """``<cache>/sharded-<key>``: the key hashes the files' names and sizes, the tokenizer and the options."""
-    body = json.dumps(
-        {
-            "format_version": INDEX_FORMAT_VERSION,
-            "tokenizer": tokenizer.sha256,
-            "text_column": text_column,
-            "store_tokens": store_tokens,
-            "files": [[f.name, f.stat().st_size] for f in files],
-        }
-    )
+    """``<cache>/sharded-<key>``: the key hashes the files' names and sizes (text files and pre-tokenized ones, with
+    their kinds), the tokenizer and the options."""
+    fields: dict[str, Any] = {
+        "format_version": INDEX_FORMAT_VERSION,
+        "tokenizer": tokenizer.sha256 if tokenizer is not None else None,
+        "text_column": text_column,
+        "store_tokens": store_tokens,
+        "files": [[f.name, f.stat().st_size] for f in files],
+    }
+    if special_tokens is not None and special_tokens != SpecialTokens():  # keeps the default's old keys
+        fields["special_tokens"] = special_tokens.to_meta()
+    if sources:
+        fields["sources"] = [[kind, p.name, _size(kind, p)] for kind, p in sources]
+    body = json.dumps(fields)
     return Path(cache_dir) / f"sharded-{hashlib.sha256(body.encode()).hexdigest()[:20]}"
+
+
+def _size(kind: str, p: Path) -> int:
+    files = [p.with_name(p.name + ".bin"), p.with_name(p.name + ".idx")] if kind == "megatron" else [p]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def shard_tasks(num_files: int, task: int, num_tasks: int) -> list[int]:
@@ -78,13 +147,14 @@ def _claim_path(root: Path, j: int) -> Path:
 
 def build_shards(
     files: list[Path],
-    tokenizer: Tokenizer,
+    tokenizer: TokenizerLike,
     root: Path,
     shards: list[int],
     text_column: str = "text",
     num_proc: int = 1,
     store_tokens: bool = True,
     progress: bool = True,
+    special_tokens: SpecialTokens | None = None,
 ) -> list[Path]:
     """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written."""
     from detsampler.text.corpus import load_corpus
@@ -102,6 +172,7 @@ def build_shards(
             num_proc=num_proc,
             store_tokens=store_tokens,
             progress=progress,
+            special_tokens=special_tokens,
         )
         claim = {
             "shard": j,
@@ -126,12 +197,13 @@ def build_shards(
 
 def build_shards_ray(
     files: list[Path],
-    tokenizer: Tokenizer,
+    tokenizer: TokenizerLike,
     root: Path,
     shards: list[int],
     text_column: str = "text",
     num_proc: int = 1,
     store_tokens: bool = True,
+    special_tokens: SpecialTokens | None = None,
 ) -> list[int]:
     """:func:`build_shards` as one Ray task per shard on the Ray cluster this process is attached to (``ray.init()``
     first, or ``$RAY_ADDRESS``; else a local instance is started). Ray schedules; nothing here does."""
@@ -145,7 +217,11 @@ def build_shards_ray(
 
     @ray.remote(num_cpus=num_proc)
     def build_one(j: int) -> int:
-        build_shards(files, Tokenizer.load(model), root, [j], text_column, num_proc, store_tokens, progress=False)
+        from detsampler.text.load import load_tokenizer
+
+        build_shards(
+            files, load_tokenizer(model), root, [j], text_column, num_proc, store_tokens, False, special_tokens
+        )
         return j
 
     return ray.get([build_one.remote(j) for j in shards])
@@ -182,12 +258,21 @@ def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
     }
 
 
-def finalize(root: Path, files: list[Path], tokenizer: Tokenizer | None = None) -> ShardedIndex:
+def finalize(
+    root: Path,
+    files: list[Path],
+    tokenizer: TokenizerLike | None = None,
+    sources: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> ShardedIndex:
     """Write the manifest of ``root`` once every shard is complete (under a file lock; cheap: it reads the claims and
-    each shard's meta) and open the sharded index. Raises naming the first missing, stale or corrupt shard."""
+    each shard's meta) and open the sharded index. ``sources``: the pre-tokenized shards' entries
+    (:func:`source_entries`), listed after the tokenized ones. Raises naming the first missing, stale or corrupt
+    shard, or the first that cannot be mixed with the others."""
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{MANIFEST}.lock")):
         if not (root / MANIFEST).is_file():
-            entries = [_entry(root, files, j) for j in range(len(files))]
+            entries = [_entry(root, files, j) for j in range(len(files))] + list(sources)
+            if not entries:
+                raise ValueError("a sharded index needs at least one shard (no input files, no sources)")
             write_manifest(root, entries, tokenizer.describe() if tokenizer is not None else None)
     return ShardedIndex.open(root)
