@@ -54,6 +54,7 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     from detsampler.index.shards import (
         build_shards,
         build_shards_ray,
+        complete,
         input_files,
         shard_tasks,
         sharded_root,
@@ -78,7 +79,8 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
     elif task and not files:
         print_rows([("sharded index", rel(str(root))), ("shards built", "none: pre-tokenized files are not built")])
-    if args.finalize or args.sharded:
+    # the last task to finish writes the manifest (no separate, serial --finalize step is needed; it only checks)
+    if args.finalize or args.sharded or (todo and complete(root, len(files))):
         _finalize(args, root, files, sources, tokenizer)
     return 0
 

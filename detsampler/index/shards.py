@@ -37,6 +37,7 @@ __all__ = [
     "SOURCE_SUFFIXES",
     "build_shards",
     "build_shards_ray",
+    "complete",
     "finalize",
     "input_files",
     "shard_tasks",
@@ -145,6 +146,46 @@ def _claim_path(root: Path, j: int) -> Path:
     return root / "claims" / f"shard-{j:05d}.json"
 
 
+def _build_one(
+    files: list[Path],
+    tokenizer: TokenizerLike,
+    root: Path,
+    j: int,
+    text_column: str,
+    num_proc: int,
+    store_tokens: bool,
+    progress: bool,
+    special_tokens: SpecialTokens | None,
+) -> tuple[Path, dict[str, Any]]:
+    """Build shard ``j`` (file ``j``) and write its claim; returns (the claim's path, the claim)."""
+    from detsampler.text.corpus import load_corpus
+
+    f = files[j]
+    stat = f.stat()  # before the read: a file changed during the build makes its claim stale
+    index = build_index(
+        load_corpus(str(f), text_column, cache_dir=root.parent),  # its parse and hashes in the build's cache
+        tokenizer,
+        text_column=text_column,
+        cache_dir=root.parent / "shards",
+        num_proc=num_proc,
+        store_tokens=store_tokens,
+        progress=progress,
+        special_tokens=special_tokens,
+    )
+    claim = {
+        "shard": j,
+        "input": str(f),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "path": os.path.relpath(index.path, root),
+        "fingerprint": index.fingerprint,
+        "num_documents": index.num_documents,
+        "num_tokens": index.num_tokens,
+    }
+    atomic_write(_claim_path(root, j), json.dumps(claim, indent=2, sort_keys=True) + "\n")
+    return _claim_path(root, j), claim
+
+
 def build_shards(
     files: list[Path],
     tokenizer: TokenizerLike,
@@ -156,43 +197,36 @@ def build_shards(
     progress: bool = True,
     special_tokens: SpecialTokens | None = None,
 ) -> list[Path]:
-    """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written."""
-    from detsampler.text.corpus import load_corpus
-
+    """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written. With ``num_proc``
+    > 1 and several shards, ``num_proc`` processes build whole shards at once (a shard's parse, hashing, tokenization
+    and writes all in one of them: nothing of a shard build stays serial); one shard is tokenized by ``num_proc``."""
     (root / "claims").mkdir(parents=True, exist_ok=True)
-    claims = []
-    for j in shards:
-        f = files[j]
-        stat = f.stat()
-        index = build_index(
-            load_corpus(str(f), text_column),
-            tokenizer,
-            text_column=text_column,
-            cache_dir=root.parent / "shards",
-            num_proc=num_proc,
-            store_tokens=store_tokens,
-            progress=progress,
-            special_tokens=special_tokens,
+    args = (text_column, 1 if len(shards) > 1 else num_proc, store_tokens)
+    if num_proc == 1 or len(shards) == 1:
+        done = (_build_one(files, tokenizer, root, j, *args, progress, special_tokens) for j in shards)
+        return [_report(path, claim, len(files), progress) for path, claim in done]
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_all_start_methods, get_context
+
+    ctx = get_context("fork") if "fork" in get_all_start_methods() else None  # as the tokenizer pool does
+    with ProcessPoolExecutor(min(num_proc, len(shards)), mp_context=ctx) as pool:
+        futures = [pool.submit(_build_one, files, tokenizer, root, j, *args, False, special_tokens) for j in shards]
+        return [_report(*future.result(), len(files), progress) for future in futures]
+
+
+def _report(path: Path, claim: dict[str, Any], num_files: int, progress: bool) -> Path:
+    if progress:
+        print(
+            f"detsampler: shard {claim['shard']} of {num_files} ({Path(claim['input']).name}): "
+            f"{claim['num_documents']} documents, {claim['num_tokens']} tokens",
+            file=sys.stderr,
         )
-        claim = {
-            "shard": j,
-            "input": str(f),
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-            "path": os.path.relpath(index.path, root),
-            "fingerprint": index.fingerprint,
-            "num_documents": index.num_documents,
-            "num_tokens": index.num_tokens,
-        }
-        atomic_write(_claim_path(root, j), json.dumps(claim, indent=2, sort_keys=True) + "\n")
-        claims.append(_claim_path(root, j))
-        if progress:
-            print(
-                f"detsampler: shard {j} of {len(files)} ({f.name}): {index.num_documents} documents, "
-                f"{index.num_tokens} tokens",
-                file=sys.stderr,
-            )
-    return claims
+    return path
+
+
+def complete(root: Path, num_files: int) -> bool:
+    """Whether every shard of ``num_files`` has its claim (so that :func:`finalize` can write the manifest)."""
+    return all(_claim_path(root, j).is_file() for j in range(num_files))
 
 
 def build_shards_ray(
@@ -270,9 +304,17 @@ def finalize(
     shard, or the first that cannot be mixed with the others."""
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{MANIFEST}.lock")):
-        if not (root / MANIFEST).is_file():
-            entries = [_entry(root, files, j) for j in range(len(files))] + list(sources)
-            if not entries:
-                raise ValueError("a sharded index needs at least one shard (no input files, no sources)")
+        entries = [_entry(root, files, j) for j in range(len(files))] + list(sources)
+        if not entries:
+            raise ValueError("a sharded index needs at least one shard (no input files, no sources)")
+        if _listed(root) != json.loads(json.dumps(entries)):  # new, or a shard rebuilt since (a file edited in place)
             write_manifest(root, entries, tokenizer.describe() if tokenizer is not None else None)
     return ShardedIndex.open(root)
+
+
+def _listed(root: Path) -> list | None:
+    """The shards the manifest at ``root`` lists (None without a readable one)."""
+    try:
+        return json.loads((root / MANIFEST).read_text()).get("shards")
+    except (OSError, ValueError, AttributeError):
+        return None
