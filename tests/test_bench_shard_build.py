@@ -27,7 +27,8 @@ def test_every_contender_builds_the_manifest_and_the_result_renders(tmp_path):
     (table,) = result.tables
     assert [row[0] for row in table.rows] == list(bench.CONTENDERS)
     assert table.rows[0][3] == "1.00x" and all(row[2].endswith(" s") for row in table.rows)
-    assert "load average" in table.notes[0] and "--finalize" in table.notes[1]
+    assert "load average" in table.notes[0] and "CPU" in table.notes[1] and "--finalize" in table.notes[2]
+    assert all(" s / " in row[5] for row in table.rows) and [row[6][-1] for row in table.rows] == ["x", "x", ")"]
     (verdict,) = result.verdicts
-    assert "1.6x" in verdict.target and "Measured" in verdict.detail
+    assert "1.6x" in verdict.target and "Measured" in verdict.detail and "on idle cores" in verdict.detail
     assert result.markdown().startswith("## 12. Sharded index build")
