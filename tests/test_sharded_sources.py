@@ -19,7 +19,7 @@ import pytest
 from detsampler.cli import main
 from detsampler.index import TokenIndexError
 from detsampler.index.sharded import ShardedIndex
-from detsampler.index.shards import finalize, input_files, sharded_root, source_entries, source_files
+from detsampler.index.shards import build_shards, finalize, input_files, sharded_root, source_entries, source_files
 from detsampler.index.sources import open_source
 from detsampler.layout import LayoutConfig
 from detsampler.loader.dataset import PackedDataset
@@ -145,14 +145,19 @@ def test_tokenized_and_pre_tokenized_shards_mix_when_they_read_the_eos_alike(
     base += ["--cache-dir", str(tmp_path / "cache"), "--sharded"]
     with pytest.raises(SystemExit):  # text shards read a virtual EOS, the Megatron files store theirs: refused
         main(base)
-    error = capsys.readouterr().err.splitlines()[-1]  # the one error line, after the shards' progress
-    assert error.startswith("detsampler: error: ") and "shard 2 (" in error and "m-0) cannot be mixed" in error
-    assert "--add-eos real" in error
+    error = capsys.readouterr().err
+    assert error.startswith("detsampler: error: ") and error.count("\n") == 1 and "--add-eos real" in error
+    assert not (tmp_path / "cache" / "shards").exists()  # refused before a shard is built
     assert main([*base, "--add-eos", "real"]) == 0
     files, sources = input_files(text), [("megatron", p) for p in source_files("megatron", megatron)]
     root = sharded_root(tmp_path / "cache", files, tok, special_tokens=SpecialTokens(add_eos="real"), sources=sources)
     sharded = ShardedIndex.open(root)
     assert [s.__class__.__name__ for s in sharded.shards] == ["TokenIndex"] * 2 + ["TokenSource"] * 2
+    virtual = sharded_root(tmp_path / "plain", files, tok)  # the library's own check: text shards with a virtual EOS
+    build_shards(files, tok, virtual, [0, 1], progress=False)
+    with pytest.raises(TokenIndexError, match=r"shard 2 \(.*m-0\) cannot be mixed: .*add_eos='real'") as caught:
+        finalize(virtual, files, tok, source_entries(virtual, "megatron", [sources[0][1]]))
+    assert "\n" not in str(caught.value) and not (virtual / "manifest.json").exists()  # no manifest written
     assert sharded.eos_stored and sharded.eos_id == tok.eos_id
     parts = list(sharded.shards[:2]) + [open_source("megatron", p, tokenizer=tok) for _, p in sources]
     want = [s.document_tokens(d).tolist() for s in parts for d in range(s.num_documents)]

@@ -43,6 +43,12 @@ def _sources(args: argparse.Namespace) -> tuple[str | None, tuple[str, str] | No
         )
     if data is not None and args.tokenizer is None:
         raise ValueError("tokenizing --data into shards needs --tokenizer")
+    if data is not None and source is not None and args.add_eos is None:  # refused before anything is built
+        raise ValueError(
+            "text shards read a virtual EOS by default and pre-tokenized files their stored one, and a sharded index "
+            "reads one or the other: pass --add-eos real (the text shards store an EOS, as Megatron-style files do) "
+            "or --add-eos virtual (the pre-tokenized documents hold no EOS)"
+        )
     return data, source
 
 
@@ -98,7 +104,10 @@ def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokeni
     print_rows(
         [
             ("sharded index", rel(str(root))),
-            ("shards", f"{len(index.shards)} ({len(files)} tokenized, {len(entries)} pre-tokenized, memory-mapped)"),
+            (
+                "shards",
+                f"{len(index.shards)}" + (f" ({len(files)} tokenized, {len(entries)} pre-tokenized)" * bool(entries)),
+            ),
             ("documents", fmt_int(index.num_documents)),
             ("tokens", fmt_int(index.num_tokens)),
             ("fingerprint", index.fingerprint),

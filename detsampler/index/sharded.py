@@ -33,7 +33,16 @@ from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.index.reader import TokenIndex
 from detsampler.layout import Layout, LayoutConfig
 
-__all__ = ["MANIFEST", "SHARD_KINDS", "ShardReader", "ShardedArray", "ShardedIndex", "open_index", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "SHARD_KINDS",
+    "ShardReader",
+    "ShardedArray",
+    "ShardedIndex",
+    "open_index",
+    "open_shards",
+    "write_manifest",
+]
 
 MANIFEST = "manifest.json"
 MANIFEST_KIND = "detsampler-sharded-index"
@@ -182,6 +191,17 @@ def _check_compatible(root: Path, entries: list[dict], shards: list[ShardReader]
         )
 
 
+def open_shards(root: str | os.PathLike, entries: list[dict]) -> list[ShardReader]:
+    """Every shard of ``entries`` (paths relative to ``root``) opened and checked against its entry and against the
+    others (they must read alike: see the module doc); an error names the first shard that fails, and why."""
+    root = Path(root)
+    if not entries:
+        raise TokenIndexError(f"sharded index {str(root)!r}: {MANIFEST} lists no shards")
+    shards = [_open_shard(root, e, k) for k, e in enumerate(entries)]
+    _check_compatible(root, entries, shards)
+    return shards
+
+
 def manifest_key(entries: list[dict]) -> str:
     """The sharded index's fingerprint: the shards' kinds and fingerprints, in order."""
     body = json.dumps([[e["kind"], e["fingerprint"]] for e in entries]).encode()
@@ -241,12 +261,7 @@ class ShardedIndex:
                 f"sharded index {str(path)!r}: {MANIFEST} is not a version-{MANIFEST_VERSION} manifest "
                 "or fails its seal (edited); finalize it again"
             )
-        entries = manifest["shards"]
-        if not entries:
-            raise TokenIndexError(f"sharded index {str(path)!r}: {MANIFEST} lists no shards")
-        shards = [_open_shard(path, e, k) for k, e in enumerate(entries)]
-        _check_compatible(path, entries, shards)
-        return cls(path, manifest, shards)
+        return cls(path, manifest, open_shards(path, manifest["shards"]))
 
     num_documents = property(lambda self: int(self.doc_base[-1]))
     num_tokens = property(lambda self: int(self.token_base[-1]))

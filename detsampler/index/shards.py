@@ -29,7 +29,7 @@ from filelock import FileLock
 from detsampler.atomic import atomic_write
 from detsampler.index.build import build_index
 from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError
-from detsampler.index.sharded import MANIFEST, ShardedIndex, write_manifest
+from detsampler.index.sharded import MANIFEST, ShardedIndex, open_shards, write_manifest
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
@@ -308,6 +308,7 @@ def finalize(
         if not entries:
             raise ValueError("a sharded index needs at least one shard (no input files, no sources)")
         if _listed(root) != json.loads(json.dumps(entries)):  # new, or a shard rebuilt since (a file edited in place)
+            open_shards(root, entries)  # they open and read alike, or no manifest is written
             write_manifest(root, entries, tokenizer.describe() if tokenizer is not None else None)
     return ShardedIndex.open(root)
 
