@@ -162,3 +162,10 @@ def test_tokenized_and_pre_tokenized_shards_mix_when_they_read_the_eos_alike(
     parts = list(sharded.shards[:2]) + [open_source("megatron", p, tokenizer=tok) for _, p in sources]
     want = [s.document_tokens(d).tolist() for s in parts for d in range(s.num_documents)]
     assert [sharded.document_tokens(g).tolist() for g in range(sharded.num_documents)] == want
+    capsys.readouterr()
+    plan = ["--seq-len", "64", "--global-batch-size", "4", "--steps", "0:10", "--tokens"]
+    assert (
+        main(["verify", "--data", str(root), "--tokenizer", tok.path, "--cache-dir", str(tmp_path / "cache"), *plan])
+        == 0
+    )
+    assert "OK: no duplicates, no gaps" in capsys.readouterr().out  # the tokenized shards' checksums read in full

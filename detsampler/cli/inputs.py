@@ -22,11 +22,13 @@ __all__ = ["mixture_plan", "prepare", "prepare_sources", "verify_files"]
 
 
 def verify_files(index: Any) -> None:
-    """Every chunk checksum and file sha256 of ``index`` (of each shard of a sharded index): a full read."""
+    """Every chunk checksum and file sha256 of ``index`` (of each tokenized shard of a sharded index; a pre-tokenized
+    file records no checksum): a full read."""
     from detsampler.index import TokenIndex
 
     for part in getattr(index, "shards", [index]):
-        TokenIndex.open(part.path, verify_tokens=True)
+        if isinstance(part, TokenIndex):
+            TokenIndex.open(part.path, verify_tokens=True)
 
 
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
