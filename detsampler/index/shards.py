@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def sharded_root(
     text_column: str = "text",
     store_tokens: bool = True,
     special_tokens: SpecialTokens | None = None,
-    sources: list[tuple[str, Path]] = (),  # type: ignore[assignment]
+    sources: Sequence[tuple[str, Path]] = (),
 ) -> Path:
     """``<cache>/sharded-<key>``: the key hashes the files' names and sizes (text files and pre-tokenized ones, with
     their kinds), the tokenizer and the options."""
@@ -296,7 +297,7 @@ def finalize(
     root: Path,
     files: list[Path],
     tokenizer: TokenizerLike | None = None,
-    sources: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    sources: Sequence[dict[str, Any]] = (),
 ) -> ShardedIndex:
     """Write the manifest of ``root`` once every shard is complete (under a file lock; cheap: it reads the claims and
     each shard's meta) and open the sharded index. ``sources``: the pre-tokenized shards' entries
