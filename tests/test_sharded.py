@@ -195,3 +195,36 @@ def test_the_cli_reads_a_sharded_index_as_data(corpus, tmp_path, small_tokenizer
     assert main(["show", *plan, "--step", "3", "--rank", "0", "--decode"]) == 0
     out = capsys.readouterr().out
     assert "doc " in out and "tokens [" in out
+
+
+def test_the_last_task_writes_the_manifest_and_a_local_pool_builds_whole_shards(corpus, tmp_path, small_tokenizer):
+    """No serial --finalize step after an array of tasks; ``--num-proc 2`` builds two shards at once, the same ones."""
+    cache = tmp_path / "cache"
+    root = _root(corpus, cache, small_tokenizer)
+    assert main([*_args(corpus, cache, small_tokenizer), "--shard", "1", "--num-shards", "2"]) == 0
+    assert not (root / "manifest.json").exists()  # shards 0 and 2 are not built yet
+    assert main([*_args(corpus, cache, small_tokenizer), "--shard", "0", "--num-shards", "2"]) == 0
+    by_tasks = ShardedIndex.open(root)
+    pool_cache = tmp_path / "pool"
+    assert main([*_args(corpus, pool_cache, small_tokenizer), "--sharded", "--num-proc", "2"]) == 0
+    by_pool = ShardedIndex.open(_root(corpus, pool_cache, small_tokenizer))
+    assert by_pool.fingerprint == by_tasks.fingerprint and len(by_pool.shards) == 4
+    np.testing.assert_array_equal(np.asarray(by_pool.tokens), np.asarray(by_tasks.tokens))
+
+
+def test_a_file_edited_in_place_is_rebuilt_and_listed_again(corpus, tmp_path, small_tokenizer):
+    cache = tmp_path / "cache"
+    assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
+    root = _root(corpus, cache, small_tokenizer)
+    before = ShardedIndex.open(root)
+    part = corpus / "part-1.jsonl"
+    text = part.read_text()
+    part.write_text(text.replace("def ", "fed ", 1))  # the same size, so the same sharded index directory
+    assert _root(corpus, cache, small_tokenizer) == root
+    with pytest.raises(SystemExit):  # its shard is stale until rebuilt
+        main([*_args(corpus, cache, small_tokenizer), "--finalize"])
+    assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
+    after = ShardedIndex.open(root)
+    assert after.fingerprint != before.fingerprint
+    want = build_index(load_corpus(str(part)), small_tokenizer, cache_dir=tmp_path / "single", progress=False)
+    np.testing.assert_array_equal(after.shards[1].tokens, want.tokens)

@@ -18,15 +18,29 @@ from detsampler.plan import Plan
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
-__all__ = ["mixture_plan", "prepare", "prepare_sources", "verify_files"]
+__all__ = ["mixture_plan", "prepare", "prepare_sources", "verified_line", "verify_files"]
 
 
 def verify_files(index: Any) -> None:
-    """Every chunk checksum and file sha256 of ``index`` (of each shard of a sharded index): a full read."""
+    """Every chunk checksum and file sha256 of ``index`` (of each tokenized shard of a sharded index; a pre-tokenized
+    file records no checksum): a full read."""
     from detsampler.index import TokenIndex
 
     for part in getattr(index, "shards", [index]):
-        TokenIndex.open(part.path, verify_tokens=True)
+        if isinstance(part, TokenIndex):
+            TokenIndex.open(part.path, verify_tokens=True)
+
+
+def verified_line(index: Any) -> str:
+    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked)."""
+    from detsampler.index import TokenIndex
+
+    parts = getattr(index, "shards", [index])
+    checked = [part for part in parts if isinstance(part, TokenIndex)]
+    line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in checked)} tokens)"
+    if len(checked) < len(parts):
+        line += f"; {len(parts) - len(checked)} pre-tokenized file(s) record no checksum: not verified"
+    return line
 
 
 def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:

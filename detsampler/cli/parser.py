@@ -99,7 +99,10 @@ def _add_build_command(sub: Any) -> None:
         action="store_true",
         help="also build the persisted layout of --kind/--seq-len/... beside the index (once per corpus)",
     )
-    sharded = build.add_argument_group("sharded index (one shard per input file of --data; needs --tokenizer)")
+    sharded = build.add_argument_group(
+        "sharded index (one shard per input file of --data, tokenized with --tokenizer; pre-tokenized files of "
+        "--data KIND:PATH or --from KIND PATH, a file or a directory of them, are shards as they are)"
+    )
     sharded.add_argument(
         "--shard",
         default=None,
@@ -109,8 +112,16 @@ def _add_build_command(sub: Any) -> None:
     sharded.add_argument(
         "--num-shards", type=int, default=None, metavar="N", help="the number of tasks N (with --shard I)"
     )
-    sharded.add_argument("--finalize", action="store_true", help="write the manifest once every shard is built")
-    sharded.add_argument("--sharded", action="store_true", help="build every shard here, then the manifest")
+    sharded.add_argument(
+        "--finalize",
+        action="store_true",
+        help="write (or check) the manifest once every shard is built (the last --shard task to finish writes it too)",
+    )
+    sharded.add_argument(
+        "--sharded",
+        action="store_true",
+        help="build every shard here (--num-proc N: N shards at once), then the manifest",
+    )
     sharded.add_argument(
         "--engine",
         choices=("local", "ray"),

@@ -27,39 +27,94 @@ def _task(args: argparse.Namespace) -> tuple[int, int] | None:
     return task, args.num_shards
 
 
-def cmd_build_sharded(args: argparse.Namespace) -> int:
-    """Build this task's shards (and, with ``--finalize`` or ``--sharded``, the manifest); print what was done."""
-    from detsampler.index.format import default_cache_dir
-    from detsampler.index.shards import build_shards, build_shards_ray, finalize, input_files, shard_tasks, sharded_root
-    from detsampler.text.tokenizer import Tokenizer
+def _sources(args: argparse.Namespace) -> tuple[str | None, tuple[str, str] | None]:
+    """(the text files' ``--data``, the pre-tokenized ``(KIND, PATH)`` of ``--data KIND:PATH`` or ``--from``)."""
+    from detsampler.index.sources import is_source_spec, parse_source_spec
 
-    if args.data is None or args.tokenizer is None:
-        raise ValueError("a sharded build needs --data (a directory of input files: one shard each) and --tokenizer")
-    files = input_files(args.data)
-    tokenizer = Tokenizer.load(args.tokenizer)
+    data, source = args.data, tuple(args.source) if args.source is not None else None
+    if is_source_spec(data):
+        if source is not None:
+            raise ValueError("give the pre-tokenized files once: --data KIND:PATH or --from KIND PATH")
+        data, source = None, parse_source_spec(data)
+    if data is None and source is None:
+        raise ValueError(
+            "a sharded build needs --data (a directory of input files, one shard each, or KIND:PATH of pre-tokenized "
+            "files) and/or --from KIND PATH"
+        )
+    if data is not None and args.tokenizer is None:
+        raise ValueError("tokenizing --data into shards needs --tokenizer")
+    if data is not None and source is not None and args.add_eos is None:  # refused before anything is built
+        raise ValueError(
+            "text shards read a virtual EOS by default and pre-tokenized files their stored one, and a sharded index "
+            "reads one or the other: pass --add-eos real (the text shards store an EOS, as Megatron-style files do) "
+            "or --add-eos virtual (the pre-tokenized documents hold no EOS)"
+        )
+    return data, source
+
+
+def cmd_build_sharded(args: argparse.Namespace) -> int:
+    """Build this task's shards (and, with ``--finalize`` or ``--sharded``, the manifest); print what was done.
+    Pre-tokenized files (``--data KIND:PATH`` or ``--from KIND PATH``, alone or after the text files of ``--data``) are
+    shards as they are: nothing is built for them."""
+    from detsampler.index.format import default_cache_dir
+    from detsampler.index.shards import (
+        build_shards,
+        build_shards_ray,
+        complete,
+        input_files,
+        shard_tasks,
+        sharded_root,
+        source_files,
+    )
+    from detsampler.text.load import load_tokenizer
+    from detsampler.text.policy import SpecialTokens
+
+    data, source = _sources(args)
+    files = input_files(data) if data is not None else []
+    sources = [(source[0], p) for p in source_files(*source)] if source is not None else []
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
+    policy = SpecialTokens(add_bos=args.add_bos, add_eos=args.add_eos or "virtual")
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
-    root = sharded_root(cache, files, tokenizer, args.text_column, args.store_tokens)
+    root = sharded_root(cache, files, tokenizer, args.text_column, args.store_tokens, policy, sources)
     task = _task(args)
     todo = shard_tasks(len(files), *task) if task else (list(range(len(files))) if args.sharded else [])
     if todo and args.engine == "ray":
-        build_shards_ray(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens)
+        build_shards_ray(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, policy)
     elif todo:
-        build_shards(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, progress=True)
+        build_shards(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, True, policy)
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
-    if args.finalize or args.sharded:
-        index = finalize(root, files, tokenizer)
-        print_rows(
-            [
-                ("sharded index", rel(str(root))),
-                ("shards", len(index.shards)),
-                ("documents", fmt_int(index.num_documents)),
-                ("tokens", fmt_int(index.num_tokens)),
-                ("fingerprint", index.fingerprint),
-            ]
-        )
-        if args.layout:
-            from detsampler.cli.options import layout_config
-
-            layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
-            print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
+    elif task and not files:
+        print_rows([("sharded index", rel(str(root))), ("shards built", "none: pre-tokenized files are not built")])
+    # the last task to finish writes the manifest (no separate, serial --finalize step is needed; it only checks)
+    if args.finalize or args.sharded or (todo and complete(root, len(files))):
+        _finalize(args, root, files, sources, tokenizer)
     return 0
+
+
+def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokenizer) -> None:
+    """Write the manifest (text shards, then the pre-tokenized files) and print the index (and its layout)."""
+    from detsampler.index.shards import finalize, source_entries
+
+    entries = []
+    if sources:
+        options = {"tokenizer": tokenizer, "eos": "virtual" if args.add_eos == "virtual" else "real"}
+        for kind in dict.fromkeys(k for k, _ in sources):
+            entries += source_entries(root, kind, [p for k, p in sources if k == kind], **options)
+    index = finalize(root, files, tokenizer, entries)
+    print_rows(
+        [
+            ("sharded index", rel(str(root))),
+            (
+                "shards",
+                f"{len(index.shards)}" + (f" ({len(files)} tokenized, {len(entries)} pre-tokenized)" * bool(entries)),
+            ),
+            ("documents", fmt_int(index.num_documents)),
+            ("tokens", fmt_int(index.num_tokens)),
+            ("fingerprint", index.fingerprint),
+        ]
+    )
+    if args.layout:
+        from detsampler.cli.options import layout_config
+
+        layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from detsampler.cli.inputs import mixture_plan, prepare, verify_files
+from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -56,7 +56,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _cmd_verify_mixture(args, config)
     prepared = prepare(args, verify_tokens=getattr(args, "tokens", False))
     if getattr(args, "tokens", False):
-        print(f"index files: every chunk checksum and sha256 verified ({prepared.index.num_tokens} tokens)")
+        print(verified_line(prepared.index))
     layout = prepared.index.layout(layout_config(args))
     plan = plan_from_args(args, layout.num_samples)
     a, b = args.steps

@@ -4,14 +4,18 @@ A sharded index directory holds ``manifest.json`` (sealed) and ``layouts/``; the
 each ``{"kind", "path", "fingerprint", "num_documents", "num_tokens"}``, its ``path`` relative to the manifest's
 directory. Shard ``k``'s documents are the global documents ``[doc_base[k], doc_base[k+1])`` and its tokens the global
 token positions ``[token_base[k], token_base[k+1])``. A shard is any reader :data:`SHARD_KINDS` can open:
-``"detsampler"``, a :class:`~detsampler.index.reader.TokenIndex` directory (one input file tokenized); other kinds
-(pre-tokenized formats) register an opener giving the :class:`ShardReader` surface: ``lengths``, ``offsets``, ``tokens``
-(1-D arrays, memory maps), ``fingerprint``, ``num_documents``, ``num_tokens``, ``eos_id``, ``pad_id``, ``vocab_size``.
+``"detsampler"``, a :class:`~detsampler.index.reader.TokenIndex` directory (one input file tokenized), or one file of a
+pre-tokenized format (``"megatron"``, ``"olmo"``, ``"datatrove"``, ``"nanogpt"``: a
+:class:`~detsampler.index.sources.TokenSource`, its tokens memory-mapped where they lie, never copied; its entry's
+``options`` are how it is read: ``eos``, ``eos_id``, ``pad_id``, ``vocab_size``, the format's own). Each kind gives the
+:class:`ShardReader` surface.
 
 Invariants: :class:`ShardedIndex` reads like a ``TokenIndex`` (``lengths``, ``offsets``, ``tokens`` over global ids,
 each read going to the shard that holds it, nothing of size D materialized); its fingerprint hashes the shards'
 fingerprints in order, so adding, removing or rebuilding a shard changes it (and names new layouts); a missing,
-incomplete or corrupt shard is an error naming the shard.
+incomplete, corrupt or changed shard is an error naming the shard. Shards of different kinds may be mixed only where
+the reader cannot tell them apart: the same EOS reading (stored or virtual), EOS and pad ids, vocabulary size, and
+stored tokens in every shard or in none; else opening names the first shard that differs and why.
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.index.reader import TokenIndex
 from detsampler.layout import Layout, LayoutConfig
 
-__all__ = ["MANIFEST", "SHARD_KINDS", "ShardReader", "ShardedArray", "ShardedIndex", "open_index", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "SHARD_KINDS",
+    "ShardReader",
+    "ShardedArray",
+    "ShardedIndex",
+    "open_index",
+    "open_shards",
+    "write_manifest",
+]
 
 MANIFEST = "manifest.json"
 MANIFEST_KIND = "detsampler-sharded-index"
@@ -48,9 +61,31 @@ class ShardReader(Protocol):
     eos_id: int
     pad_id: int
     vocab_size: int
+    eos_stored: bool
+
+    def document_tokens(self, doc: int) -> np.ndarray: ...
+
+    def check_tokenizer(self, tokenizer: Any) -> None: ...
 
 
-SHARD_KINDS: dict[str, Callable[[Path], ShardReader]] = {"detsampler": TokenIndex.open}
+def _open_token_index(path: Path, options: dict) -> ShardReader:
+    return TokenIndex.open(path)
+
+
+def _source_opener(kind: str) -> Callable[[Path, dict], ShardReader]:
+    def open_kind(path: Path, options: dict) -> ShardReader:
+        from detsampler.index.sources import open_source
+
+        return open_source(kind, path, **options)
+
+    return open_kind
+
+
+# kind -> opener(path, the entry's options); a source kind's options are open_source's keywords
+SHARD_KINDS: dict[str, Callable[[Path, dict], ShardReader]] = {
+    "detsampler": _open_token_index,
+    **{kind: _source_opener(kind) for kind in ("megatron", "olmo", "datatrove", "nanogpt")},
+}
 
 
 class ShardedArray:
@@ -105,23 +140,66 @@ class ShardedArray:
 
 
 def _open_shard(root: Path, entry: dict, k: int) -> ShardReader:
-    kind, path = entry.get("kind"), root / str(entry.get("path"))
+    kind, path = entry.get("kind"), Path(os.path.normpath(root / str(entry.get("path"))))
     if kind not in SHARD_KINDS:
         raise TokenIndexError(
             f"sharded index {str(root)!r}: shard {k} has kind {kind!r}, known kinds are {sorted(SHARD_KINDS)}"
         )
     try:
-        shard = SHARD_KINDS[kind](path)
-    except (TokenIndexError, OSError, ValueError) as exc:
+        shard = SHARD_KINDS[kind](path, dict(entry.get("options") or {}))
+    except (TokenIndexError, OSError, ValueError, TypeError) as exc:
         raise TokenIndexError(
             f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) cannot be opened: {exc}"
         ) from None
     if shard.fingerprint != entry.get("fingerprint") or shard.num_documents != entry.get("num_documents"):
         raise TokenIndexError(
             f"sharded index {str(root)!r}: shard {k} ({entry.get('path')}) is not the one the manifest "
-            f"lists (fingerprint {shard.fingerprint}, manifest {entry.get('fingerprint')})"
+            f"lists (fingerprint {shard.fingerprint}, manifest {entry.get('fingerprint')}): it changed since the "
+            "manifest was written; finalize again"
         )
     return shard
+
+
+def _reading(shard: ShardReader) -> tuple:
+    """What the reader of a sharded index takes from the index as a whole: it must be the same in every shard."""
+    return (bool(shard.eos_stored), int(shard.eos_id), int(shard.pad_id), int(shard.vocab_size), shard.tokens is None)
+
+
+def _check_compatible(root: Path, entries: list[dict], shards: list[ShardReader]) -> None:
+    """Raise naming the first shard that is read differently from shard 0, and how (see the module doc)."""
+    first = _reading(shards[0])
+    for k, shard in enumerate(shards[1:], start=1):
+        got = _reading(shard)
+        if got == first:
+            continue
+        if got[0] != first[0]:
+            why = (
+                f"shard 0 ({entries[0].get('kind')}) {'stores' if first[0] else 'reads a virtual'} EOS, shard {k} "
+                f"({entries[k].get('kind')}) {'stores' if got[0] else 'reads a virtual'} EOS, and a sample reads "
+                "one or the other: build the tokenized shards with add_eos='real' (--add-eos real) to mix them with "
+                "pre-tokenized files whose documents end in a stored EOS, or read those with eos='virtual'"
+            )
+        elif got[4] != first[4]:
+            why = "some shards store no tokens (store_tokens=False), others do: build them all one way"
+        else:
+            why = (
+                f"(eos_id, pad_id, vocab_size) {got[1:4]} differ from shard 0's {first[1:4]}: a sharded index has "
+                "one tokenizer; give every shard the same one"
+            )
+        raise TokenIndexError(
+            f"sharded index {str(root)!r}: shard {k} ({entries[k].get('path')}) cannot be mixed: {why}"
+        )
+
+
+def open_shards(root: str | os.PathLike, entries: list[dict]) -> list[ShardReader]:
+    """Every shard of ``entries`` (paths relative to ``root``) opened and checked against its entry and against the
+    others (they must read alike: see the module doc); an error names the first shard that fails, and why."""
+    root = Path(root)
+    if not entries:
+        raise TokenIndexError(f"sharded index {str(root)!r}: {MANIFEST} lists no shards")
+    shards = [_open_shard(root, e, k) for k, e in enumerate(entries)]
+    _check_compatible(root, entries, shards)
+    return shards
 
 
 def manifest_key(entries: list[dict]) -> str:
@@ -160,7 +238,8 @@ class ShardedIndex:
         self.lengths = ShardedArray([s.lengths for s in shards], docs)
         self.offsets = ShardedArray([s.offsets for s in shards], docs, add=toks[:-1], tail=int(toks[-1]))
         stored = [s.tokens for s in shards]
-        self.tokens = None if any(t is None for t in stored) else ShardedArray(stored, toks, dtype=stored[0].dtype)
+        dtype = np.result_type(*[t.dtype for t in stored]) if all(t is not None for t in stored) else None
+        self.tokens = None if dtype is None else ShardedArray(stored, toks, dtype=dtype)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ShardedIndex:
@@ -182,13 +261,7 @@ class ShardedIndex:
                 f"sharded index {str(path)!r}: {MANIFEST} is not a version-{MANIFEST_VERSION} manifest "
                 "or fails its seal (edited); finalize it again"
             )
-        shards = [_open_shard(path, e, k) for k, e in enumerate(manifest["shards"])]
-        eos = {(s.eos_id, s.pad_id, s.vocab_size) for s in shards}
-        if len(eos) > 1:
-            raise TokenIndexError(
-                f"sharded index {str(path)!r}: shards disagree on (eos_id, pad_id, vocab_size): {sorted(eos)}"
-            )
-        return cls(path, manifest, shards)
+        return cls(path, manifest, open_shards(path, manifest["shards"]))
 
     num_documents = property(lambda self: int(self.doc_base[-1]))
     num_tokens = property(lambda self: int(self.token_base[-1]))
@@ -197,6 +270,8 @@ class ShardedIndex:
     pad_id = property(lambda self: int(self.shards[0].pad_id))
     vocab_size = property(lambda self: int(self.shards[0].vocab_size))
     store_tokens = property(lambda self: self.tokens is not None)
+    eos_stored = property(lambda self: bool(self.shards[0].eos_stored))
+    special_tokens = property(lambda self: self.shards[0].special_tokens)
 
     def __reduce__(self):
         return (ShardedIndex.open, (str(self.path),))

@@ -117,6 +117,12 @@ class TokenSource:
         counts = f"num_documents={self.num_documents}, num_tokens={self.num_tokens}"
         return f"TokenSource({self.kind!r}, {str(self.path)!r}, {counts})"
 
+    @property
+    def open_options(self) -> dict[str, Any]:
+        """The keywords it was opened with: ``open_source(kind, path, **open_options)`` opens it again, read the same
+        way (a sharded index's manifest records them)."""
+        return dict(self._reopen[2])
+
     def __reduce__(self):
         fn, args, kwargs = self._reopen
         return (_call, (fn, args, kwargs))
