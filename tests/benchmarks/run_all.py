@@ -62,6 +62,7 @@ ORDER = {
     "onthefly": 9,
     "source_open": 10,
     "corpus_scale": 11,
+    "shard_build": 12,
 }
 PACKAGES = (
     "numpy",
