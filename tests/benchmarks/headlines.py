@@ -311,6 +311,23 @@ def _source_open(md: str) -> list[Row]:
     ]
 
 
+def _shard_build(md: str) -> list[Row]:
+    t = [x for x in parse_tables(md) if " shards, " in x.title][-1]
+    one = next(r for r in t.rows if r["processes"] == "1")
+    parallel = sorted((r for r in t.rows if r is not one), key=lambda r: value(r["wall (median)"]))
+
+    def fmt(r: dict[str, str]) -> str:
+        return f"{r['contender'].split(' (')[0]}: {r['wall (median)']}, {r['speed-up']}"
+
+    return [
+        (
+            f"sharded index build, {t.title.split(' (')[0]}, 2 processes against 1 (benchmark 12)",
+            _listing(parallel, fmt) + f" (target 1.6x: {_verdict(md, 'shards with W processes')})",
+            f"{one['contender'].split(' (')[0]}: {one['wall (median)']} (no peer builds a sharded token index)",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "resume": _resume,
     "memory": _memory,
@@ -323,6 +340,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "onthefly": _onthefly,
     "source_open": _source_open,
     "corpus_scale": _corpus_scale,
+    "shard_build": _shard_build,
 }
 
 
