@@ -95,6 +95,26 @@ def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):
     assert all(0 < r.low <= r.median <= r.high for r in runs)
 
 
+def test_the_ceiling_reads_the_raw_memory_map_not_the_checked_array(small_index):
+    """The ceiling copies from ``np.load(tokens.npy, mmap_mode="r")``: a freshly opened index's checked token array is
+    never read (no chunk verified), and the raw map holds the same tokens."""
+    import numpy as np
+
+    from detsampler import LayoutConfig, Plan
+    from detsampler.index.reader import TokenIndex
+    from tests.benchmarks.ceiling import ceiling_runs, raw_tokens
+
+    fresh = TokenIndex.open(small_index.path)
+    layout = fresh.layout(LayoutConfig(kind="concat", seq_len=32))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=2, micro_batch_size=2)
+    spans = [layout.locate(np.asarray(plan.micro_batch(s, 0, 0))) for s in range(2)]
+    ceiling_runs(fresh, spans, 2 * 33, 2 * 2 * 32, repeats=2)
+    assert fresh.tokens.verified == 0
+    raw = raw_tokens(fresh)
+    assert type(raw) is np.memmap and raw.dtype == fresh.tokens.dtype
+    assert np.array_equal(raw, np.asarray(small_index.tokens))
+
+
 def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():
     import numpy as np
 

@@ -1,8 +1,9 @@
 """Benchmark 3's ceiling: the fastest way to copy a batch's token bytes out of the index's memory map, three ways.
 
-All three read the index's own ``tokens`` memory map (page cache warm: every pass reads the same bytes again) for the
-same batches that detsampler's concat rows deliver, and write ``MICRO_BATCH x (seq_len + 1)`` tokens per batch into a
-buffer of the stored dtype (no int64 widening, no labels, position or document ids, no tensors, no DataLoader):
+All three read the raw memory map of the index's ``tokens.npy`` (``np.load(..., mmap_mode="r")``: no chunk checksums,
+no wrapper; page cache warm: every pass reads the same bytes again) for the same batches that detsampler's concat rows
+deliver, and write ``MICRO_BATCH x (seq_len + 1)`` tokens per batch into a buffer of the stored dtype (no int64
+widening, no labels, position or document ids, no tensors, no DataLoader):
 
 - ``memcpy``: one contiguous copy of as many bytes, starting where the batch's first span starts (``np.copyto``);
 - ``slice copy``: a Python loop over the batch's spans, one slice copy each (EOS written in place of the virtual one);
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "slice_copy", "span_addresses", "span_pieces"]
+__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "raw_tokens", "slice_copy", "span_addresses", "span_pieces"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,21 @@ class CeilingRun:
     median: float  # tokens/s
     low: float
     high: float
+
+
+def raw_tokens(index) -> np.ndarray:
+    """The index's stored tokens as the raw read-only memory map of their ``.npy`` file (the file the checked array
+    wraps), or the array itself when it is a plain numpy array already."""
+    tokens = index.tokens
+    if isinstance(tokens, np.ndarray):
+        return tokens
+    path = getattr(tokens, "path", None)
+    if path is None:
+        raise TypeError(f"cannot find the file behind {type(tokens).__name__}: the ceiling needs the raw memory map")
+    raw = np.load(path, mmap_mode="r", allow_pickle=False)
+    if raw.dtype != tokens.dtype or raw.shape != tokens.shape:
+        raise ValueError(f"{path} holds {raw.shape} {raw.dtype}, the index reads {tokens.shape} {tokens.dtype}")
+    return raw
 
 
 def span_addresses(spans, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +95,9 @@ def gather_copy(tokens: np.ndarray, spans, offsets: np.ndarray, lengths: np.ndar
 
 
 def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeats: int = 7) -> list[CeilingRun]:
-    """The three copies of ``batches`` (a list of Spans) from ``index.tokens``; ``per_batch`` positions each."""
-    tokens, eos_id = index.tokens, index.eos_id
+    """The three copies of ``batches`` (a list of Spans) from the raw memory map of ``index.tokens``; ``per_batch``
+    positions each; ``timed_tokens`` is what one pass over ``batches`` counts as delivered."""
+    tokens, eos_id = raw_tokens(index), index.eos_id
     offsets = np.asarray(index.offsets, dtype=np.int64)
     lengths = np.asarray(index.lengths, dtype=np.int64)
     out = np.empty(per_batch, dtype=tokens.dtype)
