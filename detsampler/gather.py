@@ -15,7 +15,7 @@ import numpy as np
 
 from detsampler.layout import Spans
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "Gathered", "gather_spans", "pack_fields"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "Gathered", "fields_from_gathered", "gather_spans", "pack_fields"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
@@ -112,36 +112,46 @@ def gather_spans(
     )
 
 
-def _grid_begins(spans: Spans, span_len: np.ndarray, sample_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per span, its first cell in the flattened ``[B, sample_len]`` grid; per sample, its filled cells; the CSR
-    cumulative span lengths."""
-    cum = np.zeros(span_len.size + 1, dtype=np.int64)
-    np.cumsum(span_len, out=cum[1:])
-    first = cum[spans.offsets[:-1]]
-    per_sample = cum[spans.offsets[1:]] - first
-    shift = np.arange(len(spans), dtype=np.int64) * sample_len - first
-    return cum[:-1] + np.repeat(shift, np.diff(spans.offsets)), per_sample, cum
+def fields_from_gathered(g: Gathered, seq_len: int, labels_cross_documents: bool, restart_position_ids: bool):
+    """The four :data:`FIELDS` (int64 ``[4, B, seq_len]``) from a :func:`gather_spans` grid, by masks over the whole
+    grid: the straightforward form :func:`pack_fields` must equal (tests/test_gather.py; benchmark 3's "before")."""
+    L = seq_len
+    out = np.empty((len(FIELDS), len(g.tokens), L), dtype=np.int64)
+    input_ids, labels, position_ids, document_ids = out
+    if labels_cross_documents:
+        input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
+        if not g.full:
+            labels[~g.valid[:, 1:]] = IGNORE_INDEX
+        span_pos = g.span_positions[:, :L]
+    else:
+        input_ids[:], document_ids[:] = g.tokens, g.doc_ids
+        labels.fill(IGNORE_INDEX)
+        has_next = g.valid[:, :-1] & ~g.last_in_span[:, :-1]
+        labels[:, :-1][has_next] = g.tokens[:, 1:][has_next]
+        span_pos = g.span_positions
+    position_ids[:] = span_pos if restart_position_ids else np.arange(L, dtype=np.int64)
+    return out
 
 
-def _per_cell(values: np.ndarray, span_len: np.ndarray, grid_begin: np.ndarray, size: int, fill: int, full: bool):
-    """A flat grid of ``size`` cells: ``values[j]`` on the cells of span ``j``, ``fill`` elsewhere."""
-    spread = np.repeat(values, span_len)
-    if full:
-        return spread
-    grid = np.full(size, fill, dtype=np.int64)
-    grid[_cells(span_len, grid_begin)] = spread
-    return grid
+def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sample_len: int):
+    """The spans with a padding piece (document -1) after each sample's last span, so that their lengths tile the
+    flattened ``[B, sample_len]`` grid; and which pieces are real spans. Without padding, the spans themselves."""
+    pad = sample_len - per_sample
+    if not pad.any():
+        return span_len, spans.doc_ids.astype(np.int64, copy=False), None
+    at = spans.offsets[1:]
+    real = np.insert(np.ones(span_len.size, dtype=bool), at, False)
+    return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
 
 
-def _cells(span_len: np.ndarray, grid_begin: np.ndarray) -> np.ndarray:
-    """The grid cells of all spans, in order."""
-    cum = np.cumsum(span_len) - span_len
-    return np.repeat(grid_begin - cum, span_len) + np.arange(int(span_len.sum()), dtype=np.int64)
+def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
+    """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
+    width = grid.shape[1]
+    for i in np.flatnonzero(first < width).tolist():
+        grid[i, max(int(first[i]), 0) :] = value
 
 
-def _fill_tokens(
-    grid: np.ndarray, spans: Spans, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read
-) -> None:
+def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read) -> None:
     """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
     ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)``."""
     flat = read(src, src + reads)
@@ -154,6 +164,12 @@ def _fill_tokens(
     elif reads.size:
         keep = reads > 0
         grid[_cells(reads[keep], grid_begin[keep])] = flat[_cells(reads[keep], src[keep])]
+
+
+def _cells(length: np.ndarray, begin: np.ndarray) -> np.ndarray:
+    """``begin[j] .. begin[j] + length[j] - 1`` for each ``j``, concatenated."""
+    cum = np.cumsum(length) - length
+    return np.repeat(begin - cum, length) + np.arange(int(length.sum()), dtype=np.int64)
 
 
 def pack_fields(
@@ -178,44 +194,41 @@ def pack_fields(
     array, having checked whatever it guards for those element ranges (the only ones read).
 
     Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
-    fancy-index gather), plus a few whole-grid passes; nothing per token in Python.
+    fancy-index gather), a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
     """
-    num_samples = len(spans)
+    num_samples, L = len(spans), seq_len
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
     span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
-    grid_begin, per_sample, _ = _grid_begins(spans, span_len, sample_len)
+    cum = np.zeros(span_len.size + 1, dtype=np.int64)
+    np.cumsum(span_len, out=cum[1:])
+    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
     _check_spans(spans, per_sample, sample_len, doc_lengths)
-    size = num_samples * sample_len
-    full = bool((per_sample == sample_len).all())
-    tokens = np.empty(size, dtype=np.int64) if full else np.full(size, pad_id, dtype=np.int64)
+    piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
+    piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
+    grid_begin = piece_begin if real is None else piece_begin[real]
+    input_ids, labels, position_ids, document_ids = out
+    grid = input_ids if sample_len == L else np.empty((num_samples, sample_len), dtype=np.int64)
+    tokens = grid.reshape(-1)
     reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    _fill_tokens(tokens, spans, grid_begin, reads, doc_starts + spans.starts, read)
+    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
     if not eos_stored:
         tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
-    ends = (grid_begin + span_len - 1)[span_len > 0]  # each span's last cell
-    grid = tokens.reshape(num_samples, sample_len)
-    input_ids, labels, position_ids, document_ids = out
-    L = seq_len
+    _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
         input_ids[:], labels[:] = grid[:, :L], grid[:, 1:]
-        if not full:
-            labels[np.arange(1, sample_len)[None, :] >= per_sample[:, None]] = IGNORE_INDEX
+        _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
     else:
-        input_ids[:] = grid
         flat = labels.reshape(-1)
         flat[:-1] = tokens[1:]
-        flat[ends] = IGNORE_INDEX
-        if not full:
-            labels[np.arange(sample_len)[None, :] >= per_sample[:, None]] = IGNORE_INDEX
+        flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
+        _fill_suffixes(labels, per_sample, IGNORE_INDEX)
         labels[:, -1] = IGNORE_INDEX
-    docs = _per_cell(spans.doc_ids.astype(np.int64, copy=False), span_len, grid_begin, size, -1, full)
-    document_ids[:] = docs.reshape(num_samples, sample_len)[:, :L]
+    document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
     if restart_position_ids:
-        pos = np.arange(size, dtype=np.int64) - _per_cell(grid_begin, span_len, grid_begin, size, 0, full)
-        if not full:
-            pos[docs == -1] = 0
+        pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
         position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
+        _fill_suffixes(position_ids, per_sample, 0)
     else:
         position_ids[:] = np.arange(L, dtype=np.int64)
     return out
