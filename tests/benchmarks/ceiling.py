@@ -125,3 +125,44 @@ def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeat
         fn()  # warm the page cache and the code path
         runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
     return runs
+
+
+def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
+    """``PackedDataset.get_batch`` as it read stored tokens before ``pack_fields``: every token address through the
+    checked array (a chunk test per address), ``gather_spans``' five grids, then the fields by whole-grid masks. Equal
+    output (tests/test_gather.py); timed beside the current path as benchmark 3's "before"."""
+    import torch
+
+    from detsampler.gather import FIELDS, fields_from_gathered, gather_spans
+
+    index, layout = dataset.index, dataset.layout
+    spans = layout.locate(np.asarray(sample_ids, dtype=np.int64))
+    starts = np.asarray(index.offsets[spans.doc_ids], dtype=np.int64)
+    lengths = np.asarray(index.lengths[spans.doc_ids], dtype=np.int64)
+    g = gather_spans(spans, layout.sample_len, starts, lengths, index.tokens, index.eos_id, index.pad_id)
+    out = fields_from_gathered(g, dataset.seq_len, layout.labels_cross_documents, dataset.restart_position_ids)
+    return dict(zip(FIELDS, torch.from_numpy(out).unbind(0)))
+
+
+def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7) -> dict[str, float]:
+    """Median µs per micro batch of each stage of the stored-token read, the stages interleaved pass by pass (so load
+    on the machine hits them alike): the plan's sample ids, the layout's locate, the whole ``get_batch`` now and
+    before (:func:`get_batch_before`), and the DataLoader-free remainder of ``get_batch`` (token ranges, checks, the
+    four fields, the tensor)."""
+    stages = {
+        "plan": lambda ids: plan.micro_batch(1, 0, 0),
+        "locate": lambda ids: dataset.layout.locate(ids),
+        "get_batch": dataset.get_batch,
+        "get_batch before": lambda ids: get_batch_before(dataset, ids),
+    }
+    times: dict[str, list[float]] = {k: [] for k in stages}
+    for _ in range(repeats):
+        for name, fn in stages.items():
+            t0 = time.perf_counter()
+            for ids in batches:
+                fn(ids)
+            times[name].append((time.perf_counter() - t0) / len(batches) * 1e6)
+    out = {k: float(np.median(v)) for k, v in times.items()}
+    out["read + fields"] = out["get_batch"] - out["locate"]
+    out["read + fields before"] = out["get_batch before"] - out["locate"]
+    return out
