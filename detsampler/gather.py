@@ -153,11 +153,12 @@ def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
 
 def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read) -> None:
     """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
-    ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)``."""
+    ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)`` (an array, or anything that takes an
+    integer index array)."""
     flat = read(src, src + reads)
     if isinstance(flat, np.memmap):  # a plain view: slicing a memmap subclass costs a Python call per slice
         flat = flat.view(np.ndarray)
-    if reads.size * _FEW_SPANS <= grid.size:
+    if isinstance(flat, np.ndarray) and reads.size * _FEW_SPANS <= grid.size:  # else one call (e.g. a sharded array)
         for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
             if m:
                 grid[g : g + m] = flat[a : a + m]

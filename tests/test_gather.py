@@ -10,6 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from detsampler.gather import IGNORE_INDEX, fields_from_gathered, gather_spans, pack_fields
+from detsampler.index.sharded import ShardedArray
 from detsampler.layout import LayoutConfig, Spans, make_layout
 
 
@@ -53,10 +54,16 @@ def test_a_short_concat_window_labels_only_its_cells():
     restart=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
     batch=st.integers(1, 12),
+    sharded=st.booleans(),
 )
-@example(max_len=700, num_docs=3, kind="concat", seq_len=64, eos_stored=False, restart=False, seed=0, batch=4)
-@example(max_len=3, num_docs=60, kind="bestfit", seq_len=16, eos_stored=True, restart=True, seed=1, batch=12)
-def test_pack_fields_equals_the_reference(max_len, num_docs, kind, seq_len, eos_stored, restart, seed, batch):
+@example(
+    max_len=700, num_docs=3, kind="concat", seq_len=64, eos_stored=False, restart=False, seed=0, batch=4, sharded=False
+)
+@example(
+    max_len=3, num_docs=60, kind="bestfit", seq_len=16, eos_stored=True, restart=True, seed=1, batch=12, sharded=False
+)
+def test_pack_fields_equals_the_reference(max_len, num_docs, kind, seq_len, eos_stored, restart, seed, batch, sharded):
+    """Also when the flat tokens are a sharded index's (read by index arrays, not slices)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, max_len + 1, size=num_docs).astype(np.int64)
     stored = lengths + int(eos_stored)
@@ -71,10 +78,12 @@ def test_pack_fields_equals_the_reference(max_len, num_docs, kind, seq_len, eos_
     starts, lens = offsets[spans.doc_ids], lengths[spans.doc_ids]
     want = _reference_fields(spans, layout, starts, lens, flat, 65_000, -7, eos_stored, restart)
     reads = []
+    half = len(flat) // 2
+    source = ShardedArray([flat[:half], flat[half:]], np.array([0, half, len(flat)]), dtype=flat.dtype)
 
     def read(a, b):
         reads.append((a.copy(), b.copy()))
-        return flat
+        return source if sharded else flat
 
     got = pack_fields(
         spans,
