@@ -15,7 +15,11 @@ import numpy as np
 
 from detsampler.layout import Spans
 
-__all__ = ["Gathered", "gather_spans"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "Gathered", "fields_from_gathered", "gather_spans", "pack_fields"]
+
+FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
+IGNORE_INDEX = -100  # the label of a position that has no next token to predict
+_FEW_SPANS = 64  # at least this many cells per span on average: a slice copy per span beats building addresses
 
 
 @dataclass(frozen=True)
@@ -106,3 +110,126 @@ def gather_spans(
         valid=np.ones(shape, dtype=bool) if valid is None else valid,
         full=full,
     )
+
+
+def fields_from_gathered(g: Gathered, seq_len: int, labels_cross_documents: bool, restart_position_ids: bool):
+    """The four :data:`FIELDS` (int64 ``[4, B, seq_len]``) from a :func:`gather_spans` grid, by masks over the whole
+    grid: the straightforward form :func:`pack_fields` must equal (tests/test_gather.py; benchmark 3's "before")."""
+    L = seq_len
+    out = np.empty((len(FIELDS), len(g.tokens), L), dtype=np.int64)
+    input_ids, labels, position_ids, document_ids = out
+    if labels_cross_documents:
+        input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
+        if not g.full:
+            labels[~g.valid[:, 1:]] = IGNORE_INDEX
+        span_pos = g.span_positions[:, :L]
+    else:
+        input_ids[:], document_ids[:] = g.tokens, g.doc_ids
+        labels.fill(IGNORE_INDEX)
+        has_next = g.valid[:, :-1] & ~g.last_in_span[:, :-1]
+        labels[:, :-1][has_next] = g.tokens[:, 1:][has_next]
+        span_pos = g.span_positions
+    position_ids[:] = span_pos if restart_position_ids else np.arange(L, dtype=np.int64)
+    return out
+
+
+def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sample_len: int):
+    """The spans with a padding piece (document -1) after each sample's last span, so that their lengths tile the
+    flattened ``[B, sample_len]`` grid; and which pieces are real spans. Without padding, the spans themselves."""
+    pad = sample_len - per_sample
+    if not pad.any():
+        return span_len, spans.doc_ids.astype(np.int64, copy=False), None
+    at = spans.offsets[1:]
+    real = np.insert(np.ones(span_len.size, dtype=bool), at, False)
+    return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
+
+
+def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
+    """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
+    width = grid.shape[1]
+    for i in np.flatnonzero(first < width).tolist():
+        grid[i, max(int(first[i]), 0) :] = value
+
+
+def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read) -> None:
+    """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
+    ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)`` (an array, or anything that takes an
+    integer index array)."""
+    flat = read(src, src + reads)
+    if isinstance(flat, np.memmap):  # a plain view: slicing a memmap subclass costs a Python call per slice
+        flat = flat.view(np.ndarray)
+    if isinstance(flat, np.ndarray) and reads.size * _FEW_SPANS <= grid.size:  # else one call (e.g. a sharded array)
+        for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
+            if m:
+                grid[g : g + m] = flat[a : a + m]
+    elif reads.size:
+        keep = reads > 0
+        grid[_cells(reads[keep], grid_begin[keep])] = flat[_cells(reads[keep], src[keep])]
+
+
+def _cells(length: np.ndarray, begin: np.ndarray) -> np.ndarray:
+    """``begin[j] .. begin[j] + length[j] - 1`` for each ``j``, concatenated."""
+    cum = np.cumsum(length) - length
+    return np.repeat(begin - cum, length) + np.arange(int(length.sum()), dtype=np.int64)
+
+
+def pack_fields(
+    spans: Spans,
+    seq_len: int,
+    sample_len: int,
+    doc_starts: np.ndarray,
+    doc_lengths: np.ndarray,
+    read,
+    *,
+    eos_id: int,
+    pad_id: int,
+    eos_stored: bool,
+    labels_cross_documents: bool,
+    restart_position_ids: bool,
+    out: np.ndarray,
+) -> np.ndarray:
+    """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 ``[4, B, seq_len]``); the values
+    are exactly those :func:`gather_spans` lays out, turned into fields as the packed dataset defines them: ``concat``
+    (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts one window into inputs and labels; otherwise
+    each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)`` returns the flat token
+    array, having checked whatever it guards for those element ranges (the only ones read).
+
+    Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
+    fancy-index gather), a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
+    """
+    num_samples, L = len(spans), seq_len
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
+    cum = np.zeros(span_len.size + 1, dtype=np.int64)
+    np.cumsum(span_len, out=cum[1:])
+    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
+    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
+    piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
+    grid_begin = piece_begin if real is None else piece_begin[real]
+    input_ids, labels, position_ids, document_ids = out
+    grid = input_ids if sample_len == L else np.empty((num_samples, sample_len), dtype=np.int64)
+    tokens = grid.reshape(-1)
+    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
+    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
+    if not eos_stored:
+        tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
+    _fill_suffixes(grid, per_sample, pad_id)
+    if labels_cross_documents:
+        input_ids[:], labels[:] = grid[:, :L], grid[:, 1:]
+        _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
+    else:
+        flat = labels.reshape(-1)
+        flat[:-1] = tokens[1:]
+        flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
+        _fill_suffixes(labels, per_sample, IGNORE_INDEX)
+        labels[:, -1] = IGNORE_INDEX
+    document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
+    if restart_position_ids:
+        pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
+        position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
+        _fill_suffixes(position_ids, per_sample, 0)
+    else:
+        position_ids[:] = np.arange(L, dtype=np.int64)
+    return out

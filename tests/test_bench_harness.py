@@ -97,6 +97,73 @@ def test_every_ceiling_copy_reads_the_tokens_the_loader_delivers(small_index):
     assert all(0 < r.low <= r.median <= r.high for r in runs)
 
 
+def test_the_ceiling_reads_the_raw_memory_map_not_the_checked_array(small_index):
+    """The ceiling copies from ``np.load(tokens.npy, mmap_mode="r")``: a freshly opened index's checked token array is
+    never read (no chunk verified), and the raw map holds the same tokens."""
+    import numpy as np
+
+    from detsampler import LayoutConfig, Plan
+    from detsampler.index.reader import TokenIndex
+    from tests.benchmarks.ceiling import ceiling_runs, raw_tokens
+
+    fresh = TokenIndex.open(small_index.path)
+    layout = fresh.layout(LayoutConfig(kind="concat", seq_len=32))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=2, micro_batch_size=2)
+    spans = [layout.locate(np.asarray(plan.micro_batch(s, 0, 0))) for s in range(2)]
+    ceiling_runs(fresh, spans, 2 * 33, 2 * 2 * 32, repeats=2)
+    assert fresh.tokens.verified == 0
+    raw = raw_tokens(fresh)
+    assert type(raw) is np.memmap and raw.dtype == fresh.tokens.dtype
+    assert np.array_equal(raw, np.asarray(small_index.tokens))
+
+
+def test_the_before_path_equals_get_batch_and_every_stage_is_timed(small_index):
+    """Benchmark 3's "before" (the read path pack_fields replaced) yields the same tensors as get_batch, for each
+    layout kind; stage_times times every stage."""
+    import numpy as np
+    import torch
+
+    from detsampler import LayoutConfig, Plan
+    from detsampler.loader.dataset import FIELDS, PackedDataset
+    from tests.benchmarks.ceiling import get_batch_before, stage_times
+
+    for kind in ("concat", "document", "bestfit"):
+        ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind=kind, seq_len=48)))
+        plan = Plan(len(ds), seed=1, global_batch_size=3, micro_batch_size=3)
+        batches = [np.asarray(plan.micro_batch(s, 0, 0)) for s in range(3)]
+        for ids in batches:
+            got, want = ds.get_batch(ids), get_batch_before(ds, ids)
+            assert all(torch.equal(got[k], want[k]) for k in FIELDS)
+    times = stage_times(ds, plan, batches, repeats=2)
+    assert set(times) == {"plan", "locate", "get_batch", "get_batch before", "read + fields", "read + fields before"}
+    assert all(times[k] > 0 for k in ("plan", "locate", "get_batch", "get_batch before"))
+
+
+def test_the_ceiling_verdict_states_the_gap_or_meets_the_target():
+    from tests.benchmarks.bench_loader import _ceiling_verdict, _shape_tables
+    from tests.benchmarks.ceiling import CeilingRun
+
+    runs = [CeilingRun("memcpy of the same bytes", 1e9, 0.9e9, 1.1e9), CeilingRun("vectorized gather", 1e8, 1, 2)]
+    stages = {
+        b: {
+            "plan": 40.0,
+            "locate": 100.0,
+            "read + fields": 200.0,
+            "get_batch": 300.0,
+            "read + fields before": 400.0,
+            "get_batch before": 500.0,
+        }
+        for b in (8, 64)
+    }
+    missed = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7), (64, runs, runs[0], 5e7, 6e7)], stages, 2)
+    assert not missed.met
+    assert "8 x 2,048: 1e+07 tokens/s = 1.00% of the ceiling's 1e+09 tokens/s" in missed.detail
+    assert "70x short of 70%" in missed.detail and "locate 100" in missed.detail
+    assert _ceiling_verdict([(8, runs, runs[0], 7e8, 8e8)], stages, 2).met
+    tables = _shape_tables([(8, runs, runs[0], 1e7, 2e7)], {8: stages[8]})
+    assert tables[2].rows[2] == ["read + fields", "400 -> 200"]
+
+
 def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():
     import numpy as np
 

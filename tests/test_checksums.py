@@ -45,3 +45,40 @@ def test_an_edited_chunk_is_refused_by_reads_and_searches(tmp_path, fence):
         arr.searchsorted(np.array([100_000]))
     with pytest.raises(ChecksumError):
         arr[np.array([50_001])]
+
+
+@given(
+    n=st.integers(1, 120_000),
+    seed=st.integers(0, 2**32 - 1),
+    num_ranges=st.integers(0, 6),
+)
+def test_checked_ranges_checks_exactly_the_chunks_of_its_ranges(tmp_path_factory, n, seed, num_ranges):
+    """``checked_ranges`` marks as checked every chunk holding an element of a non-empty range, and no other."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 2**15, size=n).astype(np.uint16)
+    tmp = tmp_path_factory.mktemp("r")
+    arr = _checked(tmp, values, fence=False)
+    starts = rng.integers(0, n + 1, size=num_ranges)
+    stops = np.minimum(starts + rng.integers(0, 80_000, size=num_ranges), n)
+    got = arr.checked_ranges(starts, stops)
+    np.testing.assert_array_equal(got, values)
+    offset = arr._data_offset
+    want = np.zeros(len(arr._sums), dtype=bool)
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        if b > a:
+            want[(offset + 2 * a) >> 16 : ((offset + 2 * b - 1) >> 16) + 1] = True
+    np.testing.assert_array_equal(arr._checked, want)
+
+
+def test_checked_ranges_refuses_an_edited_chunk_and_ranges_out_of_bounds(tmp_path):
+    values = np.arange(200_000, dtype=np.int64)
+    arr = _checked(tmp_path, values, fence=False)
+    raw = np.load(tmp_path / "a.npy", mmap_mode="r+")
+    raw[150_000] += 1
+    raw.flush()
+    del raw
+    assert arr.checked_ranges(np.array([0, 10]), np.array([5, 40_000]))[3] == 3  # chunks 0-4: served
+    with pytest.raises(ChecksumError, match="fails its checksum"):
+        arr.checked_ranges(np.array([100_000]), np.array([160_000]))  # the edited chunk is in the middle
+    with pytest.raises(IndexError, match="outside"):
+        arr.checked_ranges(np.array([199_999]), np.array([200_001]))

@@ -255,6 +255,30 @@ class VerifiedArray:
             out[mine] = lo + np.searchsorted(self[lo:hi], values[mine], side=side)
         return out.reshape(np.shape(v))
 
+    def checked_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """The underlying read-only memory map, once every chunk holding an element of some ``[starts[j], stops[j])``
+        is checked: the caller reads only those ranges from it (the invariant holds for them). Cost when they are
+        checked already: a few vectorized operations on ``len(starts)`` values, whatever the ranges' lengths."""
+        starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        some = stops > starts
+        if some.any():
+            lo, hi = starts[some], stops[some]
+            if int(lo.min()) < 0 or int(hi.max()) > len(self._array):
+                raise IndexError(f"ranges reach outside [0, {len(self._array)}) of {self.path.name}")
+            isz = self.dtype.itemsize
+            first = (self._data_offset + lo * isz) >> _SHIFT
+            last = (self._data_offset + hi * isz - 1) >> _SHIFT
+            wide = last - first > 1
+            chunks = np.concatenate([first, last])
+            if wide.any():  # a range over three or more chunks: list them all
+                n = last[wide] - first[wide] + 1
+                within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+                chunks = np.concatenate([chunks, np.repeat(first[wide], n) + within])
+            todo = chunks[~self._checked[chunks]]
+            if todo.size:
+                self._verify(todo)
+        return self._array
+
     @property
     def fence_every(self) -> int:
         return CHUNK_BYTES // self.dtype.itemsize

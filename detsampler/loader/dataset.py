@@ -12,11 +12,11 @@ the
   otherwise ``0 .. seq_len-1``.
 - ``document_ids``: the document each position comes from, ``-1`` on padding.
 
-``__getitems__`` reads a whole micro batch with one vectorized gather (:func:`detsampler.gather.gather_spans`) from the
-index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the dataset's
-text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error, never a
-silently shifted sample). The index may be a :class:`~detsampler.index.reader.TokenIndex` or a pre-tokenized source of
-:mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``,
+``__getitems__`` reads a whole micro batch at once (:func:`detsampler.gather.pack_fields`, a slice copy per span) from
+the index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the
+dataset's text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error,
+never a silently shifted sample). The index may be a :class:`~detsampler.index.reader.TokenIndex` or a pre-tokenized
+source of :mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``,
 ``eos_stored``).
 
 On the fly, each document is tokenized whole when a sample needs it and kept in a per-worker cache (bounded by
@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from detsampler.gather import gather_spans
+from detsampler.gather import FIELDS, pack_fields
 from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import check_texts
@@ -47,8 +47,6 @@ from detsampler.loader.token_cache import TokenCache
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["FIELDS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
-
-FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 
 class MicroBatch(SequenceABC):
@@ -149,11 +147,15 @@ class PackedDataset(Dataset):
 
     # -- the batch read
 
-    def _token_source(self, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per span: where its document's tokens start in the flat array, its length; and the flat array."""
+    def _token_source(self, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Per span: where its document's tokens start in the flat array, its length; and ``read(starts, stops)``, the
+        flat array once the element ranges ``[starts[j], stops[j])`` are checked (stored tokens: their chunks' CRC-32;
+        on the fly: the array just tokenized)."""
         lengths = np.asarray(self.index.lengths[doc_ids], dtype=np.int64)
-        if self.index.tokens is not None:
-            return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, self.index.tokens
+        tokens = self.index.tokens
+        if tokens is not None:
+            read = getattr(tokens, "checked_ranges", None) or (lambda starts, stops: tokens)
+            return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, read
         unique, inverse = np.unique(doc_ids, return_inverse=True)
         parts = self._cache.get_many(unique.tolist())
         missing = [i for i, part in enumerate(parts) if part is None]
@@ -164,7 +166,8 @@ class PackedDataset(Dataset):
         sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(sizes, out=starts[1:])
-        return starts[inverse.reshape(-1)], lengths, np.concatenate(parts)
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return starts[inverse.reshape(-1)], lengths, lambda a, b: flat
 
     def _tokenize(self, docs: np.ndarray) -> list[np.ndarray]:
         """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each
@@ -193,36 +196,34 @@ class PackedDataset(Dataset):
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
         ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
-        doc_starts, doc_lengths, flat = self._token_source(spans.doc_ids)
-        g = gather_spans(
+        doc_starts, doc_lengths, read = self._token_source(spans.doc_ids)
+        block = _new_block((len(FIELDS), len(ids), self.seq_len))
+        pack_fields(
             spans,
+            self.seq_len,
             self.layout.sample_len,
             doc_starts,
             doc_lengths,
-            flat,
-            self.index.eos_id,
-            self.index.pad_id,
+            read,
+            eos_id=self.index.eos_id,
+            pad_id=self.index.pad_id,
             eos_stored=self._eos_stored,
+            labels_cross_documents=self.layout.labels_cross_documents,
+            restart_position_ids=self.restart_position_ids,
+            out=block.numpy(),
         )
-        L = self.seq_len
-        # NOTE: one storage for the four fields, so a DataLoader worker hands the batch over in one shared-memory block;
-        # each field is written into it once.
-        out = np.empty((len(FIELDS), len(ids), L), dtype=np.int64)
-        input_ids, labels, position_ids, document_ids = out
-        if self.layout.labels_cross_documents:
-            input_ids[:], labels[:], document_ids[:] = g.tokens[:, :L], g.tokens[:, 1:], g.doc_ids[:, :L]
-            if not g.full:
-                labels[~g.valid[:, 1:]] = -100
-            span_pos = g.span_positions[:, :L]
-        else:
-            input_ids[:], document_ids[:] = g.tokens, g.doc_ids
-            labels.fill(-100)
-            has_next = g.valid[:, :-1] & ~g.last_in_span[:, :-1]
-            labels[:, :-1][has_next] = g.tokens[:, 1:][has_next]
-            span_pos = g.span_positions
-        position_ids[:] = span_pos if self.restart_position_ids else np.arange(L, dtype=np.int64)
-        stacked = torch.from_numpy(out)
-        return dict(zip(FIELDS, stacked.unbind(0)))
+        return dict(zip(FIELDS, block.unbind(0)))
+
+
+def _new_block(shape: tuple[int, int, int]) -> torch.Tensor:
+    """An uninitialized int64 tensor for the four fields: one storage, so a DataLoader worker hands the batch over in
+    one block; in a worker it is allocated in shared memory at once (as torch's own collate does), so handing it over
+    copies nothing."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.int64)
+    proto = torch.empty(0, dtype=torch.int64)
+    storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
+    return proto.new(storage).view(shape)
 
 
 def _layout_matches(layout: Layout, index: TokenIndex) -> bool:

@@ -28,9 +28,12 @@ detsampler's index by the peers' own writers, each document's tokens then EOS):
 against the batch the uninterrupted loader yields next), against detsampler's ``start_step=60``.
 
 **The ceiling** (tests/benchmarks/ceiling.py): the fastest of a ``memcpy`` of the same number of bytes, a per-span slice
-copy loop, and a vectorized gather, all from the same memory map, page cache warm, over the batches detsampler's concat
-rows deliver; median of 7 passes with the spread. It writes the stored dtype only, so it bounds what any loader could
-deliver from this memory map, not what one with int64 tensors and labels could.
+copy loop, and a vectorized gather, all from the raw memory map of the index's ``tokens.npy`` (``np.load(...,
+mmap_mode="r")``, no checksums), page cache warm, over the batches detsampler's concat rows deliver; median of 7 passes
+with the spread; at the issue's micro batch (8 x 2,048) and a larger one (64 x 2,048). It writes the stored dtype only,
+so it bounds what any loader could deliver from this memory map, not what one with int64 tensors and labels could. The
+stage table times each step of detsampler's read per micro batch, now and as it was before ``pack_fields`` (the same
+output, computed the old way), interleaved in one run.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from torch.utils.data import DataLoader
 
 from detsampler import DeterministicBatchSampler, LayoutConfig, Plan
 from tests.benchmarks import peers
-from tests.benchmarks.ceiling import ceiling_runs
+from tests.benchmarks.ceiling import ceiling_runs, stage_times
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_rate, fmt_seconds, ratio_column
 
 __all__ = ["main"]
@@ -58,6 +61,7 @@ MAX_BATCHES = 120
 BUDGET_S = 3.0  # per run, after the first batch
 WORKERS = (0, 1, 2)
 TARGET_CEILING = 0.7
+LARGE_BATCH = 64  # the larger micro batch measured against its own ceiling
 
 
 def _setup():
@@ -83,7 +87,9 @@ def _input_ids(batch):
     return first["input"] if isinstance(first, dict) else first
 
 
-def _time_batches(batches, max_batches: int = MAX_BATCHES, budget: float = BUDGET_S) -> tuple[float, int]:
+def _time_batches(
+    batches, max_batches: int = MAX_BATCHES, budget: float = BUDGET_S, micro_batch: int = MICRO_BATCH
+) -> tuple[float, int]:
     """Tokens/s over batches 2..n of ``batches`` (the first one starts the clock) and how many batches were timed."""
     it = iter(batches)
     next(it)
@@ -91,18 +97,18 @@ def _time_batches(batches, max_batches: int = MAX_BATCHES, budget: float = BUDGE
     n = 0
     for batch in it:
         ids = _input_ids(batch)
-        assert tuple(ids.shape) == (MICRO_BATCH, SEQ_LEN), ids.shape
+        assert tuple(ids.shape) == (micro_batch, SEQ_LEN), ids.shape
         n += 1
         if n >= max_batches or time.perf_counter() - t0 > budget:
             break
     seconds = time.perf_counter() - t0
-    return n * MICRO_BATCH * SEQ_LEN / seconds, n
+    return n * micro_batch * SEQ_LEN / seconds, n
 
 
-def detsampler_loader(dataset, num_workers: int):
+def detsampler_loader(dataset, num_workers: int, micro_batch: int = MICRO_BATCH):
     from detsampler.loader.dataset import collate_micro_batch
 
-    plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
+    plan = Plan(len(dataset), seed=0, global_batch_size=micro_batch, micro_batch_size=micro_batch)
     sampler = DeterministicBatchSampler(plan, rank=0, stop_step=MAX_BATCHES + 1)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_micro_batch)
 
@@ -285,35 +291,106 @@ def _best(rates: dict, name: str) -> float:
     return max((r[0] for (n, _), r in rates.items() if n == name and isinstance(r, tuple)), default=0.0)
 
 
-def _limits(dataset, stored, concat_layout) -> list[str]:
-    """Where the stored-token loader's time goes, per micro batch (median of 5 passes over the same batches)."""
-    plan = Plan(len(dataset), seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
-    ids = [plan.micro_batch(s, 0, 0) for s in range(1, MAX_BATCHES + 1)]
+def _shape_rows(stored, concat_ds, ours_small: float) -> tuple[list, dict]:
+    """Per micro batch shape (the issue's, and a larger one): the ceiling (best of the three copies, with its spread),
+    detsampler concat through the DataLoader (best over num_workers) and ``get_batch`` alone, each against the ceiling;
+    and each shape's stage times (µs per micro batch, now and before)."""
+    out, stages = [], {}
+    for batch in (MICRO_BATCH, LARGE_BATCH):
+        n = max(4, MAX_BATCHES * MICRO_BATCH // batch)
+        plan = Plan(len(concat_ds), seed=0, global_batch_size=batch, micro_batch_size=batch)
+        ids = [np.asarray(plan.micro_batch(s, 0, 0)) for s in range(1, n + 1)]
+        spans = [concat_ds.layout.locate(i) for i in ids]
+        runs = ceiling_runs(stored, spans, batch * (SEQ_LEN + 1), n * batch * SEQ_LEN)
+        best = max(runs, key=lambda r: r.median)
+        if batch == MICRO_BATCH:
+            loader = ours_small
+        else:
+            loader = max(
+                _time_batches(detsampler_loader(concat_ds, w, batch), max(n - 2, 1), micro_batch=batch)[0]
+                for w in WORKERS
+            )
+        stages[batch] = stage_times(concat_ds, plan, ids)
+        alone = batch * SEQ_LEN / stages[batch]["get_batch"] * 1e6
+        out.append((batch, runs, best, loader, alone))
+    return out, stages
 
-    def per_batch(fn) -> float:
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for i in ids:
-                fn(i)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times)) / len(ids) * 1e6
 
-    t_plan = per_batch(lambda i: plan.micro_batch(1, 0, 0))
-    t_locate = per_batch(lambda i: concat_layout.locate(np.asarray(i)))
-    t_batch = per_batch(dataset.get_batch)
+def _shape_tables(rows: list, stages: dict) -> list[Table]:
+    ceiling_rows, vs_rows = [], []
+    for batch, runs, best, loader, alone in rows:
+        shape = f"{batch} x {SEQ_LEN:,}"
+        for r in runs:
+            spread = f"{fmt_rate(r.low, '')} - {fmt_rate(r.high, '')}"
+            ceiling_rows.append(
+                [shape, r.name, fmt_rate(r.median, " tokens/s"), spread, f"{r.median / best.median:.3f}"]
+            )
+        for name, rate in (("DataLoader, best num_workers", loader), ("get_batch alone", alone)):
+            vs_rows.append(
+                [shape, f"detsampler concat, {name}", fmt_rate(rate, " tokens/s"), f"{rate / best.median:.2%}"]
+            )
+    names = ["plan", "locate", "read + fields", "get_batch"]
+    stage_rows = [
+        [name]
+        + [
+            f"{stages[b][name + ' before'] if name + ' before' in stages[b] else stages[b][name]:.0f} -> "
+            f"{stages[b][name]:.0f}"
+            for b in stages
+        ]
+        for name in names
+    ]
     return [
-        (
-            f"Per micro batch, measured alone: the plan's sample ids {t_plan:.0f} µs; the layout's locate"
-            f" {t_locate:.0f} µs; PackedDataset.get_batch (locate, gather, four int64 fields of 8 x 2,048)"
-            f" {t_batch:.0f} µs. The ceiling's memcpy moves a batch's"
-            f" {MICRO_BATCH * (SEQ_LEN + 1) * stored.tokens.dtype.itemsize:,} bytes in a few µs: the loader's cost is"
-            " its"
-            " fixed per-batch work (Python and numpy calls on a handful of ids, the DataLoader's fetch) and writing 32"
-            " bytes of int64 per position (input ids, labels, positions, document ids) where the ceiling copies"
-            f" {stored.tokens.dtype.itemsize}."
+        Table(
+            "The ceiling: copies of the same batches' tokens from the raw memory map of tokens.npy (median of 7 passes,"
+            " page cache warm)",
+            ["micro batch", "copy", "tokens/s", "spread (min - max)", "/ best copy"],
+            ceiling_rows,
+        ),
+        Table(
+            "Stored-token detsampler against the ceiling (the best copy of the same shape)",
+            ["micro batch", "detsampler", "tokens/s", "/ ceiling"],
+            vs_rows,
+        ),
+        Table(
+            "Where a micro batch's time goes (µs, before -> now, median of 7 interleaved passes; the plan and the "
+            "layout's locate are unchanged)",
+            ["stage"] + [f"{b} x {SEQ_LEN:,}" for b in stages],
+            stage_rows,
+            [
+                "read + fields: get_batch less the locate: the documents' offsets and lengths, the chunk checks, the "
+                "token copies and the four int64 fields. Before: every token address through the checked array and "
+                "gather_spans' five grids, then the fields by whole-grid masks (tests/benchmarks/ceiling.py, "
+                "get_batch_before; equal output, tests/test_gather.py). Now: pack_fields (a slice copy per span, the "
+                "fields written once into one block)."
+            ],
         ),
     ]
+
+
+def _ceiling_verdict(rows: list, stages: dict, itemsize: int) -> Verdict:
+    """MET when detsampler concat through the DataLoader reaches TARGET_CEILING of the ceiling at the issue's shape;
+    otherwise the exact gap and where the time goes."""
+    detail = []
+    for batch, _, best, loader, _ in rows:
+        frac = loader / best.median
+        detail.append(
+            f"{batch} x {SEQ_LEN:,}: {fmt_rate(loader, ' tokens/s')} = {frac:.2%} of the ceiling's "
+            f"{fmt_rate(best.median, ' tokens/s')} ({best.name})"
+            + ("" if frac >= TARGET_CEILING else f", {TARGET_CEILING / frac:.0f}x short of {TARGET_CEILING:.0%}")
+        )
+    small = stages[MICRO_BATCH]
+    where = (
+        f" Where the time goes at {MICRO_BATCH} x {SEQ_LEN:,} (µs per micro batch): the plan's sample ids "
+        f"{small['plan']:.0f}, the layout's locate {small['locate']:.0f} (mostly the seeded document order's cycle "
+        f"walk, computed pointwise), read + fields {small['read + fields']:.0f}; the ceiling's copy moves "
+        f"{MICRO_BATCH * (SEQ_LEN + 1) * itemsize:,} bytes in "
+        f"{MICRO_BATCH * SEQ_LEN / rows[0][2].median * 1e6:.1f} µs, while the loader writes 32 bytes per position "
+        "(four int64 fields) and pays a fixed Python cost per batch (plan, locate, DataLoader fetch)."
+    )
+    met = rows[0][3] / rows[0][2].median >= TARGET_CEILING
+    return Verdict(
+        f"stored-token detsampler at least {TARGET_CEILING:.0%} of the ceiling", met, "; ".join(detail) + "." + where
+    )
 
 
 def main() -> BenchResult:
@@ -331,25 +408,9 @@ def main() -> BenchResult:
     fly_rates = _run_group(fly_contenders)
     resume_table = _resume_table(fly_contenders, fly_dataset)
 
-    plan = Plan(concat_ds.layout.num_samples, seed=0, global_batch_size=MICRO_BATCH, micro_batch_size=MICRO_BATCH)
-    spans = [concat_ds.layout.locate(plan.micro_batch(s, 0, 0)) for s in range(1, MAX_BATCHES + 1)]
-    runs = ceiling_runs(stored, spans, MICRO_BATCH * (SEQ_LEN + 1), MAX_BATCHES * MICRO_BATCH * SEQ_LEN)
-    ceiling = max(r.median for r in runs)
-    ceiling_rows = [
-        [
-            r.name,
-            fmt_rate(r.median, " tokens/s"),
-            f"{fmt_rate(r.low, '')} - {fmt_rate(r.high, '')}",
-            f"{r.median / ceiling:.3f}",
-        ]
-        for r in runs
-    ]
-    ceiling_table = Table(
-        "The ceiling: copies of the same batches' tokens from the memory map (median of 7 passes over "
-        f"{MAX_BATCHES} batches)",
-        ["copy", "tokens/s", "spread (min - max)", "/ ceiling"],
-        ceiling_rows,
-    )
+    ours = _best(stored_rates, "detsampler concat")
+    shape_rows, stages = _shape_rows(stored, concat_ds, ours)
+    ceiling = shape_rows[0][2].median
     stored_table, _ = _group_table(
         f"Stored tokens: tokens/s into the training loop ({stored.num_tokens:,} tokens in {stored.num_documents} "
         "documents; "
@@ -373,21 +434,10 @@ def main() -> BenchResult:
     texts = corpus["text"][:200]
     fly_table.notes.append(_tokenizer_rates(texts, tokenizer, hf_tok))
 
-    ours = _best(stored_rates, "detsampler concat")
-    frac = ours / ceiling
     best_peer_stored = max(_best(stored_rates, n) for n in stored_contenders if not n.startswith("detsampler"))
     fly_ours = _best(fly_rates, "detsampler concat (sentencepiece)")
     best_peer_fly = max(_best(fly_rates, n) for n in fly_contenders if not n.startswith("detsampler"))
-    limits = _limits(concat_ds, stored, concat_ds.layout)
-    verdicts = [
-        Verdict(
-            "stored-token detsampler at least 70% of the ceiling",
-            frac >= TARGET_CEILING,
-            f"Best over num_workers: {fmt_rate(ours, ' tokens/s')} = {frac:.1%} of the ceiling's "
-            f"{fmt_rate(ceiling, ' tokens/s')} ({max(runs, key=lambda r: r.median).name})."
-            + ("" if frac >= TARGET_CEILING else f" Gap: {TARGET_CEILING / frac:.0f}x. " + limits[0]),
-        ),
-    ]
+    verdicts = [_ceiling_verdict(shape_rows, stages, stored.tokens.dtype.itemsize)]
     notes = [
         _like_for_like("stored", ours, best_peer_stored),
         _like_for_like("on the fly", fly_ours, best_peer_fly)
@@ -402,7 +452,7 @@ def main() -> BenchResult:
         3,
         "Loader throughput",
         __doc__.split("\n", 2)[2].strip(),
-        [ceiling_table, stored_table, fly_table, resume_table],
+        [*_shape_tables(shape_rows, stages), stored_table, fly_table, resume_table],
         verdicts,
         notes,
         time.perf_counter() - t_start,

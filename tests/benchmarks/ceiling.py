@@ -1,8 +1,9 @@
 """Benchmark 3's ceiling: the fastest way to copy a batch's token bytes out of the index's memory map, three ways.
 
-All three read the index's own ``tokens`` memory map (page cache warm: every pass reads the same bytes again) for the
-same batches that detsampler's concat rows deliver, and write ``MICRO_BATCH x (seq_len + 1)`` tokens per batch into a
-buffer of the stored dtype (no int64 widening, no labels, position or document ids, no tensors, no DataLoader):
+All three read the raw memory map of the index's ``tokens.npy`` (``np.load(..., mmap_mode="r")``: no chunk checksums,
+no wrapper; page cache warm: every pass reads the same bytes again) for the same batches that detsampler's concat rows
+deliver, and write ``MICRO_BATCH x (seq_len + 1)`` tokens per batch into a buffer of the stored dtype (no int64
+widening, no labels, position or document ids, no tensors, no DataLoader):
 
 - ``memcpy``: one contiguous copy of as many bytes, starting where the batch's first span starts (``np.copyto``);
 - ``slice copy``: a Python loop over the batch's spans, one slice copy each (EOS written in place of the virtual one);
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "slice_copy", "span_addresses", "span_pieces"]
+__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "raw_tokens", "slice_copy", "span_addresses", "span_pieces"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,21 @@ class CeilingRun:
     median: float  # tokens/s
     low: float
     high: float
+
+
+def raw_tokens(index) -> np.ndarray:
+    """The index's stored tokens as the raw read-only memory map of their ``.npy`` file (the file the checked array
+    wraps), or the array itself when it is a plain numpy array already."""
+    tokens = index.tokens
+    if isinstance(tokens, np.ndarray):
+        return tokens
+    path = getattr(tokens, "path", None)
+    if path is None:
+        raise TypeError(f"cannot find the file behind {type(tokens).__name__}: the ceiling needs the raw memory map")
+    raw = np.load(path, mmap_mode="r", allow_pickle=False)
+    if raw.dtype != tokens.dtype or raw.shape != tokens.shape:
+        raise ValueError(f"{path} holds {raw.shape} {raw.dtype}, the index reads {tokens.shape} {tokens.dtype}")
+    return raw
 
 
 def span_addresses(spans, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +95,9 @@ def gather_copy(tokens: np.ndarray, spans, offsets: np.ndarray, lengths: np.ndar
 
 
 def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeats: int = 7) -> list[CeilingRun]:
-    """The three copies of ``batches`` (a list of Spans) from ``index.tokens``; ``per_batch`` positions each."""
-    tokens, eos_id = index.tokens, index.eos_id
+    """The three copies of ``batches`` (a list of Spans) from the raw memory map of ``index.tokens``; ``per_batch``
+    positions each; ``timed_tokens`` is what one pass over ``batches`` counts as delivered."""
+    tokens, eos_id = raw_tokens(index), index.eos_id
     offsets = np.asarray(index.offsets, dtype=np.int64)
     lengths = np.asarray(index.lengths, dtype=np.int64)
     out = np.empty(per_batch, dtype=tokens.dtype)
@@ -108,3 +125,44 @@ def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeat
         fn()  # warm the page cache and the code path
         runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
     return runs
+
+
+def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
+    """``PackedDataset.get_batch`` as it read stored tokens before ``pack_fields``: every token address through the
+    checked array (a chunk test per address), ``gather_spans``' five grids, then the fields by whole-grid masks. Equal
+    output (tests/test_gather.py); timed beside the current path as benchmark 3's "before"."""
+    import torch
+
+    from detsampler.gather import FIELDS, fields_from_gathered, gather_spans
+
+    index, layout = dataset.index, dataset.layout
+    spans = layout.locate(np.asarray(sample_ids, dtype=np.int64))
+    starts = np.asarray(index.offsets[spans.doc_ids], dtype=np.int64)
+    lengths = np.asarray(index.lengths[spans.doc_ids], dtype=np.int64)
+    g = gather_spans(spans, layout.sample_len, starts, lengths, index.tokens, index.eos_id, index.pad_id)
+    out = fields_from_gathered(g, dataset.seq_len, layout.labels_cross_documents, dataset.restart_position_ids)
+    return dict(zip(FIELDS, torch.from_numpy(out).unbind(0)))
+
+
+def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7) -> dict[str, float]:
+    """Median µs per micro batch of each stage of the stored-token read, the stages interleaved pass by pass (so load
+    on the machine hits them alike): the plan's sample ids, the layout's locate, the whole ``get_batch`` now and
+    before (:func:`get_batch_before`), and the DataLoader-free remainder of ``get_batch`` (token ranges, checks, the
+    four fields, the tensor)."""
+    stages = {
+        "plan": lambda ids: plan.micro_batch(1, 0, 0),
+        "locate": lambda ids: dataset.layout.locate(ids),
+        "get_batch": dataset.get_batch,
+        "get_batch before": lambda ids: get_batch_before(dataset, ids),
+    }
+    times: dict[str, list[float]] = {k: [] for k in stages}
+    for _ in range(repeats):
+        for name, fn in stages.items():
+            t0 = time.perf_counter()
+            for ids in batches:
+                fn(ids)
+            times[name].append((time.perf_counter() - t0) / len(batches) * 1e6)
+    out = {k: float(np.median(v)) for k, v in times.items()}
+    out["read + fields"] = out["get_batch"] - out["locate"]
+    out["read + fields before"] = out["get_batch before"] - out["locate"]
+    return out
