@@ -133,7 +133,9 @@ def _loader(md: str) -> list[Row]:
         return lambda r: f"{r['contender']} ({r['num_workers']} workers): {_short(r[col])}"
 
     stored, onfly = _table(md, "Stored tokens: tokens/s"), _table(md, "Tokenized on the fly: tokens/s")
-    ceiling = _best_per(_table(md, "The ceiling").rows, "copy", "tokens/s", higher=True)
+    copies = _table(md, "The ceiling").rows  # the loader rows are 8 x 2,048: the ceiling of that shape
+    copies = [r for r in copies if r.get("micro batch", "8 x 2,048") == "8 x 2,048"]
+    ceiling = _best_per(copies, "copy", "tokens/s", higher=True)
     ours_s, peers_s = per(stored, "tokens/s")
     ours_f, peers_f = per(onfly, "tokens/s")
     top = ceiling[0]
