@@ -172,3 +172,34 @@ def test_tokenized_and_pre_tokenized_shards_mix_when_they_read_the_eos_alike(
     tokenized = sum(shard.num_tokens for shard in sharded.shards[:2])
     assert f"verified ({tokenized} tokens); 2 pre-tokenized file(s) record no checksum: not verified" in out
     assert "OK: no duplicates, no gaps" in out
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    with pytest.raises(ValueError, match=r"2 of its 4 shards are tokenized: pass the tokenizer"):
+        prepare_index(IndexConfig(data=str(root)), progress=False)
+
+
+def test_a_sharded_index_of_pre_tokenized_files_only_is_prepared_without_a_tokenizer(tmp_path):
+    """Like a single pre-tokenized source (its tokenizer optional), a manifest over pre-tokenized files only needs none
+    (a mixed one still does: test_tokenized_and_pre_tokenized_shards_mix_when_they_read_the_eos_alike)."""
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    paths = _files("megatron", tmp_path / "data")
+    sharded = _sharded(tmp_path / "index", "megatron", paths, eos_id=EOS)
+    prepared = prepare_index(IndexConfig(data=str(tmp_path / "index")), progress=False)
+    assert prepared.tokenizer is None and prepared.dataset is None
+    assert prepared.index.num_documents == sharded.num_documents
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    assert {e["kind"] for e in manifest["shards"]} == {"megatron"}
+
+
+def test_build_on_a_sharded_index_directory_prints_its_summary(tmp_path, capsys):
+    """``detsampler build --data DIR`` on a finalized sharded index opens it and prints what it holds (no build)."""
+    paths = _files("megatron", tmp_path / "data")
+    sharded = _sharded(tmp_path / "index", "megatron", paths, eos_id=EOS)
+    capsys.readouterr()
+    assert main(["build", "--data", str(tmp_path / "index")]) == 0
+    out = capsys.readouterr().out
+    assert "shards" in out and "3 (megatron 3)" in out and sharded.fingerprint in out
+    assert main(["build", "--data", str(tmp_path / "index"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_documents"] == sharded.num_documents and summary["tokenizer_path"] is None

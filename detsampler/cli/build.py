@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 
 from detsampler.cli.inputs import prepare
 from detsampler.cli.options import layout_config
@@ -55,7 +56,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     summary = prepared.index.summary()
     if "source_kind" in summary:
         return _print_source(summary, args.json)
-    summary["tokenizer_path"] = prepared.tokenizer.path
+    summary["tokenizer_path"] = None if prepared.tokenizer is None else prepared.tokenizer.path
+    if "num_shards" in summary:
+        return _print_sharded(summary, prepared.index.meta["shards"], args.json)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -98,6 +101,27 @@ def cmd_build(args: argparse.Namespace) -> int:
                     f"num_proc={build.get('num_proc')}"
                 ),
             ),
+        ]
+    )
+    return 0
+
+
+def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:
+    """A finalized sharded index's summary: what its manifest holds (nothing was built)."""
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    kinds = Counter(entry["kind"] for entry in entries)
+    tokenizer = summary["tokenizer_path"]
+    print_rows(
+        [
+            ("sharded index", rel(summary["path"])),
+            ("shards", f"{summary['num_shards']} ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})"),
+            ("documents", fmt_int(summary["num_documents"])),
+            ("tokens", fmt_int(summary["num_tokens"])),
+            ("eos / pad", f"{summary['eos_id']} / {summary['pad_id']}"),
+            ("tokenizer", rel(tokenizer) if tokenizer else "none given (every shard is a pre-tokenized file)"),
+            ("fingerprint", summary["fingerprint"]),
         ]
     )
     return 0

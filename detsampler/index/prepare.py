@@ -96,16 +96,22 @@ def load_dataset_for(config: IndexConfig) -> Any:
 
 
 def _prepare_sharded(config: IndexConfig) -> Prepared:
-    """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``): opened as one
-    index,
-    with its tokenizer (required, checked); there is no dataset (its shards hold the tokens)."""
-    from detsampler.index.sharded import ShardedIndex
+    """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``), opened as one
+    index; there is no dataset (its shards hold the tokens). Its tokenizer is required and checked when any shard was
+    tokenized by detsampler; optional (checked when given) when every shard is a pre-tokenized file, as for one
+    pre-tokenized source."""
+    from detsampler.index.sharded import TOKENIZED_KIND, ShardedIndex
 
-    if config.tokenizer is None:
-        raise ValueError(f"data {config.data!r} is a sharded index: pass the tokenizer it was built with (--tokenizer)")
-    tokenizer = load_tokenizer(config.tokenizer)
     index = ShardedIndex.open(config.data)
-    index.check_tokenizer(tokenizer)
+    tokenized = sum(entry["kind"] == TOKENIZED_KIND for entry in index.meta["shards"])
+    if config.tokenizer is None and tokenized:
+        raise ValueError(
+            f"data {config.data!r} is a sharded index and {tokenized} of its {len(index.shards)} shards are tokenized: "
+            "pass the tokenizer they were built with (--tokenizer)"
+        )
+    tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer)
+    if tokenizer is not None:
+        index.check_tokenizer(tokenizer)
     return Prepared(config, None, tokenizer, index)
 
 

@@ -36,6 +36,7 @@ from detsampler.layout import Layout, LayoutConfig
 __all__ = [
     "MANIFEST",
     "SHARD_KINDS",
+    "TOKENIZED_KIND",
     "ShardReader",
     "ShardedArray",
     "ShardedIndex",
@@ -82,8 +83,11 @@ def _source_opener(kind: str) -> Callable[[Path, dict], ShardReader]:
 
 
 # kind -> opener(path, the entry's options); a source kind's options are open_source's keywords
+TOKENIZED_KIND = (
+    "detsampler"  # a shard tokenized by detsampler (a TokenIndex); every other kind is a pre-tokenized file
+)
 SHARD_KINDS: dict[str, Callable[[Path, dict], ShardReader]] = {
-    "detsampler": _open_token_index,
+    TOKENIZED_KIND: _open_token_index,
     **{kind: _source_opener(kind) for kind in ("megatron", "olmo", "datatrove", "nanogpt")},
 }
 
