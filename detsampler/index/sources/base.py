@@ -48,7 +48,9 @@ def sampled_sha256(paths: Sequence[Path], whole: Sequence[Path] = ()) -> str:
 
 class TokenSource:
     """An opened pre-tokenized corpus, usable wherever a :class:`~detsampler.index.reader.TokenIndex` is read
-    (``layout`` -> :class:`~detsampler.loader.dataset.PackedDataset` -> DataLoader). Pickles as how it was opened."""
+    (``layout`` -> :class:`~detsampler.loader.dataset.PackedDataset` -> DataLoader). Pickles as how it was opened:
+    ``reopen`` is (the opener, its positional arguments, its format's own keywords); ``eos``, ``eos_id``, ``pad_id`` and
+    ``vocab_size`` are added to those keywords here."""
 
     store_tokens = True
 
@@ -87,7 +89,8 @@ class TokenSource:
         self.pad_id = int(pad_id) if pad_id is not None else max(self.eos_id, 0)
         self.vocab_size = int(vocab_size) if vocab_size is not None else int(np.iinfo(tokens.dtype).max) + 1
         self.identity = identity
-        self._reopen = reopen
+        fn, args, format_options = reopen  # the reading options shared by every format are added here, once
+        self._reopen = (fn, args, dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, **format_options))
 
     # -- what readers of an index use
     @property

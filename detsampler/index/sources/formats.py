@@ -108,7 +108,7 @@ def open_megatron(
         eos_id=eos_id,
         pad_id=pad_id,
         vocab_size=vocab_size,
-        reopen=(open_megatron, (str(prefix),), dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)),
+        reopen=(open_megatron, (str(prefix),), {}),
     )
 
 
@@ -195,11 +195,7 @@ def open_olmo(
         eos_id=eos_id,
         pad_id=pad_id,
         vocab_size=vocab_size,
-        reopen=(
-            open_olmo,
-            (str(p),),
-            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
-        ),
+        reopen=(open_olmo, (str(p),), dict(dtype=dt.name)),
     )
 
 
@@ -238,11 +234,7 @@ def open_datatrove(
         eos_id=eos_id,
         pad_id=pad_id,
         vocab_size=vocab_size,
-        reopen=(
-            open_datatrove,
-            (str(p),),
-            dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, token_size=token_size),
-        ),
+        reopen=(open_datatrove, (str(p),), dict(token_size=token_size)),
     )
 
 
@@ -273,9 +265,5 @@ def open_nanogpt(
         eos_id=eos_id,
         pad_id=pad_id,
         vocab_size=vocab_size,
-        reopen=(
-            open_nanogpt,
-            (str(p),),
-            dict(eos_id=eos_id, dtype=dt.name, eos=eos, pad_id=pad_id, vocab_size=vocab_size),
-        ),
+        reopen=(open_nanogpt, (str(p),), dict(dtype=dt.name)),
     )
