@@ -77,14 +77,15 @@ def write_fence(directory: Path, name: str) -> dict:
     return {"file": fence_path.name, "size": fence_path.stat().st_size, "sha256": sha256_file(fence_path)}
 
 
-def _load_small(path: Path, record: dict, what: str) -> np.ndarray:
-    """A small ``.npy`` file read whole and checked against its record (size, sha256)."""
+def _load_small(path: Path, record: dict, what: str, role: str = "") -> np.ndarray:
+    """A small ``.npy`` file read whole and checked against its record (size, sha256); ``role`` names it in the error
+    when it cannot be read (e.g. ``"its checksums "``)."""
     import io
 
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise TokenIndexError(f"{what}: cannot read {path.name} ({exc.strerror})") from None
+        raise TokenIndexError(f"{what}: cannot read {role}{path.name} ({exc.strerror})") from None
     if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
         raise TokenIndexError(
             f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited"
@@ -115,17 +116,7 @@ def write_checksums(directory: Path, name: str) -> dict:
 
 def load_sums(path: Path, record: dict, data_size: int, what: str) -> np.ndarray:
     """The chunk sums at ``path``, checked against ``record`` (``size``, ``sha256``) and the data file's size."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TokenIndexError(f"{what}: cannot read its checksums {path.name} ({exc.strerror})") from None
-    if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
-        raise TokenIndexError(
-            f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited"
-        )
-    import io
-
-    sums = np.load(io.BytesIO(raw), allow_pickle=False)
+    sums = _load_small(path, record, what, role="its checksums ")
     if sums.dtype != np.uint32 or sums.shape != (-(-data_size // CHUNK_BYTES),):
         raise TokenIndexError(f"{what}: {path.name} holds {sums.shape} {sums.dtype}, not one uint32 per chunk")
     return sums
