@@ -9,9 +9,10 @@ import numpy as np
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from detsampler.gather import IGNORE_INDEX, fields_from_gathered, gather_spans, pack_fields
+from detsampler.gather import IGNORE_INDEX, pack_fields
 from detsampler.index.sharded import ShardedArray
 from detsampler.layout import LayoutConfig, Spans, make_layout
+from tests.gather_reference import fields_from_gathered, gather_spans
 
 
 def _reference_fields(spans, layout, starts, lengths, flat, eos_id, pad_id, eos_stored, restart) -> np.ndarray:

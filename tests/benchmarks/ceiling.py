@@ -133,7 +133,8 @@ def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
     output (tests/test_gather.py); timed beside the current path as benchmark 3's "before"."""
     import torch
 
-    from detsampler.gather import FIELDS, fields_from_gathered, gather_spans
+    from detsampler.gather import FIELDS
+    from tests.gather_reference import fields_from_gathered, gather_spans
 
     index, layout = dataset.index, dataset.layout
     spans = layout.locate(np.asarray(sample_ids, dtype=np.int64))
