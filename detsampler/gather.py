@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from detsampler.layout import Spans
+from detsampler.ranges import concat_ranges
 
 __all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields"]
 
@@ -64,13 +65,7 @@ def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, sr
                 grid[g : g + m] = flat[a : a + m]
     elif reads.size:
         keep = reads > 0
-        grid[_cells(reads[keep], grid_begin[keep])] = flat[_cells(reads[keep], src[keep])]
-
-
-def _cells(length: np.ndarray, begin: np.ndarray) -> np.ndarray:
-    """``begin[j] .. begin[j] + length[j] - 1`` for each ``j``, concatenated."""
-    cum = np.cumsum(length) - length
-    return np.repeat(begin - cum, length) + np.arange(int(length.sum()), dtype=np.int64)
+        grid[concat_ranges(grid_begin[keep], reads[keep])[0]] = flat[concat_ranges(src[keep], reads[keep])[0]]
 
 
 def pack_fields(

@@ -34,6 +34,7 @@ import numpy as np
 from detsampler.keys import stable_hash64
 from detsampler.packing import Packed, pack_best_fit, pack_windows
 from detsampler.permutation import permute
+from detsampler.ranges import concat_ranges
 
 __all__ = [
     "LAYOUTS",
@@ -195,14 +196,6 @@ def _before(ends: Any, pos: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ranges(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each i, the integers ``first[i] .. first[i] + counts[i] - 1``, concatenated, and the CSR offsets."""
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    within = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], counts)
-    return np.repeat(first, counts) + within, offsets
-
-
 class _Ordered:
     """What the layouts share: the config, the lengths, and the seeded document order, in RAM (built from lengths) or
     pointwise (opened from persisted arrays, where nothing of size D is held)."""
@@ -266,7 +259,7 @@ class ConcatLayout(_Ordered):
         end = begin + self.config.seq_len + 1
         first = np.asarray(self.ends.searchsorted(begin, side="right"), dtype=np.int64)
         last = np.asarray(self.ends.searchsorted(end - 1, side="right"), dtype=np.int64)
-        pos, offsets = _ranges(first, last - first + 1)
+        pos, offsets = concat_ranges(first, last - first + 1)
         doc_begin = _before(self.ends, pos)
         extent = _take(self.ends, pos) - doc_begin
         counts = np.diff(offsets)
@@ -397,7 +390,7 @@ class BestFitLayout(_Ordered):
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
         first = _take(self.packing.bin_items, ids)
-        items, offsets = _ranges(first, _take(self.packing.bin_items, ids + 1) - first)
+        items, offsets = concat_ranges(first, _take(self.packing.bin_items, ids + 1) - first)
         docs = _take(self.packing.item_docs, items)
         starts = _take(self.packing.item_pieces, items) * self.config.seq_len
         stops = np.minimum(starts + self.config.seq_len, self._extents(docs))

@@ -18,6 +18,7 @@ import numpy as np
 from detsampler.layout import Layout, Spans
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
+from detsampler.ranges import concat_ranges
 
 __all__ = ["Located", "check_compatible", "locate", "merge_spans"]
 
@@ -61,7 +62,7 @@ def merge_spans(parts: Sequence[tuple[np.ndarray, Spans]], num_samples: int) -> 
     for idx, spans in parts:
         per = np.diff(spans.offsets)
         # destination of each span: the sample's first slot plus its rank within the sample
-        dest = np.repeat(offsets[idx], per) + (np.arange(int(per.sum())) - np.repeat(spans.offsets[:-1], per))
+        dest = concat_ranges(offsets[idx], per)[0]
         doc_ids[dest], starts[dest], stops[dest] = spans.doc_ids, spans.starts, spans.stops
     return Spans(offsets, doc_ids, starts, stops)
 

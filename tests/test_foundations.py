@@ -64,3 +64,13 @@ def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path, mon
         atomic_write(target, "third\n")
     assert target.read_bytes() == b"second\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]  # no temporary file left behind
+
+
+def test_concat_ranges_expands_each_range_in_order_with_csr_offsets():
+    from detsampler.ranges import concat_ranges
+
+    values, offsets = concat_ranges(np.array([5, 0, 9, 2]), np.array([3, 0, 1, 2]))
+    assert values.tolist() == [5, 6, 7, 9, 2, 3] and values.dtype == np.int64
+    assert offsets.tolist() == [0, 3, 3, 4, 6]
+    values, offsets = concat_ranges(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert values.size == 0 and offsets.tolist() == [0]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import TokenIndexError
+from detsampler.ranges import concat_ranges
 
 __all__ = [
     "CHUNK_BYTES",
@@ -262,9 +263,7 @@ class VerifiedArray:
             wide = last - first > 1
             chunks = np.concatenate([first, last])
             if wide.any():  # a range over three or more chunks: list them all
-                n = last[wide] - first[wide] + 1
-                within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-                chunks = np.concatenate([chunks, np.repeat(first[wide], n) + within])
+                chunks = np.concatenate([chunks, concat_ranges(first[wide], last[wide] - first[wide] + 1)[0]])
             todo = chunks[~self._checked[chunks]]
             if todo.size:
                 self._verify(todo)
