@@ -171,3 +171,47 @@ def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():
 
     a = synthetic_lengths(10_000)
     assert np.array_equal(a, synthetic_lengths(10_000)) and a.min() >= 2 and 30 < np.median(a) < 50
+
+
+def test_the_verdict_names_the_dataloader_floor_against_the_target_budget():
+    """8 x 2,048 at a ceiling of 1e9 tokens/s: 70% allows 16384 / 7e8 s = 23.4 µs; a 46.8 µs floor caps at 35%."""
+    from tests.benchmarks.bench_loader import _ceiling_verdict, _floor_table
+    from tests.benchmarks.ceiling import CeilingRun
+
+    runs = [CeilingRun("memcpy of the same bytes", 1e9, 0.9e9, 1.1e9)]
+    stages = {8: {"plan": 40.0, "locate": 100.0, "read + fields": 200.0, "get_batch": 300.0}}
+    floors = {(8, 0): (46.8, 90.0), (8, 1): (500.0, 600.0), (8, 2): (400.0, 450.0)}
+    verdict = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7)], stages, 2, floors)
+    assert "70% of the ceiling allows 23.4 µs per 8 x 2,048 batch" in verdict.detail
+    assert "takes 46.8 µs" in verdict.detail and "at most 35.0% of the ceiling" in verdict.detail
+    table = _floor_table(floors, [(8, runs, runs[0], 1e7, 2e7)])
+    assert table.rows[0] == ["8 x 2,048", "0", "46.8 µs", "90.0 µs", "3.5e+08 tokens/s", "35.0%", "23.4 µs"]
+
+
+def test_the_dataloader_floor_hands_over_the_ready_batch_with_and_without_workers():
+    """The floor's DataLoader yields the ready block's four fields; it is timed in µs per batch, any worker count."""
+    from torch.utils.data import DataLoader
+
+    from detsampler.loader.dataset import collate_micro_batch
+    from tests.benchmarks.ceiling import ReadyBatches, dataloader_floor
+
+    ready = ReadyBatches(2, 16, 100)
+    ready.block[1] = 7
+    batches = list(DataLoader(ready, batch_sampler=[[0, 1]] * 3, num_workers=1, collate_fn=collate_micro_batch))
+    assert len(batches) == 3
+    assert [tuple(v.shape) for v in batches[0].values()] == [(2, 16)] * 4
+    assert int(batches[2]["labels"].sum()) == 7 * 32 and int(batches[2]["input_ids"].sum()) == 0
+    for workers in (0, 1):
+        assert dataloader_floor(lambda: [[0, 1]] * 4, 2, 16, workers, repeats=2) > 0
+
+
+def test_the_stored_table_ranks_by_the_second_pass_and_shows_the_first():
+    from tests.benchmarks.bench_loader import WORKERS, _group_table
+
+    rates = {("a", w): (2e7, 10, 1e7) for w in WORKERS} | {("b", w): (3e7, 10, 3e7) for w in WORKERS}
+    rates[("b", 1)] = "RuntimeError: boom"
+    table, strongest = _group_table("T", rates, ["a", "b"], 1e9, first_pass=True)
+    assert table.columns[2:4] == ["tokens/s", "first pass"]
+    assert table.rows[0][2:4] == ["2e+07 tokens/s", "1e+07 tokens/s"]
+    assert table.rows[len(WORKERS) + 1][2:4] == ["failed: RuntimeError: boom", "—"]
+    assert strongest.startswith("Strongest contender: b with num_workers=")

@@ -11,6 +11,10 @@ widening, no labels, position or document ids, no tensors, no DataLoader):
 
 Each is timed over all batches, ``repeats`` times; the ceiling is the fastest median. The spread (min and max over the
 repeats) is reported beside it.
+
+Beside the copies, :func:`dataloader_floor` times what torch's ``DataLoader`` alone costs per batch: a dataset whose
+``__getitems__`` hands over one batch made in advance (the four int64 fields, as detsampler yields them), so no loader
+that delivers through a DataLoader can be faster than that floor.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CeilingRun", "ceiling_runs", "gather_copy", "raw_tokens", "slice_copy", "span_addresses", "span_pieces"]
+__all__ = [
+    "CeilingRun",
+    "ReadyBatches",
+    "ceiling_runs",
+    "dataloader_floor",
+    "gather_copy",
+    "raw_tokens",
+    "slice_copy",
+    "span_addresses",
+    "span_pieces",
+]
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,51 @@ def ceiling_runs(index, batches: list, per_batch: int, timed_tokens: int, repeat
         fn()  # warm the page cache and the code path
         runs.append(CeilingRun(name, *_rates(fn, repeats, timed_tokens)))
     return runs
+
+
+class ReadyBatches:
+    """A map-style dataset whose every micro batch is one block made in advance, in shared memory: ``__getitems__``
+    returns it as detsampler's :class:`~detsampler.loader.dataset.MicroBatch` (four int64 ``[B, seq_len]`` fields), so
+    a DataLoader over it does nothing but its own work (a worker hands over the block's handle, as detsampler's do)."""
+
+    def __init__(self, micro_batch: int, seq_len: int, num_samples: int) -> None:
+        import torch
+
+        self.block = torch.zeros(
+            (4, micro_batch, seq_len), dtype=torch.int64
+        ).share_memory_()  # a worker sends a handle
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitems__(self, sample_ids):
+        from detsampler.gather import FIELDS
+        from detsampler.loader.dataset import MicroBatch
+
+        return MicroBatch(dict(zip(FIELDS, self.block.unbind(0))))
+
+
+def dataloader_floor(batch_sampler, micro_batch: int, seq_len: int, num_workers: int, repeats: int = 5) -> float:
+    """Median µs per batch that ``DataLoader(ReadyBatches, batch_sampler=..., collate_fn=collate_micro_batch)`` takes
+    to hand over a batch made in advance (``batch_sampler`` is iterated afresh each pass; the first batch of each pass,
+    with the workers' start, is not timed)."""
+    from torch.utils.data import DataLoader
+
+    from detsampler.loader.dataset import collate_micro_batch
+
+    dataset = ReadyBatches(micro_batch, seq_len, 1 << 30)
+    times = []
+    for _ in range(repeats):
+        it = iter(
+            DataLoader(dataset, batch_sampler=batch_sampler(), num_workers=num_workers, collate_fn=collate_micro_batch)
+        )
+        next(it)
+        n, t0 = 0, time.perf_counter()
+        for _batch in it:
+            n += 1
+        times.append((time.perf_counter() - t0) / max(n, 1) * 1e6)
+    return float(np.median(times))
 
 
 def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
