@@ -500,8 +500,8 @@ def main() -> BenchResult:
     )
     stored_table.notes.append(
         "Each stored-token contender reads the same batches twice, a fresh loader each pass; tokens/s is the second"
-        " pass (every file in the page cache, detsampler's chunks CRC-checked by the first), the first pass beside it"
-        " (detsampler checks each 64 KiB chunk's CRC-32 on its first read in a process)."
+        " pass, the first beside it: the first pays each loader's first reads (page faults of fresh memory maps, first"
+        " calls, and for detsampler each 64 KiB chunk's CRC-32 check)."
     )
     stored_table.notes.append(
         "What each yields per micro batch: detsampler four int64 [8, 2048] tensors (input ids, labels, position ids, "
