@@ -99,3 +99,19 @@ def test_scale_sizes_over_the_disk_budget_or_the_free_disk_are_skipped_with_the_
     assert "over the 10.0 GB budget" in skip_reason(10**9, 10**12)
     assert "free" in skip_reason(10**8, 10 * 10**9)
     assert 7 <= float(np.median(synthetic_lengths(10_000, median=8.0))) <= 9
+
+
+def test_the_ceiling_headline_names_the_dataloader_floor_when_the_section_has_it():
+    from tests.benchmarks.headlines import _floor
+
+    table = (
+        "**torch's DataLoader alone: µs per batch to hand over a batch made in advance**\n\n"
+        "| micro batch | num_workers | list of index lists | DeterministicBatchSampler | at most (list) | / ceiling |"
+        " 70% of the ceiling allows |\n|---|---|---|---|---|---|---|\n"
+        "| 8 x 2,048 | 1 | 900.0 µs | 950.0 µs | 1.8e+07 tokens/s | 0.3% | 3.4 µs |\n"
+        "| 8 x 2,048 | 0 | 12.5 µs | 72.3 µs | 1.31e+09 tokens/s | 18.9% | 3.4 µs |\n"
+    )
+    assert _floor(table) == (
+        "; torch's DataLoader alone takes 12.5 µs per batch, at most 18.9% of the ceiling, where 70% allows 3.4 µs"
+    )
+    assert _floor("no such table") == ""
