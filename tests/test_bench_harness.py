@@ -181,11 +181,12 @@ def test_the_verdict_names_the_dataloader_floor_against_the_target_budget():
     runs = [CeilingRun("memcpy of the same bytes", 1e9, 0.9e9, 1.1e9)]
     stages = {8: {"plan": 40.0, "locate": 100.0, "read + fields": 200.0, "get_batch": 300.0}}
     floors = {(8, 0): (46.8, 90.0), (8, 1): (500.0, 600.0), (8, 2): (400.0, 450.0)}
-    verdict = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7)], stages, 2, floors)
+    verdict = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7)], stages, 2, floors, {8: 30.0})
     assert "70% of the ceiling allows 23.4 µs per 8 x 2,048 batch" in verdict.detail
     assert "takes 46.8 µs" in verdict.detail and "at most 35.0% of the ceiling" in verdict.detail
-    table = _floor_table(floors, [(8, runs, runs[0], 1e7, 2e7)])
-    assert table.rows[0] == ["8 x 2,048", "0", "46.8 µs", "90.0 µs", "3.5e+08 tokens/s", "35.0%", "23.4 µs"]
+    assert "writing the four int64 fields alone takes 30.0 µs." in verdict.detail
+    table = _floor_table(floors, [(8, runs, runs[0], 1e7, 2e7)], {8: 30.0})
+    assert table.rows[0] == ["8 x 2,048", "0", "46.8 µs", "90.0 µs", "3.5e+08 tokens/s", "35.0%", "30.0 µs", "23.4 µs"]
 
 
 def test_the_dataloader_floor_hands_over_the_ready_batch_with_and_without_workers():
@@ -193,7 +194,7 @@ def test_the_dataloader_floor_hands_over_the_ready_batch_with_and_without_worker
     from torch.utils.data import DataLoader
 
     from detsampler.loader.dataset import collate_micro_batch
-    from tests.benchmarks.ceiling import ReadyBatches, dataloader_floor
+    from tests.benchmarks.ceiling import ReadyBatches, dataloader_floor, fields_write_floor
 
     ready = ReadyBatches(2, 16, 100)
     ready.block[1] = 7
@@ -203,6 +204,7 @@ def test_the_dataloader_floor_hands_over_the_ready_batch_with_and_without_worker
     assert int(batches[2]["labels"].sum()) == 7 * 32 and int(batches[2]["input_ids"].sum()) == 0
     for workers in (0, 1):
         assert dataloader_floor(lambda: [[0, 1]] * 4, 2, 16, workers, repeats=2) > 0
+    assert fields_write_floor(2, 16, repeats=3) > 0
 
 
 def test_the_stored_table_ranks_by_the_second_pass_and_shows_the_first():

@@ -14,7 +14,8 @@ repeats) is reported beside it.
 
 Beside the copies, :func:`dataloader_floor` times what torch's ``DataLoader`` alone costs per batch: a dataset whose
 ``__getitems__`` hands over one batch made in advance (the four int64 fields, as detsampler yields them), so no loader
-that delivers through a DataLoader can be faster than that floor.
+that delivers through a DataLoader can be faster than that floor; :func:`fields_write_floor` times the write of those
+four fields alone (one block copy), what any loader yielding them pays whether or not a DataLoader carries them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "ReadyBatches",
     "ceiling_runs",
     "dataloader_floor",
+    "fields_write_floor",
     "gather_copy",
     "raw_tokens",
     "slice_copy",
@@ -184,6 +186,20 @@ def dataloader_floor(batch_sampler, micro_batch: int, seq_len: int, num_workers:
             n += 1
         times.append((time.perf_counter() - t0) / max(n, 1) * 1e6)
     return float(np.median(times))
+
+
+def fields_write_floor(micro_batch: int, seq_len: int, repeats: int = 50) -> float:
+    """Median µs to write one micro batch's four int64 ``[B, seq_len]`` fields (one copy of a ready ``[4, B, seq_len]``
+    block into another: the bytes a loader yielding them must write, with nothing computed or read from the index)."""
+    src = np.ones((4, micro_batch, seq_len), dtype=np.int64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e6
 
 
 def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
