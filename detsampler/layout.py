@@ -17,8 +17,8 @@ L)``
   (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again.
 
 Each layout holds a few arrays: computed in RAM from the lengths (:func:`make_layout`), or given, e.g. memory maps of a
-persisted layout (:mod:`detsampler.index.layouts`); it then reads the document order pointwise and holds nothing of size
-D.
+persisted layout (:mod:`detsampler.index.layouts`, which stores the document order too); it then holds nothing of size
+D, and reads the order from the given array, or computes it pointwise (:func:`documents_at`) when none is given.
 For ``document`` and ``bestfit`` every position of every document lies in exactly one sample per epoch
 (tests/test_layout.py).
 """
@@ -196,29 +196,42 @@ def _before(ends: Any, pos: np.ndarray) -> np.ndarray:
     return out
 
 
+def _bounds(ends: Any, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(_before(ends, pos), ends[pos])`` in one read of ``ends``."""
+    both = _take(ends, np.concatenate([np.maximum(pos - 1, 0), pos]))
+    begin = both[: len(pos)]
+    begin[pos == 0] = 0
+    return begin, both[len(pos) :]
+
+
 class _Ordered:
-    """What the layouts share: the config, the lengths, and the seeded document order, in RAM (built from lengths) or
-    pointwise (opened from persisted arrays, where nothing of size D is held)."""
+    """What the layouts share: the config, the lengths, and the seeded document order: in RAM (built from lengths),
+    given (e.g. a persisted layout's checked memory map: nothing of size D is held), or else computed pointwise."""
 
     config: LayoutConfig
     lengths: Any
     num_documents: int
-    _order: np.ndarray | None
+    _order: Any
 
-    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool) -> None:
+    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool, order: Any = None) -> None:
         self.config = config
         self.lengths = _check_lengths(lengths) if in_ram else lengths
         self.num_documents = len(self.lengths)
-        self._order = document_order(self.num_documents, config.seed) if in_ram else None
+        if order is not None and len(order) != self.num_documents:
+            raise ValueError(f"a document order of {len(order)} documents, the lengths have {self.num_documents}")
+        self._order = document_order(self.num_documents, config.seed) if in_ram else order
 
     @property
     def order(self) -> np.ndarray:
-        """The whole document order (O(D): for tests and tools; the layout itself reads it pointwise)."""
-        return self._order if self._order is not None else document_order(self.num_documents, self.config.seed)
+        """The whole document order (O(D): for tests and tools; the layout reads it only at the positions it needs)."""
+        if self._order is not None:
+            return np.asarray(self._order, dtype=np.int64)
+        return document_order(self.num_documents, self.config.seed)
 
     def _docs(self, positions: np.ndarray) -> np.ndarray:
+        """``order[positions]`` (int64): read from the order held or given, else computed pointwise."""
         if self._order is not None:
-            return self._order[positions]
+            return _take(self._order, positions)
         return documents_at(positions, self.num_documents, self.config.seed)
 
     def _extents(self, docs: np.ndarray) -> np.ndarray:
@@ -229,13 +242,14 @@ class ConcatLayout(_Ordered):
     """Documents (each with its EOS) concatenated in the seeded order; sample ``c`` is stream tokens ``[cL, cL + L +
     1)``.
 
-    ``ends[i]`` is the stream position just after the i-th document of the order (given: persisted, else computed).
+    ``ends[i]`` is the stream position just after the i-th document of the order (given: persisted, with the order
+    when it was stored; else computed).
     """
 
     labels_cross_documents = True
 
-    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None) -> None:
-        self._init_lengths(config, lengths, in_ram=ends is None)
+    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, order: Any = None) -> None:
+        self._init_lengths(config, lengths, in_ram=ends is None, order=order)
         self.ends = np.cumsum(self.lengths[self._order] + 1) if ends is None else ends
         self.num_tokens = int(self.ends[-1])
         self.num_samples = (self.num_tokens - 1) // config.seq_len
@@ -257,11 +271,11 @@ class ConcatLayout(_Ordered):
         ids = _check_sample_ids(sample_ids, self.num_samples)
         begin = ids * self.config.seq_len
         end = begin + self.config.seq_len + 1
-        first = np.asarray(self.ends.searchsorted(begin, side="right"), dtype=np.int64)
-        last = np.asarray(self.ends.searchsorted(end - 1, side="right"), dtype=np.int64)
+        found = np.asarray(self.ends.searchsorted(np.concatenate([begin, end - 1]), side="right"), dtype=np.int64)
+        first, last = found[: len(ids)], found[len(ids) :]
         pos, offsets = concat_ranges(first, last - first + 1)
-        doc_begin = _before(self.ends, pos)
-        extent = _take(self.ends, pos) - doc_begin
+        doc_begin, doc_end = _bounds(self.ends, pos)
+        extent = doc_end - doc_begin
         counts = np.diff(offsets)
         starts = np.maximum(np.repeat(begin, counts) - doc_begin, 0)
         stops = np.minimum(np.repeat(end, counts) - doc_begin, extent)
@@ -283,13 +297,15 @@ class DocumentLayout(_Ordered):
     """Each sample is one piece of at most ``seq_len`` positions of one document, starting at a document boundary.
 
     ``ends[i]`` is the number of samples of the first ``i + 1`` documents of the order (given: persisted, with
-    ``num_tokens``; else computed).
+    ``num_tokens`` and the order when it was stored; else computed).
     """
 
     labels_cross_documents = False
 
-    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, num_tokens: int | None = None) -> None:
-        self._init_lengths(config, lengths, in_ram=ends is None)
+    def __init__(
+        self, config: LayoutConfig, lengths: Any, ends: Any = None, num_tokens: int | None = None, order: Any = None
+    ) -> None:
+        self._init_lengths(config, lengths, in_ram=ends is None, order=order)
         if ends is None:
             extent = self.lengths[self._order] + 1
             ends, num_tokens = np.cumsum(-(-extent // config.seq_len)), int(extent.sum())

@@ -32,6 +32,20 @@ def test_a_fenced_search_equals_numpy(tmp_path_factory, n, seed, side):
     assert arr.verified <= len(arr._sums)
 
 
+@given(n=st.integers(1, 40_000), seed=st.integers(0, 2**32 - 1), side=st.sampled_from(["left", "right"]))
+def test_a_fenced_int32_search_with_int64_queries_equals_numpy(tmp_path_factory, n, seed, side):
+    """Queries are searched in the array's dtype when they fit it (no per-block copy), else as given: the same answers,
+    at the dtype's edges and beyond them too."""
+    rng = np.random.default_rng(seed)
+    top = np.iinfo(np.int32).max
+    values = (top - 3 * n + np.cumsum(rng.integers(0, 4, size=n))).astype(np.int32)  # may reach 2^31 - 1
+    arr = _checked(tmp_path_factory.mktemp("a"), values, fence=True)
+    inside = np.concatenate([rng.integers(int(values[0]) - 2, top + 1, size=64), values[:: max(1, n // 50)], [top]])
+    for queries in (inside.astype(np.int64), np.append(inside, [top + 1, 2**40, -(2**40)]).astype(np.int64)):
+        want = np.searchsorted(values.astype(np.int64), queries, side=side)
+        np.testing.assert_array_equal(arr.searchsorted(queries, side=side), want)
+
+
 @pytest.mark.parametrize("fence", [False, True])
 def test_an_edited_chunk_is_refused_by_reads_and_searches(tmp_path, fence):
     values = np.arange(100_000, dtype=np.int64) * 2

@@ -1,10 +1,10 @@
 """Issue 12.4: an index of 10^8 documents (lengths only) opens and locates a micro batch in a fresh process without
 reading anything of size D: the chunks read are counted, the private memory growth bounded, the spans checked exactly.
 And the on-disk widths that make 10^9 documents fit: int32 lengths and no offsets in a lengths-only index (format 3),
-int32 layout arrays wherever their bound fits (layout format 2).
+int32 layout arrays wherever their bound fits (layout format 2; format 3 adds the int32 document order).
 
-Disk: ~1.2 GB (int32 lengths, one concat layout) under pytest's tmp directory, removed afterwards; time: ~1-2 minutes
-on 2 cores (the build is the cost; the fresh process's open and locate are milliseconds).
+Disk: ~1.6 GB (int32 lengths, one concat layout: int64 ends and int32 order) under pytest's tmp directory, removed
+afterwards; time: ~1-2 minutes on 2 cores (the build is the cost; the fresh process's open and locate are milliseconds).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from detsampler.layout import LayoutConfig, make_layout
 from tests.test_layouts import CONFIGS, assert_same_layout
 
 NUM_DOCUMENTS = 10**8
-NEEDS_BYTES = 2 * 10**9
+NEEDS_BYTES = 2 * 10**9  # lengths 0.4 GB, concat ends 0.8 GB and order 0.4 GB, with a margin
 
 
 @pytest.mark.slow
@@ -84,9 +84,12 @@ def test_layout_arrays_are_int32_exactly_where_their_bound_fits():
     fits = SimpleNamespace(num_documents=10**9, num_tokens=10**12)  # 10^9 + 4.9e8 samples at most: < 2^31
     over = SimpleNamespace(num_documents=10**9, num_tokens=3 * 10**12)  # up to 2.46e9 samples
     i32, i64 = np.dtype(np.int32), np.dtype(np.int64)
-    assert _dtypes(fits, LayoutConfig(kind="concat", seq_len=2048)) == {"ends.npy": i64}  # stream positions
-    assert _dtypes(fits, LayoutConfig(kind="document", seq_len=2048)) == {"ends.npy": i32}
-    assert _dtypes(over, LayoutConfig(kind="document", seq_len=2048)) == {"ends.npy": i64}
+    concat, document = LayoutConfig(kind="concat", seq_len=2048), LayoutConfig(kind="document", seq_len=2048)
+    assert _dtypes(fits, concat) == {"ends.npy": i64, "order.npy": i32}  # stream positions; document ids
+    assert _dtypes(fits, document) == {"ends.npy": i32, "order.npy": i32}
+    assert _dtypes(over, document) == {"ends.npy": i64, "order.npy": i32}
+    assert _dtypes(SimpleNamespace(num_documents=2**31, num_tokens=0), concat)["order.npy"] == i32  # ids < 2^31
+    assert _dtypes(SimpleNamespace(num_documents=2**31 + 1, num_tokens=0), document)["order.npy"] == i64
     bestfit = LayoutConfig(kind="bestfit", seq_len=2048)
     assert _dtypes(fits, bestfit)["bin_items.npy"] == i32 and _dtypes(over, bestfit)["bin_items.npy"] == i64
     assert _dtypes(SimpleNamespace(num_documents=2**31, num_tokens=0), bestfit)["item_docs.npy"] == i64

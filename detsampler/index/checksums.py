@@ -238,13 +238,19 @@ class VerifiedArray:
 
     def _fenced_search(self, v: Any, side: str) -> np.ndarray:
         values = np.asarray(v).reshape(-1)
+        if values.dtype != self.dtype and values.dtype.kind in "iu" and self.dtype.kind in "iu" and values.size:
+            info = np.iinfo(self.dtype)  # searched in the array's own dtype: numpy would copy each block to the values'
+            if info.min <= int(values.min()) and int(values.max()) <= info.max:
+                values = values.astype(self.dtype)
         block = np.searchsorted(self._fence, values, side=side) - 1  # fence[block] < v <= fence[block + 1] (left)
         out = np.zeros(len(values), dtype=np.int64)
         n, every = len(self._array), self.fence_every
+        plain = self._array.view(np.ndarray)  # read only where checked just before: no memmap object per slice
         for b in sorted(set(block[block >= 0].tolist())):
             lo, hi = b * every, min((b + 1) * every, n)
+            self._check_range(lo, hi - 1)
             mine = block == b
-            out[mine] = lo + np.searchsorted(self[lo:hi], values[mine], side=side)
+            out[mine] = lo + plain[lo:hi].searchsorted(values[mine], side=side)
         return out.reshape(np.shape(v))
 
     def checked_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:

@@ -7,6 +7,8 @@ A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs
                                        samples up to it (int32 when they fit)
     ends.fence.npy    as ends[D/k]     every k-th entry of ends, k = 64 KiB / itemsize (read whole on open: a search
                                        then reads one 64 KiB block)
+    order.npy         int32|int64[D]   concat, document: the seeded document order (``document_order``): the i-th
+                                       document (int32 when D < 2^31)
     window_bins.npy   int64[W+1]       bestfit: bins of window w are window_bins[w]:window_bins[w+1]
     bin_items.npy     int64|int32[B+1] bestfit: items of bin (sample) b are bin_items[b]:bin_items[b+1]
     item_docs.npy     int64|int32[I]   bestfit: the item's document
@@ -70,8 +72,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LAYOUT_FORMAT_VERSION", "PersistedLayout", "build_layout", "layout_dir", "open_layout"]
 
-# 2: int32 arrays where their values fit (the dtype recorded per file); 1: every count and id int64
-LAYOUT_FORMAT_VERSION = 2
+# 3: concat and document store the document order (order.npy); 2: int32 arrays where their values fit (the dtype
+# recorded per file); 1: every count and id int64
+LAYOUT_FORMAT_VERSION = 3
 LAYOUT_KIND = "detsampler-layout"
 CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
 log = logging.getLogger("detsampler")
@@ -124,9 +127,9 @@ def _dtypes(index: Any, config: LayoutConfig) -> dict[str, np.dtype]:
     n = int(index.num_documents)
     pieces = (int(index.num_tokens) + n) // config.seq_len + n
     if config.kind == "concat":
-        return {"ends.npy": np.dtype(np.int64)}
+        return {"ends.npy": np.dtype(np.int64), "order.npy": _narrowest(n - 1)}
     if config.kind == "document":
-        return {"ends.npy": _narrowest(pieces)}
+        return {"ends.npy": _narrowest(pieces), "order.npy": _narrowest(n - 1)}
     return {
         "window_bins.npy": np.dtype(np.int64),
         "bin_items.npy": _narrowest(pieces),
@@ -161,9 +164,10 @@ def _init_worker(index_path: str) -> None:
     _WORKER_LENGTHS = _readable_lengths(open_index(index_path))
 
 
-def _extents(lengths: np.ndarray, config: LayoutConfig, a: int, b: int) -> np.ndarray:
-    """Extents (``length + 1``) of the documents at positions ``[a, b)`` of the seeded order."""
-    return lengths[documents_at(np.arange(a, b), len(lengths), config.seed)].astype(np.int64) + 1
+def _extents(lengths: np.ndarray, config: LayoutConfig, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documents at positions ``[a, b)`` of the seeded order and their extents (``length + 1``)."""
+    docs = documents_at(np.arange(a, b), len(lengths), config.seed)
+    return docs, lengths[docs].astype(np.int64) + 1
 
 
 def _pack_block(lengths: np.ndarray, config: LayoutConfig, w0: int, w1: int) -> Packed:
@@ -204,19 +208,23 @@ def _ordered(
 def _write_ends(
     tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
 ) -> dict:
-    """``ends.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory per process)."""
+    """``ends.npy`` and ``order.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory
+    per process)."""
     n = len(lengths)
     out = _NpyStream(tmp / "ends.npy", dtypes["ends.npy"])
+    order = _NpyStream(tmp / "order.npy", dtypes["order.npy"])
     carry, tokens = 0, 0
     ranges = [(a, min(a + CHUNK_DOCS, n)) for a in range(0, n, CHUNK_DOCS)]
     with _bar(n, f"{config.kind} layout", progress) as bar:
-        for extent in _ordered("extents", lengths, index_path, config, ranges, num_proc):
+        for docs, extent in _ordered("extents", lengths, index_path, config, ranges, num_proc):
             tokens += int(extent.sum())
             ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
             out.write(ends)
+            order.write(docs)
             carry = int(ends[-1])
             bar.update(len(extent))
     out.close()
+    order.close()
     return {"num_tokens": tokens, "num_samples": (carry - 1) // config.seq_len if config.kind == "concat" else carry}
 
 
@@ -342,13 +350,14 @@ def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
             raise TokenIndexError(f"layout {str(path)!r}: {name} is not recorded as {dt.name}")
     if config.kind != "bestfit":
         ends = open_checked(path, files, "ends.npy", dtypes["ends.npy"], (n,))
+        order = open_checked(path, files, "order.npy", dtypes["order.npy"], (n,))
         if config.kind == "concat":
             if int(ends[-1]) != r["num_tokens"]:
                 raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_tokens']} tokens")
-            return ConcatLayout(config, index.lengths, ends)
+            return ConcatLayout(config, index.lengths, ends, order)
         if int(ends[-1]) != r["num_samples"]:
             raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_samples']} samples")
-        return DocumentLayout(config, index.lengths, ends, r["num_tokens"])
+        return DocumentLayout(config, index.lengths, ends, r["num_tokens"], order)
     b, m, w = int(r["num_samples"]), int(r["num_items"]), -(-n // config.window_docs)
     packing = BinPacking(
         window_bins=open_checked(path, files, "window_bins.npy", dtypes["window_bins.npy"], (w + 1,)),

@@ -3,9 +3,10 @@ open time, memory growth and locate time per micro batch at 10^6 .. 10^9 documen
 
 For each corpus size, a lengths-only index (``synthetic_index``: uniform lengths in [1, 2000), no tokens; int32
 lengths, 4 bytes per document) is built, then each layout kind's persisted layout in turn (``index.layout``, timed:
-the once-per-corpus cost), measured, and removed before the next (so the disk holds one layout at a time: ~12 GB at
-10^9 documents). Every measurement of a process's cost runs in a fresh interpreter (``_corpus_scale_child``), one
-after the other: open the index and the layout, plan, locate the first micro batch (8 samples x 2048 tokens, rank 7 of
+the once-per-corpus cost), measured, and removed before the next (so the disk holds one layout at a time: ~16 GB at
+10^9 documents, 4 GB of it the concat layout's order.npy). Every measurement of a process's cost runs in a fresh
+interpreter (``_corpus_scale_child``), one after the other: open the index and the layout, plan, locate the first
+micro batch (8 samples x 2048 tokens, rank 7 of
 8, mid-epoch): "open + first micro batch" and the growth of the process's resident memory meanwhile (peak, and the
 private part: the rest is mapped file pages, shared by every process on the node); then the median ``locate`` of 50
 random steps whose chunks are read for the first time (cold: each chunk's checksum computed) and again (warm); and a
@@ -33,7 +34,7 @@ __all__ = ["main"]
 
 SIZES = [10**6, 10**7, 10**8, 10**9]
 KINDS = ["concat", "document", "bestfit"]
-BYTES_PER_DOC = 4 + 8 + 2  # int32 lengths + the largest layout held at a time (concat ends), and a margin
+BYTES_PER_DOC = 4 + 8 + 4 + 2  # int32 lengths + the largest layout held at a time (concat ends, int32 order), a margin
 IN_RAM_MAX = 10**8  # today's layouts above this need more RAM than the machine has to spare
 DISTRIBUTED_MAX = 10**8  # DistributedSampler materializes a list of the samples: ~50 bytes each
 
