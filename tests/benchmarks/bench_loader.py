@@ -456,8 +456,8 @@ def _ceiling_verdict(
     small = stages[MICRO_BATCH]
     where = (
         f" Where the time goes at {MICRO_BATCH} x {SEQ_LEN:,} (µs per micro batch): the plan's sample ids "
-        f"{small['plan']:.0f}, the layout's locate {small['locate']:.0f} (mostly the seeded document order's cycle "
-        f"walk, computed pointwise), read + fields {small['read + fields']:.0f}; the ceiling's copy moves "
+        f"{small['plan']:.0f}, the layout's locate {small['locate']:.0f}, read + fields "
+        f"{small['read + fields']:.0f}; the ceiling's copy moves "
         f"{MICRO_BATCH * (SEQ_LEN + 1) * itemsize:,} bytes in "
         f"{MICRO_BATCH * SEQ_LEN / rows[0][2].median * 1e6:.1f} µs, while the loader writes 32 bytes per position "
         "(four int64 fields) and pays a fixed Python cost per batch (plan, locate, DataLoader fetch)."
