@@ -15,7 +15,7 @@ import numpy as np
 from detsampler.layout import Spans
 from detsampler.ranges import concat_ranges
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
@@ -127,4 +127,47 @@ def pack_fields(
         _fill_suffixes(position_ids, per_sample, 0)
     else:
         position_ids[:] = np.arange(L, dtype=np.int64)
+    return out
+
+
+def pack_tokens(
+    spans: Spans,
+    sample_len: int,
+    doc_starts: np.ndarray,
+    doc_lengths: np.ndarray,
+    read,
+    *,
+    eos_id: int,
+    eos_stored: bool,
+    out: np.ndarray,
+) -> np.ndarray:
+    """Write the token ids of the samples of ``spans`` into ``out`` (``[B, sample_len]``, an integer dtype that holds
+    every id): the positions :func:`pack_fields` lays out before it derives the fields (for ``concat`` its inputs are
+    ``out[:, :-1]`` and its labels ``out[:, 1:]``). Every sample must fill its ``sample_len`` positions (a ``concat``
+    sample always does): there is no padding to mark without the other fields.
+
+    Cost: per span, one slice copy of its stored tokens (or one fancy-index gather, see :func:`pack_fields`); no
+    whole-grid pass.
+    """
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
+    cum = np.zeros(span_len.size + 1, dtype=np.int64)
+    np.cumsum(span_len, out=cum[1:])
+    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
+    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    short = per_sample < sample_len
+    if short.any():
+        raise ValueError(
+            f"sample {int(np.argmax(short))} of the batch holds {int(per_sample[short][0])} positions, fewer than"
+            f" sample_len={sample_len}: token ids alone cannot mark its padding (read the four fields instead)"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous: its rows are written through one flat view")
+    flat = out.reshape(-1)
+    grid_begin = cum[:-1]
+    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
+    _fill_tokens(flat, grid_begin, reads, doc_starts + spans.starts, read)
+    if not eos_stored:
+        flat[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
     return out

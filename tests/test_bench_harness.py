@@ -155,13 +155,25 @@ def test_the_ceiling_verdict_states_the_gap_or_meets_the_target():
         }
         for b in (8, 64)
     }
-    missed = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7), (64, runs, runs[0], 5e7, 6e7)], stages, 2)
+    rows = [
+        (8, runs, runs[0], {"fields": 1e7, "tokens": 5e6}, {"fields": 2e7, "tokens": 3e7}),
+        (64, runs, runs[0], {"fields": 5e7}, {"fields": 6e7}),
+    ]
+    missed = _ceiling_verdict(rows, stages, 2)
     assert not missed.met
-    assert "8 x 2,048: 1e+07 tokens/s = 1.00% of the ceiling's 1e+09 tokens/s" in missed.detail
+    assert "8 x 2,048: detsampler concat 1e+07 tokens/s = 1.00% of the ceiling's 1e+09 tokens/s" in missed.detail
     assert "70x short of 70%" in missed.detail and "locate 100" in missed.detail
-    assert _ceiling_verdict([(8, runs, runs[0], 7e8, 8e8)], stages, 2).met
-    tables = _shape_tables([(8, runs, runs[0], 1e7, 2e7)], {8: stages[8]})
+    met = _ceiling_verdict([(8, runs, runs[0], {"fields": 1e7, "tokens": 7e8}, {"fields": 8e8})], stages, 2)
+    assert met.met and "detsampler concat, output='tokens' 7e+08 tokens/s = 70.00%" in met.detail
+    tables = _shape_tables([rows[0]], {8: {**stages[8], "read, tokens": 50.0, "get_batch tokens": 150.0}})
+    assert tables[1].rows[2] == [
+        "8 x 2,048",
+        "detsampler concat, output='tokens', DataLoader, best num_workers",
+        "5e+06 tokens/s",
+        "0.50%",
+    ]
     assert tables[2].rows[2] == ["read + fields", "400 -> 200"]
+    assert tables[2].rows[4:] == [["read, output='tokens'", "— -> 50"], ["get_batch, output='tokens'", "— -> 150"]]
 
 
 def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():
@@ -181,11 +193,12 @@ def test_the_verdict_names_the_dataloader_floor_against_the_target_budget():
     runs = [CeilingRun("memcpy of the same bytes", 1e9, 0.9e9, 1.1e9)]
     stages = {8: {"plan": 40.0, "locate": 100.0, "read + fields": 200.0, "get_batch": 300.0}}
     floors = {(8, 0): (46.8, 90.0), (8, 1): (500.0, 600.0), (8, 2): (400.0, 450.0)}
-    verdict = _ceiling_verdict([(8, runs, runs[0], 1e7, 2e7)], stages, 2, floors, {8: 30.0})
+    row = (8, runs, runs[0], {"fields": 1e7}, {"fields": 2e7})
+    verdict = _ceiling_verdict([row], stages, 2, floors, {8: 30.0})
     assert "70% of the ceiling allows 23.4 µs per 8 x 2,048 batch" in verdict.detail
     assert "takes 46.8 µs" in verdict.detail and "at most 35.0% of the ceiling" in verdict.detail
     assert "writing the four int64 fields alone takes 30.0 µs." in verdict.detail
-    table = _floor_table(floors, [(8, runs, runs[0], 1e7, 2e7)], {8: 30.0})
+    table = _floor_table(floors, [row], {8: 30.0})
     assert table.rows[0] == ["8 x 2,048", "0", "46.8 µs", "90.0 µs", "3.5e+08 tokens/s", "35.0%", "30.0 µs", "23.4 µs"]
 
 

@@ -12,6 +12,12 @@ the
   otherwise ``0 .. seq_len-1``.
 - ``document_ids``: the document each position comes from, ``-1`` on padding.
 
+With ``output="tokens"`` (``concat`` only) a sample is instead ``tokens``: its ``seq_len + 1`` token ids in the index's
+stored dtype (``uint16`` for a vocabulary of up to 65,536 pieces), so that ``tokens[:, :-1]`` are the inputs and
+``tokens[:, 1:]`` the labels of the four-field output, exactly; positions restart nowhere and every position is one
+document's (``concat`` has no padding). A quarter of the int64 input ids' bytes, an eighth with the labels, one
+slice copy per span and nothing else: widen on the device (``batch["tokens"].to(device).long()``).
+
 ``__getitems__`` reads a whole micro batch at once (:func:`detsampler.gather.pack_fields`, a slice copy per span) from
 the index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the
 dataset's text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error,
@@ -38,15 +44,17 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from detsampler.gather import FIELDS, pack_fields
-from detsampler.index.format import TokenIndexError
+from detsampler.gather import FIELDS, pack_fields, pack_tokens
+from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
 from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["FIELDS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
+__all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
+
+OUTPUTS = ("fields", "tokens")  # what a sample is: the four int64 FIELDS, or its token ids alone (concat)
 
 
 class MicroBatch(SequenceABC):
@@ -56,7 +64,7 @@ class MicroBatch(SequenceABC):
 
     def __init__(self, batch: dict[str, torch.Tensor]) -> None:
         self.batch = batch
-        self._len = len(batch["input_ids"])
+        self._len = len(next(iter(batch.values())))
 
     def __len__(self) -> int:
         return self._len
@@ -79,7 +87,8 @@ class PackedDataset(Dataset):
     """Map-style dataset of the samples of ``layout`` over ``index``: ``len(ds) == layout.num_samples``.
 
     When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index
-    was built from, which is checked) supply the text and the tokenization.
+    was built from, which is checked) supply the text and the tokenization. ``output`` is ``"fields"`` (the four int64
+    fields) or ``"tokens"`` (``concat`` only: the ``seq_len + 1`` token ids in the index's stored dtype).
     """
 
     def __init__(
@@ -92,7 +101,9 @@ class PackedDataset(Dataset):
         tokenizer: TokenizerLike | None = None,
         text_column: str = "text",
         cache_tokens: int = 1 << 22,
+        output: str = "fields",
     ) -> None:
+        _check_output(output, layout)
         if not _layout_matches(layout, index):
             raise ValueError(
                 f"the layout was made over other document lengths ({layout.num_documents} documents) than the index "
@@ -109,6 +120,8 @@ class PackedDataset(Dataset):
         self.tokenizer = tokenizer
         self.text_column = text_column
         self.cache_tokens = int(cache_tokens)
+        self.output = output
+        self.token_dtype = np.dtype(index.tokens.dtype) if index.tokens is not None else token_dtype(index.vocab_size)
         self._cache = TokenCache(self.cache_tokens)
         self._eos_stored = bool(getattr(index, "eos_stored", False))
         self._texts = None
@@ -133,6 +146,7 @@ class PackedDataset(Dataset):
             tokenizer=self.tokenizer,
             text_column=self.text_column,
             cache_tokens=self.cache_tokens,
+            output=self.output,
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -190,14 +204,28 @@ class PackedDataset(Dataset):
         return np.split(flat, ends[:-1])
 
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors (see the module doc)."""
+        """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors, or with
+        ``output="tokens"`` ``{"tokens": [len(sample_ids), seq_len + 1]}`` in the stored dtype (see the module doc)."""
         raw = np.asarray(sample_ids)
         if raw.size and raw.dtype.kind not in "iu":
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
         ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
         doc_starts, doc_lengths, read = self._token_source(spans.doc_ids)
-        block = _new_block((len(FIELDS), len(ids), self.seq_len))
+        if self.output == "tokens":
+            tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
+            pack_tokens(
+                spans,
+                self.layout.sample_len,
+                doc_starts,
+                doc_lengths,
+                read,
+                eos_id=self.index.eos_id,
+                eos_stored=self._eos_stored,
+                out=tokens.numpy(),
+            )
+            return {"tokens": tokens}
+        block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
             self.seq_len,
@@ -215,15 +243,26 @@ class PackedDataset(Dataset):
         return dict(zip(FIELDS, block.unbind(0)))
 
 
-def _new_block(shape: tuple[int, int, int]) -> torch.Tensor:
-    """An uninitialized int64 tensor for the four fields: one storage, so a DataLoader worker hands the batch over in
-    one block; in a worker it is allocated in shared memory at once (as torch's own collate does), so handing it over
-    copies nothing."""
+def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+    """An uninitialized tensor of numpy ``dtype`` for a batch: one storage, so a DataLoader worker hands the batch over
+    in one block; in a worker it is allocated in shared memory at once (as torch's own collate does), so handing it
+    over copies nothing."""
+    proto = torch.from_numpy(np.empty(0, dtype=dtype))
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.int64)
-    proto = torch.empty(0, dtype=torch.int64)
+        return torch.empty(shape, dtype=proto.dtype)
     storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
     return proto.new(storage).view(shape)
+
+
+def _check_output(output: str, layout: Layout) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be 'fields' or 'tokens', got {output!r}")
+    if output == "tokens" and not layout.labels_cross_documents:
+        raise ValueError(
+            f"output='tokens' needs a concat layout (its labels are tokens[:, 1:], across documents); this layout is"
+            f" {layout.config.kind}, whose labels stop at each document: use output='fields' (labels and document_ids"
+            " mark the boundaries)"
+        )
 
 
 def _layout_matches(layout: Layout, index: TokenIndex) -> bool:

@@ -220,17 +220,19 @@ def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
     return dict(zip(FIELDS, torch.from_numpy(out).unbind(0)))
 
 
-def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7) -> dict[str, float]:
+def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7, tokens_dataset=None) -> dict[str, float]:
     """Median µs per micro batch of each stage of the stored-token read, the stages interleaved pass by pass (so load
     on the machine hits them alike): the plan's sample ids, the layout's locate, the whole ``get_batch`` now and
     before (:func:`get_batch_before`), and the DataLoader-free remainder of ``get_batch`` (token ranges, checks, the
-    four fields, the tensor)."""
+    four fields, the tensor); with ``tokens_dataset`` (the same layout, ``output="tokens"``) its ``get_batch`` too."""
     stages = {
         "plan": lambda ids: plan.micro_batch(1, 0, 0),
         "locate": lambda ids: dataset.layout.locate(ids),
         "get_batch": dataset.get_batch,
         "get_batch before": lambda ids: get_batch_before(dataset, ids),
     }
+    if tokens_dataset is not None:
+        stages["get_batch tokens"] = tokens_dataset.get_batch
     times: dict[str, list[float]] = {k: [] for k in stages}
     for _ in range(repeats):
         for name, fn in stages.items():
@@ -241,4 +243,6 @@ def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7) -> d
     out = {k: float(np.median(v)) for k, v in times.items()}
     out["read + fields"] = out["get_batch"] - out["locate"]
     out["read + fields before"] = out["get_batch before"] - out["locate"]
+    if tokens_dataset is not None:
+        out["read, tokens"] = out["get_batch tokens"] - out["locate"]
     return out
