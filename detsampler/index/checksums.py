@@ -135,7 +135,9 @@ class VerifiedArray:
     ) -> None:
         self.path = Path(path)
         self._fence = fence  # sorted arrays: every FENCE_EVERY-th element, in RAM, so a search reads one block
-        self._array = array
+        # NOTE: reads go through a plain ndarray view of the map: indexing a np.memmap runs its Python-level
+        # __array_finalize__ on every result, a fixed cost per read that a micro batch pays a dozen times.
+        self._array = array.view(np.ndarray) if isinstance(array, np.memmap) else array
         self._sums = sums
         self._what = what
         self._raw = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
