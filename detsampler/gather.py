@@ -89,8 +89,9 @@ def pack_fields(
     and labels; otherwise each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)``
     returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
 
-    Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
-    fancy-index gather), a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
+    Cost: per span, one slice copy of its stored tokens and a slice write of its document (and positions) (or, with
+    spans of fewer than 64 cells on average, one fancy-index gather and whole-grid repeats), a slice per padded sample,
+    and a few whole-grid passes; nothing per token in Python.
     """
     num_samples, L = len(spans), seq_len
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
@@ -120,11 +121,39 @@ def pack_fields(
         flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
         _fill_suffixes(labels, per_sample, IGNORE_INDEX)
         labels[:, -1] = IGNORE_INDEX
-    document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
-    if restart_position_ids:
-        pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
-        position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
-        _fill_suffixes(position_ids, per_sample, 0)
+    restart = position_ids if restart_position_ids else None
+    if piece_len.size * _FEW_SPANS <= grid.size:
+        _fill_pieces(document_ids, restart, piece_begin, piece_len, piece_doc, sample_len)
     else:
+        document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
+        if restart is not None:
+            pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
+            position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
+            _fill_suffixes(position_ids, per_sample, 0)
+    if restart is None:
         position_ids[:] = np.arange(L, dtype=np.int64)
     return out
+
+
+def _fill_pieces(
+    document_ids: np.ndarray,
+    position_ids: np.ndarray | None,
+    begin: np.ndarray,
+    length: np.ndarray,
+    doc: np.ndarray,
+    sample_len: int,
+) -> None:
+    """Write each piece's document (and, given ``position_ids``, its restarting positions; 0 on padding) into the
+    cells it covers: piece ``j`` covers ``[begin[j], begin[j] + length[j])`` of the flattened ``[B, sample_len]`` grid,
+    within one row, whose first ``document_ids.shape[1]`` columns are kept. A slice per piece, no whole-grid
+    temporary."""
+    width = document_ids.shape[1]
+    ramp = np.arange(width, dtype=np.int64)
+    for g, m, d in zip(begin.tolist(), length.tolist(), doc.tolist()):
+        row, col = divmod(g, sample_len)
+        stop = min(col + m, width)
+        if col >= stop:
+            continue
+        document_ids[row, col:stop] = d
+        if position_ids is not None:
+            position_ids[row, col:stop] = ramp[: stop - col] if d >= 0 else 0
