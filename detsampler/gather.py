@@ -45,6 +45,18 @@ def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sa
     return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
 
 
+def _grid(out: np.ndarray, num_samples: int, sample_len: int, labels_cross_documents: bool) -> np.ndarray:
+    """Where the ``[B, sample_len]`` grid of cells is laid out: the input ids when a sample is one window; for a
+    window shifted into inputs and labels (``sample_len == seq_len + 1``), the memory of the labels and position ids
+    (not written yet), so that no temporary is allocated; else a new array."""
+    seq_len = out.shape[2]
+    if sample_len == seq_len:
+        return out[0]
+    if labels_cross_documents and sample_len == seq_len + 1 and out.flags.c_contiguous:
+        return out[1:3].reshape(-1)[: num_samples * sample_len].reshape(num_samples, sample_len)
+    return np.empty((num_samples, sample_len), dtype=np.int64)
+
+
 def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
     """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
     width = grid.shape[1]
@@ -105,7 +117,7 @@ def pack_fields(
     piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
     grid_begin = piece_begin if real is None else piece_begin[real]
     input_ids, labels, position_ids, document_ids = out
-    grid = input_ids if sample_len == L else np.empty((num_samples, sample_len), dtype=np.int64)
+    grid = _grid(out, num_samples, sample_len, labels_cross_documents)
     tokens = grid.reshape(-1)
     reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
     _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
@@ -113,7 +125,9 @@ def pack_fields(
         tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
     _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
-        input_ids[:], labels[:] = grid[:, :L], grid[:, 1:]
+        last = grid[:, L].copy()  # the grid may lie in the labels' memory: read it all before writing them
+        input_ids[:] = grid[:, :L]
+        labels[:, :-1], labels[:, -1] = input_ids[:, 1:], last
         _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
     else:
         flat = labels.reshape(-1)
