@@ -19,6 +19,7 @@ __all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
+_UNCACHED_CELLS = 1 << 17  # from this many cells (1 MiB of int64) a whole-grid pass costs more than a slice per piece
 _FEW_SPANS = 64  # at least this many cells per span on average: a slice copy per span beats building addresses
 
 
@@ -136,7 +137,7 @@ def pack_fields(
         _fill_suffixes(labels, per_sample, IGNORE_INDEX)
         labels[:, -1] = IGNORE_INDEX
     restart = position_ids if restart_position_ids else None
-    if piece_len.size * _FEW_SPANS <= grid.size:
+    if piece_len.size * _FEW_SPANS <= grid.size and (restart is not None or grid.size >= _UNCACHED_CELLS):
         _fill_pieces(document_ids, restart, piece_begin, piece_len, piece_doc, sample_len)
     else:
         document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]

@@ -71,6 +71,28 @@ def test_a_short_concat_window_labels_only_its_cells():
     batch=6,
     sharded=False,
 )
+@example(  # grids of 1 MiB and more: documents by a slice per piece without restarting positions too
+    max_len=700,
+    num_docs=60,
+    kind="concat",
+    seq_len=2048,
+    eos_stored=False,
+    restart=False,
+    seed=3,
+    batch=64,
+    sharded=False,
+)
+@example(
+    max_len=700,
+    num_docs=60,
+    kind="document",
+    seq_len=2048,
+    eos_stored=True,
+    restart=False,
+    seed=4,
+    batch=64,
+    sharded=False,
+)
 @example(
     max_len=3, num_docs=60, kind="bestfit", seq_len=16, eos_stored=True, restart=True, seed=1, batch=12, sharded=False
 )
