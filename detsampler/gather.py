@@ -102,9 +102,9 @@ def pack_fields(
     and labels; otherwise each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)``
     returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
 
-    Cost: per span, one slice copy of its stored tokens and a slice write of its document (and positions) (or, with
-    spans of fewer than 64 cells on average, one fancy-index gather and whole-grid repeats), a slice per padded sample,
-    and a few whole-grid passes; nothing per token in Python.
+    Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
+    fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
+    whole-grid repeat; a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
     """
     num_samples, L = len(spans), seq_len
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
