@@ -15,6 +15,8 @@ __all__ = ["check_int", "check_positive_int", "is_int"]
 
 def is_int(value: Any) -> bool:
     """Whether ``value`` is an integer (Python or numpy), not a ``bool``."""
+    if type(value) is int:  # the common case, without the ABC check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

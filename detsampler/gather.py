@@ -19,6 +19,7 @@ __all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
+_UNCACHED_CELLS = 1 << 17  # from this many cells (1 MiB of int64) a whole-grid pass costs more than a slice per piece
 _FEW_SPANS = 64  # at least this many cells per span on average: a slice copy per span beats building addresses
 
 
@@ -45,6 +46,18 @@ def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sa
     return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
 
 
+def _grid(out: np.ndarray, num_samples: int, sample_len: int, labels_cross_documents: bool) -> np.ndarray:
+    """Where the ``[B, sample_len]`` grid of cells is laid out: the input ids when a sample is one window; for a
+    window shifted into inputs and labels (``sample_len == seq_len + 1``), the memory of the labels and position ids
+    (not written yet), so that no temporary is allocated; else a new array."""
+    seq_len = out.shape[2]
+    if sample_len == seq_len:
+        return out[0]
+    if labels_cross_documents and sample_len == seq_len + 1 and out.flags.c_contiguous:
+        return out[1:3].reshape(-1)[: num_samples * sample_len].reshape(num_samples, sample_len)
+    return np.empty((num_samples, sample_len), dtype=np.int64)
+
+
 def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
     """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
     width = grid.shape[1]
@@ -66,6 +79,35 @@ def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, sr
     elif reads.size:
         keep = reads > 0
         grid[concat_ranges(grid_begin[keep], reads[keep])[0]] = flat[concat_ranges(src[keep], reads[keep])[0]]
+
+
+def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each span's number of positions and each sample's, checked against ``sample_len`` and the documents."""
+    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
+    cum = np.zeros(span_len.size + 1, dtype=np.int64)
+    np.cumsum(span_len, out=cum[1:])
+    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
+    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    return span_len, per_sample
+
+
+def _write_tokens(
+    tokens: np.ndarray,
+    grid_begin: np.ndarray,
+    spans: Spans,
+    span_len: np.ndarray,
+    doc_starts: np.ndarray,
+    doc_lengths: np.ndarray,
+    read,
+    eos_id: int,
+    eos_stored: bool,
+) -> None:
+    """Span ``j``'s positions into ``tokens`` (flat) from cell ``grid_begin[j]``: its stored tokens, and at position
+    ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there."""
+    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
+    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
+    if not eos_stored:
+        tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
 
 
 def pack_fields(
@@ -90,29 +132,25 @@ def pack_fields(
     returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
 
     Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
-    fancy-index gather), a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
+    fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
+    whole-grid repeat; a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
     """
     num_samples, L = len(spans), seq_len
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
-    cum = np.zeros(span_len.size + 1, dtype=np.int64)
-    np.cumsum(span_len, out=cum[1:])
-    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
-    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    span_len, per_sample = _span_sizes(spans, sample_len, doc_lengths)
     piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
     piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
     grid_begin = piece_begin if real is None else piece_begin[real]
     input_ids, labels, position_ids, document_ids = out
-    grid = input_ids if sample_len == L else np.empty((num_samples, sample_len), dtype=np.int64)
+    grid = _grid(out, num_samples, sample_len, labels_cross_documents)
     tokens = grid.reshape(-1)
-    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
-    if not eos_stored:
-        tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
+    _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
     _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
-        input_ids[:], labels[:] = grid[:, :L], grid[:, 1:]
+        last = grid[:, L].copy()  # the grid may lie in the labels' memory: read it all before writing them
+        input_ids[:] = grid[:, :L]
+        labels[:, :-1], labels[:, -1] = input_ids[:, 1:], last
         _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
     else:
         flat = labels.reshape(-1)
@@ -120,14 +158,42 @@ def pack_fields(
         flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
         _fill_suffixes(labels, per_sample, IGNORE_INDEX)
         labels[:, -1] = IGNORE_INDEX
-    document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
-    if restart_position_ids:
-        pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
-        position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
-        _fill_suffixes(position_ids, per_sample, 0)
+    restart = position_ids if restart_position_ids else None
+    if piece_len.size * _FEW_SPANS <= grid.size and (restart is not None or grid.size >= _UNCACHED_CELLS):
+        _fill_pieces(document_ids, restart, piece_begin, piece_len, piece_doc, sample_len)
     else:
+        document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
+        if restart is not None:
+            pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
+            position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
+            _fill_suffixes(position_ids, per_sample, 0)
+    if restart is None:
         position_ids[:] = np.arange(L, dtype=np.int64)
     return out
+
+
+def _fill_pieces(
+    document_ids: np.ndarray,
+    position_ids: np.ndarray | None,
+    begin: np.ndarray,
+    length: np.ndarray,
+    doc: np.ndarray,
+    sample_len: int,
+) -> None:
+    """Write each piece's document (and, given ``position_ids``, its restarting positions; 0 on padding) into the
+    cells it covers: piece ``j`` covers ``[begin[j], begin[j] + length[j])`` of the flattened ``[B, sample_len]`` grid,
+    within one row, whose first ``document_ids.shape[1]`` columns are kept. A slice per piece, no whole-grid
+    temporary."""
+    width = document_ids.shape[1]
+    ramp = np.arange(width, dtype=np.int64)
+    for g, m, d in zip(begin.tolist(), length.tolist(), doc.tolist()):
+        row, col = divmod(g, sample_len)
+        stop = min(col + m, width)
+        if col >= stop:
+            continue
+        document_ids[row, col:stop] = d
+        if position_ids is not None:
+            position_ids[row, col:stop] = ramp[: stop - col] if d >= 0 else 0
 
 
 def pack_tokens(
@@ -151,11 +217,7 @@ def pack_tokens(
     """
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
-    cum = np.zeros(span_len.size + 1, dtype=np.int64)
-    np.cumsum(span_len, out=cum[1:])
-    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
-    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    span_len, per_sample = _span_sizes(spans, sample_len, doc_lengths)
     short = per_sample < sample_len
     if short.any():
         raise ValueError(
@@ -164,10 +226,6 @@ def pack_tokens(
         )
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
-    flat = out.reshape(-1)
-    grid_begin = cum[:-1]
-    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    _fill_tokens(flat, grid_begin, reads, doc_starts + spans.starts, read)
-    if not eos_stored:
-        flat[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
+    grid_begin = np.cumsum(span_len) - span_len  # no padding: the spans tile the flat grid
+    _write_tokens(out.reshape(-1), grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
     return out

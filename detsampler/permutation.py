@@ -23,7 +23,7 @@ from detsampler.checks import is_int
 from detsampler.keys import MASK64
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
-__all__ = ["MAX_DOMAIN", "Permutation", "check_mapping_version", "permute", "unpermute"]
+__all__ = ["MAX_DOMAIN", "Permutation", "check_mapping_version", "permute", "permute_within", "unpermute"]
 
 MAX_DOMAIN = 1 << 62
 _VERSIONS = {1: permutation_v1, 2: permutation_v2}
@@ -76,6 +76,14 @@ def permute(x: np.ndarray | int, n: int, key: np.ndarray | int, version: int = M
         ``permute(x)`` as int64, shaped like ``x``: a bijection of ``[0, n)`` for every key, O(1) memory per index.
     """
     return _apply(x, n, key, False, version)
+
+
+def permute_within(x: np.ndarray, n: int, key: int, version: int) -> np.ndarray:
+    """:func:`permute` of a flat int64 array ``x`` that the caller has already bounded to ``[0, n)``, with one Python
+    int ``key``, an int ``n`` in ``[1, 2**62]`` and a checked ``version``: the same values, without checking them again.
+    """
+    keys = np.asarray(key & MASK64, dtype=np.uint64)
+    return _VERSIONS[int(version)].apply(x.astype(np.uint64), int(n), keys, False)
 
 
 def unpermute(y: np.ndarray | int, n: int, key: np.ndarray | int, version: int = MAPPING_VERSION) -> np.ndarray:

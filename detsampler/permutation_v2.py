@@ -154,25 +154,41 @@ def _trip(y: np.ndarray, n: int, keys: np.ndarray, inverse: bool) -> None:
 
 
 def _walk_ints(values: list[int], n: int, key: int, inverse: bool) -> list[int]:
-    """The network with cycle walking on a few Python ints: the numpy path's values, without its per-call overhead."""
+    """The network with cycle walking on a few Python ints: the numpy path's values, without its per-call overhead.
+
+    The rounds run as (even, odd) pairs with their keys bound once, so no round tests its parity or direction."""
     r, a = _shape(n)
-    low_mask, m1, m2 = (1 << r) - 1, int(_M1), int(_M2)
+    low_mask, m1, m2, top = (1 << r) - 1, int(_M1), int(_M2), 64 - r
     rks = _scalar_round_keys(key)
-    order = range(NUM_ROUNDS - 1, -1, -1) if inverse else range(NUM_ROUNDS)
+    pairs = [(rks[i], rks[i + 1]) for i in range(0, NUM_ROUNDS, 2)]
     out = []
     for x in values:
         while True:
             hi, lo = x >> r, x & low_mask
-            for i in order:
-                z = (lo if i % 2 == 0 else hi) ^ rks[i]
-                z ^= z >> 30
-                z = (z * m1) & MASK64
-                z ^= z >> 27
-                z = (z * m2) & MASK64
-                if i % 2 == 0:
-                    hi = (hi + (-1 if inverse else 1) * ((z * a) >> 64)) % a
-                else:
-                    lo = (lo + (-1 if inverse else 1) * (z >> (64 - r))) & low_mask
+            if inverse:
+                for k_even, k_odd in reversed(pairs):
+                    z = hi ^ k_odd
+                    z ^= z >> 30
+                    z = z * m1 & MASK64
+                    z ^= z >> 27
+                    lo = (lo - ((z * m2 & MASK64) >> top)) & low_mask
+                    z = lo ^ k_even
+                    z ^= z >> 30
+                    z = z * m1 & MASK64
+                    z ^= z >> 27
+                    hi = (hi - ((z * m2 & MASK64) * a >> 64)) % a
+            else:
+                for k_even, k_odd in pairs:
+                    z = lo ^ k_even
+                    z ^= z >> 30
+                    z = z * m1 & MASK64
+                    z ^= z >> 27
+                    hi = (hi + ((z * m2 & MASK64) * a >> 64)) % a
+                    z = hi ^ k_odd
+                    z ^= z >> 30
+                    z = z * m1 & MASK64
+                    z ^= z >> 27
+                    lo = (lo + ((z * m2 & MASK64) >> top)) & low_mask
             x = (hi << r) | lo
             if x < n:
                 break

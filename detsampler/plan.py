@@ -36,7 +36,7 @@ import numpy as np
 
 from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.permutation import check_mapping_version, permute
+from detsampler.permutation import check_mapping_version, permute, permute_within
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
@@ -107,11 +107,15 @@ class EpochStream:
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
-        epochs = positions // self.num_samples
-        within = positions - epochs * self.num_samples
-        if epochs.size and epochs.min() == epochs.max():  # the usual case: one key for all
-            return permute(within, self.num_samples, self._scalar_epoch_key(int(epochs.flat[0])), self.mapping_version)
-        return permute(within, self.num_samples, self.epoch_key(epochs), self.mapping_version)
+        n = self.num_samples
+        if positions.size:
+            first, last = int(positions.min()) // n, int(positions.max()) // n
+            if first == last and first >= 0:  # the usual case: one epoch, one key, indices within [0, n) already
+                within = positions.reshape(-1) - first * n
+                ids = permute_within(within, n, self._scalar_epoch_key(first), self.mapping_version)
+                return ids.reshape(positions.shape)
+        epochs = positions // n
+        return permute(positions - epochs * n, n, self.epoch_key(epochs), self.mapping_version)
 
     def describe(self) -> dict:
         return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
@@ -332,15 +336,46 @@ class Plan:
 
     def micro_batch_positions(self, step: int, micro_step: int, rank: int) -> np.ndarray:
         """The global positions that ``rank`` reads at ``micro_step`` of ``step``."""
-        rank = self._check_rank(rank)
-        micro_step = _check_step(micro_step, "micro_step")
-        if micro_step >= self.num_micro_steps(step):
-            raise ValueError(
-                f"Got micro_step {micro_step}, allowed micro steps of step {step} are in [0,"
-                f" {self.num_micro_steps(step)})"
-            )
-        start = self.consumed(step) + (micro_step * self.world_size + rank) * self.micro_batch_size
+        start = self._micro_batch_starts(step, micro_step, rank, 1)[0][0]
         return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+
+    def _micro_batch_starts(
+        self, step: int, micro_step: int, rank: int, count: int, stop_step: int | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The first positions of up to ``count`` consecutive micro batches of ``rank`` from ``(step, micro_step)`` on,
+        in the order a sampler yields them (the micro steps of a step, then the next step), none at or after
+        ``stop_step``; and their ``(step, micro_step)`` followed by the one after the last (one more entry)."""
+        rank = self._check_rank(rank)
+        micro_step, step = _check_step(micro_step, "micro_step"), _check_step(step)
+        per_micro_step = self.world_size * self.micro_batch_size
+        starts: list[int] = []
+        where: list[tuple[int, int]] = []
+        while len(starts) < count and (stop_step is None or step < stop_step) and not (starts and step > MAX_STEP):
+            d = data_step(self._skips, step)
+            first_step, size, first_consumed = self._segment(d)
+            micro_steps = size // per_micro_step
+            if micro_step >= micro_steps:
+                raise ValueError(
+                    f"Got micro_step {micro_step}, allowed micro steps of step {step} are in [0, {micro_steps})"
+                )
+            consumed = first_consumed + (d - first_step) * size + rank * self.micro_batch_size
+            for a in range(micro_step, min(micro_steps, micro_step + count - len(starts))):
+                starts.append(consumed + a * per_micro_step)
+                where.append((step, a))
+            step, micro_step = (step, where[-1][1] + 1) if where[-1][1] + 1 < micro_steps else (step + 1, 0)
+        where.append((step, micro_step))
+        return starts, where
+
+    def micro_batches_from(
+        self, step: int, micro_step: int, rank: int, count: int, stop_step: int | None = None
+    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """Up to ``count`` consecutive micro batches of ``rank`` from micro step ``micro_step`` of ``step`` on (the
+        micro steps of a step, then those of the next), none at or after ``stop_step``: their sample ids
+        ``[k, micro_batch_size]`` (row ``i`` equals ``micro_batch(*where[i], rank)``) and ``where``, their ``(step,
+        micro_step)`` followed by the position after the last (``k + 1`` entries). One stream call for all ``k``."""
+        starts, where = self._micro_batch_starts(step, micro_step, rank, count, stop_step)
+        positions = np.add.outer(np.array(starts, dtype=np.int64), np.arange(self.micro_batch_size, dtype=np.int64))
+        return self.stream.sample_ids(positions.reshape(-1)).reshape(len(starts), self.micro_batch_size), where
 
     # -- positions -> sample ids
     # -------------------------------------------------------------------------------------------

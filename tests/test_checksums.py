@@ -64,7 +64,7 @@ def test_an_edited_chunk_is_refused_by_reads_and_searches(tmp_path, fence):
 @given(
     n=st.integers(1, 120_000),
     seed=st.integers(0, 2**32 - 1),
-    num_ranges=st.integers(0, 6),
+    num_ranges=st.one_of(st.integers(0, 6), st.integers(33, 40)),  # walked in Python ints, or vectorized
 )
 def test_checked_ranges_checks_exactly_the_chunks_of_its_ranges(tmp_path_factory, n, seed, num_ranges):
     """``checked_ranges`` marks as checked every chunk holding an element of a non-empty range, and no other."""
@@ -84,7 +84,8 @@ def test_checked_ranges_checks_exactly_the_chunks_of_its_ranges(tmp_path_factory
     np.testing.assert_array_equal(arr._checked, want)
 
 
-def test_checked_ranges_refuses_an_edited_chunk_and_ranges_out_of_bounds(tmp_path):
+@pytest.mark.parametrize("copies", [1, 40])  # few ranges (Python ints) or many (vectorized)
+def test_checked_ranges_refuses_an_edited_chunk_and_ranges_out_of_bounds(tmp_path, copies):
     values = np.arange(200_000, dtype=np.int64)
     arr = _checked(tmp_path, values, fence=False)
     raw = np.load(tmp_path / "a.npy", mmap_mode="r+")
@@ -93,6 +94,15 @@ def test_checked_ranges_refuses_an_edited_chunk_and_ranges_out_of_bounds(tmp_pat
     del raw
     assert arr.checked_ranges(np.array([0, 10]), np.array([5, 40_000]))[3] == 3  # chunks 0-4: served
     with pytest.raises(ChecksumError, match="fails its checksum"):
-        arr.checked_ranges(np.array([100_000]), np.array([160_000]))  # the edited chunk is in the middle
+        arr.checked_ranges(np.full(copies, 100_000), np.full(copies, 160_000))  # the edited chunk is in the middle
     with pytest.raises(IndexError, match="outside"):
-        arr.checked_ranges(np.array([199_999]), np.array([200_001]))
+        arr.checked_ranges(np.full(copies, 199_999), np.full(copies, 200_001))
+
+
+@pytest.mark.parametrize("copies", [1, 40])
+def test_checked_ranges_checks_the_second_chunk_of_a_range_whose_first_is_checked(tmp_path, copies):
+    arr = _checked(tmp_path, np.arange(100_000, dtype=np.int64), fence=False)
+    arr.checked_ranges(np.zeros(copies, dtype=np.int64), np.full(copies, 10))
+    assert arr._checked.tolist()[:3] == [True, False, False]
+    arr.checked_ranges(np.full(copies, 8_000), np.full(copies, 9_000))  # 64 KiB = 8192 values: chunks 0 and 1
+    assert arr._checked.tolist()[:3] == [True, True, False]

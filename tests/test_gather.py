@@ -50,7 +50,7 @@ def test_a_short_concat_window_labels_only_its_cells():
     max_len=st.sampled_from([3, 40, 700]),  # spans of a few cells (the gather) to spans of hundreds (slice copies)
     num_docs=st.integers(1, 60),
     kind=st.sampled_from(["concat", "document", "bestfit"]),
-    seq_len=st.sampled_from([2, 5, 16, 64]),
+    seq_len=st.sampled_from([2, 5, 16, 64, 256]),  # 256: padded samples of few, long pieces (slice writes)
     eos_stored=st.booleans(),
     restart=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
@@ -59,6 +59,39 @@ def test_a_short_concat_window_labels_only_its_cells():
 )
 @example(
     max_len=700, num_docs=3, kind="concat", seq_len=64, eos_stored=False, restart=False, seed=0, batch=4, sharded=False
+)
+@example(
+    max_len=700,
+    num_docs=8,
+    kind="document",
+    seq_len=256,
+    eos_stored=False,
+    restart=True,
+    seed=2,
+    batch=6,
+    sharded=False,
+)
+@example(  # grids of 1 MiB and more: documents by a slice per piece without restarting positions too
+    max_len=700,
+    num_docs=60,
+    kind="concat",
+    seq_len=2048,
+    eos_stored=False,
+    restart=False,
+    seed=3,
+    batch=64,
+    sharded=False,
+)
+@example(
+    max_len=700,
+    num_docs=60,
+    kind="document",
+    seq_len=2048,
+    eos_stored=True,
+    restart=False,
+    seed=4,
+    batch=64,
+    sharded=False,
 )
 @example(
     max_len=3, num_docs=60, kind="bestfit", seq_len=16, eos_stored=True, restart=True, seed=1, batch=12, sharded=False

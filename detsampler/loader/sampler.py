@@ -16,6 +16,8 @@ from detsampler.plan import Plan, _check_step
 __all__ = ["DeterministicBatchSampler"]
 
 _STATE_KEYS = ("step", "samples_in_step")
+_AHEAD_SAMPLES = 512  # sample ids planned per stream call (a chunk of micro batches): bounds the sampler's memory
+_AHEAD_MICRO_BATCHES = 64
 
 
 class DeterministicBatchSampler(Sampler[list[int]]):
@@ -86,10 +88,6 @@ class DeterministicBatchSampler(Sampler[list[int]]):
 
     def _done(self, step: int) -> bool:
         return self.stop_step is not None and step >= self.stop_step
-
-    def _next(self, step: int, micro_step: int) -> tuple[int, int]:
-        micro_step += 1
-        return (step + 1, 0) if micro_step == self.plan.num_micro_steps(step) else (step, micro_step)
 
     def _yielded(self, generation: int, position: tuple[int, int]) -> None:
         with self._lock:
@@ -179,18 +177,32 @@ class _MicroBatches:
         self._sampler = sampler
         self._position = position
         self._generation = generation
+        self._ahead: list[list[int]] = []  # planned micro batches, the next one last: at _ahead_at[-1]
+        self._ahead_at: list[tuple[int, int]] = []  # their positions, then the one after them (reversed likewise)
 
     def __iter__(self) -> _MicroBatches:
         return self
 
     def __next__(self) -> list[int]:
-        step, micro_step = self._position
-        if self._sampler._done(step):
-            raise StopIteration
-        ids = self._sampler.plan.micro_batch(step, micro_step, self._sampler.rank).tolist()
-        self._position = self._sampler._next(step, micro_step)
+        if not self._ahead or self._ahead_at[-1] != self._position:
+            self._plan_ahead()
+            if not self._ahead:
+                raise StopIteration
+        ids = self._ahead.pop()
+        self._ahead_at.pop()
+        self._position = self._ahead_at[-1]
         self._sampler._yielded(self._generation, self._position)
         return ids
+
+    def _plan_ahead(self) -> None:
+        """Plan the next chunk of micro batches from the position on in one stream call (the plan's values)."""
+        sampler, (step, micro_step) = self._sampler, self._position
+        self._ahead, self._ahead_at = [], []
+        if sampler._done(step):
+            return
+        count = max(1, min(_AHEAD_MICRO_BATCHES, _AHEAD_SAMPLES // sampler.plan.micro_batch_size))
+        ids, where = sampler.plan.micro_batches_from(step, micro_step, sampler.rank, count, sampler.stop_step)
+        self._ahead, self._ahead_at = ids.tolist()[::-1], where[::-1]
 
     def state_dict(self) -> dict[str, int]:
         return self._sampler._state(self._position)
