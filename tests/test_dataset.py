@@ -207,14 +207,7 @@ def test_nothing_per_document_lives_in_python_containers(small_index):
             for name, value in vars(obj).items():
                 if isinstance(value, (list, tuple, dict, set)) and name != "meta":
                     assert len(value) < 16, (kind, type(obj).__name__, name, len(value))
-        assert _memory_mapped(ds.index.tokens._array) and _memory_mapped(ds.index.lengths._array)
-
-
-def _memory_mapped(array: np.ndarray) -> bool:
-    """Whether ``array`` is a memory map or a view of one (not a copy in RAM)."""
-    while array is not None and not isinstance(array, np.memmap):
-        array = getattr(array, "base", None)
-    return isinstance(array, np.memmap)
+        assert ds.index.tokens.memory_mapped and ds.index.lengths.memory_mapped
 
 
 def test_core_modules_do_not_import_torch():

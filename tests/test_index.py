@@ -38,7 +38,7 @@ def test_index_holds_exactly_the_tokenized_documents(small_index, small_corpus, 
     from detsampler.index.checksums import VerifiedArray
 
     assert isinstance(small_index.lengths, VerifiedArray) and isinstance(small_index.tokens, VerifiedArray)
-    assert isinstance(small_index.tokens._array, np.memmap)  # memory-mapped, checked chunk by chunk
+    assert small_index.tokens.memory_mapped  # memory-mapped, checked chunk by chunk
 
 
 def test_token_dtype():

@@ -165,6 +165,14 @@ class VerifiedArray:
         return 1
 
     @property
+    def memory_mapped(self) -> bool:
+        """Whether the elements are read from a memory map of the file (not from a copy in RAM)."""
+        base = self._array
+        while base is not None and not isinstance(base, np.memmap):
+            base = getattr(base, "base", None)
+        return base is not None
+
+    @property
     def verified(self) -> int:
         return int(self._checked.sum())
 
