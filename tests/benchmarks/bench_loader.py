@@ -440,8 +440,8 @@ def _shape_tables(rows: list, stages: dict) -> list[Table]:
             vs_rows,
         ),
         Table(
-            "Where a micro batch's time goes (µs, before -> now, median of 7 interleaved passes; the plan and the "
-            "layout's locate are unchanged)",
+            "Where a micro batch's time goes (µs, median of 7 interleaved passes; before -> now: the read path before "
+            "pack_fields against today's, the plan and the locate being the same code in both)",
             ["stage"] + [f"{b} x {SEQ_LEN:,}" for b in stages],
             stage_rows,
             [
