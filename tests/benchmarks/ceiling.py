@@ -220,13 +220,30 @@ def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
     return dict(zip(FIELDS, torch.from_numpy(out).unbind(0)))
 
 
+class _NextMicroBatch:
+    """The plan stage as the loader meets it: each call takes the next micro batch of a sampler over ``plan``, a fresh
+    sampler at the start of each pass (the call with ``first``)."""
+
+    def __init__(self, plan, first: np.ndarray) -> None:
+        self.plan, self.first, self.micro_batches = plan, first, None
+
+    def __call__(self, ids: np.ndarray) -> list[int]:
+        from detsampler.loader.sampler import DeterministicBatchSampler
+
+        if self.micro_batches is None or ids is self.first:
+            self.micro_batches = iter(DeterministicBatchSampler(self.plan, rank=0))
+        return next(self.micro_batches)
+
+
 def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7, tokens_dataset=None) -> dict[str, float]:
     """Median µs per micro batch of each stage of the stored-token read, the stages interleaved pass by pass (so load
-    on the machine hits them alike): the plan's sample ids, the layout's locate, the whole ``get_batch`` now and
-    before (:func:`get_batch_before`), and the DataLoader-free remainder of ``get_batch`` (token ranges, checks, the
-    four fields, the tensor); with ``tokens_dataset`` (the same layout, ``output="tokens"``) its ``get_batch`` too."""
+    on the machine hits them alike): the plan's sample ids as the loader gets them (the next micro batch of a
+    :class:`~detsampler.loader.sampler.DeterministicBatchSampler`, which plans a chunk of them at a time), the layout's
+    locate, the whole ``get_batch`` now and before (:func:`get_batch_before`), and the DataLoader-free remainder of
+    ``get_batch`` (token ranges, checks, the four fields, the tensor); with ``tokens_dataset`` (the same layout,
+    ``output="tokens"``) its ``get_batch`` too."""
     stages = {
-        "plan": lambda ids: plan.micro_batch(1, 0, 0),
+        "plan": _NextMicroBatch(plan, batches[0]),
         "locate": lambda ids: dataset.layout.locate(ids),
         "get_batch": dataset.get_batch,
         "get_batch before": lambda ids: get_batch_before(dataset, ids),
