@@ -230,3 +230,19 @@ def test_the_stored_table_ranks_by_the_second_pass_and_shows_the_first():
     assert table.rows[0][2:4] == ["2e+07 tokens/s", "1e+07 tokens/s"]
     assert table.rows[len(WORKERS) + 1][2:4] == ["failed: RuntimeError: boom", "—"]
     assert strongest.startswith("Strongest contender: b with num_workers=")
+
+
+def test_a_child_that_aborts_after_its_result_still_reports_it(tmp_path, monkeypatch):
+    """A peer's threads can abort a child's interpreter teardown (exit -6) after it printed its measurement: the result
+    counts, with its exit code; a child that dies before printing one yields None."""
+    from tests.benchmarks.common import run_child
+
+    (tmp_path / "abort_after.py").write_text(
+        "import json, os, sys\nargs = json.load(sys.stdin)\nprint(json.dumps({'got': args['x']}), flush=True)\n"
+        "os.abort()\n"
+    )
+    (tmp_path / "abort_before.py").write_text("import os\nos.abort()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert run_child("abort_after", {"x": 3}, timeout=60) == {"got": 3, "exit_code": -6}
+    assert run_child("abort_before", {}, timeout=60) is None

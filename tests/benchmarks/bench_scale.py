@@ -169,6 +169,13 @@ def _table(n: int, step: int, names: tuple[str, ...], results: dict, title: str,
         known = [(v, names[i]) for i, v in enumerate(values) if v is not None]
         if known:
             notes.append(f"Strongest on {label}: {better(known)[1]}.")
+    for i, name in enumerate(names):
+        codes = sorted({r["exit_code"] for r in (cold[i], warm[i]) if r and "exit_code" in r})
+        if codes:
+            notes.append(
+                f"{name}: a measuring process exited {', '.join(map(str, codes))} after printing its result (its"
+                " teardown aborted); the numbers are the ones it printed."
+            )
     return Table(
         f"{title}: {n:,} documents, resume at step {step:,}",
         [

@@ -154,7 +154,10 @@ def run_child(module: str, args: dict, timeout: float) -> dict | None:
     """Run ``python -m module`` in a fresh interpreter with ``args`` as JSON on stdin; return its last stdout line as
     JSON.
 
-    Returns None when the child ran past ``timeout`` seconds (it is killed) or failed; its stderr is echoed on failure.
+    Returns None when the child ran past ``timeout`` seconds (it is killed) or failed before printing a result; its
+    stderr is echoed on failure. A child that printed its result and then exited non-zero (a peer's threads aborting
+    the interpreter's teardown: "terminate called without an active exception") measured what it was asked to: its
+    result is returned with ``"exit_code"`` added, and the exit is echoed.
     """
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     try:
@@ -168,8 +171,9 @@ def run_child(module: str, args: dict, timeout: float) -> dict | None:
         )
     except subprocess.TimeoutExpired:
         return None
-    if proc.returncode != 0:
-        sys.stderr.write(f"[{module} {args}] exited {proc.returncode}:\n{proc.stderr[-2000:]}\n")
-        return None
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0:
+        after = " after printing its result" if lines else ""
+        sys.stderr.write(f"[{module} {args}] exited {proc.returncode}{after}:\n{proc.stderr[-2000:]}\n")
+        return {**json.loads(lines[-1]), "exit_code": proc.returncode} if lines else None
     return json.loads(lines[-1]) if lines else None
