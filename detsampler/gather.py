@@ -81,14 +81,15 @@ def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, sr
         grid[concat_ranges(grid_begin[keep], reads[keep])[0]] = flat[concat_ranges(src[keep], reads[keep])[0]]
 
 
-def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each span's number of positions and each sample's, checked against ``sample_len`` and the documents."""
+def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each span's number of positions, its first cell when the spans are laid end to end, and each sample's number of
+    positions, checked against ``sample_len`` and the documents."""
     span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
     cum = np.zeros(span_len.size + 1, dtype=np.int64)
     np.cumsum(span_len, out=cum[1:])
     per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
     _check_spans(spans, per_sample, sample_len, doc_lengths)
-    return span_len, per_sample
+    return span_len, cum[:-1], per_sample
 
 
 def _write_tokens(
@@ -138,10 +139,13 @@ def pack_fields(
     num_samples, L = len(spans), seq_len
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, per_sample = _span_sizes(spans, sample_len, doc_lengths)
+    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
     piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
-    piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
-    grid_begin = piece_begin if real is None else piece_begin[real]
+    if real is None:  # no padding: the pieces are the spans, which tile the flat grid
+        piece_begin = grid_begin = span_begin
+    else:
+        piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
+        grid_begin = piece_begin[real]
     input_ids, labels, position_ids, document_ids = out
     grid = _grid(out, num_samples, sample_len, labels_cross_documents)
     tokens = grid.reshape(-1)
@@ -217,7 +221,7 @@ def pack_tokens(
     """
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, per_sample = _span_sizes(spans, sample_len, doc_lengths)
+    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
     short = per_sample < sample_len
     if short.any():
         raise ValueError(
@@ -226,6 +230,6 @@ def pack_tokens(
         )
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
-    grid_begin = np.cumsum(span_len) - span_len  # no padding: the spans tile the flat grid
-    _write_tokens(out.reshape(-1), grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
+    # no padding: the spans tile the flat grid
+    _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
     return out

@@ -256,12 +256,11 @@ class VerifiedArray:
         block = np.searchsorted(self._fence, values, side=side) - 1  # fence[block] < v <= fence[block + 1] (left)
         out = np.zeros(len(values), dtype=np.int64)
         n, every = len(self._array), self.fence_every
-        plain = self._array.view(np.ndarray)  # read only where checked just before: no memmap object per slice
         for b in sorted(set(block[block >= 0].tolist())):
             lo, hi = b * every, min((b + 1) * every, n)
             self._check_range(lo, hi - 1)
             mine = block == b
-            out[mine] = lo + plain[lo:hi].searchsorted(values[mine], side=side)
+            out[mine] = lo + self._array[lo:hi].searchsorted(values[mine], side=side)  # checked just above
         return out.reshape(np.shape(v))
 
     def checked_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
