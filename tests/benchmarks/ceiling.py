@@ -151,19 +151,20 @@ class ReadyBatches:
     def __init__(self, micro_batch: int, seq_len: int, num_samples: int) -> None:
         import torch
 
+        from detsampler.gather import FIELDS
+        from detsampler.loader.dataset import MicroBatch
+
         self.block = torch.zeros(
             (4, micro_batch, seq_len), dtype=torch.int64
         ).share_memory_()  # a worker sends a handle
         self.num_samples = num_samples
+        self._ready = MicroBatch(dict(zip(FIELDS, self.block.unbind(0))))  # views of the block, made once
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getitems__(self, sample_ids):
-        from detsampler.gather import FIELDS
-        from detsampler.loader.dataset import MicroBatch
-
-        return MicroBatch(dict(zip(FIELDS, self.block.unbind(0))))
+        return self._ready
 
 
 def dataloader_floor(batch_sampler, micro_batch: int, seq_len: int, num_workers: int, repeats: int = 5) -> float:
