@@ -1,0 +1,72 @@
+"""The data record a checkpoint saves (detsampler.record): JSON round trips, the index reopened from its location, the
+plan rebuilt exactly (or refused), and resume checks through the record."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from detsampler.index.locations import open_location
+from detsampler.layout import LayoutConfig
+from detsampler.mixture import MixtureConfig
+from detsampler.plan import Plan
+from detsampler.record import RECORD_FILE, DataRecord, index_location
+from detsampler.resume import DataFingerprint
+
+
+def test_a_single_index_record_round_trips_and_rebuilds_its_plan(small_index, tmp_path):
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=32, seed=7))
+    plan = Plan(layout.num_samples, seed=3, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(4, 5)])
+    record = DataRecord.of(9, small_index, layout, plan, framework="test")
+    path = record.save(tmp_path)
+    assert path.name == RECORD_FILE
+    loaded = DataRecord.load(tmp_path)
+    assert loaded == record and loaded.to_dict() == json.loads(path.read_text())
+    (reopened,) = [open_location(loc) for loc in loaded.indexes]
+    assert reopened.fingerprint == small_index.fingerprint
+    assert loaded.layout_configs() == [LayoutConfig(kind="bestfit", seq_len=32, seed=7)]
+    rebuilt = loaded.plan(reopened.layout(loaded.layout_configs()[0]).num_samples, world_size=4, micro_batch_size=1)
+    assert rebuilt.fingerprint() == plan.fingerprint()
+    for step in range(6):
+        assert np.array_equal(rebuilt.global_batch(step), plan.global_batch(step))
+    with pytest.raises(ValueError, match="no longer gives its plan"):
+        loaded.plan(layout.num_samples + 1)
+
+
+def test_a_mixture_record_names_each_source(small_index):
+    layouts = [small_index.layout(LayoutConfig(kind=k, seq_len=16)) for k in ("concat", "document")]
+    mixture = MixtureConfig(weights=(1, 3), schedule=((5, (1, 1)),), seed=2).build(layouts)
+    plan = Plan(source=mixture, seed=0, global_batch_size=4, micro_batch_size=2, world_size=1)
+    record = DataRecord.of(2, [small_index, small_index], layouts, plan, names=["a", "b"])
+    loaded = DataRecord.from_json(record.to_json())
+    assert loaded.is_mixture and loaded.names == ("a", "b") and len(loaded.indexes) == 2
+    assert [c.kind for c in loaded.layout_configs()] == ["concat", "document"]
+
+
+def test_resume_checks_go_through_the_library(small_index):
+    layout = small_index.layout(LayoutConfig(seq_len=32))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, world_size=2)
+    record = DataRecord.of(5, small_index, layout, plan)
+    record.check_resume(DataFingerprint.of(small_index, layout, plan.with_world(1, 8)))
+    with pytest.raises(ValueError, match="changes the plan's seed"):
+        record.check_resume(
+            DataFingerprint.of(
+                small_index, layout, Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=8)
+            )
+        )
+
+
+def test_a_foreign_or_future_record_is_refused(small_index, tmp_path):
+    layout = small_index.layout(LayoutConfig(seq_len=32))
+    saved = DataRecord.of(
+        0, small_index, layout, Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=8)
+    ).to_dict()
+    with pytest.raises(ValueError, match="not a detsampler data record"):
+        DataRecord.from_dict({**saved, "format": "other"})
+    with pytest.raises(ValueError, match="reads version 1"):
+        DataRecord.from_dict({**saved, "version": 2})
+    with pytest.raises(ValueError, match="no detsampler data record"):
+        DataRecord.load(tmp_path)
+    assert index_location(small_index) == {"kind": "index", "path": str(small_index.path.resolve())}
