@@ -2,11 +2,13 @@
 
 Layout of a checkpoint root::
 
-    ROOT/step_00000008/      a complete checkpoint: DCP files, .metadata, data_fingerprint.json, COMPLETE
+    ROOT/step_00000008/      a complete checkpoint: DCP files, .metadata, data_fingerprint.json, detsampler_data.json,
+                             COMPLETE
     ROOT/.tmp-step_00000010/ one being written (or left by a killed run): never read, removed at the next start
 
 Every rank writes its shards into the temporary directory with ``dcp.save`` and hashes them; then rank 0 writes the
-human-readable ``data_fingerprint.json`` and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`)
+human-readable ``data_fingerprint.json``, the library's data record ``detsampler_data.json`` (what
+``detsampler show --checkpoint`` reads) and the ``COMPLETE`` marker (the sha256 of every file, :mod:`train.integrity`)
 and
 renames the directory into place. A directory named ``step_N`` that holds ``COMPLETE`` is therefore whole; before a load
 every file is checked against ``COMPLETE`` (:func:`verify`; which checkpoint a run resumes from: :mod:`train.rundir`).
@@ -40,6 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.record import DataRecord
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
 from train.integrity import (
     COMPLETE,
@@ -231,8 +234,13 @@ def save_checkpoint(
     fingerprint: dict,
     keep: int,
     extra: dict | None = None,
+    record: DataRecord | None = None,
 ) -> Path:
-    """Save a checkpoint of the state before ``step`` (collective: every rank calls it). Returns the final directory."""
+    """Save a checkpoint of the state before ``step`` (collective: every rank calls it). Returns the final directory.
+
+    ``record`` (rank 0's is written): the library's :class:`~detsampler.record.DataRecord` of the data, saved as
+    ``detsampler_data.json`` beside ``data_fingerprint.json`` and covered by ``COMPLETE``'s digests, so that
+    ``detsampler show|verify|stats --checkpoint DIR`` audits the checkpoint without re-typed options."""
     root = Path(root)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp-step_{step:08d}"
@@ -252,9 +260,11 @@ def save_checkpoint(
     if _rank() == 0:
         info = {"step": int(step), "data_fingerprint": fingerprint, **(extra or {})}
         atomic_write(tmp / FINGERPRINT_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
+        if record is not None:
+            record.save(tmp)
     digests = _hash_shards(tmp)
     if _rank() == 0:
-        rest = sorted(set(checkpoint_files(tmp)) - set(digests))  # .metadata, data_fingerprint.json
+        rest = sorted(set(checkpoint_files(tmp)) - set(digests))  # .metadata, data_fingerprint.json, the record
         write_complete(tmp, step, {**digests, **file_digests(tmp, rest)})
         fsync_dir(tmp)
         if final.exists():  # a checkpoint of this step from an earlier, resumed attempt

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
+from detsampler.record import DataRecord
 from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
@@ -144,6 +145,20 @@ class DataPipeline:
             return DataFingerprint.of(self.index, self.layout, self.plan)
         return DataFingerprint.of(
             [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan
+        )
+
+    def data_record(self, step: int) -> DataRecord:
+        """The library's :class:`~detsampler.record.DataRecord` of this pipeline at ``step`` (what a checkpoint of the
+        state before ``step`` saves: ``detsampler show|verify|stats --checkpoint`` reads it)."""
+        if self.sources is None:
+            return DataRecord.of(step, self.index, self.layout, self.plan, framework="train")
+        return DataRecord.of(
+            step,
+            [index for index, _ in self.sources],
+            [layout for _, layout in self.sources],
+            self.plan,
+            framework="train",
+            names=self.config.mixture_names or None,
         )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:

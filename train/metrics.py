@@ -11,7 +11,6 @@ steps
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,14 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from detsampler.hashing import sample_hash  # the library's: `detsampler show` prints the same hash
+
 __all__ = ["MetricsLog", "RunMetrics", "read_metrics", "sample_hash", "token_row_hashes"]
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def sample_hash(sample_ids: np.ndarray) -> str:
-    """A short hash of a step's global sample ids in position order (the same for any number of ranks)."""
-    return hashlib.sha256(np.ascontiguousarray(sample_ids, dtype="<i8").tobytes()).hexdigest()[:12]
 
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)

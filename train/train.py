@@ -442,6 +442,7 @@ def _run(
                 fingerprint,
                 cfg.checkpoint.keep,
                 extra={"world_size": rt.world_size},
+                record=data.data_record(next_step) if rt.rank == 0 else None,
             )
             log(rt, f"checkpoint {path} (resumes at step {next_step})")
             t_last = time.perf_counter()

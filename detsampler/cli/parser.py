@@ -18,7 +18,7 @@ from detsampler.cli.options import (
 )
 from detsampler.layout import LAYOUT_KINDS
 
-__all__ = ["build_parser", "non_negative_int"]
+__all__ = ["build_parser", "explicit_options", "non_negative_int"]
 
 
 def non_negative_int(text: str) -> int:
@@ -33,7 +33,21 @@ def non_negative_int(text: str) -> int:
 
 
 def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
-    """Every option of OPTION_FIELDS: what a plan over an index (or a mixture) is computed from."""
+    """``--checkpoint``, and every option of OPTION_FIELDS: what a plan over an index (or a mixture) is computed
+    from."""
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help=(
+            "audit what a checkpoint trained on: its data record gives the index(es), layout, plan, mapping version,"
+            " skip ranges and batch schedule, so none is re-typed (an option given that contradicts it is refused;"
+            " --world-size and --micro-batch-size may cut the plan another way). PATH: a checkpoint directory holding"
+            " detsampler_data.json (the trainer's step_NNNNNNNN, a Hugging Face checkpoint-N), a trainer run"
+            " directory (its newest complete checkpoint), a Lightning .ckpt file, or a torchtitan DCP checkpoint"
+            " directory"
+        ),
+    )
     add_index_options(p)
     add_layout_options(p)
     add_plan_options(p)
@@ -130,6 +144,27 @@ def _add_build_command(sub: Any) -> None:
     )
 
 
+def explicit_options(argv: list[str]) -> set[str]:
+    """The dests of the options ``argv`` gives explicitly (a default is never among them, even when the value typed is
+    the default): parsed again with every default suppressed."""
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for inner in sub._actions:
+                    if isinstance(inner, argparse._SubParsersAction):
+                        for leaf in inner.choices.values():
+                            _suppress(leaf)
+                _suppress(sub)
+    return set(vars(parser.parse_args(argv))) - {"command", "tokenizer_command", "help"}
+
+
+def _suppress(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if action.dest != "help" and not isinstance(action, argparse._SubParsersAction):
+            action.default = argparse.SUPPRESS
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``detsampler COMMAND [options]``."""
     parser = argparse.ArgumentParser(
@@ -154,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_plan_inputs(show)
-    show.add_argument("--step", type=int, required=True, help="the training step")
+    show.add_argument(
+        "--step",
+        type=non_negative_int,
+        default=None,
+        help="the training step (required without --checkpoint; with it, default: the checkpoint's last trained step)",
+    )
     show.add_argument("--rank", type=int, default=None, help="one data-parallel rank (default: all)")
     show.add_argument("--micro-step", type=int, default=None, help="one micro step of the step (default: all)")
     show.add_argument("--decode", action="store_true", help="print each span's decoded text")
@@ -175,7 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_plan_inputs(verify)
-    verify.add_argument("--steps", type=step_range, required=True, metavar="A:B", help="steps A .. B-1")
+    verify.add_argument(
+        "--steps",
+        type=step_range,
+        default=None,
+        metavar="A:B",
+        help="steps A .. B-1 (required without --checkpoint; with it, default: every step it trained, 0:STEP)",
+    )
     verify.add_argument(
         "--tokens",
         action="store_true",
@@ -191,7 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_plan_inputs(stats)
-    stats.add_argument("--step", type=int, default=None, help="report the epoch reached at this step")
+    stats.add_argument(
+        "--step",
+        type=non_negative_int,
+        default=None,
+        help=(
+            "report the epoch reached at this step, and the tokens trained and skipped before it (with --checkpoint,"
+            " default: the checkpoint's step)"
+        ),
+    )
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
     return parser

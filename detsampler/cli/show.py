@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import fmt_weights
+from detsampler.cli.report import fmt_weights, rel
+from detsampler.hashing import sample_hash
 from detsampler.layout import Layout
 from detsampler.plan import Plan
 
@@ -46,7 +48,10 @@ def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: i
 
 
 def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None, step: int) -> None:
+    """The step's line: its sample hash (the trainer's ``sample_hash`` of the step, as logged in metrics.jsonl), epoch
+    or mixture weights, positions, the cut and the layout."""
     layout = layouts[0]
+    hashed = sample_hash(plan.global_batch(step))
     data = f" (data step {plan.data_step(step)})" if plan.data_step(step) != step else ""
     if labels is None:
         where_from = f"epoch {plan.epoch(step)}"
@@ -56,7 +61,8 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
         where_from = f"mixture of {len(labels)} sources, weights {fmt_weights(weights)}"
         per_epoch = "samples per epoch " + ", ".join(f"{n}: {lay.num_samples}" for n, lay in zip(labels, layouts))
     print(
-        f"step {step}{data}: {where_from}, global batch {plan.batch_size(step)} samples at positions"
+        f"step {step}{data}: sample hash {hashed}, {where_from}, global batch {plan.batch_size(step)} samples at"
+        " positions"
         f" [{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro"
         f" step(s) x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind}"
         f" seq_len={layout.config.seq_len}, {per_epoch}"
@@ -69,12 +75,13 @@ def _print_micro_batch(
     layouts: Sequence[Layout],
     labels: Sequence[str] | None,
     prepared: Sequence[Prepared],
+    step: int,
     rank: int,
     micro_step: int,
 ) -> None:
     from detsampler.locate import locate
 
-    loc = locate(plan, layouts if labels is not None else layouts[0], args.step, rank=rank, micro_step=micro_step)
+    loc = locate(plan, layouts if labels is not None else layouts[0], step, rank=rank, micro_step=micro_step)
     print(f"rank {rank} micro step {micro_step}:")
     for i in range(len(loc.sample_ids)):
         spans = loc.spans.sample(i)
@@ -97,10 +104,33 @@ def _print_micro_batch(
                 print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
 
 
+def _from_checkpoint(args: argparse.Namespace) -> tuple[list, list[Layout], Plan, Sequence[str] | None, int]:
+    """What ``--checkpoint`` records, reopened; the step: ``--step``, else the checkpoint's last trained step."""
+    audit = open_audit(args, corpus=True, decode=args.decode)
+    record = audit.record
+    if args.step is None and record.step == 0:
+        raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --step")
+    step = record.step - 1 if args.step is None else args.step
+    print(
+        f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+        + (f" (+{record.samples_in_step} samples)" if record.samples_in_step else "")
+        + (f" by {record.framework}" if record.framework else "")
+        + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
+        + ("es" if len(audit.prepared) > 1 else "")
+        + ")"
+        + ("" if args.step is not None else f"; showing its last trained step {step}")
+    )
+    return audit.prepared, audit.layouts, audit.plan, audit.labels, step
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Print the step's header, then each selected (micro step, rank)'s samples, spans and optionally their text."""
-    config = mixture_config(args)
-    if config is None:
+    config = mixture_config(args) if args.checkpoint is None else None
+    if args.checkpoint is not None:
+        prepared, layouts, plan, labels, step = _from_checkpoint(args)
+    elif args.step is None:
+        raise ValueError("show needs --step S (or --checkpoint PATH, which shows the checkpoint's last trained step)")
+    elif config is None:
         prepared = [prepare(args)]
         layouts = [prepared[0].index.layout(layout_config(args))]
         plan = plan_from_args(args, layouts[0].num_samples)
@@ -108,11 +138,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         prepared, layouts, plan = mixture_plan(args, config)
         labels = config.labels
-    step = args.step
+    if args.checkpoint is None:
+        step = args.step
     ranks = range(plan.world_size) if args.rank is None else [args.rank]
     micro_steps = range(plan.num_micro_steps(step)) if args.micro_step is None else [args.micro_step]
     _print_step_header(plan, layouts, labels, step)
     for a in micro_steps:
         for r in ranks:
-            _print_micro_batch(args, plan, layouts, labels, prepared, r, a)
+            _print_micro_batch(args, plan, layouts, labels, prepared, step, r, a)
     return 0
