@@ -3,9 +3,9 @@
 Invariants checked by :func:`verify_plan` / :func:`verify_mixture_plan`: the micro batches of each step partition the
 step's positions; no sample repeats within an epoch (per source and source epoch for a mixture); every epoch whose
 positions the range covers completely reads every sample, or skips it (data steps in a skip range between the audited
-steps are skipped: counted as such, never as gaps). :func:`layout_stats`, :func:`document_stats` and
-:func:`mixture_stats` read every number from the layout, the lengths and the plan; nothing is estimated. Numpy only (the
-CLI parses and prints around these).
+steps are skipped: counted as such, never as gaps). :func:`layout_stats`, :func:`document_stats`,
+:func:`mixture_stats` and :func:`trained_and_skipped` read every number from the layout, the lengths and the plan;
+nothing is estimated. Numpy only (the CLI parses and prints around these).
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ import numpy as np
 from detsampler.layout import Layout
 from detsampler.plan import Plan
 
-__all__ = ["document_stats", "layout_stats", "mixture_stats", "verify_mixture_plan", "verify_plan"]
+__all__ = [
+    "document_stats",
+    "layout_stats",
+    "mixture_stats",
+    "trained_and_skipped",
+    "verify_mixture_plan",
+    "verify_plan",
+]
 
 
 def _micro_batch_positions(plan: Plan, step: int) -> np.ndarray:
@@ -263,3 +270,79 @@ def layout_stats(layout: Layout, plan: Plan, step: int | None = None) -> dict[st
         row["epochs_at_step"] = plan.consumed(step) / layout.num_samples
         row["epoch_at_step"] = plan.epoch(step)
     return row
+
+
+def _input_tokens(layout: Layout, sample_ids: np.ndarray) -> int:
+    """The input tokens of ``sample_ids`` (each sample's located tokens, at most ``seq_len``: padding not counted)."""
+    if not len(sample_ids):
+        return 0
+    return int(np.minimum(layout.locate(sample_ids).num_tokens, layout.config.seq_len).sum())
+
+
+def _served(plan: Plan, layouts: Sequence[Layout], lo: int, hi: int, chunk: int) -> np.ndarray:
+    """Per source (one row per layout), ``[samples, input tokens]`` of the global positions ``[lo, hi)``."""
+    out = np.zeros((len(layouts), 2), dtype=np.int64)
+    for a in range(lo, hi, chunk):
+        positions = np.arange(a, min(hi, a + chunk), dtype=np.int64)
+        if len(layouts) == 1:
+            out[0] += (len(positions), _input_tokens(layouts[0], plan.stream.sample_ids(positions)))
+            continue
+        found = plan.stream.lookup(positions)
+        for k, layout in enumerate(layouts):
+            ids = found.source_sample[found.source == k]
+            out[k] += (len(ids), _input_tokens(layout, ids))
+    return out
+
+
+def _served_before(plan: Plan, layouts: Sequence[Layout], position: int, chunk: int) -> np.ndarray:
+    """Per source ``[samples, input tokens]`` of the global positions ``[0, position)``: whole epochs from one epoch's
+    count (every sample once), the rest located; for a mixture, the mixture's own report."""
+    if len(layouts) > 1:
+        rows = plan.stream.report(int(position), chunk=chunk)
+        return np.array([[r["served"], r["tokens"]] for r in rows], dtype=np.int64)
+    layout = layouts[0]
+    n = layout.num_samples
+    full, rest = divmod(int(position), n)
+    out = np.zeros((1, 2), dtype=np.int64)
+    if full:
+        per_epoch = sum(
+            _input_tokens(layout, np.arange(a, min(n, a + chunk), dtype=np.int64)) for a in range(0, n, chunk)
+        )
+        out[0] += (full * n, full * per_epoch)
+    return out + _served(plan, layouts, full * n, full * n + rest, chunk)
+
+
+def trained_and_skipped(plan: Plan, layouts: Sequence[Layout], step: int, chunk: int = 1 << 16) -> dict[str, Any]:
+    """What the data stream held before training step ``step``, split into what was trained (training steps ``0 ..
+    step-1``) and what was skipped (the data steps of ``plan.skip_steps`` before ``d(step)``: never trained on).
+
+    ``layouts``: the plan's layout (one), or each mixture source's. Tokens are input tokens (each sample's tokens up to
+    ``seq_len``; padding not counted), exact: every sample of a partial epoch and of a skipped range is located.
+
+    Returns ``{"step", "data_step", "position", "trained": {"steps", "samples", "tokens"}, "skipped": {"data_steps",
+    "samples", "tokens"}, "sources": [per source {"trained_samples", "trained_tokens", "skipped_samples",
+    "skipped_tokens"}]}``; trained + skipped is everything at positions ``[0, plan.consumed(step))``.
+    """
+    d = plan.data_step(step)
+    position = plan.consumed(step)
+    ranges = [[a, b] for a, b in (plan.skip_steps or ()) if a < d]
+    skipped = np.zeros((len(layouts), 2), dtype=np.int64)
+    for a, b in ranges:
+        skipped += _served(plan, layouts, plan.data_consumed(a), plan.data_consumed(b + 1), chunk)
+    trained = _served_before(plan, layouts, position, chunk) - skipped
+    return {
+        "step": int(step),
+        "data_step": int(d),
+        "position": int(position),
+        "trained": {"steps": int(step), "samples": int(trained[:, 0].sum()), "tokens": int(trained[:, 1].sum())},
+        "skipped": {"data_steps": ranges, "samples": int(skipped[:, 0].sum()), "tokens": int(skipped[:, 1].sum())},
+        "sources": [
+            {
+                "trained_samples": int(t[0]),
+                "trained_tokens": int(t[1]),
+                "skipped_samples": int(s[0]),
+                "skipped_tokens": int(s[1]),
+            }
+            for t, s in zip(trained.tolist(), skipped.tolist())
+        ],
+    }

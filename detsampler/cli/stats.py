@@ -1,6 +1,6 @@
 """``detsampler stats``: corpus and index counts, and per layout kind (or per mixture source) samples per epoch,
-padding,
-dropped tokens, steps per epoch and what a step has reached.
+padding, dropped tokens, steps per epoch and what a step has reached; with skip ranges before the step (and always with
+``--checkpoint``), the tokens trained and the tokens skipped (never trained on) before it.
 
 Invariant: every number is read from the index, the layouts and the plan; nothing is estimated.
 """
@@ -12,45 +12,88 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import fmt_int, print_rows
+from detsampler.cli.report import fmt_int, print_rows, rel
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
-from detsampler.verify import document_stats, layout_stats, mixture_stats
+from detsampler.plan import Plan
+from detsampler.verify import document_stats, layout_stats, mixture_stats, trained_and_skipped
 
 __all__ = ["cmd_stats", "index_stats"]
 
 
 def _cmd_stats_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     prepared, layouts, plan = mixture_plan(args, config)
-    out = mixture_stats(plan, config.labels, args.step)
-    for row, p in zip(out["sources"], prepared):
-        row.update({"documents": p.index.num_documents, "tokens_in_corpus": p.index.num_tokens})
-    out["layout"] = {"kind": args.kind, "seq_len": args.seq_len}
+    return _report_mixture(args, [p.index for p in prepared], layouts, plan, config.labels, args.step, split=None)
+
+
+def _report_mixture(
+    args: argparse.Namespace,
+    indexes: Sequence[Any],
+    layouts: Sequence[Any],
+    plan: Plan,
+    labels: Sequence[str],
+    step: int | None,
+    split: bool | None,
+    extra: dict | None = None,
+) -> int:
+    """The mixture's table (and JSON); the trained/skipped split at ``step`` when ``split`` (None: when skip ranges lie
+    before ``step``)."""
+    out = mixture_stats(plan, labels, step)
+    for row, index in zip(out["sources"], indexes):
+        row.update({"documents": index.num_documents, "tokens_in_corpus": index.num_tokens})
+    kind, seq_len = layouts[0].config.kind, layouts[0].config.seq_len
+    out["layout"] = {"kind": kind, "seq_len": seq_len}
+    if split is None:
+        split = step is not None and any(a < plan.data_step(step) for a, _ in plan.skip_steps or ())
+    if step is not None and split:
+        out["split"] = trained_and_skipped(plan, layouts, step)
+        for row, part in zip(out["sources"], out["split"]["sources"]):
+            row.update(part)
+    out.update(extra or {})
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     header = f"{'source':<12} {'documents':>10} {'tokens':>12} {'samples/epoch':>14} {'padding':>8}"
-    if args.step is not None:
+    if step is not None:
         print(
-            f"at step {args.step} (data step {out['data_step']}, position {out['position']}), weights "
-            f"{', '.join(out['weights_at_step'])}; layout {args.kind} seq_len={args.seq_len}"
+            f"at step {step} (data step {out['data_step']}, position {out['position']}), weights "
+            f"{', '.join(out['weights_at_step'])}; layout {kind} seq_len={seq_len}"
         )
         header += f" {'samples':>10} {'epochs':>8} {'tokens used':>12} {'token share':>12} {'asked':>7}"
+        if "split" in out:
+            header += f" {'trained':>12} {'skipped':>10}"
     print(header)
     for row in out["sources"]:
         line = (
             f"{row['name']:<12} {row['documents']:>10,} {row['tokens_in_corpus']:>12,} {row['samples_per_epoch']:>14,} "
             f"{100 * row['padding_fraction']:>7.2f}%"
         )
-        if args.step is not None:
+        if step is not None:
             line += (
                 f" {row['samples']:>10,} {row['epochs']:>8.3f} {row['tokens']:>12,} {100 * row['token_share']:>11.2f}% "
-                f"{100 * row['expected_share']:>6.2f}%" + ("  (upsampled)" if row["upsampled"] else "")
+                f"{100 * row['expected_share']:>6.2f}%"
             )
+            if "split" in out:
+                line += f" {row['trained_tokens']:>12,} {row['skipped_tokens']:>10,}"
+            line += "  (upsampled)" if row["upsampled"] else ""
         print(line)
+    if "split" in out:
+        _print_split(out["split"])
     return 0
+
+
+def _print_split(split: dict[str, Any]) -> None:
+    """The trained/skipped line of :func:`~detsampler.verify.trained_and_skipped`."""
+    ranges = ", ".join(f"{a}..{b}" for a, b in split["skipped"]["data_steps"]) or "none"
+    trained, skipped = split["trained"], split["skipped"]
+    print(
+        f"before step {split['step']}: trained {fmt_int(trained['tokens'])} tokens ({fmt_int(trained['samples'])}"
+        f" samples, {trained['steps']} steps); skipped {fmt_int(skipped['tokens'])} tokens"
+        f" ({fmt_int(skipped['samples'])} samples, data steps {ranges}: never trained on)"
+    )
 
 
 def _kinds(text: str) -> list[str]:
@@ -62,16 +105,27 @@ def _kinds(text: str) -> list[str]:
 
 
 def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> dict[str, Any]:
-    """The index's document and token counts, and per layout kind :func:`~detsampler.verify.layout_stats`."""
+    """The index's document and token counts, and per layout kind :func:`~detsampler.verify.layout_stats` (with the
+    trained/skipped split at ``--step`` when skip ranges lie before it)."""
     out = document_stats(index.lengths)
     out["layouts"] = {}
     for k in kinds:
         layout = index.layout(layout_config(args, k))
-        out["layouts"][k] = layout_stats(layout, plan_from_args(args, layout.num_samples), args.step)
+        plan = plan_from_args(args, layout.num_samples)
+        out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
     return out
 
 
-def _print_index_stats(args: argparse.Namespace, out: dict[str, Any]) -> None:
+def _layout_row(layout: Any, plan: Plan, step: int | None, split: bool | None) -> dict[str, Any]:
+    row = layout_stats(layout, plan, step)
+    if split is None:
+        split = step is not None and any(a < plan.data_step(step) for a, _ in plan.skip_steps or ())
+    if step is not None and split:
+        row["split"] = trained_and_skipped(plan, [layout], step)
+    return row
+
+
+def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int, step: int | None) -> None:
     dt = out["document_tokens"]
     print_rows(
         [
@@ -81,26 +135,74 @@ def _print_index_stats(args: argparse.Namespace, out: dict[str, Any]) -> None:
                 f"{fmt_int(out['tokens'])} (+{fmt_int(out['documents'])} EOS = {fmt_int(out['tokens_with_eos'])})",
             ),
             ("tokens/document", f"min {dt['min']}, median {dt['median']:.0f}, mean {dt['mean']:.1f}, max {dt['max']}"),
-            ("seq_len", args.seq_len),
-            ("global batch size", args.global_batch_size),
+            ("seq_len", seq_len),
+            ("global batch size", global_batch_size),
         ]
     )
+    split = step is not None and any("split" in row for row in out["layouts"].values())
     header = f"{'layout':<9} {'samples/epoch':>14} {'padding':>8} {'dropped':>8} {'steps/epoch':>12}"
-    if args.step is not None:
-        header += f" {'epochs@' + str(args.step):>12}"
+    if step is not None:
+        header += f" {'epochs@' + str(step):>12}"
+    if split:
+        header += f" {'trained tokens':>15} {'skipped tokens':>15}"
     print(header)
     for k, row in out["layouts"].items():
         line = (
             f"{k:<9} {row['samples_per_epoch']:>14,} {100 * row['padding_fraction']:>7.2f}% {row['dropped_tokens']:>8,}"
             f" {row['steps_per_epoch']:>12.1f}"
         )
-        if args.step is not None:
+        if step is not None:
             line += f" {row['epochs_at_step']:>12.4f}"
+        if split and "split" in row:
+            line += f" {row['split']['trained']['tokens']:>15,} {row['split']['skipped']['tokens']:>15,}"
         print(line)
+    if split and len(out["layouts"]) == 1:
+        _print_split(next(iter(out["layouts"].values()))["split"])
+
+
+def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
+    """The stats of what a checkpoint records: its layout (or mixture) and plan, at ``--step`` (default: the
+    checkpoint's), always with the trained/skipped split."""
+    audit = open_audit(args)
+    record = audit.record
+    kind = audit.layouts[0].config.kind
+    if "kinds" in getattr(args, "explicit", ()) and _kinds(args.kinds) != [kind]:
+        raise ValueError(f"checkpoint {audit.where}: --kinds {args.kinds} contradicts its layout {kind}; drop --kinds")
+    step = record.step if args.step is None else args.step
+    where = {
+        "checkpoint": {
+            "path": audit.where,
+            "step": record.step,
+            "framework": record.framework,
+            "data_fingerprint": record.fingerprint.hash,
+        }
+    }
+    if not args.json:
+        print(
+            f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+            + (f" by {record.framework}" if record.framework else "")
+            + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
+            + ("es" if len(audit.layouts) > 1 else "")
+            + f"); at step {step}"
+        )
+    indexes = [p.index for p in audit.prepared]
+    if audit.labels is not None:
+        return _report_mixture(args, indexes, audit.layouts, audit.plan, audit.labels, step, split=True, extra=where)
+    out = document_stats(indexes[0].lengths)
+    out["layouts"] = {kind: _layout_row(audit.layouts[0], audit.plan, step, split=True)}
+    out.update(where)
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    schedule = audit.plan.fingerprint()["batch_size_schedule"]
+    _print_index_stats(out, audit.layouts[0].config.seq_len, schedule[-1][1], step)
+    return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """Print the stats of the index (or the mixture), as a table or ``--json``."""
+    """Print the stats of the index (or the mixture, or what ``--checkpoint`` records), as a table or ``--json``."""
+    if args.checkpoint is not None:
+        return _cmd_stats_checkpoint(args)
     config = mixture_config(args)
     if config is not None:
         return _cmd_stats_mixture(args, config)
@@ -110,5 +212,5 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
-    _print_index_stats(args, out)
+    _print_index_stats(out, args.seq_len, args.global_batch_size, args.step)
     return 0

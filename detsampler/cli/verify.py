@@ -6,10 +6,13 @@ Exit status 0 when the report holds, 1 when not.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
+from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.report import rel
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.verify import verify_mixture_plan, verify_plan
@@ -49,8 +52,51 @@ def _print_header(report: dict, plan: Plan, what: str) -> None:
         print(f"  micro batches do not partition steps {report['position_problems'][:10]}")
 
 
+def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
+    """Verify what ``--checkpoint`` records over ``--steps`` (default: every step it trained, ``0:STEP``)."""
+    audit = open_audit(args)
+    record, plan = audit.record, audit.plan
+    if args.steps is None and record.step == 0:
+        raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
+    a, b = (0, record.step) if args.steps is None else args.steps
+    print(
+        f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+        + (f" by {record.framework}" if record.framework else "")
+        + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
+        + ("es" if len(audit.layouts) > 1 else "")
+        + ")"
+    )
+    if getattr(args, "tokens", False):
+        for p in audit.prepared:
+            verify_files(p.index)
+        print(verified_line(audit.prepared[0].index) if len(audit.prepared) == 1 else "index files: verified")
+    if audit.labels is None:
+        report = verify_plan(plan, a, b)
+        layout = audit.layouts[0]
+        _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
+        _print_epochs(report["epochs"], "  ")
+        return _print_verdict(report)
+    report = verify_mixture_plan(plan, a, b)
+    _print_mixture(report, plan, audit.layouts, audit.labels)
+    return _print_verdict(report)
+
+
+def _print_mixture(report: dict, plan: Plan, layouts: list, labels: Sequence[str]) -> None:
+    _print_header(report, plan, f"{layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")
+    for name, src in zip(labels, report["sources"]):
+        print(
+            f"  source {name}: {src['num_samples']} samples per epoch, source positions [{src['served'][0]},"
+            f" {src['served'][1]})"
+        )
+        _print_epochs(src["epochs"], "    ")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify ``--steps A:B`` and print the report; exit status 0 when it holds, 1 when not."""
+    if args.checkpoint is not None:
+        return _cmd_verify_checkpoint(args)
+    if args.steps is None:
+        raise ValueError("verify needs --steps A:B (or --checkpoint PATH, which verifies every step it trained)")
     config = mixture_config(args)
     if config is not None:
         return _cmd_verify_mixture(args, config)
@@ -74,11 +120,5 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
         print(f"index files: every chunk checksum and sha256 verified ({len(prepared)} sources)")
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
-    _print_header(report, plan, f"{layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")
-    for name, src in zip(config.labels, report["sources"]):
-        print(
-            f"  source {name}: {src['num_samples']} samples per epoch, source positions [{src['served'][0]},"
-            f" {src['served'][1]})"
-        )
-        _print_epochs(src["epochs"], "    ")
+    _print_mixture(report, plan, layouts, config.labels)
     return _print_verdict(report)
