@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -173,7 +174,9 @@ def _from_dcp(path: Path) -> DataRecord:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = ""
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...": no process group is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     for part in parts:
         state = state[part]
     return _as_record(state, f"{path} ({key})")

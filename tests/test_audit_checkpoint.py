@@ -1,0 +1,301 @@
+"""Audit from a checkpoint (issue item 5): ``detsampler show|verify|stats --checkpoint PATH`` read the data record a
+checkpoint saves (the trainer's, a Hugging Face-style record directory, a Lightning ``.ckpt``, a torchtitan DCP
+directory), so nothing is re-typed; an option that contradicts the record is refused (even when its value is the
+option's default); ``show`` prints the sample hash the trainer logs; ``stats`` splits trained from skipped tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detsampler.cli import main
+from detsampler.cli.parser import explicit_options
+from detsampler.hashing import sample_hash
+from detsampler.layout import LayoutConfig
+from detsampler.locate import locate
+from detsampler.mixture import MixtureConfig
+from detsampler.plan import Plan
+from detsampler.record import RECORD_FILE, DataRecord, index_location
+from detsampler.resume import DataFingerprint
+from detsampler.verify import trained_and_skipped
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "train" / "configs" / "tiny.toml")
+SEED, SEQ_LEN, GBS, MBS, STEPS, SKIP = 1234, 64, 8, 4, 6, (2, 3)
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _refused(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def _input_tokens(layout, ids) -> int:
+    return int(np.minimum(layout.locate(np.asarray(ids, dtype=np.int64)).num_tokens, layout.config.seq_len).sum())
+
+
+def _spans_in(out: str) -> list[tuple[int, int, int]]:
+    return [(int(d), int(s), int(e)) for d, s, e in re.findall(r"doc (\d+)\b.*?tokens \[(\d+), (\d+)\)", out)]
+
+
+def _expected_spans(plan, layout, step, lengths) -> list[tuple[int, int, int]]:
+    spans = []
+    for a in range(plan.num_micro_steps(step)):
+        for r in range(plan.world_size):
+            loc = locate(plan, layout, step, rank=r, micro_step=a)
+            for i in range(len(loc.sample_ids)):
+                spans += [(d, s, min(e, int(lengths[d]))) for d, s, e in loc.spans.sample(i)]
+    return spans
+
+
+# -- the trainer's checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real trainer run: 1 process, 6 steps (seed 1234 for layout and plan, skip range 2..3), a checkpoint every 3."""
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import train_tokenizer
+    from train.launch import run_training, train_command
+
+    root = tmp_path_factory.mktemp("audit")
+    train_tokenizer(None, 512, root / "tok.model", texts=default_corpus(max_documents=24)["text"])
+    settings = {
+        "data.cache_dir": f'"{root / "cache"}"',
+        "data.tokenizer": f'"{root / "tok.model"}"',
+        "data.max_documents": 24,
+        "data.vocab_size": 512,
+        "data.layout": '"bestfit"',
+        "data.window_docs": 16,
+        "data.seq_len": SEQ_LEN,
+        "data.seed": SEED,
+        "data.global_batch_size": GBS,
+        "data.micro_batch_size": MBS,
+        "data.skip_steps": json.dumps([list(SKIP)]),
+        "schedule.steps": STEPS,
+        "schedule.warmup_steps": 1,
+        "checkpoint.every": 3,
+        "runtime.threads": 1,
+    }
+    args = ["--config", CONFIG, "--run-dir", str(root / "run"), "--resume", "none"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    result = run_training(train_command(1, args, torchrun=False), timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    from train.metrics import read_metrics
+
+    return root / "run", read_metrics(root / "run")
+
+
+@pytest.fixture(scope="module")
+def trained_plan(trained):
+    """The trainer's layout and plan, built here from its settings (not from the record)."""
+    from detsampler.index.sharded import open_index
+
+    record = DataRecord.load(trained[0] / "checkpoints" / "step_00000006")
+    index = open_index(record.indexes[0]["path"])
+    layout = index.layout(LayoutConfig(kind="bestfit", seq_len=SEQ_LEN, seed=SEED, window_docs=16))
+    plan = Plan(layout.num_samples, seed=SEED, global_batch_size=GBS, micro_batch_size=MBS, skip_steps=[SKIP])
+    return index, layout, plan
+
+
+@pytest.mark.slow
+def test_the_trainer_saves_its_data_record_in_every_checkpoint(trained, trained_plan):
+    run_dir, _ = trained
+    index, layout, plan = trained_plan
+    for step in (3, 6):
+        ckpt = run_dir / "checkpoints" / f"step_{step:08d}"
+        record = DataRecord.load(ckpt)
+        assert record.step == step and record.framework == "train" and record.world_size == 1
+        assert record.fingerprint == DataFingerprint.of(index, layout, plan)
+        saved = json.loads((ckpt / "data_fingerprint.json").read_text())
+        assert saved["data_fingerprint"]["hash"] == record.fingerprint.hash  # resume's file, unchanged beside it
+        assert RECORD_FILE in (ckpt / "COMPLETE").read_text()  # covered by the integrity digests
+
+
+@pytest.mark.slow
+def test_show_from_a_trainer_checkpoint_prints_the_trained_documents_and_the_logged_hash(capsys, trained, trained_plan):
+    run_dir, metrics = trained
+    index, layout, plan = trained_plan
+    # the run directory: its newest complete checkpoint (step 6), whose last trained step is 5
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(run_dir)])
+    assert code == 0
+    assert "step_00000006" in out and "showing its last trained step 5" in out
+    assert f"step 5 (data step 7): sample hash {metrics.steps[5]['sample_hash']}," in out
+    assert _spans_in(out) == _expected_spans(plan, layout, 5, index.lengths)
+    # a checkpoint directory, any trained step, another cut of the same plan: the trainer's hash of that step
+    ckpt = run_dir / "checkpoints" / "step_00000003"
+    for step in range(STEPS):
+        code, out, _ = _run(capsys, ["show", "--checkpoint", str(ckpt), "--step", str(step), "--world-size", "2"])
+        assert code == 0 and f"sample hash {metrics.steps[step]['sample_hash']}," in out
+        assert "2 rank(s)" in out and _spans_in(out) == _expected_spans(plan, layout, step, index.lengths)
+    # the documents' paths (the default corpus is found by its fingerprint) and their text
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(ckpt), "--step", "1", "--decode", "--max-chars", "40"])
+    assert code == 0 and re.search(r"doc \d+ \(\S+\.py\)", out) and "[...]" in out
+
+
+@pytest.mark.slow
+def test_a_flag_contradicting_the_checkpoint_is_refused_even_at_its_default(capsys, trained):
+    """The issue's case: the layout seed of the run is 1234; `--layout-seed 0` (the option's default value, typed) is
+    refused, naming the option, the checkpoint's value and the given one; the recorded value itself is accepted."""
+    ckpt = str(trained[0] / "checkpoints" / "step_00000006")
+    err = _refused(capsys, ["show", "--checkpoint", ckpt, "--step", "5", "--layout-seed", "0"])
+    assert "--layout-seed 0 contradicts the checkpoint, which records 1234" in err
+    for flag, value, shown, recorded in (
+        ("--seed", "0", "0", "1234"),
+        ("--kind", "concat", "concat", "bestfit"),
+        ("--seq-len", "32", "32", "64"),
+        ("--global-batch-size", "16", "16", "8"),
+        ("--skip-steps", "2:4", "[[2,4]]", "[[2,3]]"),
+        ("--mapping-version", "1", "1", "2"),
+    ):
+        err = _refused(capsys, ["verify", "--checkpoint", ckpt, flag, value])
+        assert f"{flag} {shown} contradicts the checkpoint, which records {recorded}" in err
+    code, out, _ = _run(capsys, ["show", "--checkpoint", ckpt, "--layout-seed", "1234", "--seed", "1234"])
+    assert code == 0 and "step 5" in out
+
+
+@pytest.mark.slow
+def test_stats_and_verify_from_a_trainer_checkpoint(capsys, trained, trained_plan):
+    run_dir, metrics = trained
+    _, layout, plan = trained_plan
+    ckpt = str(run_dir / "checkpoints" / "step_00000006")
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", ckpt, "--json"])
+    split = json.loads(out)["layouts"]["bestfit"]["split"]
+    trained_ids = np.concatenate([plan.global_batch(s) for s in range(STEPS)])
+    skipped_ids = plan.stream.sample_ids(np.arange(plan.data_consumed(SKIP[0]), plan.data_consumed(SKIP[1] + 1)))
+    assert split["trained"] == {"steps": STEPS, "samples": STEPS * GBS, "tokens": _input_tokens(layout, trained_ids)}
+    assert split["skipped"] == {
+        "data_steps": [list(SKIP)],
+        "samples": 2 * GBS,
+        "tokens": _input_tokens(layout, skipped_ids),
+    }
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", ckpt])
+    assert f"trained {split['trained']['tokens']:,} tokens (48 samples, 6 steps)" in out
+    assert f"skipped {split['skipped']['tokens']:,} tokens (16 samples, data steps 2..3: never trained on)" in out
+    code, out, _ = _run(capsys, ["verify", "--checkpoint", ckpt])
+    assert code == 0 and "verify steps 0..5" in out and "16 skipped" in out and "OK: no duplicates, no gaps" in out
+
+
+# -- integrations' records: a record directory, a Lightning .ckpt, a torchtitan DCP directory
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def small_record(small_index):
+    layout = small_index.layout(LayoutConfig(kind="document", seq_len=64, seed=7))
+    plan = Plan(layout.num_samples, seed=3, global_batch_size=8, micro_batch_size=2, world_size=2, skip_steps=[(1, 1)])
+    return DataRecord.of(5, small_index, layout, plan, framework="hf"), layout, plan
+
+
+def _lightning_ckpt(record: DataRecord, path: Path) -> Path:
+    import torch
+
+    torch.save(
+        {
+            "state_dict": {"w": torch.zeros(2)},
+            "global_step": 5,
+            "DetsamplerDataModule": {"data_record": record.to_dict()},
+        },
+        path,
+    )
+    return path
+
+
+def _dcp_dir(record: DataRecord, path: Path) -> Path:
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"dataloader": {"step": 5, "samples_in_step": 0, "data_record": record.to_json()}, "w": torch.ones(3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return path
+
+
+def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_record, small_index, tmp_path):
+    record, layout, plan = small_record
+    record_dir = tmp_path / "checkpoint-5"
+    record_dir.mkdir()
+    record.save(record_dir)
+    forms = [record_dir, _lightning_ckpt(record, tmp_path / "epoch=0-step=5.ckpt"), _dcp_dir(record, tmp_path / "dcp")]
+    outs = []
+    for path in forms:
+        code, out, _ = _run(capsys, ["show", "--checkpoint", str(path), "--step", "3"])
+        assert code == 0 and str(path) in out.splitlines()[0]
+        outs.append(out.splitlines()[1:])
+    assert outs[0] == outs[1] == outs[2]
+    assert f"sample hash {sample_hash(plan.global_batch(3))}," in outs[0][0]
+    assert _spans_in("\n".join(outs[0])) == _expected_spans(plan, layout, 3, small_index.lengths)
+
+
+def test_a_checkpoint_whose_index_changed_is_refused(capsys, small_record, small_index, tmp_path):
+    record, layout, plan = small_record
+    changed = DataRecord(
+        step=5,
+        fingerprint=DataFingerprint("0123456789abcdef", layout.describe(), plan.fingerprint()),
+        indexes=(index_location(small_index),),
+        world_size=2,
+        micro_batch_size=2,
+    )
+    changed.save(tmp_path)
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "0"])
+    assert "the data it names changed since it was saved" in err and "0123456789abcdef" in err
+    gone = DataRecord.from_dict({**record.to_dict(), "indexes": [{"kind": "index", "path": str(tmp_path / "gone")}]})
+    (tmp_path / "b").mkdir()
+    gone.save(tmp_path / "b")
+    err = _refused(capsys, ["stats", "--checkpoint", str(tmp_path / "b")])
+    assert "does not open" in err and "moved or deleted" in err
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "nothing-here")])
+    assert "no such file or directory" in err
+
+
+def test_explicit_options_are_told_from_defaults():
+    argv = ["show", "--checkpoint", "x", "--layout-seed", "0", "--world-size", "1", "--decode"]
+    assert explicit_options(argv) == {"checkpoint", "layout_seed", "world_size", "decode"}
+
+
+# -- the trained/skipped split
+# ---------------------------------------------------------------------------------------------
+
+
+def test_trained_and_skipped_counts_exactly_for_an_index_and_a_mixture(small_index):
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=32, window_docs=4))
+    n = layout.num_samples
+    plan = Plan(n, seed=1, global_batch_size=12, micro_batch_size=3, world_size=2, skip_steps=[(3, 5), (5000, 5001)])
+    step = n // 12 + 7  # past a whole epoch: the epoch shortcut and the located rest
+    got = trained_and_skipped(plan, [layout], step)
+    positions = np.arange(plan.consumed(step))
+    skipped = np.concatenate([np.arange(plan.data_consumed(3), plan.data_consumed(6))])
+    trained = np.setdiff1d(positions, skipped)
+    ids = lambda p: plan.stream.sample_ids(p)
+    assert got["trained"] == {"steps": step, "samples": len(trained), "tokens": _input_tokens(layout, ids(trained))}
+    assert got["skipped"] == {"data_steps": [[3, 5]], "samples": 36, "tokens": _input_tokens(layout, ids(skipped))}
+
+    layouts = [small_index.layout(LayoutConfig(kind=k, seq_len=16)) for k in ("concat", "document")]
+    mixture = MixtureConfig(weights=(1, 3), schedule=((5, (1, 1)),), seed=2).build(layouts)
+    mplan = Plan(source=mixture, seed=0, global_batch_size=4, micro_batch_size=2, skip_steps=[(2, 4)])
+    got = trained_and_skipped(mplan, layouts, 9)
+    found = mplan.stream.lookup(np.arange(mplan.consumed(9)))
+    is_skipped = (np.arange(mplan.consumed(9)) >= mplan.data_consumed(2)) & (
+        np.arange(mplan.consumed(9)) < mplan.data_consumed(5)
+    )
+    for k, row in enumerate(got["sources"]):
+        for name, mask in (("trained", ~is_skipped), ("skipped", is_skipped)):
+            ids_k = found.source_sample[mask & (found.source == k)]
+            assert row[f"{name}_samples"] == len(ids_k)
+            assert row[f"{name}_tokens"] == _input_tokens(layouts[k], ids_k)
+    assert got["skipped"]["samples"] == 12 and got["trained"]["samples"] == 9 * 4
