@@ -22,6 +22,7 @@ from detsampler.plan import Plan
 from detsampler.record import RECORD_FILE, DataRecord, index_location
 from detsampler.resume import DataFingerprint
 from detsampler.verify import trained_and_skipped
+from tests.test_train_mixture import setup  # noqa: F401  (the fixture: three corpora and their tokenizer)
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "train" / "configs" / "tiny.toml")
 SEED, SEQ_LEN, GBS, MBS, STEPS, SKIP = 1234, 64, 8, 4, 6, (2, 3)
@@ -299,3 +300,50 @@ def test_trained_and_skipped_counts_exactly_for_an_index_and_a_mixture(small_ind
             assert row[f"{name}_samples"] == len(ids_k)
             assert row[f"{name}_tokens"] == _input_tokens(layouts[k], ids_k)
     assert got["skipped"]["samples"] == 12 and got["trained"]["samples"] == 9 * 4
+
+
+# -- a mixture trained by the trainer
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_audit_of_a_trainer_mixture_checkpoint(capsys, tmp_path, setup):
+    """The trainer on the 3-source mixture of tests/test_train_mixture.py, 4 steps with data steps 1..1 skipped: show
+    prints the logged hash, stats from the checkpoint equals stats from the 20 options it replaces (and splits each
+    source's tokens), a contradicting weight is refused."""
+    from tests.test_train_mixture import GBS as M_GBS
+    from tests.test_train_mixture import MBS as M_MBS
+    from tests.test_train_mixture import NAMES, WEIGHTS, _train
+    from tests.test_train_mixture import SEED as M_SEED
+    from tests.test_train_mixture import SEQ_LEN as M_SEQ_LEN
+    from train.metrics import read_metrics
+
+    root, paths = setup
+    run = tmp_path / "run"
+    result = _train(run, root, paths, stop_at=4, skip=[(1, 1)])
+    assert result.returncode == 0, result.output[-4000:]
+    metrics = read_metrics(run)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(run), "--rank", "0", "--micro-step", "0"])
+    assert code == 0 and f"step 3 (data step 4): sample hash {metrics.steps[3]['sample_hash']}, mixture of 3" in out
+    assert "source code" in out or "source docs" in out or "source text" in out
+
+    flags = [
+        *("--tokenizer", str(root / "tok.model"), "--cache-dir", str(root / "cache")),
+        *("--mixture-data", ",".join(paths), "--mixture-weights", ",".join(map(str, WEIGHTS))),
+        *("--mixture-names", ",".join(NAMES), "--mixture-seed", str(M_SEED), "--seed", str(M_SEED)),
+        *("--layout-seed", str(M_SEED), "--kind", "concat", "--seq-len", str(M_SEQ_LEN)),
+        *("--global-batch-size", str(M_GBS), "--micro-batch-size", str(M_MBS), "--skip-steps", "1:1"),
+    ]
+    code, out, _ = _run(capsys, ["stats", *flags, "--step", "4", "--json"])
+    by_flags = json.loads(out)
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(run), "--json"])
+    by_checkpoint = json.loads(out)
+    assert by_checkpoint["checkpoint"]["step"] == 4
+    for a, b in zip(by_flags["sources"], by_checkpoint["sources"]):
+        assert {k: a[k] for k in a} == {k: b[k] for k in a}
+        assert b["trained_tokens"] + b["skipped_tokens"] == b["tokens"]
+    assert by_checkpoint["split"]["skipped"]["samples"] == M_GBS and by_checkpoint["split"]["trained"]["samples"] == 64
+    err = _refused(capsys, ["show", "--checkpoint", str(run), "--mixture-weights", "0.3,0.3,0.4"])
+    assert "--mixture-weights" in err and "records" in err and "1/2" in err
+    code, _, _ = _run(capsys, ["show", "--checkpoint", str(run), "--mixture-weights", "0.5,0.3,0.2", "--step", "0"])
+    assert code == 0
