@@ -25,6 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from detsampler.cli.report import rel
 from detsampler.layout import Layout
 from detsampler.mixture import MixtureConfig
 from detsampler.mixture.weights import normalize_weights
@@ -76,15 +77,15 @@ def find_record(path: str | Path) -> tuple[DataRecord, str]:
         raise ValueError(f"--checkpoint: no such file or directory: {str(p)!r}")
     if p.is_file():
         if p.name == RECORD_FILE:
-            return DataRecord.load(p), str(p)
-        return _from_torch_file(p), f"{p} (torch checkpoint)"
+            return DataRecord.load(p), rel(str(p))
+        return _from_torch_file(p), f"{rel(str(p))} (torch checkpoint)"
     if (p / RECORD_FILE).is_file():
-        return DataRecord.load(p), str(p)
+        return DataRecord.load(p), rel(str(p))
     if (p / ".metadata").is_file():
-        return _from_dcp(p), f"{p} (DCP checkpoint, 'dataloader' state)"
+        return _from_dcp(p), f"{rel(str(p))} (DCP checkpoint, 'dataloader' state)"
     latest = _latest_step_dir(p)
     if latest is not None:
-        return DataRecord.load(latest), f"{latest} (the newest complete checkpoint of {p})"
+        return DataRecord.load(latest), f"{rel(str(latest))} (the newest complete checkpoint of {rel(str(p))})"
     raise ValueError(
         f"--checkpoint {str(p)!r} holds no detsampler data record: expected a directory with {RECORD_FILE} (a"
         " trainer's step_NNNNNNNN, a Hugging Face checkpoint-N), a run directory with complete step_NNNNNNNN"

@@ -16,7 +16,7 @@ import numpy as np
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import fmt_weights, rel
+from detsampler.cli.report import fmt_weights
 from detsampler.hashing import sample_hash
 from detsampler.layout import Layout
 from detsampler.plan import Plan
@@ -112,7 +112,7 @@ def _from_checkpoint(args: argparse.Namespace) -> tuple[list, list[Layout], Plan
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --step")
     step = record.step - 1 if args.step is None else args.step
     print(
-        f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+        f"checkpoint {audit.where}: saved at step {record.step}"
         + (f" (+{record.samples_in_step} samples)" if record.samples_in_step else "")
         + (f" by {record.framework}" if record.framework else "")
         + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"

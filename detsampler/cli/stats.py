@@ -15,7 +15,7 @@ from typing import Any
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import fmt_int, print_rows, rel
+from detsampler.cli.report import fmt_int, print_rows
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -179,7 +179,7 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
     }
     if not args.json:
         print(
-            f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+            f"checkpoint {audit.where}: saved at step {record.step}"
             + (f" by {record.framework}" if record.framework else "")
             + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
             + ("es" if len(audit.layouts) > 1 else "")

@@ -12,7 +12,6 @@ from typing import Any
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import rel
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.verify import verify_mixture_plan, verify_plan
@@ -60,7 +59,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
     a, b = (0, record.step) if args.steps is None else args.steps
     print(
-        f"checkpoint {rel(audit.where)}: saved at step {record.step}"
+        f"checkpoint {audit.where}: saved at step {record.step}"
         + (f" by {record.framework}" if record.framework else "")
         + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
         + ("es" if len(audit.layouts) > 1 else "")
