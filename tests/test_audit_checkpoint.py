@@ -165,6 +165,13 @@ def test_a_flag_contradicting_the_checkpoint_is_refused_even_at_its_default(caps
         assert f"{flag} {shown} contradicts the checkpoint, which records {recorded}" in err
     code, out, _ = _run(capsys, ["show", "--checkpoint", ckpt, "--layout-seed", "1234", "--seed", "1234"])
     assert code == 0 and "step 5" in out
+    # the corpus, given: checked against the index's (the trainer's first 24 standard library sources)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", ckpt, "--max-documents", "24", "--step", "0"])
+    assert code == 0 and ".py)" in out
+    err = _refused(capsys, ["show", "--checkpoint", ckpt, "--max-documents", "23"])
+    assert "is not the corpus of the checkpoint's index" in err
+    err = _refused(capsys, ["stats", "--checkpoint", ckpt, "--cache-dir", "elsewhere", "--kinds", "concat"])
+    assert "--cache-dir has no effect with --checkpoint" in err
 
 
 @pytest.mark.slow
@@ -347,3 +354,8 @@ def test_audit_of_a_trainer_mixture_checkpoint(capsys, tmp_path, setup):
     assert "--mixture-weights" in err and "records" in err and "1/2" in err
     code, _, _ = _run(capsys, ["show", "--checkpoint", str(run), "--mixture-weights", "0.5,0.3,0.2", "--step", "0"])
     assert code == 0
+    # the corpora, given: each checked against its source's index; decoded with the tokenizer the indexes record
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(run), "--mixture-data", ",".join(paths), "--decode"])
+    assert code == 0 and any(line.startswith(("      '", '      "')) for line in out.splitlines())  # the text
+    err = _refused(capsys, ["show", "--checkpoint", str(run), "--mixture-data", ",".join(paths[::-1])])
+    assert "--mixture-data" in err and "is not the corpus of the checkpoint's index" in err
