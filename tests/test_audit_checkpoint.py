@@ -269,6 +269,11 @@ def test_a_checkpoint_whose_index_changed_is_refused(capsys, small_record, small
     assert "does not open" in err and "moved or deleted" in err
     err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "nothing-here")])
     assert "no such file or directory" in err
+    old = tmp_path / "step_00000004"  # a trainer checkpoint from before the record
+    old.mkdir()
+    (old / "data_fingerprint.json").write_text("{}")
+    err = _refused(capsys, ["show", "--checkpoint", str(old)])
+    assert "written before detsampler saved its data record" in err
 
 
 def test_explicit_options_are_told_from_defaults():

@@ -15,6 +15,10 @@ Options map one to one onto the library's dataclasses:
   source
   is indexed like ``--data`` (the other index options are shared, and so is the tokenizer: ``--tokenizer``, or else the
   default one trained on the standard library), cut by the same layout options, and the plan draws from their mixture.
+
+``show``, ``verify`` and ``stats`` take ``--checkpoint PATH`` instead: the data record a checkpoint saves gives the
+index, layout and plan options (:mod:`detsampler.cli.checkpoint`); an option given explicitly that contradicts it is
+refused (:func:`detsampler.cli.parser.explicit_options` tells typed options from defaults).
 """
 
 from __future__ import annotations

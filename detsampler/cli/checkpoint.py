@@ -81,6 +81,11 @@ def find_record(path: str | Path) -> tuple[DataRecord, str]:
         return _from_torch_file(p), f"{rel(str(p))} (torch checkpoint)"
     if (p / RECORD_FILE).is_file():
         return DataRecord.load(p), rel(str(p))
+    if (p / "data_fingerprint.json").is_file():
+        raise ValueError(
+            f"--checkpoint {str(p)!r} is a trainer checkpoint written before detsampler saved its data record"
+            f" ({RECORD_FILE}): audit it with the options of its run (--mapping-version {p} reads its mapping version)"
+        )
     if (p / ".metadata").is_file():
         return _from_dcp(p), f"{rel(str(p))} (DCP checkpoint, 'dataloader' state)"
     latest = _latest_step_dir(p)
