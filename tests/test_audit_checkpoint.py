@@ -364,3 +364,15 @@ def test_audit_of_a_trainer_mixture_checkpoint(capsys, tmp_path, setup):
     assert code == 0 and any(line.startswith(("      '", '      "')) for line in out.splitlines())  # the text
     err = _refused(capsys, ["show", "--checkpoint", str(run), "--mixture-data", ",".join(paths[::-1])])
     assert "--mixture-data" in err and "is not the corpus of the checkpoint's index" in err
+
+
+def test_stats_by_options_splits_trained_from_skipped_tokens(capsys, cache_root, small_tokenizer, small_index):
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--seq-len", "64", "--kinds", "bestfit", "--global-batch-size", "8", "--skip-steps", "1:2", "--step", "5"]
+    code, out, _ = _run(capsys, ["stats", *base, *opts, "--json"])
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, skip_steps=[(1, 2)])
+    split = json.loads(out)["layouts"]["bestfit"]["split"]
+    assert split == trained_and_skipped(plan, [layout], 5) and split["skipped"]["samples"] == 16
+    code, out, _ = _run(capsys, ["stats", *base, *opts])
+    assert "trained tokens  skipped tokens" in out and f"skipped {split['skipped']['tokens']:,} tokens" in out
