@@ -249,6 +249,11 @@ class DetsamplerDataLoader(BaseDataLoader):
 
 
 def _checked_paths(config: DetsamplerDataLoader.Config) -> list[str]:
+    if config.dataset or config.dataset_path:  # BaseDataLoader.Config's fields, read by torchtitan's own loader
+        raise ValueError(
+            f"DetsamplerDataLoader reads index_paths, not dataset={config.dataset!r} / dataset_path="
+            f"{config.dataset_path!r} (torchtitan's HuggingFaceTextDataLoader's fields): leave them unset"
+        )
     if not config.index_paths:
         raise ValueError(
             "DetsamplerDataLoader.Config.index_paths names no index: build one with `detsampler build`, or name a "

@@ -296,3 +296,17 @@ def test_config_errors_are_named(small_index):
         build([small_index.path], 1, 0, mixture_schedule=[(3, [1.0])])
     with pytest.raises(ValueError, match="source_eos_id"):
         build(["megatron:/nowhere/x"], 1, 0, source_eos="virtual")
+    with pytest.raises(ValueError, match="reads index_paths, not dataset='c4'"):
+        build([small_index.path], 1, 0, dataset="c4")
+
+
+def test_torchtitans_command_line_sets_every_field():
+    """torchtitan's ConfigManager parses its config with tyro and its own registry: each field takes CLI overrides."""
+    import tyro
+    from torchtitan.config.manager import custom_registry
+
+    args = "--index-paths a b --weights 0.7 0.3 --mixture-schedule 100 0.5 0.5 --skip-steps 5 6 9 9"
+    args += " --batch-size-schedule 0 256 1000 512 --layout bestfit --seed 3"
+    config = tyro.cli(DetsamplerDataLoader.Config, args=args.split(), registry=custom_registry)
+    assert config.mixture_schedule == [(100, [0.5, 0.5])] and config.skip_steps == [(5, 6), (9, 9)]
+    assert config.batch_size_schedule == [(0, 256), (1000, 512)] and config.index_paths == ["a", "b"]
