@@ -266,6 +266,11 @@ def test_resume_refuses_another_seed_or_layout_and_accepts_a_skip_range_ahead(sm
         load(seed=1)
     with pytest.raises(ValueError, match="resuming at step 3 changes the layout"):
         load(layout="document")
+    other = tmp_path / "other"
+    _megatron_by_hand(other, [np.arange(10, 10 + n) for n in range(3, 400)])
+    with pytest.raises(ValueError, match="resuming at step 3 changes the index"):
+        loader = build([f"megatron:{other}"], 1, 0, layout="bestfit")
+        dcp.load({"dataloader": loader}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
     with pytest.raises(ValueError, match=r"skip_steps adds \[\(1, 1\)\], which lies in the past of the resume"):
         load(skip_steps=[(1, 1)])
     ahead = load(skip_steps=[(5, 6)])  # a range ahead, and another dp degree: accepted
