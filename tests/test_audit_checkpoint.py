@@ -376,3 +376,24 @@ def test_stats_by_options_splits_trained_from_skipped_tokens(capsys, cache_root,
     assert split == trained_and_skipped(plan, [layout], 5) and split["skipped"]["samples"] == 16
     code, out, _ = _run(capsys, ["stats", *base, *opts])
     assert "trained tokens  skipped tokens" in out and f"skipped {split['skipped']['tokens']:,} tokens" in out
+
+
+def test_a_real_torchtitan_loader_checkpoint_is_audited(capsys, small_index, tmp_path):
+    """The torchtitan integration's own state, saved with DCP as torchtitan saves it (under "dataloader") after 3
+    steps at dp 2: show reads its record and prints the plan's step 2 with that step's hash."""
+    titan = pytest.importorskip("tests.integrations.test_torchtitan")
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    loaders = [titan.build([small_index.path], 2, r, layout="bestfit", seed=5, skip_steps=[[1, 1]]) for r in (0, 1)]
+    titan.draw(loaders, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"dataloader": loaders[0]}, checkpoint_id=str(tmp_path / "step-3"), no_dist=True)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(tmp_path / "step-3")])
+    plan = loaders[0].plan
+    assert code == 0 and "saved at step 3 by torchtitan" in out and "showing its last trained step 2" in out
+    assert f"step 2 (data step 3): sample hash {sample_hash(plan.global_batch(2))}," in out
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "step-3"), "--seed", "0"])
+    assert "--seed 0 contradicts the checkpoint, which records 5" in err
