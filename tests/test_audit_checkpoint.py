@@ -246,6 +246,12 @@ def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_re
         assert code == 0 and str(path) in out.splitlines()[0]
         outs.append(out.splitlines()[1:])
     assert outs[0] == outs[1] == outs[2]
+    # a Hugging Face output_dir: its newest checkpoint-N holding a record
+    later = tmp_path / "checkpoint-12"
+    later.mkdir()
+    DataRecord.from_dict({**record.to_dict(), "step": 12}).save(later)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
+    assert code == 0 and "checkpoint-12 (the newest checkpoint of" in out and out.splitlines()[1:] == outs[0]
     assert f"sample hash {sample_hash(plan.global_batch(3))}," in outs[0][0]
     assert _spans_in("\n".join(outs[0])) == _expected_spans(plan, layout, 3, small_index.lengths)
 

@@ -3,7 +3,8 @@ audit re-types nothing.
 
 PATH is one of: a directory holding ``detsampler_data.json`` (a :class:`~detsampler.record.DataRecord`: the trainer's
 ``step_NNNNNNNN`` checkpoints, a Hugging Face ``checkpoint-N``); a run directory (its newest ``step_NNNNNNNN``
-checkpoint, under ``checkpoints/`` or itself, that holds a record and its ``COMPLETE`` marker); a Lightning ``.ckpt``
+checkpoint, under ``checkpoints/`` or itself, that holds a record and its ``COMPLETE`` marker; else its newest
+``checkpoint-N`` holding a record: a Hugging Face ``output_dir``); a Lightning ``.ckpt``
 file (the entry whose dict holds ``"data_record"``); a torchtitan DCP checkpoint directory (``.metadata``; the
 ``"data_record"`` of its ``"dataloader"`` state).
 
@@ -36,6 +37,7 @@ from detsampler.resume import DataFingerprint, fingerprint_changes
 __all__ = ["Audit", "find_record", "open_audit"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 # the trainer's marker of a whole checkpoint (train.integrity.COMPLETE: the library never imports the trainer)
 _COMPLETE = "COMPLETE"
 
@@ -90,7 +92,8 @@ def find_record(path: str | Path) -> tuple[DataRecord, str]:
         return _from_dcp(p), f"{rel(str(p))} (DCP checkpoint, 'dataloader' state)"
     latest = _latest_step_dir(p)
     if latest is not None:
-        return DataRecord.load(latest), f"{rel(str(latest))} (the newest complete checkpoint of {rel(str(p))})"
+        which = "newest complete checkpoint" if _STEP_DIR.match(latest.name) else "newest checkpoint"
+        return DataRecord.load(latest), f"{rel(str(latest))} (the {which} of {rel(str(p))})"
     raise ValueError(
         f"--checkpoint {str(p)!r} holds no detsampler data record: expected a directory with {RECORD_FILE} (a"
         " trainer's step_NNNNNNNN, a Hugging Face checkpoint-N), a run directory with complete step_NNNNNNNN"
@@ -100,8 +103,9 @@ def find_record(path: str | Path) -> tuple[DataRecord, str]:
 
 
 def _latest_step_dir(root: Path) -> Path | None:
-    """The newest ``step_NNNNNNNN`` directory under ``root/checkpoints`` (else ``root``) holding a record and
-    ``COMPLETE``."""
+    """The newest checkpoint of a run directory: a ``step_NNNNNNNN`` directory under ``root/checkpoints`` (else
+    ``root``) holding a record and ``COMPLETE`` (the trainer's), else a ``checkpoint-N`` directory of ``root`` holding a
+    record (a Hugging Face ``output_dir``)."""
     for base in (root / "checkpoints", root):
         if not base.is_dir():
             continue
@@ -112,7 +116,10 @@ def _latest_step_dir(root: Path) -> Path | None:
         ]
         if found:
             return max(found)[1]
-    return None
+    found = [
+        (int(m.group(1)), d) for d in root.iterdir() if (m := _HF_DIR.match(d.name)) and (d / RECORD_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
 
 
 def _record_in(value: Any, depth: int = 0) -> Any:
@@ -364,13 +371,14 @@ def _default_corpus_of(index: Any) -> Any:
     meta = getattr(index, "meta", None)
     if not isinstance(meta, dict) or "dataset_fingerprint" not in meta or "dataset_num_rows" not in meta:
         return None
+    from detsampler.index.format import dataset_fingerprint
     from detsampler.text.corpus import default_corpus, stdlib_files
 
     rows = int(meta["dataset_num_rows"])
     if rows > len(stdlib_files()):
         return None
     dataset = default_corpus(max_documents=rows)
-    return dataset if dataset._fingerprint == meta["dataset_fingerprint"] else None
+    return dataset if dataset_fingerprint(dataset) == meta["dataset_fingerprint"] else None
 
 
 def _tokenizer(args: argparse.Namespace, explicit: set[str], index: Any, needed: bool) -> Any:

@@ -44,8 +44,8 @@ def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
             " skip ranges and batch schedule, so none is re-typed (an option given that contradicts it is refused;"
             " --world-size and --micro-batch-size may cut the plan another way). PATH: a checkpoint directory holding"
             " detsampler_data.json (the trainer's step_NNNNNNNN, a Hugging Face checkpoint-N), a trainer run"
-            " directory (its newest complete checkpoint), a Lightning .ckpt file, or a torchtitan DCP checkpoint"
-            " directory"
+            " directory (its newest complete checkpoint) or Hugging Face output_dir (its newest checkpoint-N), a"
+            " Lightning .ckpt file, or a torchtitan DCP checkpoint directory"
         ),
     )
     add_index_options(p)
