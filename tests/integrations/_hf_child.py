@@ -3,10 +3,10 @@
     python -m tests.integrations._hf_child INDEX_DIR OUT_DIR MODE [RESUME_FROM] [GRAD_ACCUM] [SEED]
 
 The data: a PackedDataset of the index at INDEX_DIR (bestfit, 8 tokens), the plan of seed SEED (1 by default), through
-the integration's default collator. MODE: ``full`` trains steps 0-5 (and first checks that the naive
-``accelerator.prepare`` is refused); ``kill`` exits the process hard at global_step 4 (checkpoint-3 is on disk);
-``resume`` resumes from RESUME_FROM. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to
-OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
+the integration's CausalLMCollator (which also passes the sample ids on). MODE: ``full`` trains steps 0-5 (and first
+checks that the naive ``accelerator.prepare`` is refused); ``kill`` exits the process hard at global_step 4
+(checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends ``{"step": s, "ids": [...]}`` per
+micro batch to OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
 """
 
 from __future__ import annotations
@@ -19,28 +19,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
-from detsampler import DeterministicBatchSampler, LayoutConfig, PackedDataset, Plan
-from detsampler.index.reader import TokenIndex
+from detsampler import DeterministicBatchSampler
 from detsampler.integrations.hf import CausalLMCollator, DetsamplerTrainer
-from detsampler.layout import make_layout
+from tests.integrations._packed import SEQ_LEN, data, plan_of
 
-SEQ_LEN, MAX_STEPS = 8, 6
-
-
-def data(index_dir: str) -> Tagged:
-    index = TokenIndex.open(index_dir)
-    return Tagged(index, make_layout(LayoutConfig(kind="bestfit", seq_len=SEQ_LEN), index.lengths))
-
-
-def plan_of(dataset: Dataset, seed: int = 1) -> Plan:
-    return Plan(len(dataset), seed=seed, global_batch_size=8, micro_batch_size=2)  # re-cut for the run's processes
-
-
-class Tagged(PackedDataset):
-    """A PackedDataset whose batches also carry their sample ids, so that a run records which samples it trained."""
-
-    def get_batch(self, sample_ids):
-        return {**super().get_batch(sample_ids), "sample_ids": torch.as_tensor(sample_ids, dtype=torch.long)}
+MAX_STEPS = 6
+SEED = 1
 
 
 class TaggingCollator(CausalLMCollator):
@@ -92,7 +76,7 @@ def main() -> None:
     index_dir, out, mode = sys.argv[1:4]
     resume = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
     accum = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-    seed = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    seed = int(sys.argv[6]) if len(sys.argv) > 6 else SEED
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from detsampler.record import RECORD_FILE, DataRecord
-from tests.integrations._hf_child import data, plan_of
+from tests.integrations._hf_child import SEED
+from tests.integrations._packed import data, plan_of
 from tests.integrations.launch import check, start, wait
 from tests.integrations.launch import read_steps as steps
 
@@ -46,7 +47,7 @@ def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, smal
     assert not (tmp_path / "refused" / "ids-1-0.jsonl").exists()  # refused before training a step
 
     reference = {rank: steps(full / f"ids-2-{rank}.jsonl") for rank in range(2)}
-    plan = plan_of(data(index)).with_world(2, 2)
+    plan = plan_of(data(index), SEED).with_world(2, 2)
     for rank in range(2):  # the uninterrupted run reads the plan
         assert reference[rank] == {s: [plan.micro_batch(s, a, rank).tolist() for a in range(2)] for s in range(6)}
         killed = steps(run / f"ids-2-{rank}.jsonl")
