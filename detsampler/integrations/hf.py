@@ -61,6 +61,7 @@ __all__ = [
     "DetsamplerTrainerMixin",
     "causal_lm_collator",
     "prepare_data_loader",
+    "sample_id_dataset",
     "trainer_plan",
     "unshard",
 ]
@@ -72,35 +73,40 @@ class CausalLMCollator:
     """A DataLoader ``collate_fn`` from detsampler samples to the keyword arguments of a ``transformers`` causal LM.
 
     Takes a ``PackedDataset`` micro batch (its ``MicroBatch``, a dict of ``[B, seq_len]`` tensors, or a list of
-    per-sample dicts) of the four fields, or of ``tokens`` (``output="tokens"``), and returns:
+    per-sample dicts) of the four fields or of ``tokens`` (``output="tokens"``); with ``reader`` (a PackedDataset or a
+    MixtureDataset of them), also rows ``{"sample_id": i}`` of :func:`sample_id_dataset`, read from ``reader``. Returns:
 
     - ``input_ids``;
     - ``labels`` in transformers' convention, which the model shifts: ``labels[:, t + 1]`` is the target of position
       ``t`` (``-100`` at position 0, which is nobody's target); the last position's target does not fit in it;
     - ``shift_labels`` (with ``shift_labels=True``): the targets as the dataset gives them, ``shift_labels[:, t]`` that
-      of position ``t``, ``-100`` where the layout masks (document ends, padding). ``ForCausalLMLoss`` uses them instead
-      of shifting ``labels``, and ``Trainer`` counts ``num_items_in_batch`` from them, so the last position's target
-      counts too. Only for models whose ``forward`` passes its ``**kwargs`` to the loss (every transformers causal LM);
-    - ``position_ids`` and ``use_cache=False`` (with ``position_ids=True``, for layouts whose positions restart at each
-      document): with no ``attention_mask`` and no cache, transformers masks attention per run of increasing
-      positions, so each document attends only to itself. With its default ``use_cache=True`` it would build a cache
-      and skip that (documents would attend across).
+      of position ``t``, ``-100`` where the layout masks (document ends, padding). ``ForCausalLMLoss`` (and TRL's fused
+      head) use them instead of shifting ``labels``, and ``Trainer`` counts ``num_items_in_batch`` from them, so the
+      last position's target counts too. Only for models whose ``forward`` passes its ``**kwargs`` to the loss (every
+      transformers causal LM);
+    - ``position_ids`` and ``use_cache=False`` (with ``position_ids=True``): the dataset's positions (``0..seq_len-1``
+      for ``concat``; restarting at each document for ``bestfit``/``document``). With no ``attention_mask`` and no
+      cache, transformers masks attention per run of increasing positions, so each document attends only to itself;
+      with its default ``use_cache=True`` it would build a cache and skip that (documents would attend across).
 
     ``document_ids`` are not passed: transformers' causal LMs take no such argument (the positions carry the same
     boundaries).
     """
 
-    def __init__(self, *, position_ids: bool = False, shift_labels: bool = True) -> None:
-        self.position_ids, self.shift_labels = bool(position_ids), bool(shift_labels)
+    def __init__(self, *, position_ids: bool = True, shift_labels: bool = True, reader: Any = None) -> None:
+        if reader is not None and not _is_packed(reader):
+            raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
+        self.position_ids, self.shift_labels, self.reader = bool(position_ids), bool(shift_labels), reader
 
     def __repr__(self) -> str:
         return f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels})"
 
     def __call__(self, samples: Any) -> dict[str, Any]:
-        batch = _batched(samples)
+        batch = self._batched(samples)
         if "tokens" in batch:
             tokens = batch["tokens"].long()
-            input_ids, targets, positions = tokens[:, :-1], tokens[:, 1:], None
+            input_ids, targets = tokens[:, :-1], tokens[:, 1:]
+            positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
         labels = torch.full_like(targets, IGNORE_INDEX)
@@ -113,25 +119,31 @@ class CausalLMCollator:
             out["use_cache"] = False
         return out
 
+    def _batched(self, samples: Any) -> dict[str, torch.Tensor]:
+        if isinstance(samples, MicroBatch):
+            return samples.batch
+        if isinstance(samples, dict) and "sample_id" not in samples:
+            return samples
+        rows = samples["sample_id"] if isinstance(samples, dict) else None
+        if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
+            if "sample_id" not in samples[0]:
+                return default_collate(list(samples))
+            rows = [row["sample_id"] for row in samples]
+        if rows is not None:
+            if self.reader is None:
+                raise ValueError("rows of sample ids need CausalLMCollator(reader=the PackedDataset they index)")
+            read = self.reader.__getitems__([int(i) for i in rows])
+            return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
+        raise TypeError(
+            f"CausalLMCollator takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}"
+        )
 
-def _batched(samples: Any) -> dict[str, torch.Tensor]:
-    if isinstance(samples, MicroBatch):
-        return samples.batch
-    if isinstance(samples, dict):
-        return samples
-    if isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
-        return default_collate(list(samples))
-    raise TypeError(f"CausalLMCollator takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}")
 
-
-def _restarts_positions(dataset: Any) -> bool | None:
-    """Whether ``dataset``'s position ids restart at documents (any source of a mixture); None: not a detsampler
-    dataset."""
-    if isinstance(dataset, PackedDataset):
-        return dataset.restart_position_ids and dataset.output == "fields"
-    if isinstance(dataset, MixtureDataset) and all(isinstance(ds, PackedDataset) for ds in dataset.datasets):
-        return any(_restarts_positions(ds) for ds in dataset.datasets)
-    return None
+def _is_packed(dataset: Any) -> bool:
+    """A PackedDataset, or a MixtureDataset of them."""
+    if isinstance(dataset, MixtureDataset):
+        return all(isinstance(ds, PackedDataset) for ds in dataset.datasets)
+    return isinstance(dataset, PackedDataset)
 
 
 def _takes_loss_kwargs(model: Any) -> bool:
@@ -143,15 +155,25 @@ def _takes_loss_kwargs(model: Any) -> bool:
 
 
 def causal_lm_collator(dataset: Any, model: Any = None) -> CausalLMCollator:
-    """The :class:`CausalLMCollator` for ``dataset`` (a PackedDataset or a MixtureDataset of them): position ids when
-    its layout restarts them; ``shift_labels`` unless ``model`` is given and its ``forward`` takes no ``**kwargs``."""
-    restarts = _restarts_positions(dataset)
-    if restarts is None:
+    """The :class:`CausalLMCollator` for ``dataset`` (a PackedDataset or a MixtureDataset of them, also its reader for
+    :func:`sample_id_dataset` rows): ``shift_labels`` unless ``model`` is given and its ``forward`` takes no
+    ``**kwargs``."""
+    if not _is_packed(dataset):
         raise ValueError(
             f"causal_lm_collator reads a PackedDataset or a MixtureDataset of them, got {type(dataset).__name__}: "
-            "build CausalLMCollator(position_ids=...) yourself"
+            "build CausalLMCollator(...) yourself"
         )
-    return CausalLMCollator(position_ids=restarts, shift_labels=model is None or _takes_loss_kwargs(model))
+    return CausalLMCollator(shift_labels=model is None or _takes_loss_kwargs(model), reader=dataset)
+
+
+def sample_id_dataset(dataset: Any) -> Any:
+    """A ``datasets.Dataset`` whose row ``i`` is ``{"sample_id": i}``, one per sample of ``dataset``, for trainers that
+    take only a ``datasets.Dataset`` (TRL's ``SFTTrainer``): the plan's sampler picks rows, and
+    ``causal_lm_collator(dataset)`` reads them from ``dataset``. 8 bytes a sample, in memory."""
+    import datasets
+    import numpy as np
+
+    return datasets.Dataset.from_dict({"sample_id": np.arange(len(dataset), dtype=np.int64)})
 
 
 def unshard(prepared: DataLoader) -> DataLoader:
@@ -230,18 +252,27 @@ class DetsamplerTrainerMixin:
         allow_data_change: bool = False,
         **kwargs: Any,
     ) -> None:
-        collator_given = kwargs.get("data_collator", args[2] if len(args) > 2 else None) is not None
+        # NOTE: the collator is set before __init__: TRL's SFTTrainer builds its own there when given none.
+        dataset, model = kwargs.get("train_dataset"), kwargs.get("model")
+        if kwargs.get("data_collator") is None and not args and _is_packed(dataset):
+            kwargs["data_collator"] = causal_lm_collator(dataset, model if hasattr(model, "forward") else None)
         super().__init__(*args, **kwargs)
+        if _is_packed(self.train_dataset) and self.data_collator is transformers.default_data_collator:  # positional
+            self.data_collator = causal_lm_collator(self.train_dataset, self.model)
         if self.args.max_steps <= 0:
             raise ValueError("DetsamplerTrainer needs TrainingArguments(max_steps=...): the plan's stream is endless")
         # NOTE: resuming restarts the sampler at global_step; the Trainer's own skipping would skip that data again.
         self.args.ignore_data_skip = True
         self.plan = plan
+        reader = getattr(self.data_collator, "reader", None)  # the data behind rows of sample ids
         self.detsampler_data = CheckpointData(
-            self.train_dataset, plan, framework="hf", index=index, layout=layout, allow_data_change=allow_data_change
+            reader if reader is not None and index is None else self.train_dataset,
+            plan,
+            framework="hf",
+            index=index,
+            layout=layout,
+            allow_data_change=allow_data_change,
         )
-        if not collator_given and _restarts_positions(self.train_dataset) is not None:
-            self.data_collator = causal_lm_collator(self.train_dataset, self.accelerator.unwrap_model(self.model))
         self.detsampler_sampler: DeterministicBatchSampler | None = None
         self.add_callback(_StartAtGlobalStep(self))
 
