@@ -5,13 +5,13 @@ the layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan 
 schedule, skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with
 it on resume.
 
-A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new mixture schedule
-entries at or after the resume step, and with new skip ranges that start at or after the data step the resume reads. Any
-other change (another index, another layout, another seed, another batch schedule) changes the past and is refused by
-:func:`check_resume` with a ValueError that says what changed.
+A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
+mixture schedule entries at or after the resume step, and with new skip ranges that start at or after the data step the
+resume reads. Any other change (another index, another layout, another seed, batch sizes or weights before the resume)
+changes the past and is refused by :func:`check_resume` with a ValueError that says what changed.
 
-All steps of the mixture schedule and of the skip ranges are *data* steps; the past is the data steps before
-``d(resume_step)`` of the checkpointed plan.
+All steps of the batch-size schedule, of the mixture schedule and of the skip ranges are *data* steps; the past is the
+data steps before ``d(resume_step)`` of the checkpointed plan.
 """
 
 from __future__ import annotations
@@ -145,8 +145,9 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
     resuming run's. The index and the layout must be the same. Allowed plan changes: another
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
-    its own seed: the plan's is unused); mixture schedule entries whose step is at or after ``d(resume_step)``; skip
-    ranges starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too.
+    its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
+    at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
+    and ranges that lie there too.
 
     Args:
         old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
@@ -179,6 +180,25 @@ def _normalized(value: Any) -> Any:
     return value
 
 
+def _check_batch_schedule(old: list, new: list, boundary: int, resume_step: int) -> None:
+    """Every data step before ``boundary`` must keep its batch size (so its positions): entries from there may change.
+
+    The sizes are compared, not the entries: a redundant entry (the size already in force) changes nothing.
+    """
+
+    def size_at(entries: list, step: int) -> int:
+        return next(size for first, size in reversed(entries) if first <= step)
+
+    for step in sorted({e[0] for e in old + new if e[0] < boundary}):
+        if size_at(old, step) != size_at(new, step):
+            raise ValueError(
+                f"the batch_size_schedule changes the past: data step {step} (before data step {boundary}, where"
+                f" training step {resume_step} resumes) has {size_at(old, step)} samples in the checkpoint and"
+                f" {size_at(new, step)} in the new plan; this would change data already trained on: change batch sizes"
+                f" only by entries at step >= {boundary}"
+            )
+
+
 def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     """The plan part of :func:`check_resume` (``Plan.fingerprint()`` dicts)."""
     before, after = _normalized(old_plan), _normalized(new_plan)
@@ -193,13 +213,16 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
         )
     # The plan's seed keys only the epoch shuffles of ``num_samples``; a source stream (a mixture) has its own seed.
     unused = {"seed"} if before["stream"].get("kind") != "epochs" and after["stream"].get("kind") != "epochs" else set()
-    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps"} - unused):
+    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps", "batch_size_schedule"} - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
                 f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the"
                 f" new plan {after.get(key)!r}; this would change data already trained on"
             )
 
+    _check_batch_schedule(
+        before.get("batch_size_schedule", []), after.get("batch_size_schedule", []), boundary, resume_step
+    )
     old_stream, new_stream = before["stream"], after["stream"]
     if old_stream.get("kind") == "mixture" and new_stream.get("kind") == "mixture":
         rest = lambda d: {k: v for k, v in d.items() if k != "schedule"}

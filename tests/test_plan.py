@@ -7,7 +7,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from detsampler.plan import Plan
@@ -161,3 +161,30 @@ def test_mapping_version_is_chosen_recorded_and_kept_on_resume():
         check_resume(fp(v1), fp(v2), 5)
     with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
         Plan(1000, 3, 8, 2, mapping_version=3)
+
+
+@settings(max_examples=40)
+@given(
+    resume=st.integers(min_value=0, max_value=12),
+    old=st.lists(st.tuples(st.integers(1, 14), st.sampled_from([4, 8, 12])), max_size=3),
+    new=st.lists(st.tuples(st.integers(1, 14), st.sampled_from([4, 8, 12])), max_size=3),
+)
+def test_a_batch_ramp_may_change_only_ahead_of_the_resume(resume, old, new):
+    """check_resume accepts a changed batch_size_schedule exactly when every step before the resume reads the same
+    samples (compared against the plans themselves)."""
+    from detsampler import DataFingerprint, check_resume
+
+    def plan(entries):
+        rows = sorted(dict([(0, 8), *entries]).items())
+        return Plan(1000, seed=3, global_batch_size=rows[-1][1], micro_batch_size=4, batch_size_schedule=rows)
+
+    a, b = plan(old), plan(new)
+    same_past = all(np.array_equal(a.global_batch(s), b.global_batch(s)) for s in range(resume)) and (
+        a.consumed(resume) == b.consumed(resume)
+    )
+    fp = lambda p: DataFingerprint("index", {"kind": "concat"}, p.fingerprint())
+    if same_past:
+        check_resume(fp(a), fp(b), resume)
+    else:
+        with pytest.raises(ValueError, match="batch_size_schedule changes the past"):
+            check_resume(fp(a), fp(b), resume)

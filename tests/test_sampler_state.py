@@ -229,7 +229,11 @@ def test_stateful_dataloader_resumes_at_the_next_unconsumed_micro_batch(num_work
         restored.load_state_dict(state)
         got = [mb.tolist() for mb in restored]
         assert got == want[k:], f"restored after {k} micro batches"
-        assert fresh.state_dict() == {"step": 7, "samples_in_step": 0}
+        if num_workers:  # the workers ran the sampler ahead: its own state is not what the loader returned
+            with pytest.raises(RuntimeError, match="StatefulDataLoader with num_workers=2"):
+                fresh.state_dict()
+        else:
+            assert fresh.state_dict() == {"step": 7, "samples_in_step": 0}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -283,3 +287,66 @@ def test_length_counts_from_the_state():
     next(it)
     assert len(sampler) == 5
     assert len(list(it)) == 5
+
+
+# -- every loop shape: the state names what was consumed, or is refused with the fix (issue 20, item 4) ---------------
+
+
+def consume(loader, count: int) -> list[list[int]]:
+    """The first ``count`` batches of a plain ``for batch in loader`` loop, as lists of sample ids."""
+    got = []
+    for batch in loader:
+        got.append(batch.tolist())
+        if len(got) == count:
+            break
+    return got
+
+
+def test_a_dataloader_without_workers_consumes_what_it_yields():
+    sampler = DeterministicBatchSampler(PLAN, 0, start_step=1)
+    assert consume(DataLoader(Ids(200), batch_sampler=sampler), 6) == flat_micro_batches(PLAN, 0, 1, 3)
+    assert sampler.state_dict() == {"step": 3, "samples_in_step": 0}
+
+
+def test_a_plain_loop_over_a_dataloader_with_workers_is_refused_with_the_fix():
+    """The issue's loop: 2 steps consumed, the workers had run the sampler 2 steps further ({'step': 4})."""
+    sampler = DeterministicBatchSampler(PLAN, 0)
+    loader = DataLoader(Ids(200), batch_sampler=sampler, num_workers=2)
+    assert consume(loader, 6) == flat_micro_batches(PLAN, 0, 0, 2)
+    with pytest.raises(RuntimeError, match=r"DataLoader with num_workers=2 runs it up to 4 micro batches ahead") as e:
+        sampler.state_dict()
+    assert "sampler.steps(loader)" in str(e.value) and "StatefulDataLoader" in str(e.value)
+    sampler.load_state_dict({"step": 2})  # a state loaded from the trainer's step is exact again
+    assert sampler.state_dict() == {"step": 2, "samples_in_step": 0}
+    for step, _ in sampler.steps(loader):  # and steps() over the same loader counts what it hands out
+        if step == 3:
+            break
+    assert sampler.state_dict() == {"step": 4, "samples_in_step": 0}
+
+
+def test_accelerate_reads_one_batch_ahead_so_the_state_is_refused():
+    from accelerate.data_loader import prepare_data_loader
+
+    from detsampler.integrations.hf import unshard
+
+    sampler = DeterministicBatchSampler(PLAN, 1)
+    prepared = unshard(
+        prepare_data_loader(DataLoader(Ids(200), batch_sampler=sampler), num_processes=2, process_index=1)
+    )
+    assert consume(prepared, 3) == flat_micro_batches(PLAN, 1, 0, 1)
+    assert sampler._position == (1, 1)  # one micro batch past the 3 returned: the state would skip it
+    with pytest.raises(RuntimeError, match=r"iterated through accelerate\.data_loader"):
+        sampler.state_dict()
+
+
+def test_a_thread_that_reads_ahead_is_refused():
+    from train.data import ThreadPrefetcher
+
+    sampler = DeterministicBatchSampler(PLAN, 0)
+    prefetch = ThreadPrefetcher(DataLoader(Ids(200), batch_sampler=sampler), depth=4)
+    try:
+        assert [next(prefetch).tolist() for _ in range(3)] == flat_micro_batches(PLAN, 0, 0, 1)
+        with pytest.raises(RuntimeError, match="another thread"):
+            sampler.state_dict()
+    finally:
+        prefetch.close()

@@ -4,18 +4,29 @@ torchtitan's trainer builds its data loader with ``config.dataloader.build(dp_wo
 seq_len=, local_batch_size=, snapshot_every_n_steps=)``, iterates it for ``(input_dict, labels)`` micro batches and
 checkpoints it (DCP, key ``"dataloader"``) through ``state_dict()`` / ``load_state_dict()``. Its own
 ``HuggingFaceTextDataLoader`` saves one pickled iterator state per data-parallel rank and refuses another dp degree.
-This one saves ``{"step": s, "samples_in_step": 0}``, the same on every rank, and loads it at any ``dp_world_size``
-that divides the global batch: the data of every step is a pure function of the plan.
+This one saves ``{"step": s, "samples_in_step": 0, "data_record": JSON}`` (a :class:`~detsampler.record.DataRecord`),
+the same on every rank, and loads it at any ``dp_world_size`` that divides the global batch: the data of every step is
+a pure function of the plan, and the record's fingerprint refuses a resume that would read other data.
 
-Select it in a torchtitan config with ``dataloader=DetsamplerDataLoader.Config(index_paths=[...], ...)``; the indexes
-are built beforehand (``detsampler build``). ``global_batch_size`` must equal ``training.global_batch_size`` (torchtitan
+What it yields, as torchtitan's own text loader does (``torchtitan/hf_datasets/text_datasets.py``):
+``({"input": input_ids, "positions": position_ids}, labels)``. torchtitan's trainer passes every key but ``"input"`` to
+the model's ``forward`` (``Trainer.post_dataloading_process``) and builds its flex / varlen document masks from
+``positions`` (a document starts where they are 0: ``get_document_mask_mod``), so no other key is yielded. Labels are
+``-100`` (torchtitan's ``IGNORE_INDEX``) wherever the layout masks: they count in neither the loss sum nor
+``global_valid_tokens``.
+
+Select it in a torchtitan config with ``dataloader=DetsamplerDataLoader.Config(index_paths=[...], ...)``: each entry a
+built index directory (``detsampler build``), a sharded index directory, or a pre-tokenized source ``KIND:PATH``
+(``megatron:data/corpus_text_document``). ``global_batch_size`` must equal ``training.global_batch_size`` (torchtitan
 does not pass it to the loader); -1 means ``local_batch_size * dp_world_size``, as in torchtitan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from detsampler.integrations import require
@@ -26,43 +37,102 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
-from detsampler.index.reader import TokenIndex  # noqa: E402
+from detsampler.index.sharded import open_index  # noqa: E402
+from detsampler.index.sources import is_source_spec, open_source, parse_source_spec  # noqa: E402
 from detsampler.layout import LayoutConfig  # noqa: E402
 from detsampler.loader.dataset import PackedDataset, collate_micro_batch  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.mixture.config import MixtureConfig  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
+from detsampler.record import DataRecord  # noqa: E402
+from detsampler.version import MAPPING_VERSION  # noqa: E402
 
-__all__ = ["DetsamplerDataLoader"]
+__all__ = ["IGNORE_INDEX", "DetsamplerDataLoader"]
+
+IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX, and the labels PackedDataset masks with
+FRAMEWORK = "torchtitan"
 
 
 class DetsamplerDataLoader(BaseDataLoader):
-    """The micro batches of data-parallel rank ``dp_rank``: ``({"input": input_ids}, labels)``, step after step.
+    """The micro batches of data-parallel rank ``dp_rank``: ``({"input": ..., "positions": ...}, labels)``, step after
+    step.
 
     The state moves past a step as its micro batches are handed out (:meth:`DeterministicBatchSampler.steps`), so the
     checkpoint torchtitan takes after a step's optimizer update names the next step, however far workers read ahead.
+
+    A batch ramp (``batch_size_schedule``): torchtitan draws ``training.global_batch_size / (local_batch_size *
+    dp_world_size)`` micro batches every step, a number fixed when the trainer starts. A step of the ramp with fewer
+    samples yields its own micro batches, then fills the count with micro batches whose labels are all ``-100``:
+    torchtitan divides the summed loss by the step's ``global_valid_tokens`` (labels that are not ``-100``, over all
+    ranks), so the gradient is exactly that of the ramp's smaller batch. The filler costs a forward and backward each.
     """
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         index_paths: list[str] = field(default_factory=list)
-        """Built token indexes: one, or one per mixture source."""
+        """Indexes: one, or one per mixture source. Each a built index directory (``detsampler build``), a sharded
+        index directory (``build --shard`` / ``--finalize``), or a pre-tokenized source ``KIND:PATH`` (``megatron``,
+        ``olmo``, ``datatrove``, ``nanogpt``)."""
+
+        source_eos: str = "real"
+        """Pre-tokenized sources: ``real`` (the stored tokens as they are) or ``virtual`` (an EOS read after each
+        document: needs ``source_eos_id``)."""
+
+        source_eos_id: int | None = None
+        """Pre-tokenized sources: the EOS id (None: unknown, only with ``source_eos="real"``)."""
+
+        source_pad_id: int | None = None
+        """Pre-tokenized sources: the id on padding (None: the EOS id, else 0); its labels are -100 anyway."""
+
+        source_vocab_size: int | None = None
+        """Pre-tokenized sources: the vocabulary size (None: the token dtype's range)."""
 
         weights: list[float] = field(default_factory=list)
-        """Mixture weights, one per index (empty with one index)."""
+        """Mixture weights from step 0, one per index (empty with one index)."""
+
+        mixture_schedule: list[tuple[int, list[float]]] = field(default_factory=list)
+        """Later mixture weights: ``(first_step, weights)`` entries after step 0, in data steps (MixtureConfig)."""
 
         mixture_seed: int = 0
-        """Seed of the mixture's interleaving."""
+        """Seed of the mixture's interleaving (a mixture's plan reads it instead of ``seed``)."""
+
+        mixture_names: list[str] = field(default_factory=list)
+        """Labels of the mixture's sources, for reports and the data record (empty: none)."""
 
         layout: str = "concat"
-        """Packing: concat, document or bestfit."""
+        """Packing: concat, document or bestfit (LayoutConfig.kind); seq_len is training.seq_len."""
+
+        layout_seed: int = 0
+        """LayoutConfig.seed (the document order the layout packs)."""
+
+        window_docs: int = 1024
+        """LayoutConfig.window_docs: documents packed together (bestfit)."""
+
+        restart_positions: bool | None = None
+        """``positions`` restart at 0 at each document start (torchtitan's document masking then keeps documents
+        apart). None: as the layout's labels do (document and bestfit restart; concat, whose labels cross documents,
+        counts 0 .. seq_len-1)."""
 
         seed: int = 0
-        """Seed of the epoch shuffles."""
+        """Plan.seed: the epoch shuffles of a single index."""
 
         global_batch_size: int = -1
         """Samples per step over all dp ranks: training.global_batch_size (-1: local_batch_size * dp_world_size)."""
+
+        batch_size_schedule: list[tuple[int, int]] = field(default_factory=list)
+        """A batch ramp: ``(first_step, global_batch_size)`` rows from step 0, the last one's size
+        ``global_batch_size`` and none larger (Plan.batch_size_schedule; empty: none)."""
+
+        skip_steps: list[tuple[int, int]] = field(default_factory=list)
+        """Inclusive ranges of data steps never trained on (Plan.skip_steps)."""
+
+        mapping_version: int = MAPPING_VERSION
+        """Plan.mapping_version: the permutation; keep the one a run started with."""
+
+        allow_missing_data_record: bool = False
+        """Load a checkpointed state that holds no ``data_record`` (saved before it existed): its data cannot be
+        checked, so this is refused unless set."""
 
         num_workers: int = 0
         """DataLoader worker processes."""
@@ -78,23 +148,59 @@ class DetsamplerDataLoader(BaseDataLoader):
         tokenizer: Any = None,
         snapshot_every_n_steps: int | None = None,
     ) -> None:
-        dataset, stream = _dataset(config, seq_len)
+        self.config = config
         global_batch_size = config.global_batch_size
         if global_batch_size <= 0:
             global_batch_size = local_batch_size * dp_world_size
-        counted = {"num_samples": stream} if isinstance(stream, int) else {"source": stream}
-        self.plan = Plan(
-            **counted,
+        layout_config = LayoutConfig(
+            kind=config.layout, seq_len=seq_len, seed=config.layout_seed, window_docs=config.window_docs
+        )
+        indexes = [_open(spec, config) for spec in _checked_paths(config)]
+        layouts = [index.layout(layout_config) for index in indexes]
+        schedule = _batch_size_schedule(config, global_batch_size)
+        plan_args = dict(
             seed=config.seed,
             global_batch_size=global_batch_size,
             micro_batch_size=local_batch_size,
             world_size=dp_world_size,
+            batch_size_schedule=schedule,
+            skip_steps=[tuple(r) for r in config.skip_steps] or None,
+            mapping_version=config.mapping_version,
         )
-        if not isinstance(dataset, PackedDataset):
-            dataset = MixtureDataset(dataset, self.plan.stream)
-        self.dataset: Dataset = dataset
+        restart = config.restart_positions
+        datasets = [PackedDataset(i, lay, restart_position_ids=restart) for i, lay in zip(indexes, layouts)]
+        if len(indexes) == 1 and not config.weights:
+            _refuse_mixture_fields(config)
+            self.plan = Plan(layouts[0].num_samples, **plan_args)
+            self.dataset: Dataset = datasets[0]
+            recorded_index, recorded_layout, names = indexes[0], layouts[0], None
+        else:
+            if len(config.weights) != len(indexes):
+                raise ValueError(
+                    f"DetsamplerDataLoader.Config.weights needs one number per index: {len(config.weights)} for "
+                    f"{len(indexes)} indexes"
+                )
+            mixture_config = MixtureConfig(
+                weights=tuple(config.weights),
+                schedule=tuple((step, tuple(w)) for step, w in config.mixture_schedule),
+                seed=config.mixture_seed,
+                names=tuple(config.mixture_names) or None,
+            )
+            self.plan = Plan(source=mixture_config.build(layouts), **plan_args)
+            self.dataset = MixtureDataset(datasets, self.plan.stream)
+            recorded_index, recorded_layout, names = indexes, layouts, mixture_config.names
+        self.indexes, self.layouts = indexes, layouts
+        self.micro_steps_per_step = global_batch_size // (local_batch_size * dp_world_size)
+        self.seq_len = seq_len
+        self.pad_id = int(indexes[0].pad_id)
+        self.record = DataRecord.of(0, recorded_index, recorded_layout, self.plan, framework=FRAMEWORK, names=names)
         self.sampler = DeterministicBatchSampler(self.plan, dp_rank)
         self.num_workers = config.num_workers
+
+    @property
+    def fingerprint(self) -> Any:
+        """The :class:`~detsampler.resume.DataFingerprint` of this loader's data (what ``data_record`` saves)."""
+        return self.record.fingerprint
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         loader = DataLoader(
@@ -102,26 +208,102 @@ class DetsamplerDataLoader(BaseDataLoader):
         )
         for _, micro_batches in self.sampler.steps(loader):
             for batch in micro_batches:
-                yield {"input": batch["input_ids"]}, batch["labels"]
+                yield {"input": batch["input_ids"], "positions": batch["position_ids"]}, batch["labels"]
+            for _ in range(self.micro_steps_per_step - len(micro_batches)):  # a ramp's smaller step (class doc)
+                yield self._filler()
 
-    def state_dict(self) -> dict[str, int]:
-        return self.sampler.state_dict()
+    def _filler(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        shape = (self.sampler.plan.micro_batch_size, self.seq_len)
+        positions = torch.arange(self.seq_len, dtype=torch.int64).expand(shape).contiguous()
+        inputs = torch.full(shape, self.pad_id, dtype=torch.int64)
+        return {"input": inputs, "positions": positions}, torch.full(shape, IGNORE_INDEX, dtype=torch.int64)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.sampler.state_dict()
+        record = dataclasses.replace(self.record, step=state["step"], samples_in_step=state["samples_in_step"])
+        return {**state, "data_record": record.to_json()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:  # torchtitan passes {} when the checkpoint holds no loader state
-            self.sampler.load_state_dict(state_dict)
+        """Resume at the saved step: refused (ValueError, the library's :func:`~detsampler.resume.check_resume`
+        message) when this loader's data would differ from the checkpointed run's at any step before it."""
+        if not state_dict:  # torchtitan passes {} when the checkpoint holds no loader state
+            return
+        state = dict(state_dict)
+        saved = state.pop("data_record", None)
+        if saved is None:
+            if not self.config.allow_missing_data_record:
+                raise ValueError(
+                    f"the checkpoint's data loader state {state!r} holds no data_record (it was saved before detsampler"
+                    " recorded its data), so nothing shows that this configuration reads the data it trained on; set"
+                    " DetsamplerDataLoader.Config.allow_missing_data_record=True to resume at its step anyway"
+                )
+        else:
+            record = DataRecord.from_json(saved.decode() if isinstance(saved, bytes) else saved)
+            step = int(state.get("step", record.step))
+            if (step, int(state.get("samples_in_step", 0))) != (record.step, record.samples_in_step):
+                raise ValueError(
+                    f"the checkpoint's data loader state names step {step} but its data_record step {record.step}"
+                )
+            record.check_resume(self.fingerprint, step)
+        self.sampler.load_state_dict(state)
 
 
-def _dataset(config: DetsamplerDataLoader.Config, seq_len: int) -> tuple[Any, Any]:
-    """The packed dataset (or the list of one per source) and the plan's stream: a sample count or a mixture."""
+def _checked_paths(config: DetsamplerDataLoader.Config) -> list[str]:
+    if config.dataset or config.dataset_path:  # BaseDataLoader.Config's fields, read by torchtitan's own loader
+        raise ValueError(
+            f"DetsamplerDataLoader reads index_paths, not dataset={config.dataset!r} / dataset_path="
+            f"{config.dataset_path!r} (torchtitan's HuggingFaceTextDataLoader's fields): leave them unset"
+        )
     if not config.index_paths:
-        raise ValueError("DetsamplerDataLoader.Config.index_paths names no index: build one with `detsampler build`")
-    layout_config = LayoutConfig(kind=config.layout, seq_len=seq_len)
-    indexes = [TokenIndex.open(path) for path in config.index_paths]
-    layouts = [index.layout(layout_config) for index in indexes]
-    if len(indexes) == 1 and not config.weights:
-        return PackedDataset(indexes[0], layouts[0]), layouts[0].num_samples
-    if len(config.weights) != len(indexes):
-        raise ValueError(f"weights needs one number per index: {len(config.weights)} for {len(indexes)} indexes")
-    mixture = MixtureConfig(weights=tuple(config.weights), seed=config.mixture_seed).build(layouts)
-    return [PackedDataset(index, layout) for index, layout in zip(indexes, layouts)], mixture
+        raise ValueError(
+            "DetsamplerDataLoader.Config.index_paths names no index: build one with `detsampler build`, or name a "
+            "pre-tokenized source KIND:PATH"
+        )
+    if isinstance(config.index_paths, (str, bytes)):
+        raise ValueError(f"DetsamplerDataLoader.Config.index_paths must be a list, got {config.index_paths!r}")
+    return [str(p) for p in config.index_paths]
+
+
+def _open(spec: str, config: DetsamplerDataLoader.Config) -> Any:
+    """The built index, sharded index or pre-tokenized source ``spec`` names."""
+    if is_source_spec(spec):
+        kind, path = parse_source_spec(spec)
+        options = {
+            "eos_id": config.source_eos_id,
+            "pad_id": config.source_pad_id,
+            "vocab_size": config.source_vocab_size,
+        }
+        if config.source_eos == "virtual" and config.source_eos_id is None:
+            raise ValueError(
+                f"index_paths entry {spec!r}: source_eos='virtual' reads an EOS after each document; set "
+                "DetsamplerDataLoader.Config.source_eos_id"
+            )
+        return open_source(kind, path, eos=config.source_eos, **{k: v for k, v in options.items() if v is not None})
+    if not Path(spec).is_dir():
+        raise ValueError(
+            f"index_paths entry {spec!r} is neither an index directory (build one with `detsampler build`) nor a "
+            "pre-tokenized source KIND:PATH (megatron, olmo, datatrove, nanogpt)"
+        )
+    return open_index(spec)
+
+
+def _batch_size_schedule(config: DetsamplerDataLoader.Config, global_batch_size: int) -> list | None:
+    if not config.batch_size_schedule:
+        return None
+    schedule = [tuple(row) for row in config.batch_size_schedule]
+    larger = [row for row in schedule if len(row) == 2 and isinstance(row[1], int) and row[1] > global_batch_size]
+    if larger:
+        raise ValueError(
+            f"batch_size_schedule rows {larger} exceed global_batch_size {global_batch_size}: torchtitan draws "
+            "training.global_batch_size / (local_batch_size * dp) micro batches every step, so a ramp may only go up "
+            "to it (set both to the largest size)"
+        )
+    return schedule
+
+
+def _refuse_mixture_fields(config: DetsamplerDataLoader.Config) -> None:
+    given = [name for name in ("mixture_schedule", "mixture_names") if getattr(config, name)]
+    if given:
+        raise ValueError(
+            f"DetsamplerDataLoader.Config.{given[0]} is set but there is no mixture: give weights, one per index"
+        )

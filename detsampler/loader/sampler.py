@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from detsampler.plan import Plan, _check_step
 
@@ -39,9 +39,12 @@ class DeterministicBatchSampler(Sampler[list[int]]):
       batch it yields), which the loader snapshots as it hands out each batch, so ``loader.state_dict()`` resumes at
       the next micro batch the loader has not returned, mid-step included, with any ``num_workers``.
 
-    A plain DataLoader with workers prefetches: without :meth:`steps` the sampler cannot see what was consumed, so
-    checkpoint through :meth:`steps` or use ``StatefulDataLoader`` there. Every iteration starts at the state;
-    ``stop_step`` is absolute and never moves.
+    A driver that reads ahead of the training step runs the sampler ahead of consumption: a DataLoader with workers
+    (``prefetch_factor * num_workers`` micro batches), accelerate's and Lightning's loaders (one batch), or any
+    iteration in another thread than the one asking for the state. The sampler cannot see what such a loop consumed,
+    so there :meth:`state_dict` refuses (RuntimeError naming the driver and the fix) instead of naming a micro batch
+    never trained on; :meth:`steps`, ``StatefulDataLoader.state_dict()``, or the trainer's own step count are exact.
+    Every iteration starts at the state; ``stop_step`` is absolute and never moves.
     """
 
     def __init__(self, plan: Plan, rank: int, start_step: int = 0, stop_step: int | None = None) -> None:
@@ -59,6 +62,8 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         self._iter_start = self._position  # where the newest iteration started (or was restored)
         self._generation = 0  # iterations made so far
         self._tracked_up_to = 0  # iterations whose yields no longer count as consumed (steps() counts instead)
+        self._ahead_of_consumption: str | None = None  # why the last move of the state may be ahead of consumption
+        self._moved_in_thread: int | None = None  # the thread whose iteration last moved the state
         self._lock = threading.Lock()  # a DataLoader may run the sampler in a thread beside steps()
 
     def __getstate__(self) -> dict:
@@ -71,11 +76,13 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         self._lock = threading.Lock()
 
     def __iter__(self) -> _MicroBatches:
-        _refuse_resharding(self, sys._getframe(1))
+        caller = sys._getframe(1)
+        _refuse_resharding(self, caller)
+        reads_ahead = _read_ahead_driver(self, caller)
         with self._lock:
             self._generation += 1
             self._iter_start = self._position
-            return _MicroBatches(self, self._position, self._generation)
+            return _MicroBatches(self, self._position, self._generation, reads_ahead)
 
     def __len__(self) -> int:
         """Micro batches from the state up to ``stop_step``: what a new iteration yields."""
@@ -89,14 +96,19 @@ class DeterministicBatchSampler(Sampler[list[int]]):
     def _done(self, step: int) -> bool:
         return self.stop_step is not None and step >= self.stop_step
 
-    def _yielded(self, generation: int, position: tuple[int, int]) -> None:
+    def _yielded(self, generation: int, position: tuple[int, int], ahead: str | None, thread: int) -> None:
         with self._lock:
             if generation > self._tracked_up_to:
                 self._position = position
+                if ahead is None and thread != threading.get_ident():
+                    ahead = "it is iterated in another thread, which may read ahead of the training step"
+                self._ahead_of_consumption = ahead
+                self._moved_in_thread = threading.get_ident()
 
     def _restored(self, position: tuple[int, int]) -> None:
         with self._lock:
             self._position = self._iter_start = position
+            self._ahead_of_consumption = None
 
     def steps(self, batches: Iterable[Any]) -> Iterator[tuple[int, list[Any]]]:
         """Group ``batches`` (a DataLoader over this sampler, possibly wrapped) by step: ``(step, micro_batches)``.
@@ -110,6 +122,7 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         it = iter(batches)
         with self._lock:
             self._tracked_up_to = self._generation
+            self._ahead_of_consumption = None
             step, micro_step = self._position = self._iter_start
         while not self._done(step):
             micro_batches = []
@@ -124,7 +137,23 @@ class DeterministicBatchSampler(Sampler[list[int]]):
             step, micro_step = step + 1, 0
 
     def state_dict(self) -> dict[str, int]:
+        """The next micro batch not yet consumed (see the class doc), or RuntimeError when the loop driving the sampler
+        reads ahead of consumption and :meth:`steps` does not count for it."""
+        # NOTE: a StatefulDataLoader snapshots this state beside its sampler iterator's (exact) state, and restores the
+        # iterator's over it: this one is not used there, so its own snapshots are answered, not refused.
+        snapshot = str(sys._getframe(1).f_globals.get("__name__", "")).startswith("torchdata.")
         with self._lock:
+            ahead = None if snapshot else self._ahead_of_consumption
+            if ahead is None and not snapshot and self._moved_in_thread not in (None, threading.get_ident()):
+                ahead = "it was iterated in another thread, which may read ahead of the training step"
+            if ahead is not None:
+                raise RuntimeError(
+                    f"DeterministicBatchSampler.state_dict() cannot name the next unconsumed micro batch: {ahead}, so"
+                    f" the sampler's position ({self._state(self._position)}) is past what was trained. Iterate with"
+                    " `for step, micro_batches in sampler.steps(loader)` (the state moves as steps are handed out),"
+                    " checkpoint a torchdata StatefulDataLoader's loader.state_dict(), or save the step your loop"
+                    " trained: {'step': s} is the whole state"
+                )
             return self._state(self._position)
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -133,6 +162,7 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         with self._lock:
             self._position = self._iter_start = position
             self._tracked_up_to = self._generation  # iterations made before no longer move the state
+            self._ahead_of_consumption = self._moved_in_thread = None
 
     def _state(self, position: tuple[int, int]) -> dict[str, int]:
         step, micro_step = position
@@ -173,10 +203,14 @@ class _MicroBatches:
     again, which is what makes a restored loader resume at its next unreturned micro batch.
     """
 
-    def __init__(self, sampler: DeterministicBatchSampler, position: tuple[int, int], generation: int) -> None:
+    def __init__(
+        self, sampler: DeterministicBatchSampler, position: tuple[int, int], generation: int, reads_ahead: str | None
+    ) -> None:
         self._sampler = sampler
         self._position = position
         self._generation = generation
+        self._reads_ahead = reads_ahead  # why its driver reads ahead of consumption (None: it does not)
+        self._thread = threading.get_ident()  # the thread that started it
         self._ahead: list[list[int]] = []  # planned micro batches, the next one last: at _ahead_at[-1]
         self._ahead_at: list[tuple[int, int]] = []  # their positions, then the one after them (reversed likewise)
 
@@ -191,7 +225,7 @@ class _MicroBatches:
         ids = self._ahead.pop()
         self._ahead_at.pop()
         self._position = self._ahead_at[-1]
-        self._sampler._yielded(self._generation, self._position)
+        self._sampler._yielded(self._generation, self._position, self._reads_ahead, self._thread)
         return ids
 
     def _plan_ahead(self) -> None:
@@ -225,6 +259,40 @@ def _check_snapshots(batches: Iterable[Any]) -> None:
             f"steps() over a StatefulDataLoader with workers needs snapshot_every_n_steps=1 (got {every!r}): a "
             "restored loader replays the batches since its last snapshot, which steps() cannot see"
         )
+
+
+# Loaders of these packages fetch the next batch before the current one is trained (accelerate's DataLoaderShard to know
+# which batch is the last; Lightning's prefetching data fetcher): the sampler they iterate runs one micro batch ahead.
+_READ_AHEAD_PACKAGES = ("accelerate", "lightning", "pytorch_lightning", "lightning_fabric")
+_MAX_CALLER_FRAMES = 48
+
+
+def _read_ahead_driver(sampler: DeterministicBatchSampler, frame: FrameType | None) -> str | None:
+    """Why the loop starting this iteration reads ahead of consumption, or None when each yielded micro batch is
+    consumed before the next is asked for (the sampler iterated directly, or by a DataLoader without workers).
+
+    NOTE: torch's DataLoader iterator calls ``iter(batch_sampler)`` in its constructor, so the loader and whoever
+    iterates it are ``self`` and module of the calling frames; this runs once per iteration, never per batch.
+    """
+    loader = None
+    for _ in range(_MAX_CALLER_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if loader is None and isinstance(owner, DataLoader):
+            loader = owner
+        package = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        if package in _READ_AHEAD_PACKAGES:
+            return f"it is iterated through {frame.f_globals['__name__']}, whose loader fetches batches ahead"
+        frame = frame.f_back
+    workers = getattr(loader, "num_workers", 0)
+    if workers:
+        ahead = workers * (getattr(loader, "prefetch_factor", None) or 2)
+        return (
+            f"a {type(loader).__name__} with num_workers={workers} runs it up to {ahead} micro batches ahead of"
+            " the batches it returned"
+        )
+    return None
 
 
 def _refuse_resharding(sampler: DeterministicBatchSampler, frame: FrameType | None) -> None:
