@@ -21,8 +21,10 @@ Labels: a ``PackedDataset`` yields them already shifted (``labels[t]`` is the to
 the layout masks); every ``transformers`` causal LM shifts ``labels`` once more. :class:`CausalLMCollator` hands the
 model ``labels`` in its own convention (``labels[t + 1]`` is the target of position ``t``) and, where the model takes
 them, ``shift_labels`` (the dataset's labels as they are), which ``ForCausalLMLoss`` and ``Trainer``'s count of the
-targets (``num_items_in_batch``) use instead of shifting: every target counts, the last position's included.
-``DetsamplerTrainer`` uses it by default for a PackedDataset (or a MixtureDataset of them).
+targets (``num_items_in_batch``) use instead of shifting: every target counts, the last position's included. It also
+passes ``position_ids`` with ``use_cache=False``, so that transformers masks attention per document where the positions
+restart. ``DetsamplerTrainer`` uses it by default for a PackedDataset (or a MixtureDataset of them); TRL's
+``SFTTrainer`` takes :class:`DetsamplerTrainerMixin` with :func:`sample_id_dataset` rows read by the collator.
 
 Data record: every checkpoint gets ``checkpoint-N/detsampler_data.json`` (:class:`~detsampler.record.DataRecord`,
 written by the main process before the Trainer's own files), and ``train(resume_from_checkpoint=...)`` checks it
