@@ -8,6 +8,8 @@
 torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler``
 (docs/integrations.md). Each integration resumes from the step the trainer already checkpoints, the same on every rank,
 on any world size that divides the global batch; ``import detsampler.integrations`` imports none of the trainers.
+Each saves a :class:`~detsampler.record.DataRecord` with every checkpoint and refuses a resume onto other data
+(:mod:`~detsampler.integrations.checkpoint`).
 """
 
 from __future__ import annotations

@@ -16,10 +16,26 @@ A Trainer step is one step of the plan: ``gradient_accumulation_steps`` micro ba
 the number of processes (checked, with the value to set). The plan is re-cut for the number of processes of each run
 (``Plan.with_world``), so a checkpoint resumes on another world size with the same global batches, given the matching
 ``gradient_accumulation_steps``.
+
+Labels: a ``PackedDataset`` yields them already shifted (``labels[t]`` is the token after position ``t``, ``-100`` where
+the layout masks); every ``transformers`` causal LM shifts ``labels`` once more. :class:`CausalLMCollator` hands the
+model ``labels`` in its own convention (``labels[t + 1]`` is the target of position ``t``) and, where the model takes
+them, ``shift_labels`` (the dataset's labels as they are), which ``ForCausalLMLoss`` and ``Trainer``'s count of the
+targets (``num_items_in_batch``) use instead of shifting: every target counts, the last position's included. It also
+passes ``position_ids`` with ``use_cache=False``, so that transformers masks attention per document where the positions
+restart. ``DetsamplerTrainer`` uses it by default for a PackedDataset (or a MixtureDataset of them); TRL's
+``SFTTrainer`` takes :class:`DetsamplerTrainerMixin` with :func:`sample_id_dataset` rows read by the collator.
+
+Data record: every checkpoint gets ``checkpoint-N/detsampler_data.json`` (:class:`~detsampler.record.DataRecord`,
+written by the main process before the Trainer's own files), and ``train(resume_from_checkpoint=...)`` checks it
+against the resuming run before anything loads (:class:`~detsampler.integrations.checkpoint.CheckpointData`).
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from detsampler.integrations import require
@@ -27,13 +43,139 @@ from detsampler.integrations import require
 require("accelerate", "hf")
 transformers = require("transformers", "hf")
 
+import torch  # noqa: E402
 from accelerate.data_loader import DataLoaderDispatcher  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
+from torch.utils.data._utils.collate import default_collate  # noqa: E402
+from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
+from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
+from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
+from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
+from detsampler.record import RECORD_FILE, DataRecord  # noqa: E402
 
-__all__ = ["DetsamplerTrainer", "DetsamplerTrainerMixin", "prepare_data_loader", "trainer_plan", "unshard"]
+__all__ = [
+    "CausalLMCollator",
+    "DetsamplerTrainer",
+    "DetsamplerTrainerMixin",
+    "causal_lm_collator",
+    "prepare_data_loader",
+    "sample_id_dataset",
+    "trainer_plan",
+    "unshard",
+]
+
+IGNORE_INDEX = -100
+
+
+class CausalLMCollator:
+    """A DataLoader ``collate_fn`` from detsampler samples to the keyword arguments of a ``transformers`` causal LM.
+
+    Takes a ``PackedDataset`` micro batch (its ``MicroBatch``, a dict of ``[B, seq_len]`` tensors, or a list of
+    per-sample dicts) of the four fields or of ``tokens`` (``output="tokens"``); with ``reader`` (a PackedDataset or a
+    MixtureDataset of them), also rows ``{"sample_id": i}`` of :func:`sample_id_dataset`, read from ``reader``. Returns:
+
+    - ``input_ids``;
+    - ``labels`` in transformers' convention, which the model shifts: ``labels[:, t + 1]`` is the target of position
+      ``t`` (``-100`` at position 0, which is nobody's target); the last position's target does not fit in it;
+    - ``shift_labels`` (with ``shift_labels=True``): the targets as the dataset gives them, ``shift_labels[:, t]`` that
+      of position ``t``, ``-100`` where the layout masks (document ends, padding). ``ForCausalLMLoss`` (and TRL's fused
+      head) use them instead of shifting ``labels``, and ``Trainer`` counts ``num_items_in_batch`` from them, so the
+      last position's target counts too. Only for models whose ``forward`` passes its ``**kwargs`` to the loss (every
+      transformers causal LM);
+    - ``position_ids`` and ``use_cache=False`` (with ``position_ids=True``): the dataset's positions (``0..seq_len-1``
+      for ``concat``; restarting at each document for ``bestfit``/``document``). With no ``attention_mask`` and no
+      cache, transformers masks attention per run of increasing positions, so each document attends only to itself;
+      with its default ``use_cache=True`` it would build a cache and skip that (documents would attend across).
+
+    ``document_ids`` are not passed: transformers' causal LMs take no such argument (the positions carry the same
+    boundaries).
+    """
+
+    def __init__(self, *, position_ids: bool = True, shift_labels: bool = True, reader: Any = None) -> None:
+        if reader is not None and not _is_packed(reader):
+            raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
+        self.position_ids, self.shift_labels, self.reader = bool(position_ids), bool(shift_labels), reader
+
+    def __repr__(self) -> str:
+        return f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels})"
+
+    def __call__(self, samples: Any) -> dict[str, Any]:
+        batch = self._batched(samples)
+        if "tokens" in batch:
+            tokens = batch["tokens"].long()
+            input_ids, targets = tokens[:, :-1], tokens[:, 1:]
+            positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
+        else:
+            input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
+        labels = torch.full_like(targets, IGNORE_INDEX)
+        labels[:, 1:] = targets[:, :-1]
+        out: dict[str, Any] = {"input_ids": input_ids, "labels": labels}
+        if self.shift_labels:
+            out["shift_labels"] = targets
+        if self.position_ids and positions is not None:
+            out["position_ids"] = positions
+            out["use_cache"] = False
+        return out
+
+    def _batched(self, samples: Any) -> dict[str, torch.Tensor]:
+        if isinstance(samples, MicroBatch):
+            return samples.batch
+        if isinstance(samples, dict) and "sample_id" not in samples:
+            return samples
+        rows = samples["sample_id"] if isinstance(samples, dict) else None
+        if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
+            if "sample_id" not in samples[0]:
+                return default_collate(list(samples))
+            rows = [row["sample_id"] for row in samples]
+        if rows is not None:
+            if self.reader is None:
+                raise ValueError("rows of sample ids need CausalLMCollator(reader=the PackedDataset they index)")
+            read = self.reader.__getitems__([int(i) for i in rows])
+            return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
+        raise TypeError(
+            f"CausalLMCollator takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}"
+        )
+
+
+def _is_packed(dataset: Any) -> bool:
+    """A PackedDataset, or a MixtureDataset of them."""
+    if isinstance(dataset, MixtureDataset):
+        return all(isinstance(ds, PackedDataset) for ds in dataset.datasets)
+    return isinstance(dataset, PackedDataset)
+
+
+def _takes_loss_kwargs(model: Any) -> bool:
+    forward = getattr(model, "forward", None)
+    if forward is None:
+        return False
+    params = inspect.signature(forward).parameters.values()
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD or p.name == "shift_labels" for p in params)
+
+
+def causal_lm_collator(dataset: Any, model: Any = None) -> CausalLMCollator:
+    """The :class:`CausalLMCollator` for ``dataset`` (a PackedDataset or a MixtureDataset of them, also its reader for
+    :func:`sample_id_dataset` rows): ``shift_labels`` unless ``model`` is given and its ``forward`` takes no
+    ``**kwargs``."""
+    if not _is_packed(dataset):
+        raise ValueError(
+            f"causal_lm_collator reads a PackedDataset or a MixtureDataset of them, got {type(dataset).__name__}: "
+            "build CausalLMCollator(...) yourself"
+        )
+    return CausalLMCollator(shift_labels=model is None or _takes_loss_kwargs(model), reader=dataset)
+
+
+def sample_id_dataset(dataset: Any) -> Any:
+    """A ``datasets.Dataset`` whose row ``i`` is ``{"sample_id": i}``, one per sample of ``dataset``, for trainers that
+    take only a ``datasets.Dataset`` (TRL's ``SFTTrainer``): the plan's sampler picks rows, and
+    ``causal_lm_collator(dataset)`` reads them from ``dataset``. 8 bytes a sample, in memory."""
+    import datasets
+    import numpy as np
+
+    return datasets.Dataset.from_dict({"sample_id": np.arange(len(dataset), dtype=np.int64)})
 
 
 def unshard(prepared: DataLoader) -> DataLoader:
@@ -92,36 +234,100 @@ class _StartAtGlobalStep(transformers.TrainerCallback):
 
 
 class DetsamplerTrainerMixin:
-    """Put before ``transformers.Trainer`` (or a subclass) in the bases; adds the keyword argument ``plan``.
+    """Put before ``transformers.Trainer`` (or a subclass) in the bases; adds the keyword arguments ``plan``, ``index``,
+    ``layout`` and ``allow_data_change``.
 
     ``train_dataset`` is the map-style dataset whose sample ``i`` is the plan's sample ``i`` (a ``PackedDataset``, say).
     The data of Trainer step ``s`` is the plan's step ``s`` on every run, resumed or not, on any number of processes.
+    With no ``data_collator`` given and a PackedDataset (or a MixtureDataset of them), batches go through
+    :func:`causal_lm_collator`. Each checkpoint records its data (``detsampler_data.json``) and a resume onto other data
+    is refused: the index and layout are the dataset's, or ``index=``/``layout=`` for any other dataset
+    (:class:`~detsampler.integrations.checkpoint.CheckpointData`).
     """
 
-    def __init__(self, *args: Any, plan: Plan, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        plan: Plan,
+        index: Any = None,
+        layout: Any = None,
+        allow_data_change: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # NOTE: the collator is set before __init__: TRL's SFTTrainer builds its own there when given none.
+        dataset, model = kwargs.get("train_dataset"), kwargs.get("model")
+        if kwargs.get("data_collator") is None and not args and _is_packed(dataset):
+            kwargs["data_collator"] = causal_lm_collator(dataset, model if hasattr(model, "forward") else None)
         super().__init__(*args, **kwargs)
+        if _is_packed(self.train_dataset) and self.data_collator is transformers.default_data_collator:  # positional
+            self.data_collator = causal_lm_collator(self.train_dataset, self.model)
         if self.args.max_steps <= 0:
             raise ValueError("DetsamplerTrainer needs TrainingArguments(max_steps=...): the plan's stream is endless")
         # NOTE: resuming restarts the sampler at global_step; the Trainer's own skipping would skip that data again.
         self.args.ignore_data_skip = True
         self.plan = plan
+        reader = getattr(self.data_collator, "reader", None)  # the data behind rows of sample ids
+        self.detsampler_data = CheckpointData(
+            reader if reader is not None and index is None else self.train_dataset,
+            plan,
+            framework="hf",
+            index=index,
+            layout=layout,
+            allow_data_change=allow_data_change,
+        )
         self.detsampler_sampler: DeterministicBatchSampler | None = None
         self.add_callback(_StartAtGlobalStep(self))
 
+    def detsampler_plan(self) -> Plan:
+        """The plan cut for this run's processes and per-device batch (:func:`trainer_plan`)."""
+        return trainer_plan(self.plan, self.args, self.accelerator.num_processes)
+
     def get_train_dataloader(self) -> DataLoader:
-        plan = trainer_plan(self.plan, self.args, self.accelerator.num_processes)
+        plan = self.detsampler_plan()
         self.detsampler_sampler = DeterministicBatchSampler(plan, rank=self.accelerator.process_index)
         args = self.args
+        collate = self.data_collator
+        if not isinstance(collate, CausalLMCollator):  # it picks its fields itself; others get the Trainer's removal
+            collate = self._get_collator_with_removed_columns(collate, description="training")
         loader = DataLoader(
             self.train_dataset,
             batch_sampler=self.detsampler_sampler,
-            collate_fn=self._get_collator_with_removed_columns(self.data_collator, description="training"),
+            collate_fn=collate,
             num_workers=args.dataloader_num_workers,
             pin_memory=args.dataloader_pin_memory,
             persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
             prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers > 0 else None,
         )
         return prepare_data_loader(self.accelerator, loader)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; when resuming, first checks the checkpoint's data record against this run (raises
+        ValueError with the library's message before anything is loaded)."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # None: Trainer.train raises its own error
+        if isinstance(checkpoint, (str, os.PathLike)):
+            self.check_data_resume(checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def check_data_resume(self, checkpoint: str | os.PathLike) -> None:
+        """Raise ValueError unless resuming from ``checkpoint`` (a ``checkpoint-N`` directory) reads, before its step,
+        exactly what the run that saved it read."""
+        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        step = transformers.TrainerState.load_from_json(state_file).global_step if os.path.isfile(state_file) else 0
+        path = os.path.join(checkpoint, RECORD_FILE)
+        saved = DataRecord.load(path) if os.path.exists(path) else None
+        self.detsampler_data.check(saved, step, str(checkpoint))
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # NOTE: the record goes first, so that a checkpoint with a trainer_state.json always holds its data record.
+        record = self.detsampler_data.record(self.state.global_step, self.detsampler_plan())
+        if record is not None and self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            directory = os.path.join(self._get_output_dir(trial=trial), folder)
+            os.makedirs(directory, exist_ok=True)
+            record.save(directory)
+        super()._save_checkpoint(model, trial)
 
 
 class DetsamplerTrainer(DetsamplerTrainerMixin, transformers.Trainer):

@@ -10,6 +10,15 @@ the same global batches, with nothing changed but the launch; ``accumulate_grad_
 checkpoint (Lightning counts it over the batches of the epoch, the checkpoint's included: checked).
 
 Lightning must not inject its own distributed sampler: build the Trainer with ``use_distributed_sampler=False``.
+
+Batches are the dataset's fields as they are (``collate_micro_batch``: one dict of ``[B, seq_len]`` tensors per micro
+batch): ``input_ids``, ``labels`` already the next token (``-100`` where the layout masks: do not shift them again),
+``position_ids`` and ``document_ids``; the ``training_step`` of docs/integrations.md computes the next-token loss.
+
+Data record: the state also holds ``"data_record"`` (:class:`~detsampler.record.DataRecord`, ``framework="lightning"``);
+``load_state_dict`` checks it against this run with the library's ``check_resume`` and refuses a resume onto other data
+(:class:`~detsampler.integrations.checkpoint.CheckpointData`). A state without one (``{"step": s}``, saved before
+records) loads only with ``allow_data_change=True``.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ except ImportError:
 
 from torch.utils.data import DataLoader, Dataset
 
+from detsampler.integrations.checkpoint import CheckpointData
+from detsampler.loader.dataset import collate_micro_batch
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan, _check_step
 
@@ -33,7 +44,13 @@ __all__ = ["DetsamplerDataModule"]
 
 
 class DetsamplerDataModule(pl.LightningDataModule):
-    """The training data of ``plan`` over ``dataset`` (sample ``i`` of the plan is ``dataset[i]``), resumed by step."""
+    """The training data of ``plan`` over ``dataset`` (sample ``i`` of the plan is ``dataset[i]``), resumed by step.
+
+    ``collate_fn`` is :func:`~detsampler.loader.dataset.collate_micro_batch` by default (a PackedDataset's micro batch
+    as one dict, anything else through ``default_collate``). ``index``/``layout``: the data of a dataset that is not a
+    PackedDataset or a MixtureDataset of them (recorded in every checkpoint and checked on resume);
+    ``allow_data_change=True`` turns a failed check into a warning.
+    """
 
     def __init__(
         self,
@@ -43,6 +60,9 @@ class DetsamplerDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         collate_fn: Callable | None = None,
         pin_memory: bool = False,
+        index: Any = None,
+        layout: Any = None,
+        allow_data_change: bool = False,
     ) -> None:
         super().__init__()
         if plan.batch_size_schedule is not None:
@@ -50,7 +70,11 @@ class DetsamplerDataModule(pl.LightningDataModule):
                 "a batch-size schedule changes the micro steps per step; Lightning accumulates a fixed number"
             )
         self.dataset, self.plan = dataset, plan
-        self.num_workers, self.collate_fn, self.pin_memory = num_workers, collate_fn, pin_memory
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.collate_fn = collate_micro_batch if collate_fn is None else collate_fn
+        self.data_check = CheckpointData(
+            dataset, plan, framework="lightning", index=index, layout=layout, allow_data_change=allow_data_change
+        )
         self.start_step = 0
         self.sampler: DeterministicBatchSampler | None = None
 
@@ -90,10 +114,18 @@ class DetsamplerDataModule(pl.LightningDataModule):
             )
         return self.plan.with_world(world_size, micro_batch_size)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"step": int(self.trainer.global_step)}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"step": s, "data_record": DataRecord.to_dict()}`` (``s``: the next step to train; the record of this run's
+        cut of the plan; no record only with ``allow_data_change=True`` over a dataset whose data is unknown)."""
+        trainer, step = self.trainer, int(self.trainer.global_step)
+        record = self.data_check.record(step, self._run_plan(trainer.world_size, trainer.accumulate_grad_batches))
+        return {"step": step, **({"data_record": record.to_dict()} if record is not None else {})}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        if not isinstance(state_dict, Mapping) or set(state_dict) != {"step"}:
-            raise ValueError(f"a DetsamplerDataModule state is {{'step': s}}, got {state_dict!r}")
-        self.start_step = _check_step(state_dict["step"], "step")
+        if not isinstance(state_dict, Mapping) or not {"step"} <= set(state_dict) <= {"step", "data_record"}:
+            raise ValueError(
+                f"a DetsamplerDataModule state is {{'step': s, 'data_record': {{...}}}}, got {state_dict!r}"
+            )
+        step = _check_step(state_dict["step"], "step")
+        self.data_check.check(state_dict.get("data_record"), step, "the checkpoint's DetsamplerDataModule state")
+        self.start_step = step

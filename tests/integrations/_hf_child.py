@@ -1,10 +1,12 @@
 """One rank of a transformers.Trainer run over detsampler (tests/integrations/test_hf_trainer.py starts it).
 
-    python -m tests.integrations._hf_child OUT_DIR MODE [RESUME_FROM] [GRAD_ACCUM]
+    python -m tests.integrations._hf_child INDEX_DIR OUT_DIR MODE [RESUME_FROM] [GRAD_ACCUM] [SEED]
 
-MODE: ``full`` trains steps 0-5 (and first checks that the naive ``accelerator.prepare`` is refused); ``kill`` exits the
-process hard at global_step 4 (checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends
-``{"step": s, "ids": [...]}`` per micro batch to OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
+The data: a PackedDataset of the index at INDEX_DIR (bestfit, 8 tokens), the plan of seed SEED (1 by default), through
+the integration's CausalLMCollator (which also passes the sample ids on). MODE: ``full`` trains steps 0-5 (and first
+checks that the naive ``accelerator.prepare`` is refused); ``kill`` exits the process hard at global_step 4
+(checkpoint-3 is on disk); ``resume`` resumes from RESUME_FROM. Each rank appends ``{"step": s, "ids": [...]}`` per
+micro batch to OUT_DIR/ids-<world>-<rank>.jsonl as it trains.
 """
 
 from __future__ import annotations
@@ -17,28 +19,34 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
-from detsampler import DeterministicBatchSampler, Plan
-from detsampler.integrations.hf import DetsamplerTrainer
+from detsampler import DeterministicBatchSampler
+from detsampler.integrations.hf import CausalLMCollator, DetsamplerTrainer
+from tests.integrations._packed import SEQ_LEN, data, plan_of
 
-NUM_SAMPLES, SEQ_LEN, MAX_STEPS = 64, 8, 6
-PLAN = Plan(NUM_SAMPLES, seed=1, global_batch_size=8, micro_batch_size=2)  # re-cut for the run's processes
+MAX_STEPS = 6
+SEED = 1
+
+
+class TaggingCollator(CausalLMCollator):
+    def __call__(self, samples):
+        return {**super().__call__(samples), "sample_ids": samples.batch["sample_ids"]}
 
 
 class Numbered(Dataset):
-    """Sample i: SEQ_LEN tokens whose first is i, so a batch tells which samples it holds."""
+    """Sample i is i (for the naive prepare's refusal)."""
 
     def __len__(self) -> int:
-        return NUM_SAMPLES
+        return 64
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        tokens = torch.arange(i, i + SEQ_LEN) % 128
-        return {"input_ids": tokens, "labels": tokens.clone()}
+    def __getitem__(self, i: int) -> int:
+        return i
 
 
 class Recording(DetsamplerTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
+        ids = inputs.pop("sample_ids")
         with open(self.ids_path, "a") as f:
-            f.write(json.dumps({"step": self.state.global_step, "ids": inputs["input_ids"][:, 0].tolist()}) + "\n")
+            f.write(json.dumps({"step": self.state.global_step, "ids": ids.tolist()}) + "\n")
         return super().training_step(model, inputs, num_items_in_batch)
 
 
@@ -53,7 +61,7 @@ class KillAfterStep(TrainerCallback):
 
 def naive_prepare_error(trainer: DetsamplerTrainer) -> str:
     """The message the sampler raises when accelerate's own prepare() re-shards it."""
-    plan = PLAN.with_world(trainer.accelerator.num_processes, 2)
+    plan = trainer.plan.with_world(trainer.accelerator.num_processes, 2)
     loader = trainer.accelerator.prepare(
         DataLoader(Numbered(), batch_sampler=DeterministicBatchSampler(plan, trainer.accelerator.process_index))
     )
@@ -65,14 +73,16 @@ def naive_prepare_error(trainer: DetsamplerTrainer) -> str:
 
 
 def main() -> None:
-    out, mode = sys.argv[1], sys.argv[2]
-    resume = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    accum = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    index_dir, out, mode = sys.argv[1:4]
+    resume = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
+    accum = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    seed = int(sys.argv[6]) if len(sys.argv) > 6 else SEED
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
+    dataset = data(index_dir)
     config = LlamaConfig(
-        vocab_size=128,
+        vocab_size=dataset.index.vocab_size,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,
@@ -95,7 +105,13 @@ def main() -> None:
         seed=0,
         learning_rate=1e-3,
     )
-    trainer = Recording(model=LlamaForCausalLM(config), args=args, train_dataset=Numbered(), plan=PLAN)
+    trainer = Recording(
+        model=LlamaForCausalLM(config),
+        args=args,
+        train_dataset=dataset,
+        data_collator=TaggingCollator(position_ids=True),
+        plan=plan_of(dataset, seed),
+    )
     trainer.ids_path = os.path.join(out, f"ids-{world}-{rank}.jsonl")
     if mode == "full":
         print("naive prepare:", naive_prepare_error(trainer), flush=True)

@@ -1,10 +1,11 @@
 """One rank of a Lightning DDP run over detsampler (tests/integrations/test_lightning.py starts it).
 
-    python -m tests.integrations._lightning_child OUT_DIR MODE [CKPT_PATH] [ACCUMULATE]
+    python -m tests.integrations._lightning_child INDEX_DIR OUT_DIR MODE [CKPT_PATH] [ACCUMULATE] [SEED]
 
-MODE: ``full`` trains steps 0-5; ``kill`` exits the process hard at global_step 4 (``step=3.ckpt`` is on disk);
-``resume`` fits from CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to
-OUT_DIR/ids-<world>-<rank>.jsonl.
+The data: a PackedDataset of the index at INDEX_DIR (bestfit, 8 tokens), the plan of seed SEED (2 by default); the
+model: a tiny LlamaForCausalLM trained by :class:`LitLM`, the ``training_step`` of docs/integrations.md. MODE: ``full``
+trains steps 0-5; ``kill`` exits the process hard at global_step 4 (``step=3.ckpt`` is on disk); ``resume`` fits from
+CKPT_PATH. Each rank appends ``{"step": s, "ids": [...]}`` per micro batch to OUT_DIR/ids-<world>-<rank>.jsonl.
 """
 
 from __future__ import annotations
@@ -13,57 +14,77 @@ import json
 import os
 import sys
 
-import lightning.pytorch as pl
+import lightning.pytorch as L
 import torch
-from torch.utils.data import Dataset
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from detsampler import Plan
 from detsampler.integrations.lightning import DetsamplerDataModule
+from tests.integrations._packed import SEQ_LEN, data, plan_of
 
-NUM_SAMPLES, MAX_STEPS = 64, 6
-PLAN = Plan(NUM_SAMPLES, seed=2, global_batch_size=8, micro_batch_size=8)  # re-cut for each run (world, accumulation)
-
-
-class Numbered(Dataset):
-    def __len__(self) -> int:
-        return NUM_SAMPLES
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([i, i % 7], dtype=torch.float32)
+MAX_STEPS = 6
+SEED = 2
 
 
-class Tiny(pl.LightningModule):
-    def __init__(self, ids_path: str) -> None:
+class LitLM(L.LightningModule):
+    def __init__(self, model):  # a causal LM returning .logits (transformers' LlamaForCausalLM here)
         super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
+        self.model = model
+
+    def training_step(self, batch, batch_idx):
+        # labels are already the next token, -100 where the layout masks: no shift here
+        logits = self.model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+        ).logits  # restarting positions (bestfit): transformers masks attention per document
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+    )
+    return LlamaForCausalLM(config)
+
+
+class Recording(LitLM):
+    def __init__(self, model, ids_path: str) -> None:
+        super().__init__(model)
         self.ids_path = ids_path
 
     def training_step(self, batch, batch_idx):
         with open(self.ids_path, "a") as f:
-            f.write(json.dumps({"step": self.trainer.global_step, "ids": batch[:, 0].long().tolist()}) + "\n")
-        return torch.nn.functional.mse_loss(self.layer(batch[:, 1:] / 7), batch[:, :1] / 64)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+            f.write(json.dumps({"step": self.trainer.global_step, "ids": batch["sample_ids"].tolist()}) + "\n")
+        return super().training_step(batch, batch_idx)
 
 
-class KillAfterStep(pl.Callback):
+class KillAfterStep(L.Callback):
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == 4:
             os._exit(0)  # NOTE: no cleanup, no save: as killed
 
 
 def main() -> None:
-    out, mode = sys.argv[1], sys.argv[2]
-    ckpt = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    accumulate = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    index_dir, out, mode = sys.argv[1:4]
+    ckpt = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
+    accumulate = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    seed = int(sys.argv[6]) if len(sys.argv) > 6 else SEED
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     os.makedirs(out, exist_ok=True)
-    pl.seed_everything(0, verbose=False)
-    checkpoints = pl.callbacks.ModelCheckpoint(
+    L.seed_everything(0, verbose=False)
+    dataset = data(index_dir)
+    checkpoints = L.callbacks.ModelCheckpoint(
         dirpath=os.path.join(out, "ckpt"), every_n_train_steps=3, save_top_k=-1, filename="{step}"
     )
-    trainer = pl.Trainer(
+    trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
         strategy="ddp" if world > 1 else "auto",
@@ -76,8 +97,8 @@ def main() -> None:
         callbacks=[checkpoints] + ([KillAfterStep()] if mode == "kill" else []),
     )
     trainer.fit(
-        Tiny(os.path.join(out, f"ids-{world}-{rank}.jsonl")),
-        datamodule=DetsamplerDataModule(Numbered(), PLAN),
+        Recording(tiny_llama(dataset.index.vocab_size), os.path.join(out, f"ids-{world}-{rank}.jsonl")),
+        datamodule=DetsamplerDataModule(dataset, plan_of(dataset, seed, micro_batch_size=8)),
         ckpt_path=ckpt,
     )
     print(f"rank {rank} of {world}: trained to step {trainer.global_step}", flush=True)

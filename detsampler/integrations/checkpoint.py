@@ -1,0 +1,96 @@
+"""What every integration saves of its data with a checkpoint, and checks when a run resumes from one.
+
+Each integration saves a :class:`~detsampler.record.DataRecord` (the data fingerprint, the step, where each index opens
+again, how the run was cut) with every checkpoint, and on resume checks the resuming run against it through the
+library's :func:`~detsampler.resume.check_resume`: another index, layout, plan seed, batch schedule or past skip ranges
+are refused with the library's message; another world size or micro batch, mixture schedule entries and skip ranges
+ahead of the resume pass.
+
+The index and layout come from the training dataset when it is a :class:`~detsampler.loader.dataset.PackedDataset`
+(its ``index`` and ``layout``) or a :class:`~detsampler.loader.mixture_dataset.MixtureDataset` of them (one per source);
+for any other dataset they are passed explicitly (``index=``, ``layout=``). Without them the integration refuses to
+start: a check of the plan alone would pass a changed index or layout (``bestfit`` -> ``concat`` on the same seed) in
+silence, which is the failure the record exists to catch. ``allow_data_change=True`` is the explicit opt-out: a
+mismatch, a checkpoint without a record or a dataset whose data is unknown is then a warning, never an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from detsampler.loader.dataset import PackedDataset
+from detsampler.loader.mixture_dataset import MixtureDataset
+from detsampler.plan import Plan
+from detsampler.record import DataRecord
+from detsampler.resume import DataFingerprint
+
+__all__ = ["CheckpointData", "data_of"]
+
+
+def data_of(dataset: Any, index: Any = None, layout: Any = None) -> tuple[Any, Any] | None:
+    """The ``(index, layout)`` the plan's samples come from: the ones given (both, or neither), else the dataset's own
+    (a PackedDataset; a MixtureDataset of PackedDatasets gives lists, one per source); None when unknown."""
+    if (index is None) != (layout is None):
+        raise ValueError("pass both index= and layout= (the ones the training dataset reads), or neither")
+    if index is not None:
+        return index, layout
+    if isinstance(dataset, PackedDataset):
+        return dataset.index, dataset.layout
+    if isinstance(dataset, MixtureDataset) and all(isinstance(ds, PackedDataset) for ds in dataset.datasets):
+        return [ds.index for ds in dataset.datasets], [ds.layout for ds in dataset.datasets]
+    return None
+
+
+class CheckpointData:
+    """The data record of one run: :meth:`record` what a checkpoint saves, :meth:`check` a saved record against this
+    run (``framework`` names the integration in the record and in messages)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        plan: Plan,
+        *,
+        framework: str,
+        index: Any = None,
+        layout: Any = None,
+        allow_data_change: bool = False,
+    ) -> None:
+        self.plan, self.framework, self.allow_data_change = plan, framework, bool(allow_data_change)
+        self.data = data_of(dataset, index, layout)
+        if self.data is None:
+            message = (
+                f"the training dataset is a {type(dataset).__name__}, not a PackedDataset or MixtureDataset: pass "
+                "index= and layout= (the ones it reads), so that each checkpoint records its data and a resume onto "
+                "other data is refused"
+            )
+            if not self.allow_data_change:
+                raise ValueError(message + " (or allow_data_change=True to save and check nothing)")
+            warnings.warn(message + "; allow_data_change=True: checkpoints record no data", stacklevel=3)
+        self.fingerprint = DataFingerprint.of(*self.data, plan) if self.data is not None else None
+
+    def record(self, step: int, plan: Plan) -> DataRecord | None:
+        """The record of a checkpoint whose next step is ``step``, for ``plan`` (this run's cut of the plan)."""
+        if self.data is None:
+            return None
+        return DataRecord.of(step, *self.data, plan, framework=self.framework)
+
+    def check(self, saved: DataRecord | dict | None, step: int, where: str) -> None:
+        """Raise ValueError (the library's message) unless this run resuming at ``step`` reads what the run that saved
+        ``saved`` (from ``where``; None: the checkpoint holds no record) read before it."""
+        if self.fingerprint is None:
+            return  # allow_data_change without data: warned at construction
+        try:
+            if saved is None:
+                raise ValueError(
+                    f"{where} holds no detsampler data record (written by a detsampler before records, or not by "
+                    "this integration): what it trained on cannot be checked"
+                )
+            record = saved if isinstance(saved, DataRecord) else DataRecord.from_dict(saved)
+            record.check_resume(self.fingerprint, step)
+        except ValueError as error:
+            if not self.allow_data_change:
+                raise ValueError(
+                    f"refusing to resume from {where}: {error} (allow_data_change=True resumes anyway)"
+                ) from error
+            warnings.warn(f"resuming from {where} with allow_data_change=True: {error}", stacklevel=3)
