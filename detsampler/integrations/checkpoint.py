@@ -2,9 +2,9 @@
 
 Each integration saves a :class:`~detsampler.record.DataRecord` (the data fingerprint, the step, where each index opens
 again, how the run was cut) with every checkpoint, and on resume checks the resuming run against it through the
-library's :func:`~detsampler.resume.check_resume`: another index, layout, plan seed, batch schedule or past skip ranges
-are refused with the library's message; another world size or micro batch, mixture schedule entries and skip ranges
-ahead of the resume pass.
+library's :func:`~detsampler.resume.check_resume`: another index, layout or plan seed, and batch sizes, mixture weights
+or skip ranges changed before the resume are refused with the library's message; another world size or micro batch,
+and batch-ramp or mixture schedule entries and skip ranges ahead of the resume pass.
 
 The index and layout come from the training dataset when it is a :class:`~detsampler.loader.dataset.PackedDataset`
 (its ``index`` and ``layout``) or a :class:`~detsampler.loader.mixture_dataset.MixtureDataset` of them (one per source);

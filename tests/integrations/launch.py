@@ -84,3 +84,12 @@ def read_steps(path: Path) -> dict[int, list[list[int]]]:
         row = json.loads(line)
         out[row["step"]].append(row["ids"])
     return dict(out)
+
+
+def audited(capsys, checkpoint: Path) -> str:
+    """The output of ``detsampler show --checkpoint CHECKPOINT`` (its last trained step), run in this process."""
+    from detsampler.cli import main
+
+    capsys.readouterr()
+    assert main(["show", "--checkpoint", str(checkpoint)]) == 0
+    return capsys.readouterr().out

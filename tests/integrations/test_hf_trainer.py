@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import pytest
 
+from detsampler.hashing import sample_hash
 from detsampler.record import RECORD_FILE, DataRecord
 from tests.integrations._hf_child import SEED
 from tests.integrations._packed import data, plan_of
-from tests.integrations.launch import check, start, wait
+from tests.integrations.launch import audited, check, start, wait
 from tests.integrations.launch import read_steps as steps
 
 CHILD = "tests.integrations._hf_child"
 
 
 @pytest.mark.slow
-def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, small_index):
+def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, small_index, capsys):
     index = str(small_index.path)
     full, run, again, elastic = (tmp_path / name for name in ("full", "run", "again", "elastic"))
     first = [start(CHILD, 2, index, str(full), "full"), start(CHILD, 2, index, str(run), "kill")]
@@ -31,6 +32,8 @@ def test_trainer_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, smal
     assert (checkpoint / "trainer_state.json").exists() and not (run / "checkpoint-6").exists()
     record = DataRecord.load(checkpoint / RECORD_FILE)
     assert (record.framework, record.step, record.world_size, record.micro_batch_size) == ("hf", 3, 2, 2)
+    shown = audited(capsys, checkpoint)  # the real Trainer checkpoint audited with nothing re-typed
+    assert f"sample hash {sample_hash(plan_of(data(index), SEED).global_batch(2))}" in shown
     second = [
         start(CHILD, 2, index, str(again), "resume", str(checkpoint)),
         start(CHILD, 1, index, str(elastic), "resume", str(checkpoint), "4"),  # 1 process x 4 micro steps

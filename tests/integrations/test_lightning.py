@@ -8,17 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detsampler.hashing import sample_hash
 from detsampler.record import DataRecord
 from tests.integrations._lightning_child import SEED
 from tests.integrations._packed import data, plan_of
-from tests.integrations.launch import check, start, wait
+from tests.integrations.launch import audited, check, start, wait
 from tests.integrations.launch import read_steps as steps
 
 CHILD = "tests.integrations._lightning_child"
 
 
 @pytest.mark.slow
-def test_lightning_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, small_index):
+def test_lightning_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, small_index, capsys):
     index = str(small_index.path)
     full, run, again, elastic = (tmp_path / name for name in ("full", "run", "again", "elastic"))
     first = [start(CHILD, 2, index, str(full), "full"), start(CHILD, 2, index, str(run), "kill")]
@@ -30,6 +31,8 @@ def test_lightning_killed_and_resumed_reads_the_uninterrupted_steps(tmp_path, sm
     assert set(state) == {"step", "data_record"} and state["step"] == 3
     record = DataRecord.from_dict(state["data_record"])
     assert (record.framework, record.step, record.world_size, record.micro_batch_size) == ("lightning", 3, 2, 2)
+    shown = audited(capsys, ckpt)  # the real .ckpt audited with nothing re-typed
+    assert f"sample hash {sample_hash(plan_of(data(index), SEED).global_batch(2))}" in shown
     second = [
         start(CHILD, 2, index, str(again), "resume", str(ckpt)),
         start(CHILD, 1, index, str(elastic), "resume", str(ckpt)),  # 1 process x 2 micro batches of 4
