@@ -87,12 +87,17 @@ def _report_mixture(
 
 def _print_split(split: dict[str, Any]) -> None:
     """The trained/skipped line of :func:`~detsampler.verify.trained_and_skipped`."""
-    ranges = ", ".join(f"{a}..{b}" for a, b in split["skipped"]["data_steps"]) or "none"
+    ranges = ", ".join(f"{a}..{b}" for a, b in split["skipped"]["data_steps"])
     trained, skipped = split["trained"], split["skipped"]
+    what = (
+        f"skipped {fmt_int(skipped['tokens'])} tokens ({fmt_int(skipped['samples'])} samples, data steps {ranges}:"
+        " never trained on)"
+        if ranges
+        else "skipped nothing (no skip range before it)"
+    )
     print(
         f"before step {split['step']}: trained {fmt_int(trained['tokens'])} tokens ({fmt_int(trained['samples'])}"
-        f" samples, {trained['steps']} steps); skipped {fmt_int(skipped['tokens'])} tokens"
-        f" ({fmt_int(skipped['samples'])} samples, data steps {ranges}: never trained on)"
+        f" samples, {trained['steps']} steps); {what}"
     )
 
 
