@@ -1,0 +1,153 @@
+"""Finding the data record a checkpoint saved, in each trainer's own form (the ``--checkpoint PATH`` of ``show``,
+``verify`` and ``stats``).
+
+PATH is one of: a directory holding ``detsampler_data.json`` (a :class:`~detsampler.record.DataRecord`: the trainer's
+``step_NNNNNNNN`` checkpoints, a Hugging Face ``checkpoint-N``); a run directory (its newest ``step_NNNNNNNN``
+checkpoint, under ``checkpoints/`` or itself, that holds a record and its ``COMPLETE`` marker; else its newest
+``checkpoint-N`` holding a record: a Hugging Face ``output_dir``); a Lightning ``.ckpt`` file (the entry whose dict
+holds ``"data_record"``); a torchtitan DCP checkpoint directory (``.metadata``; the ``"data_record"`` of its
+``"dataloader"`` state). torch is imported only for the last two.
+
+Invariant: a record is returned only as :meth:`DataRecord.from_dict` checked it; anything else is one ValueError naming
+the path and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from detsampler.cli.report import rel
+from detsampler.record import RECORD_FILE, DataRecord
+
+__all__ = ["find_record"]
+
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+# the trainer's marker of a whole checkpoint (train.integrity.COMPLETE: the library never imports the trainer)
+_COMPLETE = "COMPLETE"
+
+
+def find_record(path: str | Path) -> tuple[DataRecord, str]:
+    """The data record of the checkpoint at ``path`` and where it was read (a path, and how)."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--checkpoint: no such file or directory: {str(p)!r}")
+    if p.is_file():
+        if p.name == RECORD_FILE:
+            return DataRecord.load(p), rel(str(p))
+        return _from_torch_file(p), f"{rel(str(p))} (torch checkpoint)"
+    if (p / RECORD_FILE).is_file():
+        return DataRecord.load(p), rel(str(p))
+    if (p / "data_fingerprint.json").is_file():
+        raise ValueError(
+            f"--checkpoint {str(p)!r} is a trainer checkpoint written before detsampler saved its data record"
+            f" ({RECORD_FILE}): audit it with the options of its run (--mapping-version {p} reads its mapping version)"
+        )
+    if (p / ".metadata").is_file():
+        return _from_dcp(p), f"{rel(str(p))} (DCP checkpoint, 'dataloader' state)"
+    latest = _latest_step_dir(p)
+    if latest is not None:
+        which = "newest complete checkpoint" if _STEP_DIR.match(latest.name) else "newest checkpoint"
+        return DataRecord.load(latest), f"{rel(str(latest))} (the {which} of {rel(str(p))})"
+    raise ValueError(
+        f"--checkpoint {str(p)!r} holds no detsampler data record: expected a directory with {RECORD_FILE} (a"
+        " trainer's step_NNNNNNNN, a Hugging Face checkpoint-N), a run directory with complete step_NNNNNNNN"
+        " checkpoints, a Lightning .ckpt file or a torchtitan DCP checkpoint directory (.metadata); checkpoints"
+        " written before detsampler saved its record hold none"
+    )
+
+
+def _latest_step_dir(root: Path) -> Path | None:
+    """The newest checkpoint of a run directory: a ``step_NNNNNNNN`` directory under ``root/checkpoints`` (else
+    ``root``) holding a record and ``COMPLETE`` (the trainer's), else a ``checkpoint-N`` directory of ``root`` holding a
+    record (a Hugging Face ``output_dir``)."""
+    for base in (root / "checkpoints", root):
+        if not base.is_dir():
+            continue
+        found = [
+            (int(m.group(1)), d)
+            for d in base.iterdir()
+            if (m := _STEP_DIR.match(d.name)) and (d / RECORD_FILE).is_file() and (d / _COMPLETE).is_file()
+        ]
+        if found:
+            return max(found)[1]
+    found = [
+        (int(m.group(1)), d) for d in root.iterdir() if (m := _HF_DIR.match(d.name)) and (d / RECORD_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def _record_in(value: Any, depth: int = 0) -> Any:
+    """The first ``"data_record"`` value in the nested dicts (and lists) of ``value``."""
+    if depth > 6:
+        return None
+    if isinstance(value, dict):
+        if "data_record" in value:
+            return value["data_record"]
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        found = _record_in(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _as_record(saved: Any, where: str) -> DataRecord:
+    if isinstance(saved, (str, bytes)):
+        return DataRecord.from_json(saved)
+    if isinstance(saved, dict):
+        return DataRecord.from_dict(saved)
+    raise ValueError(f"{where}: 'data_record' is a {type(saved).__name__}, expected a DataRecord's JSON or dict")
+
+
+def _from_torch_file(path: Path) -> DataRecord:
+    """A Lightning ``.ckpt`` (any ``torch.save`` file): the datamodule entry holding ``"data_record"``."""
+    import torch
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
+    found = _record_in(saved)
+    if found is None:
+        keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(
+            f"--checkpoint {str(path)!r} holds no 'data_record' (top-level keys {keys}); a Lightning checkpoint holds"
+            " one in its DetsamplerDataModule entry"
+        )
+    return _as_record(found, str(path))
+
+
+def _from_dcp(path: Path) -> DataRecord:
+    """A DCP checkpoint directory: read only the ``dataloader`` state's ``data_record`` (no process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    keys = list(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    wanted = [k for k in keys if k.endswith("data_record")]
+    wanted.sort(key=lambda k: (k != "dataloader.data_record", not k.startswith("dataloader"), k))
+    if not wanted:
+        raise ValueError(
+            f"--checkpoint {str(path)!r} is a DCP checkpoint without a 'dataloader.data_record' (its keys include"
+            f" {sorted(keys)[:8]}); a torchtitan run saves one with the DetsamplerDataLoader"
+        )
+    key = wanted[0]
+    state: dict[str, Any] = {}
+    node = state
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = ""
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...": no process group is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    for part in parts:
+        state = state[part]
+    return _as_record(state, f"{path} ({key})")
