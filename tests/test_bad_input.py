@@ -20,6 +20,8 @@ import pytest
 
 from detsampler import LayoutConfig, Plan
 from detsampler.cli import main
+from detsampler.index import TokenIndex
+from detsampler.index.prepare import IndexConfig, prepare_index
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -239,3 +241,14 @@ def test_trainer_usage_and_config_errors_are_one_line(capsys, tmp_path: Path, ar
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_corpus_of_empty_documents_builds_and_opens(tmp_path, small_tokenizer):
+    """Empty token and data arrays are loaded, not memory-mapped; opening them must not need numpy's private API."""
+    data = tmp_path / "empty.jsonl"
+    data.write_text('{"text": ""}\n' * 3)
+    config = IndexConfig(data=str(data), tokenizer=str(small_tokenizer.path), cache_dir=str(tmp_path / "cache"))
+    built = prepare_index(config, progress=False).index
+    index = TokenIndex.open(built.path, verify_tokens=True)
+    assert (index.num_documents, index.num_tokens) == (3, 0)
+    assert np.asarray(index.lengths).tolist() == [0, 0, 0] and index.document_tokens(2).tolist() == []
