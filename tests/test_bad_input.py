@@ -252,3 +252,29 @@ def test_a_corpus_of_empty_documents_builds_and_opens(tmp_path, small_tokenizer)
     index = TokenIndex.open(built.path, verify_tokens=True)
     assert (index.num_documents, index.num_tokens) == (3, 0)
     assert np.asarray(index.lengths).tolist() == [0, 0, 0] and index.document_tokens(2).tolist() == []
+
+
+def test_a_sharded_directory_without_its_manifest_is_not_read_as_a_corpus(capsys, tmp_path: Path, small_tokenizer):
+    data = tmp_path / "data"
+    data.mkdir()
+    for j in range(2):  # two shards, one built
+        (data / f"part-{j}.jsonl").write_text(f'{{"text": "def f():\\n    return {j}\\n"}}\n')
+    cache = tmp_path / "cache"
+    args = ["--tokenizer", str(small_tokenizer.path), "--cache-dir", str(cache)]
+    assert main(["build", "--data", str(data), *args, "--shard", "0", "--num-shards", "2"]) == 0
+    (root,) = cache.glob("sharded-*/")
+    capsys.readouterr()
+    line = _cli(capsys, "build", "--data", str(root), *args)
+    assert line == (
+        f"detsampler: error: data: {str(root)!r} is a sharded index directory without its manifest.json (its shards "
+        "are not all built, or it was never finalized): run the missing --shard tasks or build --finalize"
+    )
+
+
+@pytest.mark.parametrize("data", ["s3://bucket/corpus", "gs://bucket/corpus.jsonl", "megatron:s3://bucket/prefix"])
+def test_remote_storage_is_named_as_unsupported(capsys, tmp_path: Path, small_tokenizer, data: str) -> None:
+    line = _cli(capsys, "build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path))
+    url = data.removeprefix("megatron:")
+    assert line.endswith(
+        f"{url!r} is on remote storage ({url.split(':')[0]}://), which is not supported: copy it to a local path"
+    )

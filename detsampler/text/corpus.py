@@ -21,6 +21,7 @@ import pyarrow as pa
 from filelock import FileLock
 
 from detsampler.atomic import atomic_write
+from detsampler.checks import check_local_path
 from detsampler.text.fingerprint import content_fingerprint
 from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
@@ -99,6 +100,7 @@ def load_corpus(
     if source is None:
         ds = default_corpus()
     else:
+        check_local_path(source, "data")
         ds = _load_local(Path(source), cache_dir)
     check_text_column(ds, text_column)
     return ds
@@ -106,6 +108,11 @@ def load_corpus(
 
 def _local_files(p: Path) -> tuple[str, list[Path]]:
     """The loader kind and the files of local source ``p`` (raises ValueError naming what is wrong)."""
+    if p.is_dir() and (p / "claims").is_dir() and not (p / "manifest.json").is_file():
+        raise ValueError(
+            f"data: {str(p)!r} is a sharded index directory without its manifest.json (its shards are not all "
+            "built, or it was never finalized): run the missing --shard tasks or build --finalize"
+        )
     if not p.exists():
         raise ValueError(
             f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory"

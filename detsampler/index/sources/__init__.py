@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from detsampler.checks import check_local_path
 from detsampler.index.sources.base import EOS_SOURCE_MODES, TokenSource
 from detsampler.index.sources.formats import open_datatrove, open_megatron, open_nanogpt, open_olmo
 
@@ -46,6 +47,7 @@ def open_source(
         raise ValueError(f"source kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     if eos not in EOS_SOURCE_MODES:
         raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
+    check_local_path(path, f"{kind} source")
     if tokenizer is not None:
         for name in ("eos_id", "pad_id", "vocab_size"):
             options.setdefault(name, getattr(tokenizer, name))
