@@ -211,8 +211,8 @@ PLAUSIBLE_IDS = 1 << 24  # ids at or past this need a vocab_size given: no vocab
 class SourceScan:
     """What one pass over a source's token file found: ``starts`` (document starts; the format's own, or split after
     each EOS), per 64 KiB chunk the smallest and largest id (``chunk_min``, ``chunk_max``), the largest id at an odd
-    position (``odd_max``), and, where asked, how many documents do not end in the EOS (``bad_ends``, the first being
-    ``first_bad_end``, -1 when none)."""
+    position of the first 4 MiB (``odd_max``), and, where asked, how many documents do not end in the EOS
+    (``bad_ends``, the first being ``first_bad_end``, -1 when none)."""
 
     starts: np.ndarray
     chunk_min: np.ndarray
@@ -258,8 +258,8 @@ def _scan(
             if full < block.size:
                 cmin[c0 + full // per_chunk] = block[full:].min()
                 cmax[c0 + full // per_chunk] = block[full:].max()
-            if block.size > 1:
-                odd_max = max(odd_max, int(block[1::2].max()))
+            if t0 == 0 and block.size > 1:  # the first 4 MiB: a 32-bit file read as 16-bit shows it anywhere
+                odd_max = int(block[1::2].max())
             if split_eos is not None:
                 eos_ends.append(np.flatnonzero(block == split_eos) + (t0 + 1))
             if last is not None:
@@ -352,8 +352,9 @@ def check_scan(
     end_eos: bool,
 ) -> None:
     """Refuse a source whose ids fall outside the vocabulary it is read with (``vocab_size``; when None, ids past
-    :data:`PLAUSIBLE_IDS`), whose every odd-position id is 0 (a 32-bit file read as 16-bit), or (``end_eos``) of whose
-    documents half or more do not end in the EOS (boundaries that do not belong to the token file)."""
+    :data:`PLAUSIBLE_IDS`), whose every odd-position id of the first 4 MiB is 0 (a 32-bit file read as 16-bit), or
+    (``end_eos``) of whose documents half or more do not end in the EOS (boundaries that do not belong to the token
+    file)."""
     where = f"{kind} source {str(path)!r}"
     if not scan.chunk_min.size:
         return
@@ -374,10 +375,11 @@ def check_scan(
             f"{where}: token ids span [{lo}, {hi}], outside the vocabulary [0, {bound}) it is read with ({given}); "
             f"first out of range at token {first}"
         )
-    if tokens.size >= 64 and scan.odd_max == 0 and tokens.dtype.itemsize < 8:
+    if tokens.size >= 64 and scan.odd_max == 0 and tokens.dtype.itemsize == 2:
         wider = np.dtype(f"{tokens.dtype.kind}{tokens.dtype.itemsize * 2}").name
         raise TokenIndexError(
-            f"{where}: every token at an odd position is 0, as when a {wider} file is read as "
+            f"{where}: every token at an odd position (of its first {min(tokens.size, _SCAN_BYTES // 2):,}) is 0, "
+            f"as when a {wider} file is read as "
             f"{tokens.dtype.name}; open it with dtype={wider!r}"
         )
     n_docs = scan.starts.size - 1

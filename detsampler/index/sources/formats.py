@@ -25,7 +25,7 @@ import numpy as np
 from detsampler.index.format import TokenIndexError
 from detsampler.index.sources.base import TokenSource, sampled_sha256, scan_source, token_memmap
 
-__all__ = ["eos_boundaries", "open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
+__all__ = ["open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
 _MMIDIDX = b"MMIDIDX\x00\x00"
 _MEGATRON_DTYPES = {
@@ -38,7 +38,6 @@ _MEGATRON_DTYPES = {
     7: np.float32,
     8: np.uint16,
 }
-_SCAN_TOKENS = 1 << 21  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
 NANOGPT_EOS = 50256  # GPT-2's <|endoftext|>, which nanoGPT's prepare.py appends to every document
 
 
@@ -119,21 +118,6 @@ def open_megatron(
         vocab_size=vocab_size,
         reopen=(open_megatron, (str(prefix),), {}),
     )
-
-
-def eos_boundaries(path: Path, dtype: np.dtype, eos_id: int, num_tokens: int) -> np.ndarray:
-    """Document starts of a flat token file split after each ``eos_id`` (a last document without one ends at the end):
-    scanned in chunks read with ``pread``, so neither the scan nor its temporaries grow with the file."""
-    ends = []
-    chunk = _SCAN_TOKENS * dtype.itemsize
-    with open(path, "rb") as f:
-        for byte_start in range(0, num_tokens * dtype.itemsize, chunk):
-            block = np.frombuffer(os.pread(f.fileno(), chunk, byte_start), dtype=dtype)
-            ends.append(np.flatnonzero(block == eos_id) + (byte_start // dtype.itemsize + 1))
-    ends_all = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    if not ends_all.size or ends_all[-1] != num_tokens:
-        ends_all = np.append(ends_all, num_tokens) if num_tokens else ends_all
-    return _starts_from_ends(ends_all.astype(np.int64, copy=False))
 
 
 def _csv_pairs(lines: list[bytes]) -> np.ndarray:
