@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -277,4 +278,21 @@ def test_remote_storage_is_named_as_unsupported(capsys, tmp_path: Path, small_to
     url = data.removeprefix("megatron:")
     assert line.endswith(
         f"{url!r} is on remote storage ({url.split(':')[0]}://), which is not supported: copy it to a local path"
+    )
+
+
+@pytest.mark.parametrize("how", ["--data", "--from"])
+def test_a_pre_tokenized_source_without_its_tokenizer_is_refused(capsys, tmp_path: Path, how: str) -> None:
+    """Without a tokenizer its EOS and pad ids would be unknown (read as -1 and 0, printed as if they were ids)."""
+    prefix = tmp_path / "m"
+    np.array([11, 12, 2, 13, 2], dtype=np.uint16).tofile(f"{prefix}.bin")
+    with open(f"{prefix}.idx", "wb") as f:  # MMIDIDX v1, uint16, 2 sequences, 3 document indices
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 2, 3))
+        f.write(np.array([3, 2], np.int32).tobytes() + np.array([0, 6], np.int64).tobytes())
+        f.write(np.array([0, 1, 2], np.int64).tobytes())
+    data = ["--data", f"megatron:{prefix}"] if how == "--data" else ["--from", "megatron", str(prefix)]
+    line = _cli(capsys, "build", *data, "--cache-dir", str(tmp_path / "cache"))
+    assert line == (
+        f"detsampler: error: the pre-tokenized megatron files of {str(prefix)!r} record no tokenizer, so their EOS "
+        "and pad ids would be unknown: pass --tokenizer (the one they were tokenized with)"
     )

@@ -206,7 +206,7 @@ def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small
         builder.add_item(torch.from_numpy(doc % small_tokenizer.vocab_size))
         builder.end_document()
     builder.finalize(prefix + ".idx")
-    assert main(["build", "--from", "megatron", prefix, "--json"]) == 0
+    assert main(["build", "--from", "megatron", prefix, "--tokenizer", small_tokenizer.path, "--json"]) == 0
     out = capsys.readouterr().out
     assert '"source_kind": "megatron"' in out and '"num_documents": 60' in out
     text = tmp_path / "text.jsonl"

@@ -16,7 +16,15 @@ from detsampler.checks import check_local_path
 from detsampler.index.sources.base import EOS_SOURCE_MODES, TokenSource
 from detsampler.index.sources.formats import open_datatrove, open_megatron, open_nanogpt, open_olmo
 
-__all__ = ["EOS_SOURCE_MODES", "SOURCE_KINDS", "TokenSource", "is_source_spec", "open_source", "parse_source_spec"]
+__all__ = [
+    "EOS_SOURCE_MODES",
+    "SOURCE_KINDS",
+    "TokenSource",
+    "is_source_spec",
+    "no_tokenizer",
+    "open_source",
+    "parse_source_spec",
+]
 
 _OPENERS = {"megatron": open_megatron, "olmo": open_olmo, "datatrove": open_datatrove, "nanogpt": open_nanogpt}
 SOURCE_KINDS = tuple(_OPENERS)
@@ -35,6 +43,15 @@ def parse_source_spec(spec: str) -> tuple[str, str]:
 def is_source_spec(data: str | None) -> bool:
     """Whether ``data`` names a pre-tokenized source (``KIND:PATH``) rather than a text corpus."""
     return isinstance(data, str) and data.partition(":")[0] in _OPENERS and ":" in data
+
+
+def no_tokenizer(kind: str, path: str | os.PathLike) -> ValueError:
+    """The error of a pre-tokenized source given without a tokenizer where ids are printed or written (the CLI, the
+    trainer): its EOS and pad ids would be unknown."""
+    return ValueError(
+        f"the pre-tokenized {kind} files of {str(path)!r} record no tokenizer, so their EOS and pad ids would be "
+        "unknown: pass --tokenizer (the one they were tokenized with)"
+    )
 
 
 def open_source(
