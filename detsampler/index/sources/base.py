@@ -6,6 +6,10 @@ document arrays (``lengths``, ``offsets``: 16 bytes a document) are held in memo
 stored token sits at its EOS position (``lengths[d] = stored - 1``), so samples read exactly the stored tokens, no token
 added or dropped; with ``eos="virtual"`` an EOS (``eos_id``) is read after each document's stored tokens. The
 ``identity`` hashes the files' sizes, their small index files whole and sampled blocks of the token file, never a path.
+The first open reads the token file once (:func:`scan_source`: per 64 KiB chunk its id bounds, the EOS boundaries of a
+flat file, documents that do not end in the EOS), cached under the stat of every file with its ctime, so that a write
+(its mtime restored or not) is scanned again; every open refuses ids outside the vocabulary and the signs of a foreign
+format (:func:`check_scan`).
 """
 
 from __future__ import annotations
