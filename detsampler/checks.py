@@ -8,9 +8,11 @@ is allowed (tests/test_foundations.py).
 from __future__ import annotations
 
 import numbers
+import os
+import re
 from typing import Any
 
-__all__ = ["check_int", "check_positive_int", "is_int"]
+__all__ = ["check_int", "check_local_path", "check_positive_int", "is_int"]
 
 
 def is_int(value: Any) -> bool:
@@ -41,3 +43,17 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
 def check_positive_int(value: Any, name: str) -> int:
     """``value`` as an ``int`` if it is an integer >= 1, else a ValueError naming ``name``."""
     return check_int(value, name, minimum=1)
+
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_local_path(path: str | os.PathLike, what: str) -> None:
+    """Raise a ValueError naming ``what`` when ``path`` is a URL (``s3://``, ``gs://``, ``hf://``, ...): only local
+    paths are read, and a URL taken as one would only be reported as a path that does not exist."""
+    match = _URL.match(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    if match:
+        raise ValueError(
+            f"{what}: {os.fspath(path)!r} is on remote storage ({match.group(1)}://), which is not supported: copy it "
+            "to a local path"
+        )

@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from detsampler import LayoutConfig, Plan
 from detsampler.cli import main
+from detsampler.index import TokenIndex
+from detsampler.index.prepare import IndexConfig, prepare_index
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -239,3 +242,57 @@ def test_trainer_usage_and_config_errors_are_one_line(capsys, tmp_path: Path, ar
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_corpus_of_empty_documents_builds_and_opens(tmp_path, small_tokenizer):
+    """Empty token and data arrays are loaded, not memory-mapped; opening them must not need numpy's private API."""
+    data = tmp_path / "empty.jsonl"
+    data.write_text('{"text": ""}\n' * 3)
+    config = IndexConfig(data=str(data), tokenizer=str(small_tokenizer.path), cache_dir=str(tmp_path / "cache"))
+    built = prepare_index(config, progress=False).index
+    index = TokenIndex.open(built.path, verify_tokens=True)
+    assert (index.num_documents, index.num_tokens) == (3, 0)
+    assert np.asarray(index.lengths).tolist() == [0, 0, 0] and index.document_tokens(2).tolist() == []
+
+
+def test_a_sharded_directory_without_its_manifest_is_not_read_as_a_corpus(capsys, tmp_path: Path, small_tokenizer):
+    data = tmp_path / "data"
+    data.mkdir()
+    for j in range(2):  # two shards, one built
+        (data / f"part-{j}.jsonl").write_text(f'{{"text": "def f():\\n    return {j}\\n"}}\n')
+    cache = tmp_path / "cache"
+    args = ["--tokenizer", str(small_tokenizer.path), "--cache-dir", str(cache)]
+    assert main(["build", "--data", str(data), *args, "--shard", "0", "--num-shards", "2"]) == 0
+    (root,) = cache.glob("sharded-*/")
+    capsys.readouterr()
+    line = _cli(capsys, "build", "--data", str(root), *args)
+    assert line == (
+        f"detsampler: error: data: {str(root)!r} is a sharded index directory without its manifest.json (its shards "
+        "are not all built, or it was never finalized): run the missing --shard tasks or build --finalize"
+    )
+
+
+@pytest.mark.parametrize("data", ["s3://bucket/corpus", "gs://bucket/corpus.jsonl", "megatron:s3://bucket/prefix"])
+def test_remote_storage_is_named_as_unsupported(capsys, tmp_path: Path, small_tokenizer, data: str) -> None:
+    line = _cli(capsys, "build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path))
+    url = data.removeprefix("megatron:")
+    assert line.endswith(
+        f"{url!r} is on remote storage ({url.split(':')[0]}://), which is not supported: copy it to a local path"
+    )
+
+
+@pytest.mark.parametrize("how", ["--data", "--from"])
+def test_a_pre_tokenized_source_without_its_tokenizer_is_refused(capsys, tmp_path: Path, how: str) -> None:
+    """Without a tokenizer its EOS and pad ids would be unknown (read as -1 and 0, printed as if they were ids)."""
+    prefix = tmp_path / "m"
+    np.array([11, 12, 2, 13, 2], dtype=np.uint16).tofile(f"{prefix}.bin")
+    with open(f"{prefix}.idx", "wb") as f:  # MMIDIDX v1, uint16, 2 sequences, 3 document indices
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 2, 3))
+        f.write(np.array([3, 2], np.int32).tobytes() + np.array([0, 6], np.int64).tobytes())
+        f.write(np.array([0, 1, 2], np.int64).tobytes())
+    data = ["--data", f"megatron:{prefix}"] if how == "--data" else ["--from", "megatron", str(prefix)]
+    line = _cli(capsys, "build", *data, "--cache-dir", str(tmp_path / "cache"))
+    assert line == (
+        f"detsampler: error: the pre-tokenized megatron files of {str(prefix)!r} record no tokenizer, so their EOS "
+        "and pad ids would be unknown: pass --tokenizer (the one they were tokenized with)"
+    )

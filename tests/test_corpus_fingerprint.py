@@ -91,3 +91,26 @@ def test_the_default_cache_dir_rule_is_the_indexs(monkeypatch: pytest.MonkeyPatc
     assert _default_cache_dir() == default_cache_dir()
     monkeypatch.delenv("DETSAMPLER_CACHE")
     assert _default_cache_dir() == default_cache_dir()
+
+
+def test_an_edited_arrow_cache_is_found_and_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Hugging Face's arrow cache of the parsed corpus (what on-the-fly tokenization reads) is checked against the
+    content hash recorded when it was written: one byte changed in it, its mtime restored, is found and re-parsed."""
+    corpus, cache = _write_corpus(tmp_path / "corpus"), tmp_path / "cache"
+    before = load_corpus(corpus, cache_dir=cache)
+    texts = list(before["text"])  # (a Column reads the memory map lazily)
+    (arrow,) = (cache / "hf-datasets" / before._fingerprint).rglob("*.arrow")
+    data = arrow.read_bytes()
+    at = data.index(b"lorem ipsum lorem")
+    st = arrow.stat()
+    arrow.write_bytes(data[:at] + b"L" + data[at + 1 :])
+    os.utime(arrow, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with caplog.at_level("WARNING", logger="detsampler"):
+        after = load_corpus(corpus, cache_dir=cache)
+    assert list(after["text"]) == texts
+    assert after._fingerprint == before._fingerprint
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith("detsampler: the arrow cache ") and line.endswith(
+        "differs from what was written (edited or damaged since): parsed again from the corpus"
+    )
+    assert list(load_corpus(corpus, cache_dir=cache)["text"]) == texts

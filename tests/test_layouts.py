@@ -134,3 +134,31 @@ def test_a_read_only_index_computes_the_layout_in_ram(index, caplog):
     if not isinstance(layout, PersistedLayout):  # root ignores permissions: then it was simply written
         assert "computing it in RAM" in caplog.text
     assert_same_layout(layout, make_layout(CONFIGS[0], np.asarray(index.lengths)))
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_layout_directory_without_its_layout_json_is_rebuilt(index, caplog):
+    config = CONFIGS[0]
+    (index.layout(config).path / "layout.json").unlink()  # e.g. removed by hand, or lost by a copy
+    with caplog.at_level(logging.WARNING, logger="detsampler"):
+        again = TokenIndex.open(index.path).layout(config)
+    assert_same_layout(again, make_layout(config, np.asarray(index.lengths)))
+    (line,) = _warnings(caplog)
+    assert line.startswith("detsampler: layout ")
+    assert line.endswith("has no layout.json (an incomplete copy?); rebuilding it")
+
+
+def test_a_layout_file_whose_npy_header_is_damaged_is_rebuilt(index, caplog):
+    config = CONFIGS[0]
+    ends = index.layout(config).path / "ends.npy"
+    data = bytearray(ends.read_bytes())
+    data[data.index(b"}")] = ord(" ")  # an unclosed brace: numpy's header parser raises tokenize.TokenError
+    ends.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="detsampler"):
+        again = TokenIndex.open(index.path).layout(config)
+    assert_same_layout(again, make_layout(config, np.asarray(index.lengths)))
+    (line,) = _warnings(caplog)
+    assert "ends.npy is not a readable .npy file (TokenError: " in line and line.endswith("; rebuilding it")

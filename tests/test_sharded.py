@@ -228,3 +228,31 @@ def test_a_file_edited_in_place_is_rebuilt_and_listed_again(corpus, tmp_path, sm
     assert after.fingerprint != before.fingerprint
     want = build_index(load_corpus(str(part)), small_tokenizer, cache_dir=tmp_path / "single", progress=False)
     np.testing.assert_array_equal(after.shards[1].tokens, want.tokens)
+
+
+def _edit_keeping_size_and_mtime(path: Path) -> None:
+    """What ``cp -p``/``rsync -a``/``tar x`` of an edited file leave: the same size and the old mtime."""
+    st = path.stat()
+    path.write_text(path.read_text().replace("def ", "fed ", 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_content_decides_whether_a_shard_is_stale(corpus, tmp_path, small_tokenizer):
+    """A same-size edit with the mtime restored makes the shard stale; a copy of the unchanged files (``cp -a``: new
+    paths, inodes and ctimes) does not."""
+    cache = tmp_path / "cache"
+    assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(corpus), str(copy)], check=True)
+    assert _root(copy, cache, small_tokenizer) == _root(corpus, cache, small_tokenizer)
+    before = ShardedIndex.open(_root(corpus, cache, small_tokenizer))
+    assert finalize(_root(copy, cache, small_tokenizer), input_files(copy)).fingerprint == before.fingerprint
+    _edit_keeping_size_and_mtime(corpus / "part-1.jsonl")
+    with pytest.raises(TokenIndexError, match=r"^shard 1 \(.*part-1.jsonl\) is stale: its content changed since"):
+        finalize(_root(corpus, cache, small_tokenizer), input_files(corpus))
+    assert main([*_args(corpus, cache, small_tokenizer), "--sharded"]) == 0
+    after = ShardedIndex.open(_root(corpus, cache, small_tokenizer))
+    want = build_index(load_corpus(str(corpus / "part-1.jsonl")), small_tokenizer, cache_dir=tmp_path / "single")
+    np.testing.assert_array_equal(np.asarray(after.shards[1].tokens), np.asarray(want.tokens))
+    assert after.fingerprint != before.fingerprint

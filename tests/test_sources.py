@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import warnings
 
@@ -205,7 +206,7 @@ def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small
         builder.add_item(torch.from_numpy(doc % small_tokenizer.vocab_size))
         builder.end_document()
     builder.finalize(prefix + ".idx")
-    assert main(["build", "--from", "megatron", prefix, "--json"]) == 0
+    assert main(["build", "--from", "megatron", prefix, "--tokenizer", small_tokenizer.path, "--json"]) == 0
     out = capsys.readouterr().out
     assert '"source_kind": "megatron"' in out and '"num_documents": 60' in out
     text = tmp_path / "text.jsonl"
@@ -226,3 +227,94 @@ def test_cli_build_from_megatron_and_a_mixture_with_text(tmp_path, capsys, small
         "0:20",
     ]
     assert main(args) == 0, capsys.readouterr()
+
+
+def _write_megatron(prefix, docs, dtype=np.uint16) -> None:
+    """``docs`` written by megatron-core's own IndexedDatasetBuilder, one sequence per document."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for doc in docs:
+        builder.add_item(torch.from_numpy(np.asarray(doc, dtype=np.int64)))
+        builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+
+
+def _keep_mtime_write(path, position: int, value: np.ndarray) -> None:
+    """Overwrite the bytes at ``position`` with ``value`` in place and restore the file's mtime (as ``cp -p`` of an
+    edited file, ``rsync -a`` or ``tar x`` leave it)."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(position)
+        f.write(value.tobytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_an_eos_written_in_an_unsampled_block_with_the_mtime_restored_is_seen(tmp_path, cache_root):
+    """The EOS-boundary cache of a nanoGPT/OLMo file is keyed by content, not by (identity, inode, mtime)."""
+    path = tmp_path / "train.bin"
+    tokens = np.full(4 << 20, 11, dtype=np.uint16)  # 8 MiB: bytes [1114112, 1310720) lie in no sampled block
+    tokens[1 << 19 :: 1 << 19] = 50256
+    tokens.tofile(path)
+    before = open_source("nanogpt", path)
+    assert before.num_documents == 8
+    _keep_mtime_write(path, 1_200_000, np.array([50256], dtype=np.uint16))
+    after = open_source("nanogpt", path)
+    assert after.identity == before.identity  # the sampled identity cannot see it: the cache key must
+    assert after.num_documents == 9 and after.offsets.tolist()[:3] == [0, (1 << 19) + 1, 600_001]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tmp_path, small_tokenizer, capsys):
+    pytest.importorskip("megatron.core")
+    docs = _documents(seed=4)
+    docs[30][0] = 4999
+    _write_megatron(tmp_path / "big", docs)
+    with pytest.raises(
+        TokenIndexError,
+        match=r"^megatron source '.*big': token ids span \[7, 4999\], outside the vocabulary \[0, 1000\) it is read "
+        r"with \(vocab_size=1000\); first out of range at token \d+$",
+    ):
+        open_source("megatron", tmp_path / "big", vocab_size=1000)
+    assert open_source("megatron", tmp_path / "big", vocab_size=5000).num_documents == 60
+    docs[40][2] = -50
+    _write_megatron(tmp_path / "neg", docs, dtype=np.int16)
+    with pytest.raises(TokenIndexError, match=r"token ids span \[-50, 4999\], outside the vocabulary \[0, 32768\)"):
+        open_source("megatron", tmp_path / "neg")
+    cli = ["build", "--data", f"megatron:{tmp_path / 'big'}", "--tokenizer", small_tokenizer.path]
+    with pytest.raises(SystemExit) as exit_:  # the CLI: one line, exit 2
+        main([*cli, "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.count("\n") == 0
+    assert f"token ids span [7, 4999], outside the vocabulary [0, {small_tokenizer.vocab_size})" in err
+
+
+def test_foreign_format_mix_ups_are_refused(tmp_path):
+    pytest.importorskip("megatron.core")
+    docs = _documents(seed=5)
+    flat = np.concatenate(docs)
+    # an OLMo uint16 .npy read as uint32 (OLMo's default): ids of two tokens each
+    olmo = flat if flat.size % 2 == 0 else np.append(flat, EOS)  # a whole number of uint32 cells
+    olmo.astype(np.uint16).tofile(tmp_path / "olmo16.npy")
+    with pytest.raises(TokenIndexError, match=r"^olmo source '.*olmo16.npy': token ids span \[\d+, \d+\], outside"):
+        open_source("olmo", tmp_path / "olmo16.npy", eos_id=EOS, vocab_size=1000)
+    with pytest.raises(TokenIndexError, match=r"token ids up to \d+ .*no vocabulary has that many ids.*dtype"):
+        open_source("olmo", tmp_path / "olmo16.npy", eos_id=EOS)  # no vocabulary given: ids past 2^24
+    assert open_source("olmo", tmp_path / "olmo16.npy", eos_id=EOS, dtype="uint16").num_tokens == olmo.size
+    # a nanoGPT uint32 train.bin read as uint16 (nanoGPT's default)
+    np.append(flat, 50256).astype(np.uint32).tofile(tmp_path / "train.bin")
+    with pytest.raises(TokenIndexError) as refused:
+        open_source("nanogpt", tmp_path / "train.bin")
+    assert str(refused.value) == (
+        f"nanogpt source {str(tmp_path / 'train.bin')!r}: every token at an odd position (of its first "
+        f"{2 * (flat.size + 1):,}) is 0, as when a uint32 file is read as uint16; open it with dtype='uint32'"
+    )
+    assert open_source("nanogpt", tmp_path / "train.bin", dtype="uint32").num_tokens == flat.size + 1
+    # a Megatron .idx of another corpus with the same token total: documents cut at the wrong places
+    _write_megatron(tmp_path / "a", docs)
+    other = np.split(flat, np.sort(np.random.default_rng(9).choice(np.arange(1, flat.size), 59, replace=False)))
+    _write_megatron(tmp_path / "b", other)
+    os.replace(tmp_path / "b.idx", tmp_path / "a.idx")
+    with pytest.raises(TokenIndexError, match=r"^megatron source '.*a': \d+ of its 60 documents do not end in the EOS"):
+        open_source("megatron", tmp_path / "a", eos_id=EOS)

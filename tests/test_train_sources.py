@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -86,3 +87,25 @@ def test_text_with_tokenizer_json_and_bos_in_a_mixture_with_megatron(
         world_size=1,
     )
     assert bos.index.special_tokens.add_bos and bos.index.document_tokens(0)[0] == hf_tokenizer.bos_id
+
+
+def test_the_trainer_refuses_ids_outside_the_vocabulary_and_a_source_without_its_tokenizer(tmp_path, hf_tokenizer):
+    """Before: ids up to 4999 under a 400-id tokenizer were trained on (or crashed each rank with an IndexError)."""
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    prefix = str(tmp_path / "wide")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for d in range(8):
+        builder.add_item(torch.tensor([5] * 18 + [4999 if d == 3 else 6, hf_tokenizer.eos_id]))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    table = f'source = {{kind = "megatron", path = "{prefix}"}}\n'
+    cfg = _config(tmp_path, table + f'tokenizer = "{hf_tokenizer.path}"\n')
+    lo, vocab = min(5, hf_tokenizer.eos_id), hf_tokenizer.vocab_size
+    span = f"token ids span [{lo}, 4999], outside the vocabulary [0, {vocab})"
+    with pytest.raises(ValueError, match=f"^megatron source '.*wide': {re.escape(span)}"):
+        build_pipeline(cfg.data, world_size=1)
+    with pytest.raises(ValueError, match="record no tokenizer, so their EOS and pad ids would be unknown"):
+        build_pipeline(_config(tmp_path, table).data, world_size=1)

@@ -72,6 +72,10 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     data, source = _sources(args)
     files = input_files(data) if data is not None else []
     sources = [(source[0], p) for p in source_files(*source)] if source is not None else []
+    if source is not None and args.tokenizer is None:
+        from detsampler.index.sources import no_tokenizer
+
+        raise no_tokenizer(*source)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     policy = SpecialTokens(add_bos=args.add_bos, add_eos=args.add_eos or "virtual")
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()

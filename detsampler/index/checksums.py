@@ -17,6 +17,7 @@ import hashlib
 import mmap
 import zlib
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -348,9 +349,11 @@ def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -
     try:
         empty = int(np.prod(shape)) == 0  # an empty array cannot be memory-mapped
         arr = np.load(path / name, mmap_mode=None if empty else "r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, SyntaxError, TokenError) as exc:  # a damaged header: numpy parses it
+        why = " ".join(str(exc).split())
         raise TokenIndexError(
-            f"{str(path)!r}: {name} is not a readable .npy file ({exc}); delete the directory and rebuild"
+            f"{str(path)!r}: {name} is not a readable .npy file ({type(exc).__name__}: {why}); delete the directory "
+            "and rebuild"
         ) from None
     if arr.dtype != dtype or arr.shape != shape:
         raise TokenIndexError(
@@ -395,7 +398,10 @@ def _advise_random(arr: Any) -> None:
 def _npy_data_offset(path: Path) -> int:
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
-        np.lib.format._read_array_header(f, version)
+        if version == (1, 0):
+            np.lib.format.read_array_header_1_0(f)
+        else:
+            np.lib.format.read_array_header_2_0(f)
         return f.tell()
 
 

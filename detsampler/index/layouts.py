@@ -300,6 +300,9 @@ def build_layout(
             shutil.rmtree(final, ignore_errors=True)  # processes that map its files keep reading them until they reopen
         if (final / "layout.json").is_file():
             return final
+        if final.exists():  # not sealed (removed by hand, an incomplete copy): never opened, rebuilt
+            log.warning("detsampler: layout %s has no layout.json (an incomplete copy?); rebuilding it", final)
+            shutil.rmtree(final)
         for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by killed builders; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -98,8 +98,8 @@ def load_dataset_for(config: IndexConfig) -> Any:
 def _prepare_sharded(config: IndexConfig) -> Prepared:
     """A sharded index directory given as ``data`` (built by ``detsampler build --shard/--finalize``), opened as one
     index; there is no dataset (its shards hold the tokens). Its tokenizer is required and checked when any shard was
-    tokenized by detsampler; optional (checked when given) when every shard is a pre-tokenized file, as for one
-    pre-tokenized source."""
+    tokenized by detsampler; optional (checked when given) when every shard is a pre-tokenized file (the manifest's
+    entries record the EOS and pad ids they are read with)."""
     from detsampler.index.sharded import TOKENIZED_KIND, ShardedIndex
 
     index = ShardedIndex.open(config.data)
@@ -117,9 +117,11 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
 
 def open_prepared_source(config: IndexConfig) -> Prepared:
     """The pre-tokenized source ``config.data`` (``KIND:PATH``) opened, with ``config.tokenizer`` when given."""
-    from detsampler.index.sources import open_source, parse_source_spec
+    from detsampler.index.sources import no_tokenizer, open_source, parse_source_spec
 
     kind, path = parse_source_spec(str(config.data))
+    if config.tokenizer is None:
+        raise no_tokenizer(kind, path)
     if config.add_bos:
         raise ValueError(f"add_bos: the pre-tokenized source {config.data!r} is read as stored; it cannot insert a BOS")
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer is not None else None

@@ -5,7 +5,8 @@ shard ``j`` is file ``j``, tokenized into an ordinary index under ``<cache>/shar
 shard is reused by every sharded index that holds its file). Task ``i`` of ``n`` builds the shards ``j`` with
 ``j % n == i`` (a Slurm array task, a Kubernetes job index, a torchrun rank: no collective, no process group); each
 finished shard leaves a claim ``<root>/claims/shard-<j>.json`` (written atomically after its index is complete).
-:func:`finalize` checks every claim against its file (size and mtime) and its index, and writes the manifest; a missing,
+:func:`finalize` checks every claim's index against its file's content (the content fingerprint the index was built
+from), and writes the manifest; a missing,
 stale or corrupt shard is named in the error. ``<root>`` is ``<cache>/sharded-<key>``, the key hashing the file list
 (names and sizes), the tokenizer, the text column and the options: adding a file makes a new root whose old shards are
 found built.
@@ -272,15 +273,22 @@ def _entry(root: Path, files: list[Path], j: int) -> dict[str, Any]:
             f"shard {j} ({f}) is missing (never built, or its build did not finish): run the task that "
             f"builds it (task {j} % N of --num-shards N) again"
         ) from None
-    stat = f.stat()
-    if claim.get("input") != str(f) or claim.get("size") != stat.st_size or claim.get("mtime_ns") != stat.st_mtime_ns:
-        raise TokenIndexError(f"shard {j} ({f}) is stale: the file changed since its shard was built; build it again")
     from detsampler.index.reader import TokenIndex
+    from detsampler.text.corpus import _local_files
+    from detsampler.text.fingerprint import content_fingerprint
 
     try:
         index = TokenIndex.open(root / claim["path"])
     except TokenIndexError as exc:
         raise TokenIndexError(f"shard {j} ({f}) is corrupt: {exc}") from None
+    # content decides, never path, size or mtime: the per-file hash cache is keyed by the file's stat with its ctime,
+    # so an unchanged file hashes nothing, and an edit (its mtime restored or not) or a copy is hashed again
+    content = content_fingerprint(f, [f], _local_files(f)[0], root.parent).digest
+    if content != index.meta.get("dataset_fingerprint"):
+        raise TokenIndexError(
+            f"shard {j} ({f}) is stale: its content changed since its shard was built (content {content}, the shard "
+            f"was built from {index.meta.get('dataset_fingerprint')}); build it again"
+        )
     if index.fingerprint != claim.get("fingerprint"):
         raise TokenIndexError(f"shard {j} ({f}) is not the index its claim names; build it again")
     return {

@@ -9,8 +9,10 @@ and changes exactly when a file does.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import datasets
 import pyarrow as pa
 from filelock import FileLock
 
+from detsampler.atomic import atomic_write
+from detsampler.checks import check_local_path
 from detsampler.text.fingerprint import content_fingerprint
 from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
@@ -96,6 +100,7 @@ def load_corpus(
     if source is None:
         ds = default_corpus()
     else:
+        check_local_path(source, "data")
         ds = _load_local(Path(source), cache_dir)
     check_text_column(ds, text_column)
     return ds
@@ -103,6 +108,11 @@ def load_corpus(
 
 def _local_files(p: Path) -> tuple[str, list[Path]]:
     """The loader kind and the files of local source ``p`` (raises ValueError naming what is wrong)."""
+    if p.is_dir() and (p / "claims").is_dir() and not (p / "manifest.json").is_file():
+        raise ValueError(
+            f"data: {str(p)!r} is a sharded index directory without its manifest.json (its shards are not all "
+            "built, or it was never finalized): run the missing --shard tasks or build --finalize"
+        )
     if not p.exists():
         raise ValueError(
             f"data: {str(p)!r} does not exist; pass a file, a directory of files or a save_to_disk directory"
@@ -150,16 +160,51 @@ def _load_local(p: Path, cache_dir: str | os.PathLike | None) -> datasets.Datase
             raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {list(ds)}; pass one split's directory")
     else:
         extra: dict = {"sample_by": "document"} if kind == "text" else {}
-        extra["cache_dir"] = str(Path(cache_dir) / "hf-datasets" / fingerprint)
-        try:
-            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
-        except OSError:
-            raise
-        except Exception as exc:
-            raise ValueError(f"data: {str(p)!r} cannot be read as {kind} files: {_root_cause(exc)}") from None
+        hf_dir = Path(cache_dir) / "hf-datasets" / fingerprint
+        extra["cache_dir"] = str(hf_dir)
+        for attempt in range(2):
+            try:
+                ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+            except OSError:
+                raise
+            except Exception as exc:
+                raise ValueError(f"data: {str(p)!r} cannot be read as {kind} files: {_root_cause(exc)}") from None
+            changed = _changed_arrow_cache(ds, cache_dir)
+            if changed is None or attempt:
+                break
+            logger.warning(
+                "detsampler: the arrow cache %s differs from what was written (edited or damaged since): parsed "
+                "again from the corpus",
+                changed,
+            )
+            del ds
+            shutil.rmtree(hf_dir)
     if len(ds) == 0:
         raise ValueError(f"data: {str(p)!r} holds no documents")
     return datasets.Dataset(ds.data, info=ds.info, split=ds.split, indices_table=ds._indices, fingerprint=fingerprint)
+
+
+def _changed_arrow_cache(ds: datasets.Dataset, cache_dir: str | os.PathLike) -> Path | None:
+    """The first arrow file of ``ds``'s cache whose content is not what was recorded when it was first read (None when
+    all are): Hugging Face serves its cache as it finds it, so its content hash is recorded beside each file
+    (``<file>.detsampler.json``) and checked on every load; the per-file hash cache is keyed by the file's stat with
+    its ctime, so an unchanged file hashes nothing and any write, its mtime restored or not, is hashed again."""
+    for entry in ds.cache_files:
+        arrow = Path(entry["filename"])
+        digest = content_fingerprint(arrow, [arrow], "arrow", cache_dir).digest
+        record = arrow.with_name(arrow.name + ".detsampler.json")
+        try:
+            recorded = json.loads(record.read_text()).get("content")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if recorded is None:
+            try:
+                atomic_write(record, json.dumps({"content": digest}) + "\n")
+            except OSError:
+                pass  # a read-only cache: checked against nothing
+        elif recorded != digest:
+            return arrow
+    return None
 
 
 def check_text_column(ds: datasets.Dataset, text_column: str) -> None:

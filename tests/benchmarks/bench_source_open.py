@@ -6,9 +6,10 @@ hand from the published format when megatron-core is absent); an OLMo-core ``.np
 each document, opened twice: with the ``.csv.gz`` metadata written by OLMo-core's ``write_document_indices``, and
 without it (documents found by scanning for EOS). Each open runs in a fresh interpreter (``_open_child``): time of
 ``open_source(...)`` and the growth of its resident set (VmRSS after minus before; the peak from VmHWM); each file is
-opened first with an empty ``DETSAMPLER_CACHE`` (the metadata parsed or the file scanned) and then again (the document
-boundaries read back from the cache). The files are in the page cache (just written or read): a cold open adds the
-disk's time to read the per-document index (16 bytes a document), and for a scan without metadata the whole file."""
+opened first with an empty ``DETSAMPLER_CACHE`` (the metadata parsed, and the token file scanned once for its id
+bounds per 64 KiB chunk, and its EOS where there is no metadata) and then again (the scan read back from the cache).
+The files are in the page cache (just written or read): a cold first open adds the disk's time to read the whole token
+file and the per-document index (16 bytes a document)."""
 
 from __future__ import annotations
 

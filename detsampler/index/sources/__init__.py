@@ -12,10 +12,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from detsampler.checks import check_local_path
 from detsampler.index.sources.base import EOS_SOURCE_MODES, TokenSource
 from detsampler.index.sources.formats import open_datatrove, open_megatron, open_nanogpt, open_olmo
 
-__all__ = ["EOS_SOURCE_MODES", "SOURCE_KINDS", "TokenSource", "is_source_spec", "open_source", "parse_source_spec"]
+__all__ = [
+    "EOS_SOURCE_MODES",
+    "SOURCE_KINDS",
+    "TokenSource",
+    "is_source_spec",
+    "no_tokenizer",
+    "open_source",
+    "parse_source_spec",
+]
 
 _OPENERS = {"megatron": open_megatron, "olmo": open_olmo, "datatrove": open_datatrove, "nanogpt": open_nanogpt}
 SOURCE_KINDS = tuple(_OPENERS)
@@ -36,6 +45,15 @@ def is_source_spec(data: str | None) -> bool:
     return isinstance(data, str) and data.partition(":")[0] in _OPENERS and ":" in data
 
 
+def no_tokenizer(kind: str, path: str | os.PathLike) -> ValueError:
+    """The error of a pre-tokenized source given without a tokenizer where ids are printed or written (the CLI, the
+    trainer): its EOS and pad ids would be unknown."""
+    return ValueError(
+        f"the pre-tokenized {kind} files of {str(path)!r} record no tokenizer, so their EOS and pad ids would be "
+        "unknown: pass --tokenizer (the one they were tokenized with)"
+    )
+
+
 def open_source(
     kind: str, path: str | os.PathLike, *, tokenizer: Any = None, eos: str = "real", **options: Any
 ) -> TokenSource:
@@ -46,6 +64,7 @@ def open_source(
         raise ValueError(f"source kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     if eos not in EOS_SOURCE_MODES:
         raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
+    check_local_path(path, f"{kind} source")
     if tokenizer is not None:
         for name in ("eos_id", "pad_id", "vocab_size"):
             options.setdefault(name, getattr(tokenizer, name))

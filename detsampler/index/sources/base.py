@@ -6,6 +6,10 @@ document arrays (``lengths``, ``offsets``: 16 bytes a document) are held in memo
 stored token sits at its EOS position (``lengths[d] = stored - 1``), so samples read exactly the stored tokens, no token
 added or dropped; with ``eos="virtual"`` an EOS (``eos_id``) is read after each document's stored tokens. The
 ``identity`` hashes the files' sizes, their small index files whole and sampled blocks of the token file, never a path.
+The first open reads the token file once (:func:`scan_source`: per 64 KiB chunk its id bounds, the EOS boundaries of a
+flat file, documents that do not end in the EOS), cached under the stat of every file with its ctime, so that a write
+(its mtime restored or not) is scanned again; every open refuses ids outside the vocabulary and the signs of a foreign
+format (:func:`check_scan`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,15 @@ from detsampler.index.format import TokenIndexError, default_cache_dir
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.text.policy import SpecialTokens
 
-__all__ = ["EOS_SOURCE_MODES", "TokenSource", "cached_starts", "sampled_sha256"]
+__all__ = [
+    "EOS_SOURCE_MODES",
+    "PLAUSIBLE_IDS",
+    "SourceScan",
+    "TokenSource",
+    "check_scan",
+    "sampled_sha256",
+    "scan_source",
+]
 
 EOS_SOURCE_MODES = ("real", "virtual")
 _BLOCK = 1 << 16  # bytes per sampled block of a token file
@@ -67,6 +81,8 @@ class TokenSource:
         pad_id: int | None = None,
         vocab_size: int | None = None,
         reopen: tuple[Any, tuple, dict],
+        scan: SourceScan | None = None,
+        end_eos: bool = False,
     ) -> None:
         if eos not in EOS_SOURCE_MODES:
             raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
@@ -88,6 +104,8 @@ class TokenSource:
         self.eos_id = -1 if eos_id is None else int(eos_id)  # -1: unknown (never read: the EOS positions are stored)
         self.pad_id = int(pad_id) if pad_id is not None else max(self.eos_id, 0)
         self.vocab_size = int(vocab_size) if vocab_size is not None else int(np.iinfo(tokens.dtype).max) + 1
+        if scan is not None:  # ids in the vocabulary, a plausible dtype, (end_eos) documents that end in the EOS
+            check_scan(kind, Path(path), scan, tokens, vocab_size, eos_id, end_eos and eos == "real")
         self.identity = identity
         fn, args, format_options = reopen  # the reading options shared by every format are added here, once
         self._reopen = (fn, args, dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, **format_options))
@@ -187,28 +205,192 @@ def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def cached_starts(
-    kind: str, identity: str, mode: str, compute: Callable[[], np.ndarray], files: Sequence[str | os.PathLike]
-) -> np.ndarray:
-    """Document starts found by ``compute`` (an EOS scan or a metadata parse), kept in ``$DETSAMPLER_CACHE/sources``
-    under the source's content identity, so that only the first open of a file pays for the scan. The cache file is
-    written atomically; an unwritable cache only means computing again."""
-    # the local file's own stamp too: a file edited in place (same size, unsampled bytes changed) is never misread
+_CHUNK = 1 << 16  # bytes per chunk whose min and max id a scan records (the index's checksum chunk)
+_SCAN_BYTES = 1 << 22  # bytes read at a time by a scan (with pread: no file page stays mapped)
+_SCAN_VERSION = 2  # the cached scan's content; 1 was the document starts alone, keyed by inode and mtime
+PLAUSIBLE_IDS = 1 << 24  # ids at or past this need a vocab_size given: no vocabulary is that large
+
+
+@dataclass(frozen=True)
+class SourceScan:
+    """What one pass over a source's token file found: ``starts`` (document starts; the format's own, or split after
+    each EOS), per 64 KiB chunk the smallest and largest id (``chunk_min``, ``chunk_max``), the largest id at an odd
+    position of the first 4 MiB (``odd_max``), and, where asked, how many documents do not end in the EOS
+    (``bad_ends``, the first being ``first_bad_end``, -1 when none)."""
+
+    starts: np.ndarray
+    chunk_min: np.ndarray
+    chunk_max: np.ndarray
+    odd_max: int
+    bad_ends: int
+    first_bad_end: int
+
+
+def _stamp(files: Sequence[Path]) -> str:
+    """The files' device, inode, size, mtime and ctime. ctime cannot be set from user space, so any write (its mtime
+    restored or not) names another cache entry; a copy (new inode and ctime) is scanned again: content decides."""
+    stats = [os.stat(f) for f in files]
+    key = [(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+
+
+def _scan(
+    token_file: Path,
+    dtype: np.dtype,
+    num_tokens: int,
+    starts: np.ndarray | None,
+    split_eos: int | None,
+    end_eos: int | None,
+) -> SourceScan:
+    per_chunk = _CHUNK // dtype.itemsize
+    step = _SCAN_BYTES // dtype.itemsize  # a whole number of chunks, an even number of tokens
+    n_chunks = -(-num_tokens // per_chunk)
+    cmin = np.zeros(n_chunks, np.int64)
+    cmax = np.zeros(n_chunks, np.int64)
+    odd_max = np.iinfo(np.int64).min
+    eos_ends, bad = [], []
+    last = starts[1:] - 1 if starts is not None and end_eos is not None else None  # each document's last token
+    with open(token_file, "rb") as f:
+        for t0 in range(0, num_tokens, step):
+            block = np.frombuffer(os.pread(f.fileno(), step * dtype.itemsize, t0 * dtype.itemsize), dtype=dtype)
+            full = block.size // per_chunk * per_chunk
+            c0 = t0 // per_chunk
+            if full:
+                cells = block[:full].reshape(-1, per_chunk)
+                cmin[c0 : c0 + cells.shape[0]] = cells.min(axis=1)
+                cmax[c0 : c0 + cells.shape[0]] = cells.max(axis=1)
+            if full < block.size:
+                cmin[c0 + full // per_chunk] = block[full:].min()
+                cmax[c0 + full // per_chunk] = block[full:].max()
+            if t0 == 0 and block.size > 1:  # the first 4 MiB: a 32-bit file read as 16-bit shows it anywhere
+                odd_max = int(block[1::2].max())
+            if split_eos is not None:
+                eos_ends.append(np.flatnonzero(block == split_eos) + (t0 + 1))
+            if last is not None:
+                lo, hi = np.searchsorted(last, [t0, t0 + block.size])
+                here = last[lo:hi]
+                bad.append(lo + np.flatnonzero(block[here - t0] != end_eos))
+    if split_eos is not None:
+        ends = np.concatenate(eos_ends) if eos_ends else np.zeros(0, np.int64)
+        if num_tokens and (not ends.size or ends[-1] != num_tokens):
+            ends = np.append(ends, num_tokens)  # a last document without an EOS ends at the end
+        starts = np.zeros(ends.size + 1, np.int64)
+        starts[1:] = ends
+    bad_docs = np.concatenate(bad) if bad else np.zeros(0, np.int64)
+    return SourceScan(
+        np.asarray(starts, dtype=np.int64),
+        cmin,
+        cmax,
+        odd_max,
+        int(bad_docs.size),
+        int(bad_docs[0]) if bad_docs.size else -1,
+    )
+
+
+def scan_source(
+    kind: str,
+    identity: str,
+    token_file: Path,
+    dtype: np.dtype,
+    num_tokens: int,
+    files: Sequence[str | os.PathLike],
+    *,
+    starts: Callable[[], np.ndarray] | None = None,
+    split_eos: int | None = None,
+    end_eos: int | None = None,
+) -> SourceScan:
+    """One pass over ``token_file`` (see :class:`SourceScan`): document starts from ``starts()`` (a metadata parse) or
+    split after each ``split_eos``; with ``end_eos``, the documents whose last token is not it. Kept in
+    ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stat (with ctime) of every one of its ``files``,
+    with a CRC-32 of its arrays checked on every load, so that only the first open of a file pays for the pass. The
+    cache file is written atomically; an unwritable cache only means scanning again."""
     files = [Path(f) for f in files]
-    stamp = hashlib.sha256(repr([(f.stat().st_dev, f.stat().st_ino, f.stat().st_mtime_ns) for f in files]).encode())
-    path = default_cache_dir() / "sources" / f"{kind}-{identity[:32]}-{mode}-{stamp.hexdigest()[:12]}.npy"
+    mode = f"{dtype.name}-split{split_eos}-end{end_eos}"
+    name = f"{kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{_stamp(files)}-v{_SCAN_VERSION}"
+    path = default_cache_dir() / "sources" / f"{name}.npz"
+    fields = ("starts", "chunk_min", "chunk_max", "ints")
     if path.is_file():
         try:
-            return np.load(path, allow_pickle=False)
-        except (ValueError, OSError):
-            pass  # a damaged cache file: compute and rewrite it
-    starts = compute()
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in fields}
+                crc = int(z["crc"])
+            if crc == _crc(arrays):
+                ints = arrays["ints"]
+                return SourceScan(arrays["starts"], arrays["chunk_min"], arrays["chunk_max"], *map(int, ints))
+        except (ValueError, OSError, KeyError, TypeError):
+            pass  # a damaged cache file: scan again and rewrite it
+    given = starts() if starts is not None else None
+    scan = _scan(token_file, dtype, num_tokens, given, split_eos, end_eos)
+    arrays = {
+        "starts": scan.starts,
+        "chunk_min": scan.chunk_min,
+        "chunk_max": scan.chunk_max,
+        "ints": np.array([scan.odd_max, scan.bad_ends, scan.first_bad_end], dtype=np.int64),
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
         with open(tmp, "wb") as f:
-            np.save(f, starts)
+            np.savez(f, crc=np.int64(_crc(arrays)), **arrays)
         os.replace(tmp, path)
     except OSError:
         pass
-    return starts
+    return scan
+
+
+def _crc(arrays: dict[str, np.ndarray]) -> int:
+    crc = 0
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k], dtype=np.int64)
+        crc = zlib.crc32(a.tobytes(), zlib.crc32(f"{k}:{a.size}".encode(), crc))
+    return crc
+
+
+def check_scan(
+    kind: str,
+    path: Path,
+    scan: SourceScan,
+    tokens: np.ndarray,
+    vocab_size: int | None,
+    eos_id: int | None,
+    end_eos: bool,
+) -> None:
+    """Refuse a source whose ids fall outside the vocabulary it is read with (``vocab_size``; when None, ids past
+    :data:`PLAUSIBLE_IDS`), whose every odd-position id of the first 4 MiB is 0 (a 32-bit file read as 16-bit), or
+    (``end_eos``) of whose documents half or more do not end in the EOS (boundaries that do not belong to the token
+    file)."""
+    where = f"{kind} source {str(path)!r}"
+    if not scan.chunk_min.size:
+        return
+    lo, hi = int(scan.chunk_min.min()), int(scan.chunk_max.max())
+    bound = vocab_size if vocab_size is not None else min(int(np.iinfo(tokens.dtype).max) + 1, PLAUSIBLE_IDS)
+    if lo < 0 or hi >= bound:
+        c = int(np.flatnonzero((scan.chunk_min < 0) | (scan.chunk_max >= bound))[0])
+        per_chunk = _CHUNK // tokens.dtype.itemsize
+        cell = np.asarray(tokens[c * per_chunk : (c + 1) * per_chunk])
+        first = c * per_chunk + int(np.flatnonzero((cell < 0) | (cell >= bound))[0])
+        if vocab_size is None and lo >= 0:
+            raise TokenIndexError(
+                f"{where}: token ids up to {hi} (first at token {first}), and no vocabulary has that many ids: "
+                f"is its dtype {tokens.dtype.name} the one it was written with? (pass vocab_size= if it is)"
+            )
+        given = f"vocab_size={vocab_size}" if vocab_size is not None else f"its dtype {tokens.dtype.name}"
+        raise TokenIndexError(
+            f"{where}: token ids span [{lo}, {hi}], outside the vocabulary [0, {bound}) it is read with ({given}); "
+            f"first out of range at token {first}"
+        )
+    if tokens.size >= 64 and scan.odd_max == 0 and tokens.dtype.itemsize == 2:
+        wider = np.dtype(f"{tokens.dtype.kind}{tokens.dtype.itemsize * 2}").name
+        raise TokenIndexError(
+            f"{where}: every token at an odd position (of its first {min(tokens.size, _SCAN_BYTES // 2):,}) is 0, "
+            f"as when a {wider} file is read as "
+            f"{tokens.dtype.name}; open it with dtype={wider!r}"
+        )
+    n_docs = scan.starts.size - 1
+    if end_eos and eos_id is not None and n_docs and 2 * scan.bad_ends >= n_docs:
+        d = scan.first_bad_end
+        raise TokenIndexError(
+            f"{where}: {scan.bad_ends} of its {n_docs} documents do not end in the EOS {eos_id} (document {d} ends "
+            f"in {int(tokens[int(scan.starts[d + 1]) - 1])}): its index does not belong to its token file, or it "
+            "stores no EOS (open it with eos='virtual')"
+        )

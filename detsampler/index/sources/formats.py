@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from detsampler.index.format import TokenIndexError
-from detsampler.index.sources.base import TokenSource, cached_starts, sampled_sha256, token_memmap
+from detsampler.index.sources.base import TokenSource, sampled_sha256, scan_source, token_memmap
 
-__all__ = ["eos_boundaries", "open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
+__all__ = ["open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
 _MMIDIDX = b"MMIDIDX\x00\x00"
 _MEGATRON_DTYPES = {
@@ -38,7 +38,6 @@ _MEGATRON_DTYPES = {
     7: np.float32,
     8: np.uint16,
 }
-_SCAN_TOKENS = 1 << 21  # tokens per chunk of an EOS scan (read with pread: no file page stays mapped)
 NANOGPT_EOS = 50256  # GPT-2's <|endoftext|>, which nanoGPT's prepare.py appends to every document
 
 
@@ -79,6 +78,8 @@ def open_megatron(
     if code not in _MEGATRON_DTYPES:
         raise TokenIndexError(f"megatron source: {str(idx)!r} has an unknown dtype code {code}")
     dtype = np.dtype(_MEGATRON_DTYPES[code])
+    if dtype.kind not in "iu":
+        raise TokenIndexError(f"megatron source: {str(idx)!r} stores {dtype.name} tokens; token ids are integers")
     seq_lengths = (
         np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,)) if n_seq else np.zeros(0, np.int32)
     )
@@ -98,33 +99,25 @@ def open_megatron(
         raise TokenIndexError(f"megatron source: the sequences of {str(idx)!r} are not contiguous in {str(bin_)!r}")
     starts = seq_starts[doc_idx]
     _check_starts(starts, tokens.size, "megatron", prefix)
+    identity = sampled_sha256([bin_], [idx])
+    end_eos = eos_id if eos == "real" and eos_id is not None else None
+    scan = scan_source(
+        "megatron", identity, bin_, dtype, tokens.size, [bin_, idx], starts=lambda: starts, end_eos=end_eos
+    )
     return TokenSource(
         "megatron",
         prefix,
         tokens,
         starts,
-        identity=sampled_sha256([bin_], [idx]),
+        identity=identity,
+        scan=scan,
+        end_eos=True,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
         vocab_size=vocab_size,
         reopen=(open_megatron, (str(prefix),), {}),
     )
-
-
-def eos_boundaries(path: Path, dtype: np.dtype, eos_id: int, num_tokens: int) -> np.ndarray:
-    """Document starts of a flat token file split after each ``eos_id`` (a last document without one ends at the end):
-    scanned in chunks read with ``pread``, so neither the scan nor its temporaries grow with the file."""
-    ends = []
-    chunk = _SCAN_TOKENS * dtype.itemsize
-    with open(path, "rb") as f:
-        for byte_start in range(0, num_tokens * dtype.itemsize, chunk):
-            block = np.frombuffer(os.pread(f.fileno(), chunk, byte_start), dtype=dtype)
-            ends.append(np.flatnonzero(block == eos_id) + (byte_start // dtype.itemsize + 1))
-    ends_all = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    if not ends_all.size or ends_all[-1] != num_tokens:
-        ends_all = np.append(ends_all, num_tokens) if num_tokens else ends_all
-    return _starts_from_ends(ends_all.astype(np.int64, copy=False))
 
 
 def _csv_pairs(lines: list[bytes]) -> np.ndarray:
@@ -179,18 +172,19 @@ def open_olmo(
         )
     whole = [meta] if meta.is_file() else []
     identity = sampled_sha256([p], whole)
-    if whole:
-        starts = cached_starts("olmo", identity, "csv", lambda: _olmo_metadata(p, tokens.size), [p, meta])
-    else:
-        starts = cached_starts(
-            "olmo", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
+    if whole:  # documents are the metadata's rows, also where one holds no EOS (OLMo-core allows it)
+        scan = scan_source(
+            "olmo", identity, p, dt, tokens.size, [p, meta], starts=lambda: _olmo_metadata(p, tokens.size)
         )
+    else:
+        scan = scan_source("olmo", identity, p, dt, tokens.size, [p], split_eos=int(eos_id))
     return TokenSource(
         "olmo",
         p,
         tokens,
-        starts,
+        scan.starts,
         identity=identity,
+        scan=scan,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -224,12 +218,17 @@ def open_datatrove(
     ends = np.fromfile(index, dtype="<u8").astype(np.int64)
     starts = _starts_from_ends(ends)
     _check_starts(starts, tokens.size, "datatrove", p)
+    identity = sampled_sha256([p], [index])
+    end_eos = eos_id if eos == "real" and eos_id is not None else None
+    scan = scan_source("datatrove", identity, p, dt, tokens.size, [p, index], starts=lambda: starts, end_eos=end_eos)
     return TokenSource(
         "datatrove",
         p,
         tokens,
         starts,
-        identity=sampled_sha256([p], [index]),
+        identity=identity,
+        scan=scan,
+        end_eos=True,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -252,15 +251,14 @@ def open_nanogpt(
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "nanogpt")
     identity = sampled_sha256([p])
-    starts = cached_starts(
-        "nanogpt", identity, f"eos{eos_id}", lambda: eos_boundaries(p, dt, int(eos_id), tokens.size), [p]
-    )
+    scan = scan_source("nanogpt", identity, p, dt, tokens.size, [p], split_eos=int(eos_id))
     return TokenSource(
         "nanogpt",
         p,
         tokens,
-        starts,
+        scan.starts,
         identity=identity,
+        scan=scan,
         eos=eos,
         eos_id=eos_id,
         pad_id=pad_id,
