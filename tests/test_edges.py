@@ -1,0 +1,107 @@
+"""Nothing silent at the edges (issue 21): inputs that were accepted and changed are refused in one accurate line, or
+accepted as what they are."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detsampler import LayoutConfig, Plan
+from detsampler.layout import make_layout
+from detsampler.mixture import Mixture
+
+
+def _plan(seed) -> Plan:
+    return Plan(100, seed=seed, global_batch_size=4, micro_batch_size=2)
+
+
+def test_a_numpy_integer_seed_is_the_same_seed() -> None:
+    assert np.array_equal(_plan(np.int64(7)).global_batch(3), _plan(7).global_batch(3))
+    assert _plan(np.int64(7)).seed == 7 and type(_plan(np.int64(7)).seed) is int
+
+
+@pytest.mark.parametrize(
+    "seed, message",
+    [
+        ("0", "seed must be an integer, got '0' (str)"),
+        (None, "seed must be an integer, got None (NoneType)"),
+        (True, "seed must be an integer, got True (bool)"),
+        (1.5, "seed must be an integer, got 1.5 (float)"),
+    ],
+)
+def test_a_seed_that_is_not_an_integer_is_refused(seed, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        _plan(seed)
+    assert str(info.value) == message
+
+
+LENGTHS = np.array([5, 70, 3, 40, 12, 90, 8], dtype=np.int64)
+
+
+@pytest.mark.parametrize("kind", ["concat", "document", "bestfit"])
+def test_locate_refuses_float_sample_ids(kind: str) -> None:
+    layout = make_layout(LayoutConfig(kind=kind, seq_len=16), LENGTHS)
+    with pytest.raises(ValueError) as info:
+        layout.locate(np.array([1.7]))
+    assert str(info.value) == "Got sample ids of dtype float64, sample ids must be integers"
+    with pytest.raises(ValueError, match=r"^Got sample id 18446744073709551615, allowed sample ids are in \[0, "):
+        layout.locate(np.array([2**64 - 1], dtype=np.uint64))
+    assert len(layout.locate(np.array([], dtype=np.int64))) == 0 == len(layout.locate([]))
+
+
+def test_make_layout_refuses_lengths_that_wrap_or_overflow() -> None:
+    with pytest.raises(ValueError) as info:
+        make_layout(LayoutConfig(kind="concat", seq_len=16), np.array([3, 2**64 - 1], dtype=np.uint64))
+    assert str(info.value) == ("document lengths must be <= 2**62, got 18446744073709551615 for document 1")
+    with pytest.raises(ValueError) as info:
+        make_layout(LayoutConfig(kind="concat", seq_len=16), np.full(4, 2**61, dtype=np.int64))
+    assert str(info.value) == (
+        "the documents hold 9223372036854775812 tokens with EOS in all; at most 2**62 = 4611686018427387904, so that"
+        " token positions fit in int64"
+    )
+    layout = make_layout(LayoutConfig(kind="concat", seq_len=16), np.array([40, 50], dtype=np.uint64))
+    assert layout.num_tokens == 92
+
+
+def test_mixture_dataset_refuses_float_ids_and_swapped_datasets() -> None:
+    from detsampler.loader.mixture_dataset import MixtureDataset
+
+    class Source:
+        def __init__(self, layout):
+            self.layout = layout
+
+        def __len__(self):
+            return self.layout.num_samples
+
+        def __getitem__(self, i):
+            return (self, i)
+
+    config = LayoutConfig(kind="document", seq_len=16)
+    a, b = make_layout(config, LENGTHS), make_layout(config, LENGTHS[::-1].copy())
+    assert a.num_samples == b.num_samples
+    mixture = Mixture([a, b], [1, 1], seed=0)
+    dataset = MixtureDataset([Source(a), Source(b)], mixture)
+    with pytest.raises(ValueError) as info:
+        dataset[1.7]
+    assert str(info.value) == "Got sample id 1.7 (float), sample ids must be integers"
+    with pytest.raises(ValueError, match=r"^Got sample ids of dtype float64, sample ids must be integers$"):
+        dataset.__getitems__([1.7])
+    with pytest.raises(ValueError) as info:
+        MixtureDataset([Source(b), Source(a)], mixture)
+    assert str(info.value) == (
+        "datasets[0] reads another layout than mixture source 0 (datasets[1] reads source 0's): give the datasets in"
+        " the order of the mixture's sources"
+    )
+    assert dataset[np.int64(1)][1] == int(mixture.split_ids(np.array([1]))[1][0])
+
+
+def test_restart_position_ids_must_be_a_bool(small_index) -> None:
+    from detsampler import PackedDataset
+
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=32))
+    with pytest.raises(ValueError) as info:
+        PackedDataset(small_index, layout, restart_position_ids="no")
+    assert str(info.value) == (
+        "Got restart_position_ids 'no' (str), restart_position_ids must be True, False or None (the layout's default)"
+    )
+    assert PackedDataset(small_index, layout, restart_position_ids=np.bool_(False)).restart_position_ids is False
