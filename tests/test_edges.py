@@ -105,3 +105,79 @@ def test_restart_position_ids_must_be_a_bool(small_index) -> None:
         "Got restart_position_ids 'no' (str), restart_position_ids must be True, False or None (the layout's default)"
     )
     assert PackedDataset(small_index, layout, restart_position_ids=np.bool_(False)).restart_position_ids is False
+
+
+# -- CLI inputs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _cli_error(capsys: pytest.CaptureFixture, *argv: str) -> str:
+    """Run the CLI; assert exit status 2 and exactly one ``detsampler: error:`` line, no traceback; return that line."""
+    from detsampler.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_an_empty_data_path_is_refused(capsys, tmp_path) -> None:
+    line = _cli_error(capsys, "build", "--data", "", "--cache-dir", str(tmp_path))
+    assert line == "detsampler: error: data: got an empty path ''; pass a file, a directory of files or KIND:PATH"
+    assert not list(tmp_path.iterdir())
+
+
+def _write_corpus(root) -> int:
+    """30 one-line json documents over plain, gzip-compressed and upper-case-suffixed files; returns the count."""
+    import gzip
+    import json
+
+    names = ["a.jsonl", "b.jsonl.gz", "C.JSONL", "d.Json", "e.JSONL.GZ", "sub/f.jsonl.gz"]
+    for k, name in enumerate(names):
+        body = "".join(json.dumps({"text": f"document {k}.{i}"}) + "\n" for i in range(5)).encode()
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(body, mtime=0) if name.lower().endswith(".gz") else body)
+    return 5 * len(names)
+
+
+def test_a_directory_corpus_reads_compressed_and_upper_case_files(tmp_path) -> None:
+    from detsampler.text.corpus import load_corpus
+
+    corpus = tmp_path / "corpus"
+    n = _write_corpus(corpus)
+    ds = load_corpus(corpus, cache_dir=tmp_path / "cache")
+    assert len(ds) == n == 30
+    assert sorted(ds["text"]) == sorted(f"document {k}.{i}" for k in range(6) for i in range(5))
+
+
+def test_a_directory_corpus_refuses_files_it_cannot_read(tmp_path) -> None:
+    from detsampler.text.corpus import load_corpus
+
+    corpus = tmp_path / "corpus"
+    _write_corpus(corpus)
+    (corpus / "notes.csv").write_text("a,b\n")
+    (corpus / "x.jsonl.zip").write_bytes(b"PK")
+    with pytest.raises(ValueError) as info:
+        load_corpus(corpus, cache_dir=tmp_path / "cache")
+    assert str(info.value) == (
+        f"data: {str(corpus)!r} holds 2 file(s) of no readable kind: 'notes.csv', 'x.jsonl.zip' (readable: .json,"
+        " .jsonl, .md, .parquet, .text, .txt, any case, compressed with .bz2, .gz or .xz); move them out or pass the"
+        " files to read"
+    )
+
+
+def test_verify_tokens_without_stored_tokens_says_what_it_checked(capsys, tmp_path, small_tokenizer) -> None:
+    from detsampler.cli import main
+
+    argv = ["--max-documents", "8", "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path)]
+    assert main(["verify", "--steps", "0:2", "--no-store-tokens", "--tokens", "--seq-len", "64", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "every chunk checksum and sha256 verified" not in out
+    assert out.splitlines()[0] == (
+        "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no tokens"
+        " (--no-store-tokens): the text is tokenized on the fly, no token was checked"
+    ), out

@@ -32,12 +32,22 @@ def verify_files(index: Any) -> None:
 
 
 def verified_line(index: Any) -> str:
-    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked)."""
+    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked, and an
+    index that stores no tokens as having none to check)."""
     from detsampler.index import TokenIndex
 
     parts = getattr(index, "shards", [index])
     checked = [part for part in parts if isinstance(part, TokenIndex)]
-    line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in checked)} tokens)"
+    stored = [part for part in checked if part.tokens is not None]
+    if checked and not stored:
+        line = (
+            "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no tokens"
+            " (--no-store-tokens): the text is tokenized on the fly, no token was checked"
+        )
+    else:
+        line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in stored)} tokens)"
+        if len(stored) < len(checked):
+            line += f"; {len(checked) - len(stored)} shard(s) store no tokens: their lengths and offsets verified"
     if len(checked) < len(parts):
         line += f"; {len(parts) - len(checked)} pre-tokenized file(s) record no checksum: not verified"
     return line
