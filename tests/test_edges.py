@@ -181,3 +181,61 @@ def test_verify_tokens_without_stored_tokens_says_what_it_checked(capsys, tmp_pa
         "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no tokens"
         " (--no-store-tokens): the text is tokenized on the fly, no token was checked"
     ), out
+
+
+def test_a_long_verify_prints_progress(capsys, monkeypatch, tmp_path, small_tokenizer) -> None:
+    import detsampler.verify
+    from detsampler.cli import main
+
+    monkeypatch.setattr(detsampler.verify, "PROGRESS_STEPS", 4)
+    argv = ["--max-documents", "8", "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path)]
+    assert main(["verify", "--steps", "0:10", "--seq-len", "64", *argv]) == 0
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("verify: ")]
+    assert progress == [
+        "verify: checking the micro batches: 4 of 10 steps (40%)",
+        "verify: checking the micro batches: 8 of 10 steps (80%)",
+        "verify: reading the steps' positions: 4 of 10 steps (40%)",
+        "verify: reading the steps' positions: 8 of 10 steps (80%)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "--steps", "-1:5"], "argument --steps: expected 0 <= A < B, got '-1:5'"),
+        (
+            ["verify", "--steps", "0:2", "--mixture-data", "a,b", "--mixture-weights", "-1,2"],
+            "detsampler: error: weights[0] must be >= 0, got '-1'",
+        ),
+        (["build", "--seq-len", "64"], "--seq-len shapes the layout that only --layout builds: add --layout"),
+        (["build", "--kind", "document", "--window-docs", "9"], "--kind, --window-docs shape the layout that only"),
+        (["build", "--num-shards", "4"], "--num-shards counts the tasks of --shard I: add --shard I"),
+        (["build", "--shard", "auto", "--num-shards", "4"], "--num-shards counts the tasks of --shard I: add --shard"),
+        (["build", "--engine", "ray"], "--engine chooses how --sharded builds its shards: add --sharded"),
+        (["build", "--from", "zzz", "/nonexistent"], "--from: unknown kind 'zzz'; kinds are megatron, olmo,"),
+    ],
+)
+def test_cli_misuse_is_one_accurate_line(capsys, tmp_path, argv: list[str], message: str) -> None:
+    line = _cli_error(capsys, *argv, "--cache-dir", str(tmp_path))
+    assert message in line, line
+    assert "expected one argument" not in line
+
+
+def test_a_ray_task_failure_is_the_task_s_own_one_line(capsys, monkeypatch, tmp_path, small_tokenizer) -> None:
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    import detsampler.index.shards
+
+    def failing(*args, **kwargs):
+        cause = ValueError("data: 'corpus/a.jsonl' cannot be read as json files: JSONDecodeError")
+        traceback = "Traceback (most recent call last):\n  \x1b[36mray::build_one()\x1b[39m\nValueError: ..."
+        raise ray_exceptions.RayTaskError("build_one", traceback, cause).as_instanceof_cause()
+
+    monkeypatch.setattr(detsampler.index.shards, "build_shards_ray", failing)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text('{"text": "x"}\n')
+    line = _cli_error(
+        capsys, "build", "--sharded", "--engine", "ray", "--data", str(corpus), "--tokenizer",
+        str(small_tokenizer.path), "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert line == "detsampler: error: data: 'corpus/a.jsonl' cannot be read as json files: JSONDecodeError"

@@ -41,6 +41,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
+    _refuse_ignored(args)
     if args.shard is not None or args.finalize or args.sharded:
         from detsampler.cli.shards import cmd_build_sharded
 
@@ -104,6 +105,38 @@ def cmd_build(args: argparse.Namespace) -> int:
         ]
     )
     return 0
+
+
+_LAYOUT_OPTIONS = {
+    "kind": "--kind",
+    "seq_len": "--seq-len",
+    "layout_seed": "--layout-seed",
+    "window_docs": "--window-docs",
+}
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """A ValueError for an option given without the partner that uses it (it would be ignored), or an unknown
+    ``--from`` kind."""
+    from detsampler.index.sources import SOURCE_KINDS
+
+    explicit = getattr(args, "explicit", set())
+    layout = [flag for dest, flag in _LAYOUT_OPTIONS.items() if dest in explicit]
+    if layout and not args.layout:
+        verb = "shapes" if len(layout) == 1 else "shape"
+        raise ValueError(
+            f"{', '.join(layout)} {verb} the layout that only --layout builds: add --layout, or leave "
+            f"{'it' if len(layout) == 1 else 'them'} out"
+        )
+    if "num_shards" in explicit and (args.shard is None or args.shard == "auto"):
+        raise ValueError(
+            "--num-shards counts the tasks of --shard I: add --shard I, or leave it out (--shard auto reads"
+            " $WORLD_SIZE; --sharded builds every shard)"
+        )
+    if "engine" in explicit and not args.sharded:
+        raise ValueError("--engine chooses how --sharded builds its shards: add --sharded, or leave it out")
+    if args.source is not None and args.source[0] not in SOURCE_KINDS:
+        raise ValueError(f"--from: unknown kind {args.source[0]!r}; kinds are {', '.join(SOURCE_KINDS)}")
 
 
 def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:

@@ -7,6 +7,7 @@ index options.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from detsampler.cli.options import (
@@ -18,7 +19,7 @@ from detsampler.cli.options import (
 )
 from detsampler.layout import LAYOUT_KINDS
 
-__all__ = ["build_parser", "explicit_options", "non_negative_int"]
+__all__ = ["build_parser", "explicit_options", "join_negative_values", "non_negative_int"]
 
 
 def non_negative_int(text: str) -> int:
@@ -142,6 +143,38 @@ def _add_build_command(sub: Any) -> None:
         default="local",
         help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)",
     )
+
+
+def _one_value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings of ``parser`` and its subcommands that take exactly one value."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _one_value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            found.update(action.option_strings)
+    return found
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with each option that takes one value and is followed by a negative-looking value (``--steps -1:5``,
+    ``--mixture-weights -1,2``) written as ``--option=value``, so that argparse passes the value to the option's check
+    (which names what is wrong) instead of taking it for an option ("expected one argument")."""
+    takes_one = _one_value_options(build_parser())
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in takes_one and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        if argv[i] == "--":
+            out.extend(argv[i:])
+            break
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def explicit_options(argv: list[str]) -> set[str]:
