@@ -239,3 +239,42 @@ def test_a_ray_task_failure_is_the_task_s_own_one_line(capsys, monkeypatch, tmp_
         str(small_tokenizer.path), "--cache-dir", str(tmp_path / "cache"),
     )  # fmt: skip
     assert line == "detsampler: error: data: 'corpus/a.jsonl' cannot be read as json files: JSONDecodeError"
+
+
+# -- paper cuts
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_train_reads_the_text_column_of_json_lines(tmp_path) -> None:
+    import gzip
+    import json
+
+    from detsampler.text.tokenizer import read_training_texts
+
+    docs = [f"def f{i}(x):\n    return x + {i}\n" for i in range(4)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs[:2])))
+    (tmp_path / "b.JSONL.gz").write_bytes(
+        gzip.compress("".join(json.dumps({"body": d}) + "\n" for d in docs[2:]).encode())
+    )
+    (tmp_path / "c.txt").write_text("plain text\n")
+    assert read_training_texts([tmp_path], "body") == [*docs, "plain text\n"]
+    with pytest.raises(ValueError) as info:
+        read_training_texts([tmp_path / "a.jsonl"], "text")
+    assert str(info.value) == (
+        f"tokenizer train: {str(tmp_path / 'a.jsonl')!r} line 1 has no 'text' column (columns: body, id); pass"
+        " --text-column"
+    )
+
+
+def test_tokenizer_train_hf_bpe_refuses_a_json_file_name_for_its_directory(capsys, tmp_path) -> None:
+    (tmp_path / "in.txt").write_text("some text\n")
+    line = _cli_error(
+        capsys, "tokenizer", "train", "--kind", "hf-bpe", "--input", str(tmp_path / "in.txt"), "--vocab-size", "300",
+        "--out", str(tmp_path / "tokenizer.json"),
+    )  # fmt: skip
+    assert line == (
+        f"detsampler: error: tokenizer train: --kind hf-bpe writes a directory (tokenizer.json and"
+        f" tokenizer_config.json in it), got --out {str(tmp_path / 'tokenizer.json')!r}, a .json file name: pass the"
+        " directory to write"
+    )
+    assert not (tmp_path / "tokenizer.json").exists()

@@ -16,15 +16,22 @@ __all__ = ["cmd_build", "cmd_tokenizer_train"]
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train a sentencepiece model or a Hugging Face BPE tokenizer.json and print its path, sha256 and special ids."""
+    from detsampler.text.tokenizer import read_training_texts
+
+    if args.kind == "hf-bpe" and args.out.lower().endswith(".json"):
+        raise ValueError(
+            "tokenizer train: --kind hf-bpe writes a directory (tokenizer.json and tokenizer_config.json in it), got"
+            f" --out {args.out!r}, a .json file name: pass the directory to write"
+        )
+    texts = read_training_texts(args.input, args.text_column)
     if args.kind == "hf-bpe":
         from detsampler.text.hf import train_hf_bpe
-        from detsampler.text.tokenizer import read_inputs
 
-        tok = train_hf_bpe(read_inputs(args.input), args.vocab_size, args.out)
+        tok = train_hf_bpe(texts, args.vocab_size, args.out)
     else:
         from detsampler.text.tokenizer import train_tokenizer
 
-        tok = train_tokenizer(args.input, args.vocab_size, args.out)
+        tok = train_tokenizer(None, args.vocab_size, args.out, texts=texts)
     print_rows(
         [
             ("model", tok.path),

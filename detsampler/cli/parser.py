@@ -76,7 +76,20 @@ def _add_tokenizer_command(sub: Any) -> None:
         help="the tokenizer to train (default: %(default)s)",
     )
     train.add_argument(
-        "--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)"
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILES_OR_DIR",
+        help=(
+            "files or directories (read recursively): of json/jsonl/parquet files (compressed or not), the"
+            " --text-column of each record; of any other file, its whole text"
+        ),
+    )
+    train.add_argument(
+        "--text-column",
+        default="text",
+        metavar="NAME",
+        help="the column of json/jsonl/parquet records to train on (default: %(default)s)",
     )
     train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
     train.add_argument(
