@@ -278,3 +278,18 @@ def test_tokenizer_train_hf_bpe_refuses_a_json_file_name_for_its_directory(capsy
         " directory to write"
     )
     assert not (tmp_path / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_build_logged_to_a_file_draws_no_progress_bars(capsys, tmp_path, small_tokenizer, quiet: bool) -> None:
+    from detsampler.cli import main
+
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(3)))
+    argv = ["build", "--data", str(tmp_path / "c.jsonl"), "--tokenizer", str(small_tokenizer.path)]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache"), *(["--quiet"] if quiet else [])]) == 0
+    captured = capsys.readouterr()
+    assert "documents            3" in captured.out
+    if quiet:
+        assert captured.err == ""
+    else:
+        assert captured.err == f"detsampler: hashing 1 corpus file(s), 0.0 MB, under {tmp_path / 'c.jsonl'}\n"

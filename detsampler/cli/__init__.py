@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from detsampler.cli.build import cmd_build, cmd_tokenizer_train
+from detsampler.cli.inputs import quiet_progress
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser, explicit_options, join_negative_values
 from detsampler.cli.show import cmd_show
@@ -44,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("show", "verify", "stats", "build"):
         args.explicit = explicit_options(argv)  # --checkpoint refuses an option that contradicts it, default or not
-    show_library_log()
+    quiet_progress(getattr(args, "quiet", False))
+    show_library_log(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats}
     try:
         if args.command == "tokenizer":

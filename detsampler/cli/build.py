@@ -7,7 +7,7 @@ import argparse
 import json
 from collections import Counter
 
-from detsampler.cli.inputs import prepare
+from detsampler.cli.inputs import prepare, show_progress
 from detsampler.cli.options import layout_config
 from detsampler.cli.report import fmt_int, print_rows, rel
 
@@ -59,7 +59,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args, verify_tokens=args.verify_tokens)
     if args.layout:
-        layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()
     if "source_kind" in summary:

@@ -18,7 +18,35 @@ from detsampler.plan import Plan
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
-__all__ = ["mixture_plan", "prepare", "prepare_sources", "verified_line", "verify_files"]
+__all__ = [
+    "mixture_plan",
+    "prepare",
+    "prepare_sources",
+    "quiet_progress",
+    "show_progress",
+    "verified_line",
+    "verify_files",
+]
+
+_QUIET = False
+
+
+def quiet_progress(quiet: bool) -> None:
+    """Progress bars (ours, and Hugging Face's "Generating train split") only on a terminal and without ``--quiet``:
+    a log file gets none of their carriage-return lines."""
+    global _QUIET
+    _QUIET = quiet or not sys.stderr.isatty()
+    if _QUIET:
+        import os
+
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
+
+
+def show_progress() -> bool:
+    """Whether to draw progress bars (see :func:`quiet_progress`)."""
+    return not _QUIET and sys.stderr.isatty()
 
 
 def verify_files(index: Any) -> None:
@@ -58,7 +86,7 @@ def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
     token sha256 checked."""
     from detsampler.index.prepare import prepare_index
 
-    prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
+    prepared = prepare_index(index_config(args), progress=show_progress())
     # a pre-tokenized source has no recorded token checksum
     if (verify_tokens and prepared.dataset is not None) or (verify_tokens and hasattr(prepared.index, "shards")):
         verify_files(prepared.index)
@@ -69,7 +97,7 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     """One prepared index per mixture source, all with the same tokenizer."""
     from detsampler.index.prepare import prepare_sources as prepare_all
 
-    return prepare_all(index_config(args), config.sources, progress=sys.stderr.isatty())
+    return prepare_all(index_config(args), config.sources, progress=show_progress())
 
 
 def mixture_plan(

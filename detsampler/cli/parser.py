@@ -55,7 +55,7 @@ def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
     add_mixture_options(p)
 
 
-def _add_tokenizer_command(sub: Any) -> None:
+def _add_tokenizer_command(sub: Any) -> argparse.ArgumentParser:
     """``detsampler tokenizer train``."""
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -98,9 +98,10 @@ def _add_tokenizer_command(sub: Any) -> None:
         metavar="PATH",
         help="where to write the .model file (sentencepiece) or the tokenizer directory (hf-bpe)",
     )
+    return train
 
 
-def _add_build_command(sub: Any) -> None:
+def _add_build_command(sub: Any) -> argparse.ArgumentParser:
     """``detsampler build``: the index options, and how to print."""
     build = sub.add_parser(
         "build",
@@ -156,6 +157,7 @@ def _add_build_command(sub: Any) -> None:
         default="local",
         help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)",
     )
+    return build
 
 
 def _one_value_options(parser: argparse.ArgumentParser) -> set[str]:
@@ -223,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    _add_tokenizer_command(sub)
-    _add_build_command(sub)
+    train = _add_tokenizer_command(sub)
+    build = _add_build_command(sub)
 
     show = sub.add_parser(
         "show",
@@ -294,4 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
+    for command in (train, build, show, verify, stats):
+        command.add_argument(
+            "--quiet",
+            action="store_true",
+            help="print no progress bars and no log lines, only the result and errors (bars are off anyway when"
+            " stderr is not a terminal)",
+        )
     return parser

@@ -120,7 +120,8 @@ def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokeni
         ]
     )
     if args.layout:
+        from detsampler.cli.inputs import show_progress
         from detsampler.cli.options import layout_config
 
-        layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
