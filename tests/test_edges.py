@@ -293,3 +293,17 @@ def test_a_build_logged_to_a_file_draws_no_progress_bars(capsys, tmp_path, small
         assert captured.err == ""
     else:
         assert captured.err == f"detsampler: hashing 1 corpus file(s), 0.0 MB, under {tmp_path / 'c.jsonl'}\n"
+
+
+def test_skip_ranges_are_spelled_inclusively(capsys, tmp_path) -> None:
+    from detsampler.cli.options import _skip_ranges
+
+    assert _skip_ranges("100..199,300..300") == [(100, 199), (300, 300)]
+    line = _cli_error(capsys, "verify", "--steps", "0:2", "--skip-steps", "100:199", "--cache-dir", str(tmp_path))
+    assert line == (
+        "detsampler verify: error: argument --skip-steps: expected FIRST..LAST[,FIRST..LAST...] (inclusive data steps),"
+        " e.g. 100..199, got '100:199': skip ranges include LAST, so they are written FIRST..LAST (A:B, as in --steps,"
+        " stops before B)"
+    )
+    line = _cli_error(capsys, "verify", "--steps", "0:2", "--skip-steps", "5..x", "--cache-dir", str(tmp_path))
+    assert line.endswith("e.g. 100..199, got '5..x'")
