@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from detsampler import LayoutConfig, Plan
 from detsampler.layout import make_layout
@@ -18,6 +20,22 @@ def _plan(seed) -> Plan:
 def test_a_numpy_integer_seed_is_the_same_seed() -> None:
     assert np.array_equal(_plan(np.int64(7)).global_batch(3), _plan(7).global_batch(3))
     assert _plan(np.int64(7)).seed == 7 and type(_plan(np.int64(7)).seed) is int
+
+
+INT_DTYPES = st.sampled_from([np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+
+
+@given(dtype=INT_DTYPES, seed=st.integers(0, 127), step=st.integers(0, 50))
+def test_an_integer_seed_of_any_numpy_type_is_that_integer(dtype, seed: int, step: int) -> None:
+    assert np.array_equal(_plan(dtype(seed)).global_batch(step), _plan(seed).global_batch(step))
+
+
+@given(dtype=INT_DTYPES, ids=st.lists(st.integers(0, 127), max_size=8), kind=st.sampled_from(["concat", "document"]))
+def test_locate_reads_the_same_spans_for_any_integer_dtype(dtype, ids: list[int], kind: str) -> None:
+    layout = make_layout(LayoutConfig(kind=kind, seq_len=4), LENGTHS)
+    ids = [i % layout.num_samples for i in ids]
+    got, want = layout.locate(np.array(ids, dtype=dtype)), layout.locate(np.array(ids, dtype=np.int64))
+    assert [got.sample(i) for i in range(len(ids))] == [want.sample(i) for i in range(len(ids))]
 
 
 @pytest.mark.parametrize(
