@@ -325,3 +325,40 @@ def test_skip_ranges_are_spelled_inclusively(capsys, tmp_path) -> None:
     )
     line = _cli_error(capsys, "verify", "--steps", "0:2", "--skip-steps", "5..x", "--cache-dir", str(tmp_path))
     assert line.endswith("e.g. 100..199, got '5..x'")
+
+
+def test_a_refused_build_leaves_no_lock_file(capsys, tmp_path, small_tokenizer) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": null}\n')
+    (tmp_path / "good.jsonl").write_text('{"text": "ok"}\n')
+    cache = tmp_path / "cache"
+    argv = ["--tokenizer", str(small_tokenizer.path), "--cache-dir", str(cache)]
+    line = _cli_error(capsys, "build", "--data", str(tmp_path / "bad.jsonl"), *argv)
+    assert "document 1: column 'text' holds None" in line
+    from detsampler.cli import main
+
+    assert main(["build", "--data", str(tmp_path / "good.jsonl"), *argv]) == 0
+    assert sorted(p.name for p in cache.glob("*.lock")) == []
+    assert len(list(cache.glob("index-*/meta.json"))) == 1
+
+
+def test_the_removable_lock_excludes_and_leaves_no_file(tmp_path) -> None:
+    import threading
+
+    from detsampler.atomic import removable_lock
+
+    path, inside, overlaps = tmp_path / "x.lock", [], []
+
+    def hold(k: int) -> None:
+        for _ in range(20):
+            with removable_lock(path):
+                inside.append(k)
+                if len(inside) > 1:
+                    overlaps.append(list(inside))
+                inside.remove(k)
+
+    threads = [threading.Thread(target=hold, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [] and not path.exists()
