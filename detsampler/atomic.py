@@ -8,12 +8,14 @@ the same directory, renamed over ``path``); a failed write leaves ``path`` as it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir", "fsync_file", "temporary_name"]
+__all__ = ["atomic_write", "fsync_dir", "fsync_file", "removable_lock", "temporary_name"]
 
 # fsync of a directory is not supported everywhere (some network and FUSE filesystems): nothing more can be done there.
 _UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EISDIR, errno.EACCES}
@@ -63,3 +65,45 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def removable_lock(path: str | os.PathLike) -> Iterator[None]:
+    """An exclusive lock (``flock``) on the file ``path``, removed when the lock is released, so that a build, refused
+    or done, leaves no lock file behind.
+
+    Removing a lock file is safe only because every holder checks, once it holds the lock, that ``path`` still names
+    the file it locked (a waiter that locked a file removed meanwhile retries on the new one). Where ``flock`` does not
+    exist the lock is a ``filelock.FileLock`` whose file stays.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        from filelock import FileLock
+
+        with FileLock(str(path)):
+            yield
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            mine = os.fstat(fd)
+            try:
+                now = os.stat(path)
+                same = (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)  # the file was removed by the holder before us: lock the new one
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)  # before the release: a waiter on this file then sees it gone and retries
+        finally:
+            os.close(fd)

@@ -142,6 +142,9 @@ class Layout(Protocol):
         """Counts and configuration, for summaries and fingerprints."""
 
 
+MAX_TOKENS = 2**62  # token positions (documents with their EOS, in all) are int64, with room to spare
+
+
 def _check_lengths(lengths: np.ndarray) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.ndim != 1:
@@ -152,15 +155,31 @@ def _check_lengths(lengths: np.ndarray) -> np.ndarray:
         raise ValueError(f"document lengths must be integers, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise ValueError(f"document lengths must be >= 0, got {int(arr.min())} for document {int(np.argmin(arr))}")
-    return arr.astype(np.int64, copy=False)
+    if arr.max() > MAX_TOKENS:  # compared in the array's own dtype: a uint64 above 2**63 never wraps to negative here
+        raise ValueError(f"document lengths must be <= 2**62, got {int(arr.max())} for document {int(np.argmax(arr))}")
+    arr = arr.astype(np.int64, copy=False)
+    # exact in int64 whatever the values (each half of a length below 2**31, fewer than 2**32 documents)
+    high, low = arr >> 31, arr & ((1 << 31) - 1)
+    total = (int(high.sum()) << 31) + int(low.sum()) + len(arr)
+    if total > MAX_TOKENS:
+        raise ValueError(
+            f"the documents hold {total} tokens with EOS in all; at most 2**62 = {MAX_TOKENS}, so that token positions"
+            " fit in int64"
+        )
+    return arr
 
 
 def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
-    ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
-    if ids.size and (ids.min() < 0 or ids.max() >= num_samples):
-        bad = int(ids[(ids < 0) | (ids >= num_samples)][0])
-        raise ValueError(f"Got sample id {bad}, allowed sample ids are in [0, {num_samples})")
-    return ids
+    raw = np.asarray(sample_ids)
+    if raw.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if raw.dtype.kind not in "iu":
+        raise ValueError(f"Got sample ids of dtype {raw.dtype}, sample ids must be integers")
+    raw = raw.reshape(-1)
+    bad = (raw < 0) | (raw >= num_samples)  # in the ids' own dtype: a uint64 never wraps to a valid id
+    if bad.any():
+        raise ValueError(f"Got sample id {int(raw[bad][0])}, allowed sample ids are in [0, {num_samples})")
+    return raw.astype(np.int64, copy=False)
 
 
 def document_order(num_documents: int, seed: int) -> np.ndarray:

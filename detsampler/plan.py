@@ -89,6 +89,7 @@ class EpochStream:
 
     def __post_init__(self) -> None:
         check_int(self.num_samples, "num_samples (int64 sample ids)", minimum=1, maximum=2**62)
+        object.__setattr__(self, "seed", check_int(self.seed, "seed"))
         check_mapping_version(self.mapping_version)
 
     @cached_property
@@ -219,6 +220,7 @@ class Plan:
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", check_int(self.seed, "seed"))
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
             check_int(getattr(self, name), name, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
         object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))

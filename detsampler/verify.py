@@ -10,7 +10,8 @@ nothing is estimated. Numpy only (the CLI parses and prints around these).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,21 @@ def _epoch_row(epoch: int, read: np.ndarray, skipped: np.ndarray | None, n: int,
     }
 
 
+logger = logging.getLogger("detsampler")
+
+PROGRESS_STEPS = 1 << 18  # a progress line every this many steps (each check costs tens of microseconds a step)
+
+
+def _steps(start: int, stop: int, what: str) -> Iterator[int]:
+    """``range(start, stop)``, logging a progress line every :data:`PROGRESS_STEPS` steps of a longer range."""
+    total = stop - start
+    for step in range(start, stop):
+        done = step - start
+        if done and done % PROGRESS_STEPS == 0:
+            logger.info("verify: %s: %d of %d steps (%.0f%%)", what, done, total, 100 * done / total)
+        yield step
+
+
 def _rows_ok(rows: Any) -> bool:
     return all(r["duplicates"] == 0 and not r["gaps"] for r in rows)
 
@@ -69,7 +85,7 @@ def _data_spans(plan: Plan, start: int, stop: int) -> list[list[int]]:
     """The positions of training steps [start, stop) as maximal runs ``[lo, hi)``: the data steps they read, without the
     skipped ones."""
     spans: list[list[int]] = []
-    for step in range(start, stop):
+    for step in _steps(start, stop, "reading the steps' positions"):
         lo = plan.consumed(step)
         if spans and spans[-1][1] == lo:
             spans[-1][1] = lo + plan.batch_size(step)
@@ -126,7 +142,9 @@ def verify_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16) -> dict
     n = plan.stream.num_samples
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [
-        step for step in range(start, stop) if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
+        step
+        for step in _steps(start, stop, "checking the micro batches")
+        if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
     ]
     read_spans = _data_spans(plan, start, stop)
     skipped_spans, skipped = _skipped(plan, start, stop, read_spans)
@@ -175,7 +193,9 @@ def verify_mixture_plan(plan: Plan, start: int, stop: int, chunk: int = 1 << 16)
     mixture = plan.stream
     first, last = plan.consumed(start), plan.consumed(stop)
     position_problems = [
-        step for step in range(start, stop) if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
+        step
+        for step in _steps(start, stop, "checking the micro batches")
+        if not _partitions_step(plan, step, _micro_batch_positions(plan, step))
     ]
     read_spans = _data_spans(plan, start, stop)
     skipped_spans, skipped = _skipped(plan, start, stop, read_spans)

@@ -158,7 +158,7 @@ def test_a_flag_contradicting_the_checkpoint_is_refused_even_at_its_default(caps
         ("--kind", "concat", "concat", "bestfit"),
         ("--seq-len", "32", "32", "64"),
         ("--global-batch-size", "16", "16", "8"),
-        ("--skip-steps", "2:4", "[[2,4]]", "[[2,3]]"),
+        ("--skip-steps", "2..4", "[[2,4]]", "[[2,3]]"),
         ("--mapping-version", "1", "1", "2"),
     ):
         err = _refused(capsys, ["verify", "--checkpoint", ckpt, flag, value])
@@ -350,7 +350,7 @@ def test_audit_of_a_trainer_mixture_checkpoint(capsys, tmp_path, setup):
         *("--mixture-data", ",".join(paths), "--mixture-weights", ",".join(map(str, WEIGHTS))),
         *("--mixture-names", ",".join(NAMES), "--mixture-seed", str(M_SEED), "--seed", str(M_SEED)),
         *("--layout-seed", str(M_SEED), "--kind", "concat", "--seq-len", str(M_SEQ_LEN)),
-        *("--global-batch-size", str(M_GBS), "--micro-batch-size", str(M_MBS), "--skip-steps", "1:1"),
+        *("--global-batch-size", str(M_GBS), "--micro-batch-size", str(M_MBS), "--skip-steps", "1..1"),
     ]
     code, out, _ = _run(capsys, ["stats", *flags, "--step", "4", "--json"])
     by_flags = json.loads(out)
@@ -374,7 +374,7 @@ def test_audit_of_a_trainer_mixture_checkpoint(capsys, tmp_path, setup):
 
 def test_stats_by_options_splits_trained_from_skipped_tokens(capsys, cache_root, small_tokenizer, small_index):
     base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
-    opts = ["--seq-len", "64", "--kinds", "bestfit", "--global-batch-size", "8", "--skip-steps", "1:2", "--step", "5"]
+    opts = ["--seq-len", "64", "--kinds", "bestfit", "--global-batch-size", "8", "--skip-steps", "1..2", "--step", "5"]
     code, out, _ = _run(capsys, ["stats", *base, *opts, "--json"])
     layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
     plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2, skip_steps=[(1, 2)])

@@ -180,7 +180,7 @@ def test_tokenizer_train_to_an_unwritable_place(capsys, tmp_path: Path, out: str
     "argv, message",
     [
         (["show", "--step", str(2**60)], "step must be <= 2**40"),
-        (["verify", "--steps", "0:2", "--skip-steps", f"0:{10**20}"], "ends after the last possible data step"),
+        (["verify", "--steps", "0:2", "--skip-steps", f"0..{10**20}"], "ends after the last possible data step"),
         (
             ["verify", "--steps", "0:2", "--global-batch-size", str(2**40)],
             "global_batch_size must be an integer <= 4194304",

@@ -259,7 +259,7 @@ def test_verify_with_skip_steps_reports_skipped_data_not_gaps(capsys, base_args,
     ]
     layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
     steps = 2 * layout.num_samples // 8
-    code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--skip-steps", "2:3", "--steps", f"0:{steps}"])
+    code, out, _ = _run(capsys, ["verify", *base_args, *opts, "--skip-steps", "2..3", "--steps", f"0:{steps}"])
     assert code == 0 and "OK: no duplicates, no gaps" in out, out
     assert "skipped: data steps 2..3 (16 positions, never trained on" in out
     assert "16 skipped, duplicates 0, gaps 0, complete" in out

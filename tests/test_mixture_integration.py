@@ -82,7 +82,18 @@ def _plan(layouts, schedule=None, skip_steps=None, seed=0) -> Plan:
 
 
 def test_show_names_each_samples_source_and_source_epoch(capsys, mixture_args, mixture_layouts):
-    argv = ["show", *mixture_args, "--mixture-schedule", "3:1,1,1", "--skip-steps", "4:5", "--step", "6", "--rank", "1"]
+    argv = [
+        "show",
+        *mixture_args,
+        "--mixture-schedule",
+        "3:1,1,1",
+        "--skip-steps",
+        "4..5",
+        "--step",
+        "6",
+        "--rank",
+        "1",
+    ]
     code, out = _run(capsys, argv)
     assert code == 0 and "(data step 8)" in out and "weights 1/3, 1/3, 1/3" in out
     plan = _plan(mixture_layouts, [(3, [1, 1, 1])], [(4, 5)])
@@ -130,7 +141,7 @@ def test_mixture_options_bad_input(capsys, mixture_args, mixture_paths):
         (["stats", *mixture_args, "--mixture-weights", "1,1"], "one weight per source (3)"),
         (["stats", *mixture_args, "--mixture-weights", "1,-1,1"], "must be >= 0"),
         (["stats", *mixture_args, "--data", mixture_paths[0]], "not both"),
-        (["show", *mixture_args, "--step", "0", "--skip-steps", "5:3"], "reversed"),
+        (["show", *mixture_args, "--step", "0", "--skip-steps", "5..3"], "reversed"),
         (
             ["show", *mixture_args, "--step", "0", "--mixture-schedule", "2:1,1,1", "--mixture-schedule", "2:1,2,1"],
             "strictly increasing",

@@ -28,8 +28,9 @@ import sys
 from collections.abc import Sequence
 
 from detsampler.cli.build import cmd_build, cmd_tokenizer_train
+from detsampler.cli.inputs import quiet_progress
 from detsampler.cli.options import OPTION_FIELDS
-from detsampler.cli.parser import build_parser, explicit_options
+from detsampler.cli.parser import build_parser, explicit_options, join_negative_values
 from detsampler.cli.show import cmd_show
 from detsampler.cli.stats import cmd_stats
 from detsampler.cli.verify import cmd_verify
@@ -40,11 +41,12 @@ __all__ = ["OPTION_FIELDS", "build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``detsampler`` entry point. Bad input is reported as ``detsampler: error: ...`` with exit status 2."""
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    if args.command in ("show", "verify", "stats"):
+    if args.command in ("show", "verify", "stats", "build"):
         args.explicit = explicit_options(argv)  # --checkpoint refuses an option that contradicts it, default or not
-    show_library_log()
+    quiet_progress(getattr(args, "quiet", False))
+    show_library_log(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats}
     try:
         if args.command == "tokenizer":

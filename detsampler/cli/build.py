@@ -7,7 +7,7 @@ import argparse
 import json
 from collections import Counter
 
-from detsampler.cli.inputs import prepare
+from detsampler.cli.inputs import prepare, show_progress
 from detsampler.cli.options import layout_config
 from detsampler.cli.report import fmt_int, print_rows, rel
 
@@ -16,15 +16,22 @@ __all__ = ["cmd_build", "cmd_tokenizer_train"]
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train a sentencepiece model or a Hugging Face BPE tokenizer.json and print its path, sha256 and special ids."""
+    from detsampler.text.tokenizer import read_training_texts
+
+    if args.kind == "hf-bpe" and args.out.lower().endswith(".json"):
+        raise ValueError(
+            "tokenizer train: --kind hf-bpe writes a directory (tokenizer.json and tokenizer_config.json in it), got"
+            f" --out {args.out!r}, a .json file name: pass the directory to write"
+        )
+    texts = read_training_texts(args.input, args.text_column)
     if args.kind == "hf-bpe":
         from detsampler.text.hf import train_hf_bpe
-        from detsampler.text.tokenizer import read_inputs
 
-        tok = train_hf_bpe(read_inputs(args.input), args.vocab_size, args.out)
+        tok = train_hf_bpe(texts, args.vocab_size, args.out)
     else:
         from detsampler.text.tokenizer import train_tokenizer
 
-        tok = train_tokenizer(args.input, args.vocab_size, args.out)
+        tok = train_tokenizer(None, args.vocab_size, args.out, texts=texts)
     print_rows(
         [
             ("model", tok.path),
@@ -41,6 +48,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
+    _refuse_ignored(args)
     if args.shard is not None or args.finalize or args.sharded:
         from detsampler.cli.shards import cmd_build_sharded
 
@@ -51,7 +59,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args, verify_tokens=args.verify_tokens)
     if args.layout:
-        layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()
     if "source_kind" in summary:
@@ -104,6 +112,38 @@ def cmd_build(args: argparse.Namespace) -> int:
         ]
     )
     return 0
+
+
+_LAYOUT_OPTIONS = {
+    "kind": "--kind",
+    "seq_len": "--seq-len",
+    "layout_seed": "--layout-seed",
+    "window_docs": "--window-docs",
+}
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """A ValueError for an option given without the partner that uses it (it would be ignored), or an unknown
+    ``--from`` kind."""
+    from detsampler.index.sources import SOURCE_KINDS
+
+    explicit = getattr(args, "explicit", set())
+    layout = [flag for dest, flag in _LAYOUT_OPTIONS.items() if dest in explicit]
+    if layout and not args.layout:
+        verb = "shapes" if len(layout) == 1 else "shape"
+        raise ValueError(
+            f"{', '.join(layout)} {verb} the layout that only --layout builds: add --layout, or leave "
+            f"{'it' if len(layout) == 1 else 'them'} out"
+        )
+    if "num_shards" in explicit and (args.shard is None or args.shard == "auto"):
+        raise ValueError(
+            "--num-shards counts the tasks of --shard I: add --shard I, or leave it out (--shard auto reads"
+            " $WORLD_SIZE; --sharded builds every shard)"
+        )
+    if "engine" in explicit and not args.sharded:
+        raise ValueError("--engine chooses how --sharded builds its shards: add --sharded, or leave it out")
+    if args.source is not None and args.source[0] not in SOURCE_KINDS:
+        raise ValueError(f"--from: unknown kind {args.source[0]!r}; kinds are {', '.join(SOURCE_KINDS)}")
 
 
 def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:

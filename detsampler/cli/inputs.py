@@ -18,7 +18,35 @@ from detsampler.plan import Plan
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
-__all__ = ["mixture_plan", "prepare", "prepare_sources", "verified_line", "verify_files"]
+__all__ = [
+    "mixture_plan",
+    "prepare",
+    "prepare_sources",
+    "quiet_progress",
+    "show_progress",
+    "verified_line",
+    "verify_files",
+]
+
+_QUIET = False
+
+
+def quiet_progress(quiet: bool) -> None:
+    """Progress bars (ours, and Hugging Face's "Generating train split") only on a terminal and without ``--quiet``:
+    a log file gets none of their carriage-return lines."""
+    global _QUIET
+    _QUIET = quiet or not sys.stderr.isatty()
+    if _QUIET:
+        import os
+
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
+
+
+def show_progress() -> bool:
+    """Whether to draw progress bars (see :func:`quiet_progress`)."""
+    return not _QUIET and sys.stderr.isatty()
 
 
 def verify_files(index: Any) -> None:
@@ -32,12 +60,22 @@ def verify_files(index: Any) -> None:
 
 
 def verified_line(index: Any) -> str:
-    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked)."""
+    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked, and an
+    index that stores no tokens as having none to check)."""
     from detsampler.index import TokenIndex
 
     parts = getattr(index, "shards", [index])
     checked = [part for part in parts if isinstance(part, TokenIndex)]
-    line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in checked)} tokens)"
+    stored = [part for part in checked if part.tokens is not None]
+    if checked and not stored:
+        line = (
+            "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no tokens"
+            " (--no-store-tokens): the text is tokenized on the fly, no token was checked"
+        )
+    else:
+        line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in stored)} tokens)"
+        if len(stored) < len(checked):
+            line += f"; {len(checked) - len(stored)} shard(s) store no tokens: their lengths and offsets verified"
     if len(checked) < len(parts):
         line += f"; {len(parts) - len(checked)} pre-tokenized file(s) record no checksum: not verified"
     return line
@@ -48,7 +86,7 @@ def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
     token sha256 checked."""
     from detsampler.index.prepare import prepare_index
 
-    prepared = prepare_index(index_config(args), progress=sys.stderr.isatty())
+    prepared = prepare_index(index_config(args), progress=show_progress())
     # a pre-tokenized source has no recorded token checksum
     if (verify_tokens and prepared.dataset is not None) or (verify_tokens and hasattr(prepared.index, "shards")):
         verify_files(prepared.index)
@@ -59,7 +97,7 @@ def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Pre
     """One prepared index per mixture source, all with the same tokenizer."""
     from detsampler.index.prepare import prepare_sources as prepare_all
 
-    return prepare_all(index_config(args), config.sources, progress=sys.stderr.isatty())
+    return prepare_all(index_config(args), config.sources, progress=show_progress())
 
 
 def mixture_plan(

@@ -85,7 +85,19 @@ def _schedule(text: str) -> list[tuple[int, int]]:
 
 
 def _skip_ranges(text: str) -> list[tuple[int, int]]:
-    return _int_pairs(text, "FIRST:LAST[,FIRST:LAST...] (inclusive data steps), e.g. 100:199")
+    """``FIRST..LAST[,FIRST..LAST...]``: inclusive ranges, spelled with ``..`` as the commands print them, never with
+    the ``:`` of ``--steps A:B`` (which stops before B)."""
+    expected = "FIRST..LAST[,FIRST..LAST...] (inclusive data steps), e.g. 100..199"
+    parts = [part for part in text.split(",") if part.strip()]
+    if any(":" in part for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected {expected}, got {text!r}: skip ranges include LAST, so they are written FIRST..LAST (A:B, as in"
+            " --steps, stops before B)"
+        )
+    try:
+        return _int_pairs(",".join(part.replace("..", ":", 1) for part in parts), expected)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
 def mapping_version(text: str) -> int:
@@ -299,8 +311,11 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         "--skip-steps",
         type=_skip_ranges,
         default=None,
-        metavar="A:B[,A:B...]",
-        help="data steps A..B (inclusive) never trained on: training step s reads the s-th data step outside them",
+        metavar="A..B[,A..B...]",
+        help=(
+            "data steps A..B (inclusive: A through B) never trained on: training step s reads the s-th data step"
+            " outside them"
+        ),
     )
     g.add_argument(
         "--mapping-version",

@@ -7,6 +7,7 @@ index options.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from detsampler.cli.options import (
@@ -18,7 +19,7 @@ from detsampler.cli.options import (
 )
 from detsampler.layout import LAYOUT_KINDS
 
-__all__ = ["build_parser", "explicit_options", "non_negative_int"]
+__all__ = ["build_parser", "explicit_options", "join_negative_values", "non_negative_int"]
 
 
 def non_negative_int(text: str) -> int:
@@ -54,7 +55,7 @@ def _add_plan_inputs(p: argparse.ArgumentParser) -> None:
     add_mixture_options(p)
 
 
-def _add_tokenizer_command(sub: Any) -> None:
+def _add_tokenizer_command(sub: Any) -> argparse.ArgumentParser:
     """``detsampler tokenizer train``."""
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -75,7 +76,20 @@ def _add_tokenizer_command(sub: Any) -> None:
         help="the tokenizer to train (default: %(default)s)",
     )
     train.add_argument(
-        "--input", nargs="+", required=True, metavar="FILES_OR_DIR", help="text files or directories (read recursively)"
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILES_OR_DIR",
+        help=(
+            "files or directories (read recursively): of json/jsonl/parquet files (compressed or not), the"
+            " --text-column of each record; of any other file, its whole text"
+        ),
+    )
+    train.add_argument(
+        "--text-column",
+        default="text",
+        metavar="NAME",
+        help="the column of json/jsonl/parquet records to train on (default: %(default)s)",
     )
     train.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of pieces (>= 300)")
     train.add_argument(
@@ -84,9 +98,10 @@ def _add_tokenizer_command(sub: Any) -> None:
         metavar="PATH",
         help="where to write the .model file (sentencepiece) or the tokenizer directory (hf-bpe)",
     )
+    return train
 
 
-def _add_build_command(sub: Any) -> None:
+def _add_build_command(sub: Any) -> argparse.ArgumentParser:
     """``detsampler build``: the index options, and how to print."""
     build = sub.add_parser(
         "build",
@@ -142,6 +157,39 @@ def _add_build_command(sub: Any) -> None:
         default="local",
         help="--sharded: build the shards here, one after the other (local), or one Ray task each (ray)",
     )
+    return build
+
+
+def _one_value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings of ``parser`` and its subcommands that take exactly one value."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _one_value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            found.update(action.option_strings)
+    return found
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with each option that takes one value and is followed by a negative-looking value (``--steps -1:5``,
+    ``--mixture-weights -1,2``) written as ``--option=value``, so that argparse passes the value to the option's check
+    (which names what is wrong) instead of taking it for an option ("expected one argument")."""
+    takes_one = _one_value_options(build_parser())
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in takes_one and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        if argv[i] == "--":
+            out.extend(argv[i:])
+            break
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def explicit_options(argv: list[str]) -> set[str]:
@@ -177,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    _add_tokenizer_command(sub)
-    _add_build_command(sub)
+    train = _add_tokenizer_command(sub)
+    build = _add_build_command(sub)
 
     show = sub.add_parser(
         "show",
@@ -248,4 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
+    for command in (train, build, show, verify, stats):
+        command.add_argument(
+            "--quiet",
+            action="store_true",
+            help="print no progress bars and no log lines, only the result and errors (bars are off anyway when"
+            " stderr is not a terminal)",
+        )
     return parser

@@ -83,7 +83,13 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     task = _task(args)
     todo = shard_tasks(len(files), *task) if task else (list(range(len(files))) if args.sharded else [])
     if todo and args.engine == "ray":
-        build_shards_ray(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, policy)
+        try:
+            build_shards_ray(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, policy)
+        except Exception as exc:  # a task's failure: report the task's own error, not Ray's coloured remote traceback
+            cause = getattr(exc, "cause", None)
+            if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, Exception):
+                raise cause from None
+            raise
     elif todo:
         build_shards(files, tokenizer, root, todo, args.text_column, args.num_proc, args.store_tokens, True, policy)
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
@@ -118,7 +124,8 @@ def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokeni
         ]
     )
     if args.layout:
+        from detsampler.cli.inputs import show_progress
         from detsampler.cli.options import layout_config
 
-        layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=True)
+        layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])

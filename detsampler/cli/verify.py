@@ -68,7 +68,8 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     if getattr(args, "tokens", False):
         for p in audit.prepared:
             verify_files(p.index)
-        print(verified_line(audit.prepared[0].index) if len(audit.prepared) == 1 else "index files: verified")
+        for p in audit.prepared:
+            print(verified_line(p.index))
     if audit.labels is None:
         report = verify_plan(plan, a, b)
         layout = audit.layouts[0]
@@ -114,9 +115,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     prepared, layouts, plan = mixture_plan(args, config)
     if getattr(args, "tokens", False):
-        for p in prepared:
+        for p, name in zip(prepared, config.labels):
             verify_files(p.index)
-        print(f"index files: every chunk checksum and sha256 verified ({len(prepared)} sources)")
+            print(f"source {name}: {verified_line(p.index)}")
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, layouts, config.labels)

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
 
-from detsampler.atomic import atomic_write, fsync_dir
+from detsampler.atomic import atomic_write, fsync_dir, removable_lock
 from detsampler.checks import check_positive_int
 from detsampler.index.checksums import write_checksums
 from detsampler.index.files import HEADER_BYTES, npy_header, save_npy
@@ -216,7 +215,7 @@ def _build_locked(
 ) -> TokenIndex:
     if (final / "meta.json").is_file():  # complete: open without the lock
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
-    with FileLock(str(root / f"index-{key}.lock")):
+    with removable_lock(root / f"index-{key}.lock"):  # removed when released: a refused build leaves no file
         if final.exists():
             return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
         for stale in root.glob(f".tmp-index-{key}-*"):  # left by killed builders; we hold the lock

@@ -50,6 +50,8 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         _ = self.special_tokens  # validates add_bos / add_eos
+        if self.data is not None and not str(self.data).strip():  # Path("") is the current directory: never that
+            raise ValueError(f"data: got an empty path {self.data!r}; pass a file, a directory of files or KIND:PATH")
         if not isinstance(self.text_column, str) or not self.text_column:
             raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
         check_int(self.vocab_size, "vocab_size", minimum=300)

@@ -55,12 +55,12 @@ SOURCE_SUFFIXES = {"megatron": ".idx", "olmo": ".npy", "datatrove": ".ds", "nano
 def input_files(data: str | os.PathLike) -> list[Path]:
     """The files of ``data`` (a file or a directory of text/json/jsonl/parquet files), sorted: shard ``j`` is file
     ``j``."""
-    from detsampler.text.corpus import _EXTENSIONS
+    from detsampler.text.corpus import _EXTENSIONS, corpus_files
 
     p = Path(data)
     if not p.exists():
         raise ValueError(f"data: {str(p)!r} does not exist")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
+    files = corpus_files(p)
     if not files:
         raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
     return files

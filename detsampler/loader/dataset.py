@@ -104,6 +104,11 @@ class PackedDataset(Dataset):
         output: str = "fields",
     ) -> None:
         _check_output(output, layout)
+        if restart_position_ids is not None and not isinstance(restart_position_ids, (bool, np.bool_)):
+            raise ValueError(
+                f"Got restart_position_ids {restart_position_ids!r} ({type(restart_position_ids).__name__}),"
+                " restart_position_ids must be True, False or None (the layout's default)"
+            )
         if not _layout_matches(layout, index):
             raise ValueError(
                 f"the layout was made over other document lengths ({layout.num_documents} documents) than the index "

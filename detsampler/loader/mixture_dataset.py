@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from detsampler.checks import is_int
 from detsampler.mixture import Mixture
 
 __all__ = ["MixtureDataset"]
@@ -31,6 +32,14 @@ class MixtureDataset(Dataset):
         for k, (ds, n) in enumerate(zip(datasets, mixture.sizes)):
             if len(ds) != n:
                 raise ValueError(f"datasets[{k}] has {len(ds)} samples but mixture source {k} has {n}")
+        for k, ds in enumerate(datasets):
+            if not _reads(ds, mixture.sources[k]):
+                found = [j for j, other in enumerate(datasets) if _reads(other, mixture.sources[k])]
+                where = f" (datasets[{found[0]}] reads source {k}'s)" if found else ""
+                raise ValueError(
+                    f"datasets[{k}] reads another layout than mixture source {k}{where}: give the datasets in the order"
+                    " of the mixture's sources"
+                )
         self.datasets = list(datasets)
         self.mixture = mixture
 
@@ -38,13 +47,18 @@ class MixtureDataset(Dataset):
         return self.mixture.num_samples
 
     def __getitem__(self, index: int) -> Any:
-        source, sample = self.mixture.split_ids(np.asarray([index]))
+        if not is_int(index):
+            raise ValueError(f"Got sample id {index!r} ({type(index).__name__}), sample ids must be integers")
+        source, sample = self.mixture.split_ids(np.asarray([index], dtype=np.int64))
         return self.datasets[int(source[0])][int(sample[0])]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples of ``indices`` in order. When every source returns a batched ``MicroBatch`` (``PackedDataset``
         does), so does this: one dict of ``[B, seq_len]`` tensors, the sources' rows put back in the order asked."""
-        source, sample = self.mixture.split_ids(np.asarray(indices, dtype=np.int64))
+        ids = np.asarray(indices)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ValueError(f"Got sample ids of dtype {ids.dtype}, sample ids must be integers")
+        source, sample = self.mixture.split_ids(ids.astype(np.int64, copy=False))
         parts, wheres = [], []
         for k in np.unique(source):
             where = np.flatnonzero(source == k)
@@ -63,3 +77,19 @@ class MixtureDataset(Dataset):
             for j, item in zip(where.tolist(), items):
                 out[j] = item
         return out
+
+
+def _reads(dataset: Any, source: Any) -> bool:
+    """Whether ``dataset`` reads mixture source ``source``: the same layout object, or, for a dataset over a layout
+    (``PackedDataset``) and a layout source, layouts of the same config over the same index (its fingerprint) or the
+    same document lengths (in RAM). A source given as a count, or a dataset without a layout, is checked by size
+    alone."""
+    layout = getattr(dataset, "layout", None)
+    if layout is None or layout is source or not hasattr(source, "config"):
+        return True
+    if layout.config != source.config or layout.num_samples != source.num_samples:
+        return False
+    mine, theirs = getattr(layout, "index_fingerprint", None), getattr(source, "index_fingerprint", None)
+    if mine is not None or theirs is not None:
+        return mine == theirs
+    return layout.num_documents == source.num_documents and np.array_equal(layout.lengths, source.lengths)

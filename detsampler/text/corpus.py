@@ -28,6 +28,8 @@ from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 __all__ = [
     "DEFAULT_VOCAB_SIZE",
     "check_text_column",
+    "corpus_files",
+    "corpus_kind",
     "default_corpus",
     "default_tokenizer",
     "load_corpus",
@@ -97,6 +99,8 @@ def load_corpus(
     keyed by path and mtime, and would serve an edit with a restored mtime stale). ``text_column`` is only checked here,
     so that a missing column is reported before anything is built.
     """
+    if source is not None and not str(source).strip():  # Path("") is the current directory: never that
+        raise ValueError(f"data: got an empty path {source!r}; pass a file, a directory of files or None")
     if source is None:
         ds = default_corpus()
     else:
@@ -104,6 +108,42 @@ def load_corpus(
         ds = _load_local(Path(source), cache_dir)
     check_text_column(ds, text_column)
     return ds
+
+
+_COMPRESSIONS = (".gz", ".bz2", ".xz")  # what Hugging Face's loaders decompress by themselves (standard library codecs)
+
+
+def corpus_kind(path: Path) -> str | None:
+    """The loader kind of a corpus file by its name (``text``, ``json`` or ``parquet``), whatever the case of its
+    suffix and under one compression suffix of :data:`_COMPRESSIONS`; None for any other file."""
+    name = path.name.lower()
+    for compression in _COMPRESSIONS:
+        if name.endswith(compression):
+            name = name[: -len(compression)]
+            break
+    kind = _EXTENSIONS.get(Path(name).suffix)
+    return None if kind == "parquet" and name != path.name.lower() else kind  # a compressed parquet file: unreadable
+
+
+def corpus_files(p: Path) -> list[Path]:
+    """The corpus files of ``p``: ``[p]`` for a file; for a directory, every file under it (sorted; hidden files and
+    directories, whose names start with ``.``, left out, as Hugging Face does), each of a readable kind (else a
+    ValueError naming the files that would be left out: nothing is dropped silently)."""
+    if not p.is_dir():
+        return [p]
+    files = sorted(
+        f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+    )
+    unreadable = [f for f in files if corpus_kind(f) is None]
+    if unreadable:
+        names = ", ".join(repr(str(f.relative_to(p))) for f in unreadable[:5])
+        more = f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
+        raise ValueError(
+            f"data: {str(p)!r} holds {len(unreadable)} file(s) of no readable kind: {names}{more} (readable:"
+            f" {', '.join(sorted(_EXTENSIONS))}, any case, compressed with .bz2, .gz or .xz); move them out or pass"
+            " the files to read"
+        )
+    return files
 
 
 def _local_files(p: Path) -> tuple[str, list[Path]]:
@@ -122,14 +162,14 @@ def _local_files(p: Path) -> tuple[str, list[Path]]:
         raise ValueError(f"data: {str(p)!r} holds a DatasetDict with splits {splits}; pass one split's directory")
     if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "state.json").is_file()):
         return "save_to_disk", sorted(f for f in p.rglob("*") if f.is_file())
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _EXTENSIONS) if p.is_dir() else [p]
+    files = corpus_files(p)
     if not files:
         raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
-    kinds = {_EXTENSIONS.get(f.suffix) for f in files}
+    kinds = {corpus_kind(f) for f in files}
     if None in kinds or len(kinds) != 1:
         raise ValueError(
             f"data: {str(p)!r} must hold files of one kind among {sorted(_EXTENSIONS)}, got suffixes "
-            f"{sorted({f.suffix for f in files})}"
+            f"{sorted({''.join(f.suffixes[-2:]) for f in files})}"
         )
     return kinds.pop(), files
 

@@ -20,7 +20,7 @@ from detsampler.atomic import atomic_write
 from detsampler.checks import check_int
 from detsampler.text.protocol import describe_tokenizer
 
-__all__ = ["Tokenizer", "iter_training_lines", "read_inputs", "train_tokenizer"]
+__all__ = ["Tokenizer", "iter_training_lines", "read_inputs", "read_training_texts", "train_tokenizer"]
 
 # Lines longer than this (bytes) are skipped by the trainer (sentencepiece's own limit is max_sentence_length).
 _MAX_LINE_BYTES = 16384
@@ -142,6 +142,73 @@ def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list
     if not files:
         raise ValueError(f"tokenizer train: no input files in {[str(i) for i in inputs]}")
     return [f.read_bytes().decode("utf-8", "replace") for f in files]
+
+
+def read_training_texts(
+    inputs: Sequence[str | os.PathLike] | str | os.PathLike, text_column: str = "text"
+) -> list[str]:
+    """The texts to train a tokenizer on: of each json/jsonl file (any suffix case, ``.gz``/``.bz2``/``.xz``
+    compressed), the ``text_column`` of every record; of each parquet file, that column; of any other file, its whole
+    text (as :func:`read_inputs`). Files in the order :func:`read_inputs` takes them; a record without the column is a
+    ValueError naming the file and line."""
+    import bz2
+    import gzip
+    import json
+    import lzma
+
+    from detsampler.text.corpus import corpus_kind
+
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    files: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            files.extend(sorted(f for f in p.rglob("*") if f.is_file()))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ValueError(f"tokenizer train: input {str(p)!r} is neither a file nor a directory")
+    if not files:
+        raise ValueError(f"tokenizer train: no input files in {[str(i) for i in inputs]}")
+    openers = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+    texts: list[str] = []
+    for f in files:
+        kind = corpus_kind(f)
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(f)
+            if text_column not in table.column_names:
+                raise ValueError(
+                    f"tokenizer train: {str(f)!r} has no {text_column!r} column (columns:"
+                    f" {', '.join(sorted(table.column_names))}); pass --text-column"
+                )
+            texts.extend(t for t in table.column(text_column).to_pylist() if isinstance(t, str))
+            continue
+        with openers.get(f.suffix.lower(), open)(f, "rb") as handle:
+            raw = handle.read().decode("utf-8", "replace")
+        if kind != "json":
+            texts.append(raw)
+            continue
+        stripped = raw.lstrip()
+        records = json.loads(stripped) if stripped.startswith("[") else None
+        rows = enumerate(records, 1) if records is not None else enumerate(raw.splitlines(), 1)
+        for number, row in rows:
+            if records is None:
+                if not row.strip():
+                    continue
+                row = json.loads(row)
+            if not isinstance(row, dict) or text_column not in row:
+                columns = ", ".join(sorted(row)) if isinstance(row, dict) else type(row).__name__
+                where = "record" if records is not None else "line"
+                raise ValueError(
+                    f"tokenizer train: {str(f)!r} {where} {number} has no {text_column!r} column (columns: {columns});"
+                    " pass --text-column"
+                )
+            if isinstance(row[text_column], str):
+                texts.append(row[text_column])
+    return texts
 
 
 def _check_writable(directory: Path) -> None:
