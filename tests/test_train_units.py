@@ -21,6 +21,7 @@ from train.checkpoint import (
     complete_checkpoints,
     data_fingerprint,
     fingerprint_changes,
+    incomplete_checkpoints,
     latest_checkpoint,
     remove_incomplete,
 )
@@ -187,9 +188,10 @@ def test_newest_complete_checkpoint_ignores_temporary_and_incomplete(tmp_path: P
     _fake_checkpoint(tmp_path, "step_00000014", complete=False)
     assert latest_checkpoint(tmp_path) == newest
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00000002", "step_00000010"]
+    assert [p.name for p in incomplete_checkpoints(tmp_path)] == ["step_00000014"]  # moved aside by a run, not deleted
     removed = sorted(p.name for p in remove_incomplete(tmp_path))
-    assert removed == [".tmp-step_00000012", "step_00000014"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010"]
+    assert removed == [".tmp-step_00000012"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010", "step_00000014"]
 
 
 # -- metrics
