@@ -417,3 +417,16 @@ def test_toml_values_of_the_declared_types_are_taken() -> None:
     assert cfg.data.mixture_weights == (1, "1/3")
     assert cfg.data.mixture_schedule == ((4, (1, 2)), (8, (2, 1)))
     assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_the_trainer_caches_where_the_library_does(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``data.cache_dir`` defaulted to ``.cache/detsampler`` and ignored ``$DETSAMPLER_CACHE``, so the trainer
+    re-tokenized a corpus whose index ``detsampler build`` had already cached there (issue 21)."""
+    from train.data import index_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "shared"))
+    assert index_config(load_config(CONFIGS / "tiny.toml").data).cache_path == tmp_path / "shared"
+    assert index_config(load_config(None, ["data.cache_dir=mine"]).data).cache_path == Path("mine")
+    monkeypatch.delenv("DETSAMPLER_CACHE")
+    assert index_config(load_config(CONFIGS / "tiny.toml").data).cache_path == tmp_path / ".cache" / "detsampler"

@@ -200,7 +200,7 @@ class DataConfig:
     max_documents: int = 0
     tokenizer: str = ""
     vocab_size: int = 4096  # of the default tokenizer
-    cache_dir: str = ".cache/detsampler"
+    cache_dir: str = ""  # "": $DETSAMPLER_CACHE, else ./.cache/detsampler (where detsampler build caches)
     layout: str = "concat"
     seq_len: int = 256
     window_docs: int = 1024
