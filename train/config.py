@@ -3,8 +3,11 @@ key=value``.
 
 TOML sections are the fields of :class:`TrainConfig`: ``[model]``, ``[data]``, ``[optimizer]``, ``[schedule]``,
 ``[checkpoint]``, ``[runtime]``. A command-line override ``--set data.seq_len=128`` sets the same key as the TOML line
-``seq_len = 128`` under ``[data]``; its value is parsed as a TOML value (``--set data.source="'x.txt'"`` or bare
-strings both work). Unknown sections or keys are a ValueError naming them.
+``seq_len = 128`` under ``[data]``; its value is parsed as a TOML value, and text that is no TOML value is a bare string
+(``--set data.source="'x.txt'"`` and ``--set data.source=x.txt`` are the same; ``--set runtime.deterministic=False`` is
+the string ``'False'``, which is refused: TOML's boolean is ``false``). Unknown sections or keys are a ValueError naming
+them. Every field of every section is checked against its declared type (:func:`check_fields`: a bool is a bool, an int
+an int, a float a finite number; nothing is coerced but int to float and list to tuple), then against its range.
 """
 
 from __future__ import annotations
