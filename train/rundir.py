@@ -89,7 +89,8 @@ def _barrier() -> None:
 class ResumeChoice:
     """The checkpoint a run resumes from (None: a fresh start) and what :func:`settle` does to the checkpoint directory
     once the resume is accepted (the data fingerprint matches, the checkpoint loads): ``aside`` are ``(checkpoints,
-    why, line)`` moves, ``line`` saying in one line where they went (``{target}`` in it)."""
+    why, line)`` moves, ``line`` saying in one line where they went (the text ``{target}`` in it is replaced by the
+    directory they were moved to)."""
 
     path: Path | None
     aside: list[tuple[list[Path], str, str]] = field(default_factory=list)
@@ -153,7 +154,7 @@ def settle(choice: ResumeChoice, ckpt_dir: Path, say: Callable[[str], None]) -> 
         for p in ckpt.remove_incomplete(ckpt_dir):
             say(f"removed incomplete checkpoint {p}")
         for paths, why, line in choice.aside:
-            say(line.format(target=move_aside(paths, ckpt_dir, why)))
+            say(line.replace("{target}", str(move_aside(paths, ckpt_dir, why))))
     _barrier()
 
 
@@ -168,10 +169,9 @@ def _newest_verified(ckpt_dir: Path, aside: list[tuple[list[Path], str, str]]) -
         nxt = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older checkpoint left"
         line = f"checkpoint {path} fails verification ({problem}); moved aside to {{target}}; {nxt}"
         aside.append(([path], "rejected", line))
-    if rejected:
+    if rejected:  # the refusal's advice (--resume none) needs them out of the way: the one move before acceptance
         if _is_rank0():
-            for paths, why, _ in aside:
-                move_aside(paths, ckpt_dir, why)
+            move_aside(candidates, ckpt_dir, "rejected")
         _barrier()
         raise ckpt.CheckpointCorrupt(
             f"no checkpoint under {ckpt_dir} verifies ({'; '.join(rejected)}); they were moved aside, not deleted: "
