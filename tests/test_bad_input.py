@@ -230,8 +230,12 @@ def test_the_api_refuses_floats_and_bools_instead_of_coercing(small_index) -> No
     [
         (["--stop-at", "-5"], "expected an integer >= 0, got -5"),
         (["--set", "data.seq_len=0"], "DataConfig.seq_len must be an integer >= 1, got 0"),
-        (["--set", "data.batch_size_schedule=5"], "config section [data]: a value has the wrong type"),
+        (["--set", "data.batch_size_schedule=5"], "DataConfig.batch_size_schedule must be a list, got 5 (int)"),
         (["--set", "nonsense"], "--set expects section.key=value"),
+        (
+            ["--set", "model.tie_embeddings=False"],
+            "ModelConfig.tie_embeddings must be true or false, got 'False' (str)",
+        ),
         (["--config", "/nonexistent.toml"], "No such file or directory: /nonexistent.toml"),
     ],
 )

@@ -241,3 +241,96 @@ def test_a_configuration_error_is_one_line_printed_once(
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output[-3000:]
     assert 'File "' + str(Path(__file__).resolve().parent.parent / "train") not in result.output  # no trainer traceback
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+# -- issue 21: nothing silent at the edges
+# -----------------------------------------------------------------------------------------------------------------
+
+
+def _listing(directory: Path) -> list[str]:
+    """Every path under ``directory`` (the lock file aside), relative to it."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.name != ".lock")
+
+
+@pytest.mark.parametrize(
+    "nproc, settings, message",
+    [
+        (1, {"data.seed": 99}, "was trained on a different data stream than this configuration: layout.num_samples"),
+        (
+            2,
+            {"model.dim": 32},
+            "does not load into this model: ValueError: Size mismatch between saved torch.Size([512, 64]) and current:"
+            " torch.Size([512, 32]) for model.tok_embeddings.weight",
+        ),
+    ],
+    ids=["other data", "other model shape, 2 ranks"],
+)
+def test_a_refused_rewind_changes_nothing(
+    six_steps: Path, tmp_path: Path, cache_dir: Path, nproc: int, settings: dict, message: str
+) -> None:
+    """``--resume step_2`` that is then refused (other data; a model of another shape, whose DCP error used to be a
+    traceback per rank) used to move step_4 and step_6 aside first, so that a later ``--resume auto`` rewound to 2."""
+    run_dir = _copy(six_steps, tmp_path / "run")
+    before = _listing(run_dir)
+    result = _run(run_dir, cache_dir, "--resume", str(_ckpt(run_dir, 2)), nproc=nproc, **settings)
+    assert result.returncode != 0
+    assert "[rank0]" not in result.output and "CheckpointException" not in result.output, result.output[-3000:]
+    assert 'File "' + str(Path(__file__).resolve().parent.parent / "train") not in result.output  # no trainer traceback
+    assert sum(message in line for line in result.output.splitlines()) == 1, result.output[-3000:]
+    line = next(line for line in result.output.splitlines() if message in line)
+    assert line.startswith(f"error: checkpoint {_ckpt(run_dir, 2)} ")
+    assert "layout.seed: 1234 -> 99" in line or "model.dim" in settings
+    assert _listing(run_dir) == before  # nothing moved aside, nothing logged
+
+
+def test_a_refused_auto_resume_leaves_the_checkpoint_that_fails_verification_in_place(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    run_dir = _copy(six_steps, tmp_path / "run")
+    _flip_byte(_ckpt(run_dir, 6) / "__0_0.distcp")
+    before = _listing(run_dir)
+    result = _run(run_dir, cache_dir, **{"data.seed": 99})
+    assert result.returncode == 2
+    _assert_one_clean_line(result.output, "error: checkpoint")
+    assert "fails verification" not in result.output  # said when it is moved aside, which a refused resume does not
+    assert _listing(run_dir) == before
+    again = _run(run_dir, cache_dir, "--stop-at", "4")
+    assert again.returncode == 0, again.output[-3000:]
+    _assert_one_clean_line(again.output, "fails verification")
+    assert f"resuming from {_ckpt(run_dir, 4)} at step 4" in again.output
+
+
+def test_a_checkpoint_missing_only_complete_is_moved_aside_like_every_rejected_one(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    run_dir = _copy(six_steps, tmp_path / "run")
+    (_ckpt(run_dir, 6) / "COMPLETE").unlink()
+    result = _run(run_dir, cache_dir, "--stop-at", "4")
+    assert result.returncode == 0, result.output[-3000:]
+    _assert_one_clean_line(result.output, f"checkpoint {_ckpt(run_dir, 6)} has no COMPLETE marker")
+    assert f"resuming from {_ckpt(run_dir, 4)} at step 4" in result.output
+    aside = list((run_dir / "checkpoints").glob("rejected-*/step_00000006"))
+    assert len(aside) == 1 and (aside[0] / "__0_0.distcp").is_file()  # moved aside, not deleted
+
+
+def test_a_second_trainer_writing_into_the_first_ones_checkpoint_directory_is_refused(
+    six_steps: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Each trainer used to lock only its own run directory: a second one with ``checkpoint.dir`` set to the first one's
+    checkpoints wrote into them (and a later resume continued from the other run's weights)."""
+    run_dir = _copy(six_steps, tmp_path / "run")
+    _ckpt(run_dir, 6).rename(run_dir / "checkpoints" / "moved")  # so that the first run has steps to train
+    first, _ = _start_held(run_dir, cache_dir, "before_step:5")
+    try:
+        before = _listing(run_dir)
+        other = tmp_path / "other"
+        result = _run(other, cache_dir, **{"checkpoint.dir": f'"{run_dir / "checkpoints"}"'})
+        assert result.returncode == 2
+        _assert_one_clean_line(
+            result.output, f"error: {(run_dir / 'checkpoints').resolve()} is in use by another trainer (pid {first.pid}"
+        )
+        assert _listing(run_dir) == before
+        assert not (other / "metrics.jsonl").exists()
+    finally:
+        kill_tree(first.pid)
+        first.wait()

@@ -4,7 +4,9 @@ tests/test_train_resume.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,22 @@ from train.checkpoint import (
     complete_checkpoints,
     data_fingerprint,
     fingerprint_changes,
+    incomplete_checkpoints,
     latest_checkpoint,
     remove_incomplete,
 )
-from train.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict, load_config
+from train.config import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    ScheduleConfig,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+)
 from train.metrics import read_metrics, sample_hash, token_row_hashes
 from train.model import Transformer, document_causal_mask
 from train.train import lr_factor
@@ -174,9 +188,10 @@ def test_newest_complete_checkpoint_ignores_temporary_and_incomplete(tmp_path: P
     _fake_checkpoint(tmp_path, "step_00000014", complete=False)
     assert latest_checkpoint(tmp_path) == newest
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00000002", "step_00000010"]
+    assert [p.name for p in incomplete_checkpoints(tmp_path)] == ["step_00000014"]  # moved aside by a run, not deleted
     removed = sorted(p.name for p in remove_incomplete(tmp_path))
-    assert removed == [".tmp-step_00000012", "step_00000014"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010"]
+    assert removed == [".tmp-step_00000012"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000010", "step_00000014"]
 
 
 # -- metrics
@@ -278,3 +293,140 @@ def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
 
     record = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
     assert record == {"event": "step", "step": 0, "loss": None, "extra": [None, 1.5]}
+
+
+# -- every configuration field checked by its declared type (issue 21 item 4)
+# ----------------------------------------------------------------------------
+
+SECTION_CLASSES = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "checkpoint": CheckpointConfig,
+    "runtime": RuntimeConfig,
+}
+A_SOURCE = 'must be a path or a table {kind = "megatron", path = "..."}'
+
+
+def _wrong_values(annotation: object, string: str) -> list[tuple[str, str, str]]:
+    """``(--set text, where in the value, the rest of the message)``: values of the wrong type for a field declared
+    ``annotation`` (``string``: what the message says a string field must be)."""
+    if annotation is bool:  # --set x=False is no TOML boolean: it is the string 'False', which used to be truthy
+        return [
+            ("False", "", "must be true or false, got 'False' (str)"),
+            ("1", "", "must be true or false, got 1 (int)"),
+        ]
+    if annotation is int:
+        return [
+            ("4.5", "", "must be an integer, got 4.5 (float)"),
+            ("true", "", "must be an integer, got True (bool)"),
+            ('"3"', "", "must be an integer, got '3' (str)"),
+        ]
+    if annotation is float:
+        return [
+            ("nan", "", "must be a finite number, got nan (float)"),
+            ("inf", "", "must be a finite number, got inf (float)"),
+            ("-inf", "", "must be a finite number, got -inf (float)"),
+            ("true", "", "must be a finite number, got True (bool)"),
+            ('"x"', "", "must be a finite number, got 'x' (str)"),
+        ]
+    if annotation is str:
+        return [("5", "", f"{string}, got 5 (int)"), ("[1]", "", f"{string}, got [1] (list)")]
+    assert typing.get_origin(annotation) is tuple, f"no wrong values for {annotation!r}"
+    out = [("5", "", "must be a list, got 5 (int)")]
+    item = typing.get_args(annotation)[0]
+    if item is str:
+        out.append(("[5]", "[0]", f"{string}, got 5 (int)"))
+    elif typing.get_origin(item) is tuple:  # pairs
+        out.append(("[[0]]", "[0]", "must be a list of 2 items, got [0] (list)"))
+        second = "1" if typing.get_args(item)[1] is int else "[1]"
+        out.append((f"[[0.5, {second}]]", "[0][0]", "must be an integer, got 0.5 (float)"))
+    return out
+
+
+def _every_wrong_value() -> list[tuple[str, str, str, str]]:
+    cases = []
+    for section, cls in SECTION_CLASSES.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            string = A_SOURCE if f.name in ("source", "mixture_sources") else "must be a string"
+            for text, where, message in _wrong_values(hints[f.name], string):
+                cases.append((section, f.name, text, f"{cls.__name__}.{f.name}{where} {message}"))
+    return cases
+
+
+@pytest.mark.parametrize("section, name, text, message", _every_wrong_value())
+def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, text: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(CONFIGS / "tiny.toml", [f"{section}.{name}={text}"])
+    assert str(info.value) == message
+
+
+def test_the_wrong_type_test_covers_every_field() -> None:
+    covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
+    every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
+    assert covered == every and len(every) == 55
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "data.batch_size_schedule=[[0, 4.5], [2, 8]]",
+            "DataConfig.batch_size_schedule[0][1] must be an integer, got 4.5 (float)",
+        ),
+        ("model.tie_embeddings=False", "ModelConfig.tie_embeddings must be true or false, got 'False' (str)"),
+        ("runtime.deterministic=False", "RuntimeConfig.deterministic must be true or false, got 'False' (str)"),
+        ("checkpoint.save_final=no", "CheckpointConfig.save_final must be true or false, got 'no' (str)"),
+        ("optimizer.lr=inf", "OptimizerConfig.lr must be a finite number, got inf (float)"),
+        ("model.rope_theta=nan", "ModelConfig.rope_theta must be a finite number, got nan (float)"),
+        ("optimizer.grad_clip=nan", "OptimizerConfig.grad_clip must be a finite number, got nan (float)"),
+        ("optimizer.lr=1e400", "OptimizerConfig.lr must be a finite number, got inf (float)"),
+        ("optimizer.lr=-1", "OptimizerConfig.lr must be a number > 0, got -1.0"),
+        ("model.init_seed=-1", "ModelConfig.init_seed must be an integer >= 0, got -1"),
+    ],
+)
+def test_the_coercions_of_issue_21_are_refused(override: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(CONFIGS / "tiny.toml", [override])
+    assert str(info.value) == message
+
+
+def test_toml_values_of_the_declared_types_are_taken() -> None:
+    cfg = load_config(
+        None,
+        [
+            "model.tie_embeddings=true",
+            "runtime.deterministic=false",
+            "checkpoint.save_final=false",
+            "optimizer.lr=1",
+            "model.rope_theta=500000",
+            "data.batch_size_schedule=[[0, 4], [2, 8]]",
+            "data.mixture_sources=['a.txt', {kind = 'megatron', path = 'b'}]",
+            "data.mixture_weights=[1, '1/3']",
+            "data.mixture_schedule=[[4, [1, 2]], {step = 8, weights = [2, 1]}]",
+        ],
+    )
+    assert cfg.model.tie_embeddings is True and cfg.runtime.deterministic is False
+    assert cfg.checkpoint.save_final is False
+    assert cfg.optimizer.lr == 1.0 and type(cfg.optimizer.lr) is float
+    assert cfg.model.rope_theta == 500000.0 and type(cfg.model.rope_theta) is float
+    assert cfg.data.batch_size_schedule == ((0, 4), (2, 8))
+    assert cfg.data.mixture_sources == ("a.txt", "megatron:b")
+    assert cfg.data.mixture_weights == (1, "1/3")
+    assert cfg.data.mixture_schedule == ((4, (1, 2)), (8, (2, 1)))
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_the_trainer_caches_where_the_library_does(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``data.cache_dir`` defaulted to ``.cache/detsampler`` and ignored ``$DETSAMPLER_CACHE``, so the trainer
+    re-tokenized a corpus whose index ``detsampler build`` had already cached there (issue 21)."""
+    from train.data import index_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "shared"))
+    assert index_config(load_config(CONFIGS / "tiny.toml").data).cache_path == tmp_path / "shared"
+    assert index_config(load_config(None, ["data.cache_dir=mine"]).data).cache_path == Path("mine")
+    monkeypatch.delenv("DETSAMPLER_CACHE")
+    assert index_config(load_config(CONFIGS / "tiny.toml").data).cache_path == tmp_path / ".cache" / "detsampler"

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from detsampler.atomic import atomic_write, fsync_dir
@@ -62,6 +63,7 @@ __all__ = [
     "complete_checkpoints",
     "data_fingerprint",
     "fingerprint_changes",
+    "incomplete_checkpoints",
     "kill_point",
     "latest_checkpoint",
     "load_checkpoint",
@@ -181,19 +183,36 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def incomplete_checkpoints(root: str | Path) -> list[Path]:
+    """``step_N`` directories under ``root`` without ``COMPLETE`` (a partial copy: a save renames its directory into
+    place only once complete), oldest first; the trainer moves them aside (:mod:`train.rundir`), never deletes them."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and p.is_dir() and not (p / COMPLETE).is_file()]
+    return sorted(found, key=checkpoint_step)
+
+
 def remove_incomplete(root: str | Path) -> list[Path]:
-    """Delete temporary directories left by interrupted saves (rank 0, before training). Returns what was removed."""
+    """Delete the temporary directories (``.tmp-step_N``) left by interrupted saves (rank 0, before training). Returns
+    what was removed."""
     root = Path(root)
     removed = []
     if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(".tmp-step_") or (_NAME.match(p.name) and not (p / COMPLETE).is_file()):
+        for p in sorted(root.iterdir()):
+            if p.name.startswith(".tmp-step_"):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
 
 
 def _first_line(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc``; for DCP's CheckpointException (a BaseException wrapping each rank's error with
+    its traceback), of the lowest failing rank's error."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, CheckpointException) and isinstance(failures, dict) and failures:
+        inner = failures[min(failures)]  # (exception, its stack) in torch 2.x
+        exc = inner[0] if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException) else inner
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
@@ -203,7 +222,7 @@ def read_meta(path: str | Path) -> dict:
     state: dict[str, Any] = {"meta": {"step": -1, "data": ""}}
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         raise CheckpointLoadError(f"checkpoint {path} cannot be read: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}
 
@@ -313,6 +332,6 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scheduler.load_state_dict(json.loads(state["scheduler"]))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         raise CheckpointLoadError(f"checkpoint {path} does not load into this model: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}

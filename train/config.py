@@ -3,20 +3,25 @@ key=value``.
 
 TOML sections are the fields of :class:`TrainConfig`: ``[model]``, ``[data]``, ``[optimizer]``, ``[schedule]``,
 ``[checkpoint]``, ``[runtime]``. A command-line override ``--set data.seq_len=128`` sets the same key as the TOML line
-``seq_len = 128`` under ``[data]``; its value is parsed as a TOML value (``--set data.source="'x.txt'"`` or bare
-strings both work). Unknown sections or keys are a ValueError naming them.
+``seq_len = 128`` under ``[data]``; its value is parsed as a TOML value, and text that is no TOML value is a bare string
+(``--set data.source="'x.txt'"`` and ``--set data.source=x.txt`` are the same; ``--set runtime.deterministic=False`` is
+the string ``'False'``, which is refused: TOML's boolean is ``false``). Unknown sections or keys are a ValueError naming
+them. Every field of every section is checked against its declared type (:func:`check_fields`: a bool is a bool, an int
+an int, a float a finite number; nothing is coerced but int to float and list to tuple), then against its range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from detsampler.checks import check_int
+from detsampler.checks import check_int, is_int
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,6 +37,7 @@ __all__ = [
     "ScheduleConfig",
     "TrainConfig",
     "apply_overrides",
+    "check_fields",
     "config_from_dict",
     "config_to_dict",
     "load_config",
@@ -43,9 +49,66 @@ def _positive_int(obj: Any, name: str, minimum: int = 1) -> None:
 
 
 def _positive_float(obj: Any, name: str, allow_zero: bool = False) -> None:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+    value = getattr(obj, name)  # a finite float: check_fields has run
+    if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{type(obj).__name__}.{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
+
+
+def _got(value: Any) -> str:
+    return f"got {value!r} ({type(value).__name__})"
+
+
+def _checked(value: Any, annotation: Any, name: str) -> Any:
+    """``value`` as a value of the declared type ``annotation``, or a ValueError naming ``name``, what it got and what
+    is allowed. Nothing is coerced except what loses nothing: an int where a float is declared (TOML ``lr = 1``)
+    becomes that float, and a list where a tuple is declared becomes a tuple. Floats must be finite."""
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, {_got(value)}")
+        return value
+    if annotation is int:
+        if not is_int(value):
+            raise ValueError(f"{name} must be an integer, {_got(value)}")
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a finite number, {_got(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ValueError(f"{name} must be a finite number, {_got(value)}")
+        return number
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, {_got(value)}")
+        return value
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, annotation):
+            raise ValueError(f"{name} must be a [{name}] table, {_got(value)}")
+        return value
+    if typing.get_origin(annotation) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, {_got(value)}")
+        items = typing.get_args(annotation)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_checked(v, items[0], f"{name}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(items):
+            raise ValueError(f"{name} must be a list of {len(items)} items, {_got(value)}")
+        return tuple(_checked(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, items)))
+    raise TypeError(f"{name}: no check for the declared type {annotation!r}")  # a field of a type added without one
+
+
+def check_fields(obj: Any) -> None:
+    """Check (and normalise in place, see :func:`_checked`) every field of the frozen dataclass ``obj`` against its
+    declared type: one generic check for every field of every section, run first by each ``__post_init__``."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value = _checked(getattr(obj, f.name), hints[f.name], f"{type(obj).__name__}.{f.name}")
+        object.__setattr__(obj, f.name, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +128,9 @@ class ModelConfig:
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _positive_int(self, "vocab_size", 0)
+        _positive_int(self, "init_seed", 0)
         for name in ("dim", "n_layers", "n_heads"):
             _positive_int(self, name)
         _positive_int(self, "n_kv_heads", 0)
@@ -97,9 +162,14 @@ def _source_spec(value: Any, name: str) -> str:
         return value
     if isinstance(value, dict) and set(value) == {"kind", "path"} and all(isinstance(v, str) for v in value.values()):
         return value["path"] if value["kind"] == "text" else f"{value['kind']}:{value['path']}"
-    raise ValueError(
-        f'DataConfig.{name}: expected a path or a table {{kind = "megatron", path = "..."}}, got {value!r}'
-    )
+    raise ValueError(f'DataConfig.{name} must be a path or a table {{kind = "megatron", path = "..."}}, {_got(value)}')
+
+
+def _schedule_entry(value: Any) -> Any:
+    """A mixture schedule entry as a pair: the table ``{step = S, weights = [...]}`` is ``[S, [...]]``."""
+    if isinstance(value, dict) and set(value) == {"step", "weights"}:
+        return (value["step"], value["weights"])
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +203,7 @@ class DataConfig:
     max_documents: int = 0
     tokenizer: str = ""
     vocab_size: int = 4096  # of the default tokenizer
-    cache_dir: str = ".cache/detsampler"
+    cache_dir: str = ""  # "": $DETSAMPLER_CACHE, else ./.cache/detsampler (where detsampler build caches)
     layout: str = "concat"
     seq_len: int = 256
     window_docs: int = 1024
@@ -156,21 +226,19 @@ class DataConfig:
         from detsampler.layout import LAYOUT_KINDS, LayoutConfig
         from detsampler.version import MAPPING_VERSIONS
 
-        version = self.mapping_version
-        if (
-            isinstance(version, bool)
-            or not isinstance(version, int)
-            or (version != 0 and version not in MAPPING_VERSIONS)
-        ):
+        object.__setattr__(self, "source", _source_spec(self.source, "source"))
+        if isinstance(self.mixture_sources, (list, tuple)):
+            specs = tuple(_source_spec(s, f"mixture_sources[{i}]") for i, s in enumerate(self.mixture_sources))
+            object.__setattr__(self, "mixture_sources", specs)
+        if isinstance(self.mixture_schedule, (list, tuple)):
+            object.__setattr__(self, "mixture_schedule", tuple(_schedule_entry(e) for e in self.mixture_schedule))
+        check_fields(self)
+        if self.mapping_version != 0 and self.mapping_version not in MAPPING_VERSIONS:
             raise ValueError(
                 "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
                 f"{MAPPING_VERSIONS}, got {self.mapping_version!r}"
             )
 
-        object.__setattr__(self, "source", _source_spec(self.source, "source"))
-        object.__setattr__(
-            self, "mixture_sources", tuple(_source_spec(s, "mixture_sources") for s in self.mixture_sources)
-        )
         if self.add_eos not in ("", "virtual", "real"):
             raise ValueError(
                 f"DataConfig.add_eos must be virtual, real or empty (the source's default), got {self.add_eos!r}"
@@ -186,11 +254,9 @@ class DataConfig:
             raise ValueError(f"DataConfig: {exc}") from None
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
-        schedule = tuple((int(s), int(b)) for s, b in self.batch_size_schedule)
-        object.__setattr__(self, "batch_size_schedule", schedule)
         from detsampler.plan import normalize_skip_steps
 
-        object.__setattr__(self, "skip_steps", normalize_skip_steps([tuple(r) for r in self.skip_steps]))
+        object.__setattr__(self, "skip_steps", normalize_skip_steps(list(self.skip_steps)))
         if self.mixture_sources and self.source:
             raise ValueError("DataConfig: give either source (one corpus) or mixture_sources (a mixture), not both")
         if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:
@@ -224,13 +290,14 @@ class OptimizerConfig:
     grad_clip: float = 1.0  # 0: no clipping
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _positive_float(self, "lr")
         _positive_float(self, "eps")
         _positive_float(self, "weight_decay", allow_zero=True)
         _positive_float(self, "grad_clip", allow_zero=True)
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+            if not 0 <= value < 1:
                 raise ValueError(f"OptimizerConfig.{name} must be in [0, 1), got {value!r}")
 
 
@@ -245,6 +312,7 @@ class ScheduleConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _positive_int(self, "steps")
         _positive_int(self, "warmup_steps", 0)
         if self.decay not in ("cosine", "constant", "linear"):
@@ -264,6 +332,7 @@ class CheckpointConfig:
     save_final: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _positive_int(self, "every")
         _positive_int(self, "keep")
 
@@ -279,6 +348,7 @@ class RuntimeConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"RuntimeConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.mixed_precision not in ("auto", "bf16", "fp32"):
@@ -300,6 +370,9 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 _SECTION_TYPES = {
     "model": ModelConfig,
@@ -309,17 +382,6 @@ _SECTION_TYPES = {
     "checkpoint": CheckpointConfig,
     "runtime": RuntimeConfig,
 }
-
-
-def _coerce(cls: type, key: str, value: Any) -> Any:
-    """Ints given where a float field is declared become floats (TOML ``lr = 1`` is fine); lists become tuples."""
-    declared = {f.name: f for f in fields(cls)}[key]
-    default = declared.default if declared.default is not dataclasses.MISSING else None
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, list):
-        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
-    return value
 
 
 def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
@@ -335,10 +397,7 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} in config section [{name}]; allowed keys are {sorted(allowed)}")
-        try:
-            sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in value.items()})
-        except TypeError as exc:  # e.g. a number where a list of pairs belongs
-            raise ValueError(f"config section [{name}]: a value has the wrong type ({exc})") from None
+        sections[name] = cls(**value)  # every field checked against its declared type (check_fields)
     return TrainConfig(**sections)
 
 

@@ -188,7 +188,7 @@ def index_config(config: DataConfig) -> Any:
         text_column=config.text_column,
         tokenizer=config.tokenizer or None,
         vocab_size=config.vocab_size,
-        cache_dir=config.cache_dir,
+        cache_dir=config.cache_dir or None,  # the library's default: $DETSAMPLER_CACHE, else ./.cache/detsampler
         num_proc=config.num_proc,
         store_tokens=config.store_tokens,
         max_documents=config.max_documents or None,

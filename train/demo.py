@@ -2,8 +2,8 @@
 
     python -m train.demo [--steps 60] [--every 10] [--kill-at 35] [--out runs/demo]
 
-1. Builds (once, then cached under .cache/detsampler) the default tokenizer and the token index over the default corpus,
-   this interpreter's standard library: no download.
+1. Builds (once, then cached under $DETSAMPLER_CACHE, else .cache/detsampler) the default tokenizer and the token index
+   over the default corpus, this interpreter's standard library: no download.
 2. Run A: the tiny model (train/configs/tiny.toml) for STEPS steps on 2 CPU ranks, uninterrupted:
    ``torchrun --standalone --nproc-per-node 2 -m train.train --config train/configs/tiny.toml --run-dir
    OUT/uninterrupted``

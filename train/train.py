@@ -52,7 +52,7 @@ from train.config import DataConfig, TrainConfig, config_to_dict, load_config
 from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
 from train.metrics import MetricsLog, sample_hash
 from train.model import Transformer
-from train.rundir import RunDirLocked, RunLock, choose_checkpoint
+from train.rundir import ResumeChoice, RunDirLocked, RunLock, choose_checkpoint, settle
 
 __all__ = ["Runtime", "main", "parse_args", "train"]
 
@@ -262,11 +262,8 @@ def train(
     lock = None
     try:
         lock = _lock_run_dir(rt, run_dir, ckpt_dir)
-        if rt.rank == 0:
-            for p in ckpt.remove_incomplete(ckpt_dir):
-                print(f"removed incomplete checkpoint {p}", flush=True)
-        dist.barrier()
-        resume_path = choose_checkpoint(resume, ckpt_dir, lambda text: log(rt, text))
+        choice = choose_checkpoint(resume, ckpt_dir)  # nothing is moved before the resume is accepted (_run)
+        resume_path = choice.path
         meta = ckpt.read_meta(resume_path) if resume_path is not None else None
         data = build_pipeline(_data_config(cfg.data, meta), rt.world_size, rt.rank)
         fingerprint = data.fingerprint()
@@ -275,7 +272,7 @@ def train(
             if not allow_data_change:
                 ckpt.check_fingerprint(resume_path, meta["data"], fingerprint, resume_step=meta["step"])
             start_step = meta["step"]
-        _run(cfg, rt, run_dir, ckpt_dir, data, fingerprint, resume_path, start_step, stop_at)
+        _run(cfg, rt, run_dir, ckpt_dir, data, fingerprint, choice, start_step, stop_at)
     finally:
         if lock is not None:
             lock.release()
@@ -284,13 +281,12 @@ def train(
 
 
 def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
-    """Rank 0 locks the run (and checkpoint) directory before anything is touched; every rank learns
-    whether it could."""
+    """Rank 0 locks the run directory and the checkpoint directory (what is written: another trainer's
+    ``checkpoint.dir`` may name it) before anything is touched; every rank learns whether it could."""
     lock, problem = None, None
     if rt.rank == 0:
         try:
-            inside = ckpt_dir.resolve().is_relative_to(run_dir.resolve())
-            lock = RunLock([run_dir] if inside else [run_dir, ckpt_dir])  # a checkpoint dir elsewhere is locked too
+            lock = RunLock([run_dir, ckpt_dir])
         except (RunDirLocked, OSError) as exc:
             problem = str(exc)
     box = [problem]
@@ -307,16 +303,18 @@ def _run(
     ckpt_dir: Path,
     data: DataPipeline,
     fingerprint: dict,
-    resume_path: Path | None,
+    choice: ResumeChoice,
     start_step: int,
     stop_at: int | None,
 ) -> None:
+    resume_path = choice.path
     model = build_model(cfg, data.vocab_size, rt)
     optimizer, scheduler = build_optimizer(cfg, model, rt)
     changes: list[str] = []
     if resume_path is not None:
         ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
         changes = apply_optimizer_config(cfg, optimizer, scheduler)
+    settle(choice, ckpt_dir, lambda text: log(rt, text))  # the resume is accepted: now the checkpoint dir may change
     end_step = cfg.schedule.steps if stop_at is None else min(stop_at, cfg.schedule.steps)
     metrics = MetricsLog(run_dir, enabled=rt.rank == 0)
     if rt.rank == 0:
