@@ -1,5 +1,5 @@
-"""Every shell block of the README and docs (docs/integrations.md aside: its examples are the integrations' own) is run
-by this test, marked ``<!-- shell: run -->`` on the line before it, or marked ``<!-- shell: not run: REASON -->``.
+"""Every shell block of the README and docs is run by this test, marked ``<!-- shell: run -->`` on the line before it,
+or marked ``<!-- shell: not run: REASON -->``.
 
 A run block is a list of ``$ detsampler ...`` commands, each followed by what it prints (stdout, then stderr); each is
 run in process in an empty directory with its own cache, and must print exactly that.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("cli.md", "usage.md", "design.md"))]
+DOCS = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("cli.md", "usage.md", "design.md", "integrations.md"))]
 SHELL_LANGS = {"bash", "console", "sh", "shell"}
 MARK = re.compile(r"^<!-- shell: (run|not run: \S.*) -->$")
 

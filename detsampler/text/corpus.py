@@ -231,7 +231,7 @@ def _changed_arrow_cache(ds: datasets.Dataset, cache_dir: str | os.PathLike) -> 
     its ctime, so an unchanged file hashes nothing and any write, its mtime restored or not, is hashed again."""
     for entry in ds.cache_files:
         arrow = Path(entry["filename"])
-        digest = content_fingerprint(arrow, [arrow], "arrow", cache_dir).digest
+        digest = content_fingerprint(arrow, [arrow], "arrow", cache_dir, announce=False).digest
         record = arrow.with_name(arrow.name + ".detsampler.json")
         try:
             recorded = json.loads(record.read_text()).get("content")

@@ -83,10 +83,16 @@ def _write_cache(path: Path, files: dict) -> None:
 
 
 def content_fingerprint(
-    root: str | os.PathLike, files: list[Path], kind: str, cache_dir: str | os.PathLike | None = None
+    root: str | os.PathLike,
+    files: list[Path],
+    kind: str,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    announce: bool = True,
 ) -> ContentFingerprint:
     """The fingerprint of ``files`` (under directory ``root``, or ``root`` itself when it is the one file) loaded as
-    ``kind``; per-file hashes are cached under ``cache_dir`` when given (see the module docstring)."""
+    ``kind``; per-file hashes are cached under ``cache_dir`` when given (see the module docstring). ``announce``: log
+    one line before hashing the user's corpus files (not for the library's own cache files)."""
     root = Path(root).resolve()
     base = root if root.is_dir() else root.parent
     cache_path = _cache_file(Path(cache_dir), root) if cache_dir is not None else None
@@ -103,7 +109,7 @@ def content_fingerprint(
             entries[rel] = hit
         else:
             todo.append((rel, f, key))
-    if todo:
+    if todo and announce:
         size = sum(key[0] for _, _, key in todo)
         logger.info("detsampler: hashing %d corpus file(s), %.1f MB, under %s", len(todo), size / 1e6, root)
     for rel, f, key in todo:
