@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, Trainin
 from detsampler import DeterministicBatchSampler
 from detsampler.integrations.hf import CausalLMCollator, DetsamplerTrainer
 from tests.integrations._packed import SEQ_LEN, data, plan_of
+from tests.integrations.launch import exit_without_teardown
 
 MAX_STEPS = 6
 SEED = 1
@@ -122,10 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        # NOTE: gloo's threads stopped before the interpreter's teardown, which otherwise can abort the process after it
-        # trained ("terminate called without an active exception", exit -6): seen once in a fresh-clone make test.
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    exit_without_teardown(main)

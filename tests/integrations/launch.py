@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -93,3 +94,30 @@ def audited(capsys, checkpoint: Path) -> str:
     capsys.readouterr()
     assert main(["show", "--checkpoint", str(checkpoint)]) == 0
     return capsys.readouterr().out
+
+
+def exit_without_teardown(main) -> None:
+    """Run a child's ``main``, then leave the process with its exit code (1 after a traceback) without the interpreter's
+    teardown.
+
+    NOTE: after a run has trained and written everything, the teardown of gloo's and the frameworks' native threads can
+    abort the process ("terminate called without an active exception", exit -6), even after
+    ``destroy_process_group``: seen in fresh-clone runs of the HF child. What a child reports is written and flushed
+    before it exits, so skipping the teardown loses nothing and keeps the exit code the run's.
+    """
+    import torch.distributed as dist
+
+    code = 0
+    try:
+        main()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
