@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from detsampler.cli.checkpoint import open_audit
@@ -84,9 +83,7 @@ def cmd_where(args: argparse.Namespace) -> int:
     k = _source(args, labels)
     doc = _document(args, prepared[k or 0])
     layout = layouts[k or 0]
-    start = time.perf_counter()
     reads = where(plan, layouts if labels is not None else layout, doc, range(*steps), source=k)
-    seconds = time.perf_counter() - start
     samples = document_samples(layout, doc)
     length = int(prepared[k or 0].index.lengths[doc])
     paths = _paths(prepared[k or 0].dataset)
@@ -100,7 +97,6 @@ def cmd_where(args: argparse.Namespace) -> int:
         "steps": list(steps),
         "skip_steps": [list(r) for r in plan.skip_steps or ()],
         "reads": [r._asdict() for r in reads],
-        "seconds": round(seconds, 6),
     }
     if args.json:
         print(json.dumps(out))
@@ -113,13 +109,13 @@ def cmd_where(args: argparse.Namespace) -> int:
         f" seq_len={layout.config.seq_len}" + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
     )
     skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
-    print(f"read {len(reads)} time(s) by steps {steps[0]}..{steps[1] - 1}{skipped}, found in {seconds * 1e3:.1f} ms:")
-    epoch = "source epoch" if k is not None else "epoch"
+    print(f"read {len(reads)} time(s) by steps {steps[0]}..{steps[1] - 1}{skipped}:")
+    epoch, sample = ("source epoch", "source sample") if k is not None else ("epoch", "sample")
     for r in reads:
         eos = " + EOS" if r.stop > length else ""
         print(
             f"  step {r.step}  micro step {r.micro_step}  rank {r.rank}  row {r.row}: tokens [{r.start},"
-            f" {min(r.stop, length)}){eos} at row offset {r.offset}  (position {r.position}, sample {r.sample_id},"
+            f" {min(r.stop, length)}){eos} at row offset {r.offset}  (position {r.position}, {sample} {r.sample_id},"
             f" {epoch} {r.epoch})"
         )
     return 0
