@@ -98,9 +98,10 @@ def test_document_samples_are_the_samples_holding_the_document(layout, data):
     kind=st.sampled_from(LAYOUT_KINDS),
     mix_seed=seeds,
     skips=st.one_of(st.none(), skip_ranges(max_step=12, max_ranges=2, max_len=3)),
+    version=st.sampled_from([1, 2]),
     data=st.data(),
 )
-def test_where_through_a_mixture_equals_the_scan(lengths, kind, mix_seed, skips, data):
+def test_where_through_a_mixture_equals_the_scan(lengths, kind, mix_seed, skips, version, data):
     config = LayoutConfig(kind=kind, seq_len=4, seed=1, window_docs=3)
     layouts = [make_layout(config, np.append(x, 9)) for x in lengths]
     schedule = data.draw(weight_schedules(len(layouts), max_step=10), label="weights")
@@ -113,6 +114,7 @@ def test_where_through_a_mixture_equals_the_scan(lengths, kind, mix_seed, skips,
         world_size=world,
         batch_size_schedule=ramp,
         skip_steps=skips,
+        mapping_version=version,
     )
     source = data.draw(st.integers(0, len(layouts) - 1), label="source")
     doc = data.draw(st.integers(0, layouts[source].num_documents - 1), label="doc")
@@ -168,3 +170,16 @@ def test_where_over_a_persisted_layout_equals_the_in_ram_layout(tmp_path, kind):
     for doc in (0, 17, 299):
         assert where(plan, persisted, doc, range(200)) == where(plan, in_ram, doc, range(200))
     assert where(plan, persisted, 17, range(30)) == scan(plan, persisted, 17, 0, 30)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+def test_where_equals_the_scan_above_the_small_domain(kind, version):
+    """More than 1024 samples per epoch: the epochs' keyed Feistel network (not the small keyed shuffle) is inverted."""
+    lengths = np.random.default_rng(1).integers(0, 200, size=1500)
+    layout = make_layout(LayoutConfig(kind=kind, seq_len=64, seed=2, window_docs=100), lengths)
+    assert layout.num_samples > 1024
+    plan = Plan(layout.num_samples, 5, 128, 4, 4, [(0, 32), (10, 128)], [(20, 24)], mapping_version=version)
+    stop = 3 * layout.num_samples // 128
+    for doc in (0, 777, 1499):
+        assert where(plan, layout, doc, range(stop)) == scan(plan, layout, doc, 0, stop)
