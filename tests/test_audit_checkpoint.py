@@ -403,3 +403,18 @@ def test_a_real_torchtitan_loader_checkpoint_is_audited(capsys, small_index, tmp
     assert f"step 2 (data step 3): sample hash {sample_hash(plan.global_batch(2))}," in out
     err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "step-3"), "--seed", "0"])
     assert "--seed 0 contradicts the checkpoint, which records 5" in err
+
+
+def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_record, tmp_path):
+    from detsampler.where import where
+
+    record, layout, plan = small_record
+    record_dir = tmp_path / "checkpoint-5"
+    record_dir.mkdir()
+    record.save(record_dir)
+    doc = int(layout.locate(plan.global_batch(2)).doc_ids[0])  # read at step 2 (data step 3: step 1 is skipped)
+    code, out, _ = _run(capsys, ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--json"])
+    got = json.loads(out)
+    assert code == 0 and got["steps"] == [0, 5] and got["skip_steps"] == [[1, 1]]
+    assert got["reads"] == [r._asdict() for r in where(plan, layout, doc, range(5))]
+    assert any(r["step"] == 2 for r in got["reads"])

@@ -41,7 +41,7 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     assert mapped == want
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
-    for command in ("show", "verify", "stats"):
+    for command in ("show", "verify", "stats", "where"):
         dests = {a.dest for a in sub[command]._actions}
         assert set(OPTION_FIELDS) <= dests, command
         help_text = sub[command].format_help()
@@ -263,3 +263,23 @@ def test_verify_with_skip_steps_reports_skipped_data_not_gaps(capsys, base_args,
     assert code == 0 and "OK: no duplicates, no gaps" in out, out
     assert "skipped: data steps 2..3 (16 positions, never trained on" in out
     assert "16 skipped, duplicates 0, gaps 0, complete" in out
+
+
+def test_where_lists_the_reads_of_a_document(capsys, base_args, small_index):
+    opts = ["--kind", "bestfit", "--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2"]
+    opts += ["--world-size", "2", "--skip-steps", "3..5", "--steps", "0:1000"]
+    code, out, _ = _run(capsys, ["where", *base_args, *opts, "--doc", "3", "--json"])
+    assert code == 0
+    got = json.loads(out)
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
+    plan = Plan(layout.num_samples, 0, 8, 2, 2, skip_steps=[(3, 5)])
+    from detsampler.where import where
+
+    assert got["reads"] == [r._asdict() for r in where(plan, layout, 3, range(1000))] and got["reads"]
+    path = got["path"]
+    code, out, _ = _run(capsys, ["where", *base_args, *opts, "--path", path])
+    assert code == 0 and f"doc 3 ({path})" in out and f"read {len(got['reads'])} time(s)" in out
+    for r in got["reads"]:
+        assert f"step {r['step']}  micro step {r['micro_step']}  rank {r['rank']}  row {r['row']}: " in out
+    with pytest.raises(SystemExit):
+        main(["where", *base_args, *opts])  # neither --doc nor --path

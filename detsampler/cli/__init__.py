@@ -16,9 +16,9 @@ Options map one to one onto the library's dataclasses:
   is indexed like ``--data`` (the other index options are shared, and so is the tokenizer: ``--tokenizer``, or else the
   default one trained on the standard library), cut by the same layout options, and the plan draws from their mixture.
 
-``show``, ``verify`` and ``stats`` take ``--checkpoint PATH`` instead: the data record a checkpoint saves gives the
-index, layout and plan options (:mod:`detsampler.cli.checkpoint`); an option given explicitly that contradicts it is
-refused (:func:`detsampler.cli.parser.explicit_options` tells typed options from defaults).
+``show``, ``verify``, ``stats`` and ``where`` take ``--checkpoint PATH`` instead: the data record a checkpoint saves
+gives the index, layout and plan options (:mod:`detsampler.cli.checkpoint`); an option given explicitly that
+contradicts it is refused (:func:`detsampler.cli.parser.explicit_options` tells typed options from defaults).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from detsampler.cli.parser import build_parser, explicit_options, join_negative_
 from detsampler.cli.show import cmd_show
 from detsampler.cli.stats import cmd_stats
 from detsampler.cli.verify import cmd_verify
+from detsampler.cli.where import cmd_where
 
 __all__ = ["OPTION_FIELDS", "build_parser", "main"]
 
@@ -43,11 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    if args.command in ("show", "verify", "stats", "build"):
+    if args.command in ("show", "verify", "stats", "build", "where"):
         args.explicit = explicit_options(argv)  # --checkpoint refuses an option that contradicts it, default or not
     quiet_progress(getattr(args, "quiet", False))
     show_library_log(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
-    commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats}
+    commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats, "where": cmd_where}
     try:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)

@@ -1,7 +1,7 @@
 """The ``detsampler`` argument parser: the subcommands and their options.
 
-Invariant: show, verify and stats take every option of :data:`detsampler.cli.options.OPTION_FIELDS`; build takes the
-index options.
+Invariant: show, verify, stats and where take every option of :data:`detsampler.cli.options.OPTION_FIELDS`; build
+takes the index options.
 """
 
 from __future__ import annotations
@@ -276,6 +276,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="also check every chunk checksum and the sha256 of each index file (reads them all)",
     )
 
+    where = sub.add_parser(
+        "where",
+        help="which steps, micro steps, ranks and rows read a document (the reverse of show)",
+        description=(
+            "Every (step, micro step, rank, row) of steps A..B-1 that reads the document, with the token span it reads"
+            " and where the span sits in the row; computed by inverting the layout, the epoch permutations and the"
+            " plan, without a scan over the steps."
+        ),
+    )
+    _add_plan_inputs(where)
+    where.add_argument("--doc", type=non_negative_int, default=None, help="the document id (in its index)")
+    where.add_argument(
+        "--path", default=None, help="the document whose path (a corpus of files) is PATH, or ends with /PATH"
+    )
+    where.add_argument(
+        "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"
+    )
+    where.add_argument(
+        "--steps",
+        type=step_range,
+        default=None,
+        metavar="A:B",
+        help="steps A .. B-1 (required without --checkpoint; with it, default: every step it trained, 0:STEP)",
+    )
+    where.add_argument("--json", action="store_true", help="print the reads as JSON")
+
     stats = sub.add_parser(
         "stats",
         help="documents, tokens, samples per epoch per layout, padding, epochs at a step",
@@ -296,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
-    for command in (train, build, show, verify, stats):
+    for command in (train, build, show, verify, stats, where):
         command.add_argument(
             "--quiet",
             action="store_true",

@@ -61,7 +61,7 @@ import numpy as np
 
 from detsampler.checks import check_int, is_int
 from detsampler.keys import stable_hash64, subkeys
-from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, route
+from detsampler.mixture.tree import RouteNode, build_tree, leaf_bounds, leaf_counts, leaf_path, route, unroute
 from detsampler.mixture.weights import parse_schedule
 from detsampler.permutation import MAX_DOMAIN, check_mapping_version, permute
 from detsampler.version import MAPPING_VERSION
@@ -295,6 +295,29 @@ class Mixture:
             sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]), self.version)
         global_id = sample + np.asarray(self.offsets, dtype=np.int64)[source]
         return MixtureLookup(source, pos, epoch, sample, global_id)
+
+    def global_positions(self, source: int, source_positions: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`_locate` for one source: the global position at which source ``source`` serves each of
+        its positions ``source_positions`` (int64; each must be served, i.e. below ``served(p)[source]`` for some
+        reachable ``p``). Source position ``p`` lies in the segment ``j`` with ``starts[j][k] <= p < starts[j+1][k]``,
+        is the ``(p - starts[j][k])``-th position of its leaf there, and :func:`~detsampler.mixture.tree.unroute`
+        climbs the segment's tree to the root. O(tree depth) Python int operations per position."""
+        self._check_placed()
+        k = int(source)
+        if not 0 <= k < self.num_sources:
+            raise ValueError(f"Got source {source!r}, allowed sources are in [0, {self.num_sources})")
+        starts = np.asarray([row[k] for row in self._starts], dtype=np.int64)
+        p = np.asarray(source_positions, dtype=np.int64).reshape(-1)
+        segment = np.searchsorted(starts, p, side="right") - 1
+        paths = {}
+        out = []
+        for pos, j in zip(p.tolist(), segment.tolist()):
+            if j not in paths:
+                paths[j] = leaf_path(self._trees[j], k)
+            if pos < 0 or paths[j] is None:
+                raise ValueError(f"source {k} never serves its position {pos}")
+            out.append(self.step_positions[j] + unroute(paths[j], pos - int(starts[j])))
+        return np.asarray(out, dtype=np.int64)
 
     def source_key(self, source: int) -> int:
         """The base key of source ``source``'s epoch permutations."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from detsampler.keys import stable_hash64
 
-__all__ = ["RouteNode", "build_tree", "leaf_bounds", "leaf_counts", "route"]
+__all__ = ["RouteNode", "build_tree", "leaf_bounds", "leaf_counts", "leaf_path", "route", "unroute"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,28 @@ def leaf_bounds(node: RouteNode, path: tuple[int, ...], out: list[Fraction]) -> 
         return
     leaf_bounds(node.left, path + (node.left.weight,), out)
     leaf_bounds(node.right, path + (node.right.weight,), out)
+
+
+def leaf_path(node: RouteNode, leaf: int) -> list[tuple[RouteNode, bool]] | None:
+    """The inner nodes from the root down to leaf ``leaf``, each with True where the path goes left; None when the
+    source is not a leaf of this tree (weight 0 in the segment)."""
+    if node.leaf >= 0:
+        return [] if node.leaf == leaf else None
+    for child, is_left in ((node.left, True), (node.right, False)):
+        below = leaf_path(child, leaf)
+        if below is not None:
+            return [(node, is_left), *below]
+    return None
+
+
+def unroute(path: list[tuple[RouteNode, bool]], q: int) -> int:
+    """The inverse of :func:`route`: the root position whose route ends as the ``q``-th position of the leaf at the end
+    of ``path`` (exact, Python ints). A node of weight ``T``, left weight ``a`` and phase ``r`` sends its ``p``-th
+    position left iff ``L(p + 1) > L(p)``, ``L(p) = floor((p * a + r) / T)``; so the left child's ``q``-th position is
+    the smallest ``p`` with ``L(p + 1) >= q + 1``, ``p = ceil(((q + 1) T - r) / a) - 1``, and the right child's (``R(p)
+    = p - L(p) = ceil((p b - r) / T)``, ``b = T - a``) the smallest ``p`` with ``R(p + 1) >= q + 1``, ``p = floor((q T
+    + r) / b)``."""
+    for node, is_left in reversed(path):
+        t, a, r = node.weight, node.left.weight, node.phase
+        q = -((r - (q + 1) * t) // a) - 1 if is_left else (q * t + r) // (t - a)
+    return q

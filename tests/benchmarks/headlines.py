@@ -346,6 +346,24 @@ def _shard_build(md: str) -> list[Row]:
     ]
 
 
+def _where(md: str) -> list[Row]:
+    t = [x for x in parse_tables(md) if x.title.startswith("where over")][-1]
+
+    def ours(r: dict[str, str]) -> str:
+        return f"{r['layout']}: {r['where: median / max ms'].split(' / ')[0]} ms"
+
+    def scan(r: dict[str, str]) -> str:
+        return f"{r['layout']}: {r[next(c for c in r if c.startswith('scan of'))]}"
+
+    return [
+        (
+            f"document -> steps, {t.title.removeprefix('where over ').split(' (')[0]}, median (benchmark 13)",
+            _listing(t.rows, ours) + f" (target < 50 ms: {_verdict(md, 'where for one document')})",
+            "a locate scan of every step (no peer answers it): " + _listing(t.rows, scan) + " (extrapolated)",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "resume": _resume,
     "memory": _memory,
@@ -359,6 +377,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "source_open": _source_open,
     "corpus_scale": _corpus_scale,
     "shard_build": _shard_build,
+    "where": _where,
 }
 
 

@@ -63,6 +63,7 @@ ORDER = {
     "source_open": 10,
     "corpus_scale": 11,
     "shard_build": 12,
+    "where": 13,
 }
 PACKAGES = (
     "numpy",

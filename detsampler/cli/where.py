@@ -1,0 +1,121 @@
+"""``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID`` or ``--path FILE``),
+with the token span each read: the reverse of ``show``, computed by :func:`detsampler.where.where` without a scan.
+
+Invariant: every line printed is a (step, rank, micro step) that ``detsampler show`` prints the document for, with the
+same span (tests/test_where.py proves the library call equal to a scan of ``locate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from detsampler.cli.checkpoint import open_audit
+from detsampler.cli.inputs import mixture_plan, prepare
+from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+
+__all__ = ["cmd_where"]
+
+
+def _paths(dataset: Any) -> list[str] | None:
+    if dataset is None or "path" not in dataset.column_names:
+        return None
+    return [str(p) for p in dataset["path"]]
+
+
+def _document(args: argparse.Namespace, prepared: Any) -> int:
+    """``--doc``, or the document whose ``path`` is ``--path`` (exactly, else the one path ending with it)."""
+    if args.doc is not None:
+        return args.doc
+    paths = _paths(prepared.dataset)
+    if paths is None:
+        raise ValueError("--path needs a corpus whose documents are files (a path column): pass --doc ID instead")
+    exact = [i for i, p in enumerate(paths) if p == args.path]
+    found = exact or [i for i, p in enumerate(paths) if p.endswith("/" + args.path.lstrip("/"))]
+    if len(found) != 1:
+        raise ValueError(
+            f"--path {args.path!r} names {'no document' if not found else f'{len(found)} documents'} of the corpus"
+            + ("" if not found else f" ({', '.join(paths[i] for i in found[:3])}): give more of the path")
+        )
+    return found[0]
+
+
+def _source(args: argparse.Namespace, labels: Any) -> int | None:
+    if labels is None:
+        if args.source is not None:
+            raise ValueError("--source is for a mixture (--mixture-data, or a checkpoint that trained on one)")
+        return None
+    if args.source is None:
+        raise ValueError(f"the plan reads a mixture: name the document's source with --source ({', '.join(labels)})")
+    if args.source in labels:
+        return list(labels).index(args.source)
+    if args.source.isdigit() and int(args.source) < len(labels):
+        return int(args.source)
+    raise ValueError(f"Got --source {args.source!r}, allowed sources are {', '.join(labels)} (or 0..{len(labels) - 1})")
+
+
+def cmd_where(args: argparse.Namespace) -> int:
+    """Print (or ``--json``) every read of the document by ``--steps A:B``."""
+    from detsampler.where import document_samples, where
+
+    if (args.doc is None) == (args.path is None):
+        raise ValueError("where needs one of --doc ID or --path FILE")
+    config = mixture_config(args) if args.checkpoint is None else None
+    if args.checkpoint is not None:
+        audit = open_audit(args, corpus=args.path is not None)
+        prepared, layouts, plan, labels = audit.prepared, audit.layouts, audit.plan, audit.labels
+        if args.steps is None and audit.record.step == 0:
+            raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
+        steps = (0, audit.record.step) if args.steps is None else args.steps
+    else:
+        if args.steps is None:
+            raise ValueError("where needs --steps A:B (or --checkpoint PATH: every step it trained)")
+        steps = args.steps
+        if config is None:
+            prepared = [prepare(args)]
+            layouts = [prepared[0].index.layout(layout_config(args))]
+            plan = plan_from_args(args, layouts[0].num_samples)
+            labels = None
+        else:
+            prepared, layouts, plan = mixture_plan(args, config)
+            labels = config.labels
+    k = _source(args, labels)
+    doc = _document(args, prepared[k or 0])
+    layout = layouts[k or 0]
+    reads = where(plan, layouts if labels is not None else layout, doc, range(*steps), source=k)
+    samples = document_samples(layout, doc)
+    length = int(prepared[k or 0].index.lengths[doc])
+    paths = _paths(prepared[k or 0].dataset)
+    out = {
+        "doc": doc,
+        "path": paths[doc] if paths is not None else None,
+        "source": None if labels is None else labels[k],
+        "length": length,
+        "layout": {"kind": layout.config.kind, "seq_len": layout.config.seq_len},
+        "samples": samples.sample_ids.tolist(),
+        "steps": list(steps),
+        "skip_steps": [list(r) for r in plan.skip_steps or ()],
+        "reads": [r._asdict() for r in reads],
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    name = f"doc {doc}" + (f" ({out['path']})" if out["path"] else "")
+    name += f" of source {out['source']}" if k is not None else ""
+    held = ", ".join(map(str, out["samples"][:8])) + (" ..." if len(out["samples"]) > 8 else "")
+    print(
+        f"{name}: {length} tokens + EOS, in {len(out['samples'])} sample(s) of layout {layout.config.kind}"
+        f" seq_len={layout.config.seq_len}" + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
+    )
+    skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
+    print(f"read {len(reads)} time(s) by steps {steps[0]}..{steps[1] - 1}{skipped}:")
+    epoch, sample = ("source epoch", "source sample") if k is not None else ("epoch", "sample")
+    for r in reads:
+        eos = " + EOS" if r.stop > length else ""
+        print(
+            f"  step {r.step}  micro step {r.micro_step}  rank {r.rank}  row {r.row}: tokens [{r.start},"
+            f" {min(r.stop, length)}){eos} at row offset {r.offset}  (position {r.position}, {sample} {r.sample_id},"
+            f" {epoch} {r.epoch})"
+        )
+    return 0
