@@ -1,0 +1,140 @@
+"""The GPU check (issue 26) tested on CPU: ``scripts/gpu_check.sh --device cpu`` runs ``train.gpu_check``'s CPU
+fallback (gloo, fp32, the tiny model on one rank under torchrun, 8 steps on the first 120 files of the default corpus),
+which kills, resumes, compares and reports exactly as on a GPU; an injected mismatch must fail it, a spent time budget
+too, each with its JSON report written. ``scripts/gpu_wheels.sh --dry-run`` lists one pin per package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from train.compare import compare_runs
+from train.metrics import RunMetrics
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = "tokenizer-512.model"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("cache")
+    train_tokenizer(None, 512, root / TOKENIZER, texts=default_corpus(max_documents=120)["text"])
+    return root
+
+
+def _check(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, dict]:
+    settings = {
+        "data.cache_dir": f'"{cache_dir}"',
+        "data.tokenizer": f'"{cache_dir / TOKENIZER}"',
+        "data.max_documents": 120,
+        "data.vocab_size": 512,
+        "data.layout": '"bestfit"',
+        "data.window_docs": 32,
+        "schedule.warmup_steps": 2,
+    }
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GPU_CHECK_TIMEOUT": "200"}
+    cmd = ["bash", "scripts/gpu_check.sh", "--device", "cpu", "--out", str(tmp_path / "runs"), *sets, *extra]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert (out / "gpu_check.json").exists(), output[-4000:]
+    assert (out / "gpu_check.log").read_text().strip().endswith(f"exit {result.returncode}")
+    return result.returncode, output, json.loads((out / "gpu_check.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_cpu_fallback_kills_resumes_compares_and_reports(tmp_path: Path, cache_dir: Path) -> None:
+    rc, output, report = _check(tmp_path, cache_dir)
+    assert rc == 0, output[-4000:]
+    assert report["status"] == "ok" and report["error"] is None
+    assert ">>> SIGKILL sent to every process of the run (torchrun and its rank) at before_step:6" in output
+    assert "GPU CHECK OK" in output
+    cmp = report["comparison"]
+    assert (cmp["sample_hashes_equal"], cmp["tokens_equal"], cmp["losses_equal"]) == (8, 8, 8)
+    assert cmp["resumed_at"] == [4] and cmp["retrained_steps"] == 2 and cmp["max_abs_loss_diff"] == 0
+    assert [s["step"] for s in report["steps"]] == list(range(8)) and all(s["same"] for s in report["steps"])
+    # the data wait of the steady steps: A (prefetch 0) all but steps 0-1, B (prefetch 2) also without 4-5 (resume)
+    waits = report["data_wait_ms"]
+    assert waits["prefetch_0"]["n"] == 6 and waits["prefetch_2"]["n"] == 4
+    assert all(w["max"] >= w["median"] >= 0 for w in waits.values())
+    speed = report["speed"]["A"]
+    assert speed["tokens_per_s"] > 0 and speed["mfu"] is None and speed["peak_mem_gib"] is None  # CPU
+    assert report["config"]["precision"] == "fp32" and report["config"]["deterministic"] is True
+    out = tmp_path / "out"
+    assert (out / "gpu_check.txt").read_text().startswith("GPU CHECK OK")
+    for name in ("metrics_A.jsonl", "metrics_B.jsonl"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_an_injected_loss_mismatch_fails_the_check(tmp_path: Path, cache_dir: Path) -> None:
+    """Run B resumes with twice the learning rate: the same data, other losses after the resume step -> exit 1."""
+    rc, output, report = _check(tmp_path, cache_dir, "--inject-mismatch", "loss")
+    assert rc == 1, output[-4000:]
+    assert report["status"] == "mismatch" and "GPU CHECK MISMATCH" in output
+    cmp = report["comparison"]
+    assert cmp["sample_hashes_equal"] == 8 and cmp["tokens_equal"] == 8
+    assert cmp["bad_steps"] == [5, 6, 7] and cmp["losses_equal"] == 5
+
+
+def test_a_spent_time_budget_fails_with_its_report(tmp_path: Path, cache_dir: Path) -> None:
+    rc, output, report = _check(tmp_path, cache_dir, "--budget-s", "0")
+    assert rc == 2, output[-4000:]
+    assert report["status"] == "failed" and "time budget" in report["error"]
+    assert "comparison" not in report and report["model"]["params"] > 0
+
+
+def _metrics(rows: dict[int, tuple[str, float]]) -> RunMetrics:
+    return RunMetrics(steps={s: {"sample_hash": h, "tokens_hash": h, "loss": loss} for s, (h, loss) in rows.items()})
+
+
+def test_a_tolerance_loosens_the_losses_never_the_data() -> None:
+    a = _metrics({0: ("x", 1.0), 1: ("y", 2.0)})
+    close = _metrics({0: ("x", 1.0), 1: ("y", 2.0 + 1e-6)})
+    assert compare_runs(a, close, 2).bad == [1]  # bit for bit by default
+    assert compare_runs(a, close, 2, loss_tolerance=1e-5).bad == []
+    other_data = _metrics({0: ("x", 1.0), 1: ("z", 2.0)})
+    assert compare_runs(a, other_data, 2, loss_tolerance=1.0).bad == [1]
+    assert compare_runs(a, _metrics({0: ("x", 1.0)}), 2, loss_tolerance=1.0).bad == [1]  # a missing step
+
+
+def test_the_flop_count_counts_the_models_parameters() -> None:
+    from train.config import load_config
+    from train.gpu_check import model_flops
+    from train.model import Transformer
+
+    cfg = load_config(ROOT / "train" / "configs" / "tiny.toml").model
+    flops = model_flops(cfg, 2048, 64)
+    real = sum(p.numel() for p in Transformer(replace(cfg, vocab_size=2048)).parameters())
+    assert flops["params"] == real
+    assert flops["matmul_params"] == real - 2048 * cfg.dim
+    assert flops["flops_per_token"] == 6 * flops["matmul_params"] + 12 * cfg.n_layers * cfg.dim * 64
+    tied = model_flops(replace(cfg, tie_embeddings=True), 2048, 64)
+    assert tied["matmul_params"] == tied["params"] == real - 2048 * cfg.dim
+
+
+def test_the_wheels_script_pins_one_version_of_each_package() -> None:
+    result = subprocess.run(
+        ["bash", "scripts/gpu_wheels.sh", "--dry-run", "pyarrow==26.0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    pins = result.stdout.splitlines()[0].removeprefix("pins: ").split()
+    names = [p.split("==")[0] for p in pins]
+    assert {"datasets", "dill", "multiprocess", "fsspec", "pyarrow"} == set(names) and len(names) == len(set(names))
+    assert "--no-deps --only-binary=:all: --python-version 3.12" in result.stdout
+    assert "pip download" in result.stdout and "-d .whl" in result.stdout
