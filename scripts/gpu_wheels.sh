@@ -56,7 +56,8 @@ done
 ls -l .whl/*.whl | awk '{printf "  %10d  %s\n", $5, $NF}'
 total=$(du -cb .whl/*.whl | tail -1 | cut -f1)
 echo "total: $total bytes ($(awk -v b="$total" 'BEGIN{printf "%.1f", b/1048576}') MiB of the ${LIMIT_MIB} MiB a call may carry)"
-if [ "$total" -gt $((LIMIT_MIB * 1048576 / 2)) ]; then
-  echo "gpu_wheels.sh: the wheels take more than half of what a call may carry" >&2
+# The repository's tracked files (~2 MiB) travel beside the wheels, within the same 64 MiB.
+if [ "$total" -gt $((56 * 1048576)) ]; then
+  echo "gpu_wheels.sh: the wheels leave too little of the ${LIMIT_MIB} MiB a call may carry for the repository" >&2
   exit 1
 fi
