@@ -71,6 +71,7 @@ def test_the_cpu_fallback_kills_resumes_compares_and_reports(tmp_path: Path, cac
     speed = report["speed"]["A"]
     assert speed["tokens_per_s"] > 0 and speed["mfu"] is None and speed["peak_mem_gib"] is None  # CPU
     assert report["config"]["precision"] == "fp32" and report["config"]["deterministic"] is True
+    assert report["config"]["strict_determinism"] is True  # a no-op on CPU, where determinism is always strict
     out = tmp_path / "out"
     assert (out / "gpu_check.txt").read_text().startswith("GPU CHECK OK")
     for name in ("metrics_A.jsonl", "metrics_B.jsonl"):
@@ -138,3 +139,14 @@ def test_the_wheels_script_pins_one_version_of_each_package() -> None:
     assert {"datasets", "dill", "multiprocess", "fsspec", "pyarrow"} == set(names) and len(names) == len(set(names))
     assert "--no-deps --only-binary=:all: --python-version 3.12" in result.stdout
     assert "pip download" in result.stdout and "-d .whl" in result.stdout
+
+
+def test_a_refused_nondeterministic_operation_is_recognised() -> None:
+    from train.gpu_check import determinism_error
+
+    refused = (
+        "RuntimeError: scatter_add_cuda_kernel does not have a deterministic implementation, but you set "
+        "'torch.use_deterministic_algorithms(True)'."
+    )
+    assert determinism_error(["step 0 ...", refused])
+    assert not determinism_error(["RuntimeError: CUDA out of memory", "UserWarning: ... non-deterministic ..."])
