@@ -85,8 +85,12 @@ def _device_info(device: str) -> dict[str, Any]:
             memory_gib=round(props.total_memory / 2**30, 1),
             capability=f"{props.major}.{props.minor}",
             cuda=torch.version.cuda,
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
         )
+        try:
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except Exception as exc:  # reported, never fatal: NCCL is the trainer's to fail on
+            info["nccl"] = f"unknown ({type(exc).__name__})"
     info["cpus"] = os.cpu_count()
     return info
 
@@ -299,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("gpu_check: --device cuda, but torch sees no CUDA device")
-        report["device"] = _device_info(args.device)
+        report["device"] = {"kind": args.device}
         cfg = load_config(config, overrides)
         precision = cfg.runtime.mixed_precision
         bf16 = precision == "bf16" or (precision == "auto" and args.device == "cuda")
@@ -330,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({data.layout.config.kind} layout) in {times['index']:.0f}s",
             flush=True,
         )
+        # NOTE: after the index build, whose worker processes are forked: none of them inherits a CUDA context
+        report["device"] = _device_info(args.device)
         flops = model_flops(cfg.model, data.vocab_size, cfg.data.seq_len)
         report["model"] = flops
         peak = None
