@@ -150,3 +150,24 @@ def test_a_refused_nondeterministic_operation_is_recognised() -> None:
     )
     assert determinism_error(["step 0 ...", refused])
     assert not determinism_error(["RuntimeError: CUDA out of memory", "UserWarning: ... non-deterministic ..."])
+
+
+def test_a_run_b_that_cannot_finish_in_time_stops_the_check_after_run_a(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run A took (as if) 200 s for 8 steps: run B (6 + 8 - 4 = 10 steps) would need 250 s of a 150 s budget."""
+    import train.gpu_check as gpu_check
+
+    calls = []
+    monkeypatch.setattr(gpu_check, "run_logged", lambda label, args, **kw: calls.append(label) or 200.0)
+    sets = [
+        f'data.cache_dir="{cache_dir}"',
+        f'data.tokenizer="{cache_dir / TOKENIZER}"',
+        "data.max_documents=120",
+        "data.vocab_size=512",
+    ]
+    argv = ["--device", "cpu", "--budget-s", "150", "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]
+    assert gpu_check.main(argv + [a for s in sets for a in ("--set", s)]) == 2
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert calls == ["A"] and report["status"] == "failed"
+    assert "run B would take about 250s at run A's pace" in report["error"]

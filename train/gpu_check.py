@@ -5,7 +5,7 @@
 
 ``scripts/gpu_check.sh`` runs it on the GPU machine under a timeout of its own. With ``--device cuda`` it trains
 ``train/configs/gpu.toml`` (~134M parameters with the default 32k tokenizer, bf16 through FSDP2's mixed precision
-policy, NCCL, ``--nproc`` ranks: 1 by default) for 200 steps instead of 300; the config uses no ``torch.compile``, so
+policy, NCCL, ``--nproc`` ranks: 1 by default) for 160 steps instead of 300; the config uses no ``torch.compile``, so
 neither does the check. With ``--device cpu`` (the fallback that the tests run) it trains ``train/configs/tiny.toml``
 (gloo, fp32) for a few steps. In both:
 
@@ -54,7 +54,7 @@ __all__ = ["PEAK_BF16_FLOPS", "determinism_error", "main", "model_flops", "summa
 
 CONFIGS = {"cuda": ROOT / "train" / "configs" / "gpu.toml", "cpu": ROOT / "train" / "configs" / "tiny.toml"}
 # steps, checkpoint every, kill before
-SIZES = {"cuda": (200, 100, 150), "cpu": (8, 4, 6)}
+SIZES = {"cuda": (160, 80, 120), "cpu": (8, 4, 6)}
 # Dense bf16 tensor-core peak of the SXM parts, by NVIDIA's datasheets (H100 and H200: 989.4 TFLOP/s without
 # sparsity); matched against torch.cuda.get_device_name. Other devices: pass --peak-tflops.
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
@@ -226,9 +226,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="default: train/configs/gpu.toml (cuda), tiny.toml (cpu)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nproc", type=int, default=1, help="ranks (torchrun --nproc-per-node)")
-    p.add_argument("--steps", type=int, default=None, help="default 200 (cuda), 8 (cpu)")
-    p.add_argument("--every", type=int, default=None, help="checkpoint every this many steps: 100 (cuda), 4 (cpu)")
-    p.add_argument("--kill-at", type=int, default=None, help="SIGKILL run B before this step: 150 (cuda), 6 (cpu)")
+    p.add_argument("--steps", type=int, default=None, help="default 160 (cuda), 8 (cpu)")
+    p.add_argument("--every", type=int, default=None, help="checkpoint every this many steps: 80 (cuda), 4 (cpu)")
+    p.add_argument("--kill-at", type=int, default=None, help="SIGKILL run B before this step: 120 (cuda), 6 (cpu)")
     p.add_argument("--loss-tolerance", type=float, default=0.0, help="absolute; 0: bit-identical losses")
     p.add_argument(
         "--fallback-tolerance",
@@ -268,7 +268,7 @@ def _terminated(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     args = _parse(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     out = Path(args.out)
     json_path = Path(args.json) if args.json else _default_json(out)
     run_a, run_b = out / "uninterrupted", out / "interrupted"
@@ -389,6 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" step {args.kill_at // args.every * args.every}), then resumed with --resume auto -> {run_b}",
             flush=True,
         )
+        # Run B trains kill_at steps, then again from the last checkpoint to the end, in two launches: stop now, with
+        # the numbers, rather than at the timeout, when run A's pace says that it cannot finish in time.
+        last = args.kill_at // args.every * args.every
+        need = times["run_a"] * (args.kill_at + args.steps - last) / args.steps
+        if need > remaining():
+            raise SystemExit(
+                f"gpu_check: run B would take about {need:.0f}s at run A's pace ({times['run_a']:.0f}s for "
+                f"{args.steps} steps), more than the {remaining():.0f}s left of the budget; pass fewer --steps"
+            )
         b_args = common + ["--set", "data.prefetch_batches=2", "--run-dir", str(run_b), "--resume", "auto"]
         times["run_b"] = run_logged("B", b_args, kill_point=f"before_step:{args.kill_at}", timeout=remaining(), **run)
         if args.inject_mismatch == "loss":
@@ -452,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.copyfile(run_dir / "metrics.jsonl", json_path.parent / name)
     print(text, flush=True)
     print(f"      report: {json_path}", flush=True)
+    signal.signal(signal.SIGTERM, previous)
     return code
 
 
