@@ -17,6 +17,8 @@ export OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# Nothing outside the GPU machine can be reached: no library may wait on a network time-out.
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 LOG="$OUT/gpu_check.log"
 
 {
