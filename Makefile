@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: demo test bench venv clean format
+.PHONY: demo test bench venv clean format gpu-check
 
 # Rewrite the code in the house format (what `make test` checks).
 format: $(VENV)/.installed
@@ -34,6 +34,11 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m train.demo
+
+# The GPU check (issue 26), on a GPU machine with the packages of scripts/gpu_wheels.sh on PYTHONPATH (no .venv: the
+# machine's own python3 and torch); docs/usage.md, "The GPU check".
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[bench]"

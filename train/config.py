@@ -344,6 +344,10 @@ class RuntimeConfig:
     device: str = "auto"
     mixed_precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or "bf16", "fp32"
     deterministic: bool = True  # CPU: deterministic algorithms (bit-identical resumes)
+    # CUDA, with deterministic: an operation without a deterministic implementation is an error, not a warning
+    # (use_deterministic_algorithms(True, warn_only=False)), and memory-efficient attention's backward runs
+    # deterministically (one key split); on CPU deterministic algorithms are always strict
+    strict_determinism: bool = False
     threads: int = 0  # CPU threads per rank; 0: cores / local ranks
     log_every: int = 1
 

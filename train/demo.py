@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.launch import run_training, train_command
+from train.compare import compare_runs, print_comparison, run_logged
 from train.metrics import read_metrics
 
 __all__ = ["main"]
@@ -34,50 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "train" / "configs" / "tiny.toml"
 
 
-def _echo(prefix: str, verbose: bool):
-    def echo(line: str) -> None:
-        if not line.strip() or line.startswith(("W1", "*****", "Setting OMP_NUM_THREADS")):
-            return  # torchrun's banner
-        if (
-            verbose
-            or line.startswith(
-                (
-                    "step",
-                    "checkpoint",
-                    "resuming",
-                    "starting",
-                    "removed",
-                    "done",
-                    "DETSAMPLER",
-                    "data:",
-                    "model:",
-                    "detsampler:",
-                    "Traceback",
-                    "error",
-                )
-            )
-            or "Error" in line
-        ):
-            print(f"  {prefix} | {line.strip()}", flush=True)
-
-    return echo
-
-
 def _run(label: str, args: list[str], kill_point: str | None = None, verbose: bool = False) -> float:
-    t0 = time.monotonic()
-    result = run_training(
-        train_command(2, args), kill_point=kill_point, cwd=ROOT, echo=_echo(label, verbose), timeout=1800
-    )
-    if kill_point is not None:
-        if result.killed_at != kill_point:
-            raise SystemExit(f"demo: run {label} ended (exit {result.returncode}) before reaching {kill_point}")
-        print(
-            f"  {label} | >>> SIGKILL sent to every process of the run (torchrun and both ranks) at {kill_point}",
-            flush=True,
-        )
-    elif result.returncode != 0:
-        raise SystemExit(f"demo: run {label} failed with exit code {result.returncode}")
-    return time.monotonic() - t0
+    return run_logged(label, args, nproc=2, kill_point=kill_point, verbose=verbose, what="demo")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,48 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("[4/4] comparison, step by step", flush=True)
     a, b = read_metrics(run_a), read_metrics(run_b)
     resumed = [int(e["step"]) for e in b.resumes]
-    bad = []
-    rows = []
-    for step in range(args.steps):
-        ra, rb = a.steps.get(step), b.steps.get(step)
-        if ra is None or rb is None:
-            bad.append(step)
-            rows.append((step, ra, rb, False, False, False))
-            continue
-        same = (
-            ra["sample_hash"] == rb["sample_hash"],
-            ra["tokens_hash"] == rb["tokens_hash"],
-            ra["loss"] == rb["loss"],
-        )
-        if not all(same):
-            bad.append(step)
-        rows.append((step, ra, rb, *same))
-    show = {
-        0,
-        args.steps - 1,
-        *[s for r in resumed for s in (r - 1, r, r + 1)],
-        *bad,
-        *range(0, args.steps, max(1, args.steps // 6)),
-    }
-    print(f"      {'step':>4}  {'sample hash A':>13}  {'sample hash B':>13}  {'loss A':>18}  {'loss B':>18}  same?")
-    for step, ra, rb, s_same, t_same, l_same in rows:
-        if step not in show:
-            continue
-        mark = "  <- B resumed here" if step in resumed else ""
-        if ra is None or rb is None:
-            print(f"      {step:>4}  missing in {'A' if ra is None else 'B'}")
-            continue
-        verdict = "yes" if (s_same and t_same and l_same) else "NO"
-        print(
-            f"      {step:>4}  {ra['sample_hash']:>13}  {rb['sample_hash']:>13}  {ra['loss']:>18.15f} "
-            f" {rb['loss']:>18.15f}  {verdict}{mark}"
-        )
-    n = args.steps
-    count = lambda i: sum(1 for r in rows if r[i])
-    print(
-        f"      sample hashes equal: {count(3)}/{n} steps; trained tokens equal: {count(4)}/{n}; "
-        f"losses bit-identical: {count(5)}/{n}"
-    )
+    cmp = compare_runs(a, b, args.steps)
+    bad = cmp.bad
+    print_comparison(cmp, resumed)
     print(
         f"      run B: killed before step {args.kill_at}, resumed from the checkpoint of step"
         f" {resumed[0] if resumed else '?'}; {b.superseded} logged steps of the killed attempt were trained again"

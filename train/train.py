@@ -135,7 +135,7 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     precision = cfg.runtime.mixed_precision
     bf16 = precision == "bf16" or (precision == "auto" and use_cuda)
     if cfg.runtime.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=use_cuda)
+        torch.use_deterministic_algorithms(True, warn_only=use_cuda and not cfg.runtime.strict_determinism)
         torch.backends.cudnn.benchmark = False
     return Runtime(rank, world, local_rank, local_world, device, torch.bfloat16 if bf16 else torch.float32)
 
