@@ -37,6 +37,7 @@ import numpy as np
 from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import check_mapping_version, permute, permute_within
+from detsampler.redaction import Redaction, normalize_redactions
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
@@ -197,6 +198,10 @@ class Plan:
     batch-size schedule, a mixture's weight schedule and the skip ranges are all in data steps, which equal training
     steps before the first skip range.
 
+    ``redactions`` (:class:`~detsampler.redaction.Redaction` entries, in *training* steps) change no sample: they are
+    held for the fingerprint and for :func:`~detsampler.redaction.redaction_mask`, which masks the redacted documents'
+    labels at the steps they are in force.
+
     ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own
     seed),
     and :func:`~detsampler.resume.check_resume` lets a resume change it.
@@ -215,6 +220,7 @@ class Plan:
     skip_steps: Sequence[tuple[int, int]] | None = None
     source: SampleStream | None = field(default=None, kw_only=True)
     mapping_version: int = field(default=MAPPING_VERSION, kw_only=True)
+    redactions: Sequence[Redaction] | None = field(default=None, kw_only=True)
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
@@ -241,6 +247,10 @@ class Plan:
         skips = normalize_skip_steps(self.skip_steps)
         object.__setattr__(self, "_skips", skips)
         object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
+        redactions = normalize_redactions(self.redactions)
+        if redactions and self.source is not None:
+            raise ValueError("redactions name document ids of one index: a plan over a mixture takes none (not yet)")
+        object.__setattr__(self, "redactions", redactions or None)
         object.__setattr__(self, "stream", self.stream.with_step_positions(self.data_consumed))
 
     def _unplaced_stream(self) -> SampleStream:
@@ -436,4 +446,6 @@ class Plan:
         }
         if self._skips:  # only when present, so that plans without skip ranges keep their fingerprint
             out["skip_steps"] = [list(r) for r in self._skips]
+        if self.redactions:  # likewise: plans without redactions keep their fingerprint
+            out["redactions"] = [r.to_list() for r in self.redactions]
         return out

@@ -208,6 +208,7 @@ class DataRecord:
             batch_size_schedule=schedule if len(schedule) > 1 else None,
             skip_steps=[tuple(r) for r in recorded.get("skip_steps", [])] or None,
             mapping_version=recorded["mapping_version"],
+            redactions=recorded.get("redactions") or None,
         )
         rebuilt = _jsonable(plan.fingerprint())
         if rebuilt != recorded:

@@ -6,9 +6,10 @@ schedule, skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkp
 it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
-mixture schedule entries at or after the resume step, and with new skip ranges that start at or after the data step the
-resume reads. Any other change (another index, another layout, another seed, batch sizes or weights before the resume)
-changes the past and is refused by :func:`check_resume` with a ValueError that says what changed.
+mixture schedule entries at or after the resume step, with new skip ranges that start at or after the data step the
+resume reads, and with redactions from the resume step on. Any other change (another index, another layout, another
+seed, batch sizes or weights before the resume, redactions before it) changes the past and is refused by
+:func:`check_resume` with a ValueError that says what changed.
 
 All steps of the batch-size schedule, of the mixture schedule and of the skip ranges are *data* steps; the past is the
 data steps before ``d(resume_step)`` of the checkpointed plan.
@@ -23,6 +24,7 @@ from typing import Any
 
 from detsampler.checks import check_int
 from detsampler.plan import Plan, data_step, normalize_skip_steps
+from detsampler.redaction import normalize_redactions
 
 __all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
 
@@ -147,7 +149,7 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
     its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
     at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
-    and ranges that lie there too.
+    and ranges that lie there too; redactions whose ``from_step`` (a training step) is ``>= resume_step``.
 
     Args:
         old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
@@ -213,7 +215,8 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
         )
     # The plan's seed keys only the epoch shuffles of ``num_samples``; a source stream (a mixture) has its own seed.
     unused = {"seed"} if before["stream"].get("kind") != "epochs" and after["stream"].get("kind") != "epochs" else set()
-    for key in sorted((set(before) | set(after)) - {"stream", "skip_steps", "batch_size_schedule"} - unused):
+    free = {"stream", "skip_steps", "batch_size_schedule", "redactions"}
+    for key in sorted((set(before) | set(after)) - free - unused):
         if before.get(key) != after.get(key):
             raise ValueError(
                 f"resuming at step {resume_step} changes the plan's {key}: the checkpoint has {before.get(key)!r}, the"
@@ -261,4 +264,20 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
         raise ValueError(
             f"skip_steps {what}, which lies in the past of the resume: training step {resume_step} resumes at data step"
             f" {boundary}, so new ranges must start at data step >= {boundary} and earlier ranges must stay as trained"
+        )
+    _check_redactions(before.get("redactions", []), after.get("redactions", []), resume_step)
+
+
+def _check_redactions(old: list, new: list, resume_step: int) -> None:
+    """Redactions are in training steps: those in force before ``resume_step`` masked what was trained, so they must
+    stay as they are; entries from ``resume_step`` on may be added, changed or removed (they change no sample)."""
+    past_old = [r.to_list() for r in normalize_redactions(old) if r.from_step < resume_step]
+    past_new = [r.to_list() for r in normalize_redactions(new) if r.from_step < resume_step]
+    if past_old != past_new:
+        added = [r for r in past_new if r not in past_old]
+        removed = [r for r in past_old if r not in past_new]
+        what = f"adds {added}" if added else f"removes {removed}"
+        raise ValueError(
+            f"redactions {what} (as [from_step, [documents]]), before training step {resume_step} where the run"
+            f" resumes: those steps were trained without it; redact from step >= {resume_step}"
         )

@@ -40,7 +40,7 @@ from detsampler.mixture import Mixture
 from detsampler.permutation import unpermute
 from detsampler.plan import Plan
 
-__all__ = ["DocumentSamples", "Read", "document_samples", "where"]
+__all__ = ["DocumentSamples", "Read", "document_samples", "redaction_audit", "where"]
 
 
 class Read(NamedTuple):
@@ -244,4 +244,32 @@ def where(
         for i in np.flatnonzero(keep).tolist()
     ]
     out.sort()
+    return out
+
+
+def redaction_audit(plan: Plan, layout: Layout, stop: int | None = None) -> list[dict]:
+    """The audit trail of ``plan.redactions``: per redacted document (in order of ``from_step``, then id), what the
+    steps before its redaction trained on, from :func:`where`.
+
+    Each entry: ``document``, ``from_step``, ``steps`` (the sorted distinct training steps in ``[0, min(from_step,
+    stop))`` that read it), ``reads`` (the number of (step, micro step, rank, row) spans) and ``tokens`` (the input
+    positions of those spans: the positions whose labels the redaction masks from ``from_step`` on). ``stop``: the
+    first step not trained (a checkpoint's step); None: up to ``from_step``.
+    """
+    seq_len = int(getattr(layout, "inner", layout).config.seq_len)
+    out = []
+    for redaction in plan.redactions or ():
+        last = redaction.from_step if stop is None else min(redaction.from_step, int(stop))
+        for doc in redaction.documents:
+            reads = where(plan, layout, doc, (0, last))
+            tokens = sum(min(r.stop - r.start, seq_len - r.offset) for r in reads)
+            out.append(
+                {
+                    "document": doc,
+                    "from_step": redaction.from_step,
+                    "steps": sorted({r.step for r in reads}),
+                    "reads": len(reads),
+                    "tokens": int(tokens),
+                }
+            )
     return out

@@ -1,0 +1,32 @@
+"""The torch form of :func:`detsampler.redaction.redaction_mask`: mask a micro batch's redacted labels in place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from detsampler.redaction import Redaction, redacted_at
+
+__all__ = ["redact_labels"]
+
+
+def redact_labels(batch: dict[str, Any], step: int, redactions: Sequence[Redaction] | None) -> int:
+    """Set ``batch["labels"]`` to ``-100`` wherever ``batch["document_ids"]`` names a document redacted at training
+    step ``step``; return the number of labels that changed (not already ``-100``). Vectorized (``torch.isin`` on the
+    batch's device); nothing else in the batch changes, so every step reads what it read without the redactions.
+
+    ``batch`` is a :class:`~detsampler.loader.dataset.PackedDataset` micro batch (``output="fields"``: the
+    ``tokens`` output has no ``document_ids``)."""
+    blocked = redacted_at(redactions or (), step)
+    if not blocked.size:
+        return 0
+    if "document_ids" not in batch or "labels" not in batch:
+        raise ValueError("redact_labels needs a batch with labels and document_ids (PackedDataset output='fields')")
+    doc_ids, labels = batch["document_ids"], batch["labels"]
+    mask = torch.isin(doc_ids, torch.as_tensor(blocked, device=doc_ids.device, dtype=doc_ids.dtype))
+    mask &= labels != -100
+    changed = int(mask.sum())
+    labels.masked_fill_(mask, -100)
+    return changed

@@ -1,0 +1,109 @@
+"""Redaction that moves nothing else: a blocklist of documents whose tokens leave the loss from a training step on.
+
+A :class:`Redaction` names documents (ids of the index) and the training step ``from_step`` from which they are
+redacted. ``Plan(..., redactions=[...])`` holds the blocklist over time (entries sorted by ``from_step``, one entry per
+step, each document in one entry at most). A redaction changes no sample id, no position, no input token: every step
+reads exactly the samples it read before. What it changes is the labels: at training step ``t``, every label at a
+position whose input token belongs to a document redacted at ``t`` (``from_step <= t``) is ``-100``
+(:func:`redaction_mask`; the torch form is :func:`detsampler.loader.redact.redact_labels`). docs/design.md §5 argues
+masking over padding.
+
+Invariant (tests/test_redaction.py): with and without the redactions, every step's ``input_ids``, ``position_ids``
+and ``document_ids`` are equal, and the labels differ exactly at the positions :func:`detsampler.where.where` gives for
+the redacted documents at steps ``>= from_step`` (where the label was not already ``-100``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from detsampler.checks import check_int, is_int
+
+__all__ = ["Redaction", "normalize_redactions", "redacted_at", "redaction_mask"]
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Documents ``documents`` (ids in the index, ints >= 0) redacted from training step ``from_step`` on.
+
+    ``documents`` is kept sorted without duplicates (a tuple of ``int``); an empty list is refused."""
+
+    documents: tuple[int, ...]
+    from_step: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "from_step", check_int(self.from_step, "Redaction.from_step", minimum=0))
+        docs = self.documents
+        if isinstance(docs, (str, bytes)) or not isinstance(docs, (Sequence, np.ndarray)):
+            raise ValueError(f"Redaction.documents must be a list of document ids, got {docs!r}")
+        out = []
+        for d in list(docs):
+            if not is_int(d) or d < 0:
+                raise ValueError(f"Redaction.documents must hold document ids (integers >= 0), got {d!r}")
+            out.append(int(d))
+        if not out:
+            raise ValueError(f"Redaction(from_step={self.from_step}) names no document")
+        dupes = sorted({d for d in out if out.count(d) > 1})
+        if dupes:
+            raise ValueError(f"Redaction(from_step={self.from_step}) names documents {dupes} more than once")
+        object.__setattr__(self, "documents", tuple(sorted(out)))
+
+    def to_list(self) -> list:
+        """The fingerprint form ``[from_step, [documents...]]``."""
+        return [self.from_step, list(self.documents)]
+
+    @classmethod
+    def from_any(cls, value: Any) -> Redaction:
+        """A Redaction from itself, its :meth:`to_list` form or a dict ``{"documents": [...], "from_step": s}``."""
+        if isinstance(value, Redaction):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"documents", "from_step"})
+            if unknown or not {"documents", "from_step"} <= set(value):
+                raise ValueError(f"a redaction is {{documents = [...], from_step = s}}, got keys {sorted(value)}")
+            return cls(value["documents"], value["from_step"])
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            return cls(value[1], value[0])
+        raise ValueError(f"a redaction is Redaction(documents, from_step) or [from_step, [documents]], got {value!r}")
+
+
+def normalize_redactions(redactions: Any) -> tuple[Redaction, ...]:
+    """The redactions sorted by ``from_step``; refused: two entries at one step, a document in two entries."""
+    if redactions is None:
+        return ()
+    if isinstance(redactions, (str, bytes, dict)) or not isinstance(redactions, Sequence):
+        raise ValueError(f"redactions must be a list of Redaction, got {redactions!r}")
+    out = sorted((Redaction.from_any(r) for r in redactions), key=lambda r: r.from_step)
+    for a, b in zip(out, out[1:]):
+        if a.from_step == b.from_step:
+            raise ValueError(f"two redactions from step {a.from_step}: give each step once (merge their documents)")
+    seen: dict[int, int] = {}
+    for r in out:
+        for d in r.documents:
+            if d in seen:
+                raise ValueError(
+                    f"document {d} is redacted from step {seen[d]} and again from step {r.from_step}: name it once"
+                )
+            seen[d] = r.from_step
+    return tuple(out)
+
+
+def redacted_at(redactions: Sequence[Redaction], step: int) -> np.ndarray:
+    """The sorted int64 ids of the documents redacted at training step ``step`` (those with ``from_step <= step``)."""
+    step = check_int(step, "step", minimum=0)
+    docs = [d for r in redactions if r.from_step <= step for d in r.documents]
+    return np.array(sorted(docs), dtype=np.int64)
+
+
+def redaction_mask(document_ids: Any, step: int, redactions: Sequence[Redaction]) -> np.ndarray:
+    """Where the labels of a batch read at training step ``step`` are redacted: a bool array shaped like
+    ``document_ids`` (the batch's field), True at every position whose input token is a redacted document's."""
+    ids = np.asarray(document_ids)
+    blocked = redacted_at(redactions, step)
+    if not blocked.size:
+        return np.zeros(ids.shape, dtype=bool)
+    return np.isin(ids, blocked)

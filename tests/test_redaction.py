@@ -1,0 +1,174 @@
+"""Redaction that moves nothing else: validation, the fingerprint (absent without redactions), check_resume (allowed
+from the resume step on, refused before), the invariant "every step reads what it read; labels differ exactly at the
+redacted documents' positions from ``from_step`` on" (against ``where``'s spans), and the audit trail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from detsampler.layout import LayoutConfig
+from detsampler.loader.dataset import PackedDataset
+from detsampler.loader.redact import redact_labels
+from detsampler.plan import Plan
+from detsampler.record import DataRecord
+from detsampler.redaction import Redaction, normalize_redactions, redacted_at, redaction_mask
+from detsampler.resume import DataFingerprint, check_resume
+from detsampler.where import redaction_audit, where
+
+# -- validation
+
+
+def test_redaction_is_validated_and_sorted():
+    assert Redaction([5, 2, 9], 3).documents == (2, 5, 9)
+    assert Redaction(np.array([4, 1]), np.int64(2)) == Redaction((1, 4), 2)
+    for bad in ([1.0], [-1], [True], ["3"]):
+        with pytest.raises(ValueError, match="document ids"):
+            Redaction(bad, 0)
+    with pytest.raises(ValueError, match="names no document"):
+        Redaction([], 0)
+    with pytest.raises(ValueError, match="more than once"):
+        Redaction([3, 3], 0)
+    with pytest.raises(ValueError, match="from_step must be an integer >= 0"):
+        Redaction([1], -1)
+    with pytest.raises(ValueError, match="from_step must be an integer"):
+        Redaction([1], 2.0)
+    with pytest.raises(ValueError, match="document ids"):
+        Redaction("12", 0)
+
+
+def test_normalize_redactions():
+    out = normalize_redactions([{"documents": [7], "from_step": 9}, [2, [3, 1]], Redaction([4], 5)])
+    assert [r.to_list() for r in out] == [[2, [1, 3]], [5, [4]], [9, [7]]]
+    assert normalize_redactions(None) == ()
+    with pytest.raises(ValueError, match="two redactions from step 2"):
+        normalize_redactions([Redaction([1], 2), Redaction([3], 2)])
+    with pytest.raises(ValueError, match="document 1 is redacted from step 2 and again from step 4"):
+        normalize_redactions([Redaction([1], 2), Redaction([1, 3], 4)])
+    with pytest.raises(ValueError, match="documents = "):
+        normalize_redactions([{"documents": [1]}])
+    assert redacted_at(out, 1).tolist() == []
+    assert redacted_at(out, 5).tolist() == [1, 3, 4]
+    assert redaction_mask(np.array([[1, 4, 7, -1]]), 5, out).tolist() == [[True, True, False, False]]
+
+
+# -- the plan and its fingerprint
+
+
+def test_fingerprint_unchanged_without_redactions_and_samples_unchanged_with():
+    base = Plan(100, seed=3, global_batch_size=8, micro_batch_size=2, world_size=2)
+    red = Plan(100, seed=3, global_batch_size=8, micro_batch_size=2, world_size=2, redactions=[Redaction([4], 3)])
+    assert "redactions" not in base.fingerprint()
+    assert red.fingerprint()["redactions"] == [[3, [4]]]
+    assert {k: v for k, v in red.fingerprint().items() if k != "redactions"} == base.fingerprint()
+    for s in range(30):
+        assert base.global_batch(s).tolist() == red.global_batch(s).tolist()
+    assert red.with_world(1, 4).redactions == red.redactions
+    with pytest.raises(ValueError, match="mixture"):
+        from detsampler.mixture import Mixture
+
+        Plan(
+            source=Mixture([50, 50], [0.5, 0.5], seed=1),
+            global_batch_size=4,
+            micro_batch_size=2,
+            redactions=[Redaction([1], 0)],
+        )
+
+
+def _fp(redactions):
+    plan = Plan(100, seed=3, global_batch_size=8, micro_batch_size=2, redactions=redactions)
+    return DataFingerprint("idx", {"kind": "concat"}, plan.fingerprint())
+
+
+def test_check_resume_allows_redactions_from_the_resume_step_on():
+    old = _fp(None)
+    check_resume(old, _fp([Redaction([4], 10)]), 10)  # at the resume step
+    check_resume(old.to_dict(), _fp([Redaction([4], 12)]).to_dict(), 10)  # after, through JSON
+    earlier = _fp([Redaction([4], 3)])
+    check_resume(earlier, _fp([Redaction([4], 3), Redaction([5], 10)]), 10)  # the past kept, one added
+    check_resume(_fp([Redaction([4], 3), Redaction([5], 12)]), earlier, 10)  # a future one removed
+    check_resume(_fp([Redaction([4], 12)]), _fp([Redaction([4, 6], 11)]), 10)  # a future one changed
+
+
+def test_check_resume_refuses_redactions_before_the_resume_step():
+    with pytest.raises(ValueError, match=r"redactions adds \[\[9, \[4\]\]\].*before training step 10"):
+        check_resume(_fp(None), _fp([Redaction([4], 9)]), 10)
+    with pytest.raises(ValueError, match=r"redactions removes \[\[3, \[4\]\]\]"):
+        check_resume(_fp([Redaction([4], 3)]), _fp(None), 10)
+    with pytest.raises(ValueError, match="redactions adds"):
+        check_resume(_fp([Redaction([4], 3)]), _fp([Redaction([4, 5], 3)]), 10)
+
+
+def test_record_rebuilds_a_plan_with_redactions(small_index):
+    layout = small_index.layout(LayoutConfig(kind="document", seq_len=64, seed=1))
+    plan = Plan(layout.num_samples, seed=2, global_batch_size=4, micro_batch_size=2, redactions=[Redaction([1], 2)])
+    record = DataRecord.of(5, small_index, layout, plan)
+    again = DataRecord.from_json(record.to_json())
+    assert again.plan(layout.num_samples).redactions == plan.redactions
+
+
+# -- the invariant: nothing else moves
+
+
+@pytest.mark.parametrize("kind", ["concat", "document", "bestfit"])
+def test_redaction_moves_nothing_else(small_index, kind):
+    seq_len = 64
+    layout = small_index.layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=11))
+    ds = PackedDataset(small_index, layout)
+    # redact the documents of two samples read early, one from step 2 and one from step 5
+    base = Plan(layout.num_samples, seed=4, global_batch_size=8, micro_batch_size=2, world_size=2)
+    first = ds.get_batch(base.micro_batch(0, 0, 0))["document_ids"].numpy()
+    docs = [int(d) for d in np.unique(first[first >= 0])]
+    assert len(docs) >= 2
+    redactions = [Redaction(docs[:1], 2), Redaction(docs[1:3], 5)]
+    plan = Plan(
+        layout.num_samples, seed=4, global_batch_size=8, micro_batch_size=2, world_size=2, redactions=redactions
+    )
+    steps = 2 * layout.num_samples // 8 + 1  # past an epoch boundary: a sample read before and after from_step
+    expected = {}  # (step, micro step, rank, row) -> positions whose labels the redaction masks
+    for r in redactions:
+        for d in r.documents:
+            for read in where(plan, layout, d, (r.from_step, steps)):
+                cells = expected.setdefault((read.step, read.micro_step, read.rank, read.row), set())
+                cells.update(range(read.offset, min(read.offset + read.stop - read.start, seq_len)))
+    masked = 0
+    for s in range(steps):
+        for a in range(plan.num_micro_steps(s)):
+            for rank in range(plan.world_size):
+                ids = plan.micro_batch(s, a, rank)
+                assert ids.tolist() == base.micro_batch(s, a, rank).tolist()
+                clean, batch = ds.get_batch(ids), ds.get_batch(ids)
+                changed = redact_labels(batch, s, plan.redactions)
+                for k in ("input_ids", "position_ids", "document_ids"):
+                    assert torch.equal(clean[k], batch[k])
+                diff = clean["labels"] != batch["labels"]
+                assert int(diff.sum()) == changed
+                assert (batch["labels"][diff] == -100).all()
+                for row in range(len(ids)):
+                    want = expected.get((s, a, rank, row), set())
+                    want = {p for p in want if int(clean["labels"][row, p]) != -100}
+                    assert set(torch.nonzero(diff[row]).flatten().tolist()) == want, (s, a, rank, row)
+                masked += changed
+    assert masked > 0
+
+
+def test_redaction_audit_is_where_before_from_step(small_index):
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64, seed=11))
+    docs = list(range(4))
+    plan = Plan(
+        layout.num_samples,
+        seed=4,
+        global_batch_size=8,
+        micro_batch_size=2,
+        redactions=[Redaction(docs[:2], 6), Redaction(docs[2:], 40)],
+    )
+    audit = redaction_audit(plan, layout)
+    assert [(e["document"], e["from_step"]) for e in audit] == [(0, 6), (1, 6), (2, 40), (3, 40)]
+    for e in audit:
+        reads = where(plan, layout, e["document"], (0, e["from_step"]))
+        assert e["steps"] == sorted({r.step for r in reads}) and e["reads"] == len(reads)
+        assert e["tokens"] == sum(min(r.stop - r.start, 64 - r.offset) for r in reads)
+    stopped = redaction_audit(plan, layout, stop=10)
+    assert all(max(e["steps"], default=-1) < 10 for e in stopped)
+    assert sum(e["tokens"] for e in audit) > 0
