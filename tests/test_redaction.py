@@ -172,3 +172,46 @@ def test_redaction_audit_is_where_before_from_step(small_index):
     stopped = redaction_audit(plan, layout, stop=10)
     assert all(max(e["steps"], default=-1) < 10 for e in stopped)
     assert sum(e["tokens"] for e in audit) > 0
+
+
+# -- the audit trail in stats and verify --checkpoint
+
+
+def test_stats_and_verify_print_the_audit_trail_of_a_checkpoint(capsys, small_index, tmp_path):
+    import json
+
+    from detsampler.cli import main
+    from detsampler.cli.redactions import _ranges
+
+    assert _ranges([0, 3, 4, 5, 9]) == "0, 3..5, 9" and _ranges([]) == ""
+
+    layout = small_index.layout(LayoutConfig(kind="document", seq_len=64, seed=7))
+    plan = Plan(
+        layout.num_samples,
+        seed=3,
+        global_batch_size=8,
+        micro_batch_size=2,
+        world_size=2,
+        redactions=[Redaction([0, 5], 4), Redaction([9], 20)],
+    )
+    DataRecord.of(8, small_index, layout, plan, framework="hf").save(tmp_path)
+    audit = redaction_audit(plan, layout, stop=8)
+    assert main(["stats", "--checkpoint", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["redactions"] == audit
+    assert main(["stats", "--checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for row in audit:
+        head = f"redacted doc {row['document']}: "
+        line = next(line for line in out.splitlines() if line.startswith(head))
+        trained = f"trained at steps [{_ranges(row['steps'])}]" if row["steps"] else "trained at no step"
+        reads = f"{row['reads']} read{'' if row['reads'] == 1 else 's'}"
+        assert line.startswith(f"{head}{trained} before step {row['from_step']} ({row['tokens']:,} tokens, {reads})")
+        assert ("counted to step 8" in line) == (row["from_step"] > 8)
+    assert any(row["steps"] for row in audit)
+    assert main(["verify", "--checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("redacted doc ") for line in out.splitlines()) == 3
+    # every step that read a redacted document before its step is named, exactly
+    for row in audit:
+        reads = where(plan, layout, row["document"], (0, min(row["from_step"], 8)))
+        assert row["steps"] == sorted({r.step for r in reads})

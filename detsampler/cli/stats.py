@@ -15,6 +15,7 @@ from typing import Any
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.redactions import print_redactions, redaction_rows
 from detsampler.cli.report import fmt_int, print_rows
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
@@ -196,11 +197,15 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
     out = document_stats(indexes[0].lengths)
     out["layouts"] = {kind: _layout_row(audit.layouts[0], audit.plan, step, split=True)}
     out.update(where)
+    redactions = redaction_rows(audit.plan, audit.layouts[0], step)
+    if redactions:
+        out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     schedule = audit.plan.fingerprint()["batch_size_schedule"]
     _print_index_stats(out, audit.layouts[0].config.seq_len, schedule[-1][1], step)
+    print_redactions(redactions, step)
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.redactions import print_redactions, redaction_rows
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.verify import verify_mixture_plan, verify_plan
@@ -75,6 +76,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         layout = audit.layouts[0]
         _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
         _print_epochs(report["epochs"], "  ")
+        print_redactions(redaction_rows(plan, layout, b), b)
         return _print_verdict(report)
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, audit.layouts, audit.labels)

@@ -1,0 +1,41 @@
+"""The audit trail of a plan's redactions, as ``stats`` and ``verify`` print it: per redacted document, the steps that
+trained on it before its redaction step (:func:`detsampler.where.redaction_audit`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detsampler.plan import Plan
+from detsampler.where import redaction_audit
+
+__all__ = ["print_redactions", "redaction_rows"]
+
+
+def redaction_rows(plan: Plan, layout: Any, stop: int | None) -> list[dict]:
+    """:func:`~detsampler.where.redaction_audit` of ``plan`` over ``layout``, counted to step ``stop`` (the
+    checkpoint's step; None: to each redaction step). Empty without redactions."""
+    return redaction_audit(plan, layout, stop) if plan.redactions else []
+
+
+def _ranges(steps: list[int]) -> str:
+    """``0, 3..5, 9``: the sorted steps with runs of consecutive steps written ``a..b``."""
+    parts, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def print_redactions(rows: list[dict], stop: int | None) -> None:
+    """One line per redacted document: ``doc D: trained at steps [...] before step s (N tokens, R reads)``."""
+    for row in rows:
+        s = row["from_step"]
+        counted = f"; counted to step {stop}, where the run stops" if stop is not None and stop < s else ""
+        trained = f"trained at steps [{_ranges(row['steps'])}]" if row["steps"] else "trained at no step"
+        print(
+            f"redacted doc {row['document']}: {trained} before step {s} ({row['tokens']:,} tokens,"
+            f" {row['reads']} read{'' if row['reads'] == 1 else 's'}){counted}"
+        )
