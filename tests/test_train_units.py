@@ -366,7 +366,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, 
 def test_the_wrong_type_test_covers_every_field() -> None:
     covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
     every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
-    assert covered == every and len(every) == 56
+    assert covered == every and len(every) == 57
 
 
 @pytest.mark.parametrize(
@@ -430,3 +430,31 @@ def test_the_trainer_caches_where_the_library_does(monkeypatch: pytest.MonkeyPat
     assert index_config(load_config(None, ["data.cache_dir=mine"]).data).cache_path == Path("mine")
     monkeypatch.delenv("DETSAMPLER_CACHE")
     assert index_config(load_config(CONFIGS / "tiny.toml").data).cache_path == tmp_path / ".cache" / "detsampler"
+
+
+def test_redactions_map_one_to_one_and_are_checked() -> None:
+    from detsampler.redaction import Redaction
+
+    cfg = load_config(
+        CONFIGS / "tiny.toml",
+        ["data.redactions=[{documents = [9, 2], from_step = 5}, {documents = [4], from_step = 1}]"],
+    )
+    assert cfg.data.redactions == ({"documents": [4], "from_step": 1}, {"documents": [2, 9], "from_step": 5})
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    from train.data import _plan
+
+    plan = _plan(cfg.data, 1, num_samples=100)
+    assert plan.redactions == (Redaction([4], 1), Redaction([2, 9], 5))
+    assert plan.fingerprint()["redactions"] == [[1, [4]], [5, [2, 9]]]
+    for bad, message in [
+        ("[{documents = [1]}]", "DataConfig.redactions: a redaction is {documents = [...], from_step = s}"),
+        ("[{documents = [1.5], from_step = 0}]", "DataConfig.redactions: Redaction.documents must hold document ids"),
+        ("[{documents = [1], from_step = -2}]", "DataConfig.redactions: Redaction.from_step must be an integer >= 0"),
+        (
+            "[{documents = [1], from_step = 2}, {documents = [1], from_step = 3}]",
+            "DataConfig.redactions: document 1 is redacted from step 2 and again from step 3",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            load_config(CONFIGS / "tiny.toml", [f"data.redactions={bad}"])
+        assert str(info.value).startswith(message), str(info.value)

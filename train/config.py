@@ -191,9 +191,11 @@ class DataConfig:
     same tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too
     (see :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps
-    never trained on (:class:`detsampler.plan.Plan`). A resume may add schedule entries and skip ranges at or after its
-    step. ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its
-    checkpoint records and starts a new run on the current one.
+    never trained on (:class:`detsampler.plan.Plan`). ``redactions``: ``{documents = [ids], from_step = s}`` tables,
+    whose documents' labels are masked (-100) from training step ``s`` on, every step still reading what it read
+    (:mod:`detsampler.redaction`). A resume may add schedule entries and skip ranges at or after its step, and
+    redactions from its step on. ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on
+    the version its checkpoint records and starts a new run on the current one.
     """
 
     source: str = ""
@@ -220,6 +222,7 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
+    redactions: tuple[Any, ...] = ()  # {documents = [ids], from_step = s} tables: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
 
     def __post_init__(self) -> None:
@@ -257,6 +260,16 @@ class DataConfig:
         from detsampler.plan import normalize_skip_steps
 
         object.__setattr__(self, "skip_steps", normalize_skip_steps(list(self.skip_steps)))
+        from detsampler.redaction import normalize_redactions
+
+        try:
+            redactions = normalize_redactions(list(self.redactions))
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.redactions: {exc}") from None
+        if redactions and self.mixture_sources:
+            raise ValueError("DataConfig.redactions name document ids of one index: a mixture takes none (not yet)")
+        plain = tuple({"documents": list(r.documents), "from_step": r.from_step} for r in redactions)
+        object.__setattr__(self, "redactions", plain)
         if self.mixture_sources and self.source:
             raise ValueError("DataConfig: give either source (one corpus) or mixture_sources (a mixture), not both")
         if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:

@@ -214,6 +214,7 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
         mapping_version=config.mapping_version or MAPPING_VERSION,
+        redactions=list(config.redactions) or None,
     )
 
 

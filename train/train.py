@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
+from detsampler.loader.redact import redact_labels
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
 from train.config import DataConfig, TrainConfig, config_to_dict, load_config
@@ -380,6 +381,9 @@ def _run(
         waited = batches.take_wait()
         ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
+        if data.plan.redactions:  # labels of redacted documents -> -100; inputs and every other label unchanged
+            for mb in micro_batches:
+                redact_labels(mb, step, data.plan.redactions)
         tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
         global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
         scale = rt.world_size / global_tokens.clamp(min=1).to(torch.float32)
