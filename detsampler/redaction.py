@@ -23,7 +23,7 @@ import numpy as np
 
 from detsampler.checks import check_int, is_int
 
-__all__ = ["Redaction", "normalize_redactions", "redacted_at", "redaction_mask"]
+__all__ = ["Redaction", "documents_by_path", "normalize_redactions", "redacted_at", "redaction_mask"]
 
 
 @dataclass(frozen=True)
@@ -107,3 +107,18 @@ def redaction_mask(document_ids: Any, step: int, redactions: Sequence[Redaction]
     if not blocked.size:
         return np.zeros(ids.shape, dtype=bool)
     return np.isin(ids, blocked)
+
+
+def documents_by_path(column: Sequence[str], paths: Sequence[str]) -> list[int]:
+    """The document ids (rows of the index's dataset, which are its document ids) whose ``path`` value is one of
+    ``paths``, sorted: ``column`` is the dataset's ``path`` column. A path on several rows names each of them; a path on
+    none is an error that names it (a typo must not redact nothing silently)."""
+    if isinstance(paths, (str, bytes)) or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f"paths must be a list of strings, got {paths!r}")
+    values = np.asarray(list(column), dtype=object)
+    wanted = np.asarray(list(paths), dtype=object)
+    hit = np.isin(values, wanted)
+    missing = sorted(set(paths) - set(values[hit].tolist()))
+    if missing:
+        raise ValueError(f"paths {missing} name no document of the index's dataset (its path column)")
+    return np.flatnonzero(hit).tolist()

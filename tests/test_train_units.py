@@ -447,7 +447,9 @@ def test_redactions_map_one_to_one_and_are_checked() -> None:
     assert plan.redactions == (Redaction([4], 1), Redaction([2, 9], 5))
     assert plan.fingerprint()["redactions"] == [[1, [4]], [5, [2, 9]]]
     for bad, message in [
-        ("[{documents = [1]}]", "DataConfig.redactions: a redaction is {documents = [...], from_step = s}"),
+        ("[{documents = [1]}]", "DataConfig.redactions[0]: a redaction is {documents = [ids], paths = [...], from"),
+        ("[{from_step = 1}]", "DataConfig.redactions[0] names no document: give documents = [ids] or paths"),
+        ("[{paths = [3], from_step = 1}]", "DataConfig.redactions[0].paths must be a list of strings, got [3]"),
         ("[{documents = [1.5], from_step = 0}]", "DataConfig.redactions: Redaction.documents must hold document ids"),
         ("[{documents = [1], from_step = -2}]", "DataConfig.redactions: Redaction.from_step must be an integer >= 0"),
         (
@@ -458,3 +460,23 @@ def test_redactions_map_one_to_one_and_are_checked() -> None:
         with pytest.raises(ValueError) as info:
             load_config(CONFIGS / "tiny.toml", [f"data.redactions={bad}"])
         assert str(info.value).startswith(message), str(info.value)
+
+
+def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
+    import datasets
+
+    from detsampler.redaction import Redaction, documents_by_path
+    from train.data import resolve_redactions
+
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "path": ["x.py", "y.py", "x.py", "z.py"]})
+    assert documents_by_path(ds["path"], ["x.py", "z.py"]) == [0, 2, 3]
+    with pytest.raises(ValueError, match=r"paths \['nope.py'\] name no document"):
+        documents_by_path(ds["path"], ["y.py", "nope.py"])
+    cfg = load_config(
+        CONFIGS / "tiny.toml", ['data.redactions=[{documents = [1], paths = ["z.py", "x.py"], from_step = 3}]']
+    )
+    assert cfg.data.redactions == ({"documents": [1], "from_step": 3, "paths": ["x.py", "z.py"]},)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    assert resolve_redactions(cfg.data, ds) == [Redaction([0, 1, 2, 3], 3)]
+    with pytest.raises(ValueError, match="has no path column: give document ids"):
+        resolve_redactions(cfg.data, ds.remove_columns("path"))

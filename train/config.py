@@ -111,6 +111,47 @@ def check_fields(obj: Any) -> None:
         object.__setattr__(obj, f.name, value)
 
 
+def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
+    """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], from_step = s}`` tables (at
+    least one of documents and paths), sorted by step; ids are checked (and duplicates across entries refused) here,
+    paths when the pipeline resolves them against the dataset's ``path`` column."""
+    from detsampler.redaction import Redaction, normalize_redactions
+
+    out = []
+    for i, entry in enumerate(entries):
+        name = f"DataConfig.redactions[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"documents", "paths", "from_step"} or "from_step" not in entry:
+            raise ValueError(
+                f"{name}: a redaction is {{documents = [ids], paths = [...], from_step = s}}, got {entry!r}"
+            )
+        paths = entry.get("paths", [])
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
+            raise ValueError(f"{name}.paths must be a list of strings, got {paths!r}")
+        documents = entry.get("documents", [])
+        if not documents and not paths:
+            raise ValueError(f"{name} names no document: give documents = [ids] or paths = [...]")
+        try:
+            ids = Redaction(documents, entry["from_step"]).documents if documents else ()
+            Redaction([0], entry["from_step"])
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.redactions: {exc}") from None
+        row = {"documents": list(ids), "from_step": int(entry["from_step"])}
+        if paths:
+            row["paths"] = sorted(set(paths))
+        out.append(row)
+    out.sort(key=lambda r: r["from_step"])
+    try:
+        normalize_redactions([Redaction(r["documents"], r["from_step"]) for r in out if r["documents"]])
+        for a, b in zip(out, out[1:]):
+            if a["from_step"] == b["from_step"]:
+                raise ValueError(f"two redactions from step {a['from_step']}: give each step once")
+    except ValueError as exc:
+        raise ValueError(f"DataConfig.redactions: {exc}") from None
+    if out and mixture:
+        raise ValueError("DataConfig.redactions name document ids of one index: a mixture takes none (not yet)")
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A Llama-style decoder. ``vocab_size = 0`` takes the tokenizer's vocabulary size."""
@@ -260,16 +301,7 @@ class DataConfig:
         from detsampler.plan import normalize_skip_steps
 
         object.__setattr__(self, "skip_steps", normalize_skip_steps(list(self.skip_steps)))
-        from detsampler.redaction import normalize_redactions
-
-        try:
-            redactions = normalize_redactions(list(self.redactions))
-        except ValueError as exc:
-            raise ValueError(f"DataConfig.redactions: {exc}") from None
-        if redactions and self.mixture_sources:
-            raise ValueError("DataConfig.redactions name document ids of one index: a mixture takes none (not yet)")
-        plain = tuple({"documents": list(r.documents), "from_step": r.from_step} for r in redactions)
-        object.__setattr__(self, "redactions", plain)
+        object.__setattr__(self, "redactions", _redaction_entries(self.redactions, bool(self.mixture_sources)))
         if self.mixture_sources and self.source:
             raise ValueError("DataConfig: give either source (one corpus) or mixture_sources (a mixture), not both")
         if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:

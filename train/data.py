@@ -22,11 +22,12 @@ from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
 from detsampler.record import DataRecord
+from detsampler.redaction import Redaction, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
-__all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config"]
+__all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config", "resolve_redactions"]
 
 
 class TimedIterator:
@@ -202,8 +203,29 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
     return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
 
 
-def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None) -> Plan:
-    """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
+def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
+    """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
+    against ``dataset``'s ``path`` column (an error when it has none, or a path names no document)."""
+    out = []
+    for entry in config.redactions:
+        documents = list(entry["documents"])
+        if entry.get("paths"):
+            column = getattr(dataset, "column_names", None) or []
+            if "path" not in column:
+                raise ValueError(
+                    f"DataConfig.redactions from step {entry['from_step']} names paths, but the index's dataset has no"
+                    " path column: give document ids"
+                )
+            documents += documents_by_path(dataset["path"], entry["paths"])
+        out.append(Redaction(sorted(set(documents)), entry["from_step"]))
+    return out
+
+
+def _plan(
+    config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None, dataset: Any = None
+) -> Plan:
+    """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture); ``dataset``
+    resolves the redactions' paths."""
     return Plan(
         num_samples=num_samples,
         source=source,
@@ -214,7 +236,7 @@ def _plan(config: DataConfig, world_size: int, num_samples: int | None = None, s
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
         mapping_version=config.mapping_version or MAPPING_VERSION,
-        redactions=list(config.redactions) or None,
+        redactions=resolve_redactions(config, dataset) or None,
     )
 
 
@@ -252,7 +274,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     index, tokenizer = prepared.index, prepared.tokenizer
     _verify_once(index)
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, world_size, num_samples=layout.num_samples)
+    plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
     dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
