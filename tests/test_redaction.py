@@ -132,6 +132,10 @@ def test_redaction_moves_nothing_else(small_index, kind):
             for read in where(plan, layout, d, (r.from_step, steps)):
                 cells = expected.setdefault((read.step, read.micro_step, read.rank, read.row), set())
                 cells.update(range(read.offset, min(read.offset + read.stop - read.start, seq_len)))
+    for r in redactions:  # each redacted document is read both before its step and after it (in another epoch)
+        for d in r.documents:
+            read_at = {x.step for x in where(plan, layout, d, (0, steps))}
+            assert min(read_at) < r.from_step <= max(read_at), (d, sorted(read_at))
     masked = 0
     for s in range(steps):
         for a in range(plan.num_micro_steps(s)):
