@@ -219,3 +219,35 @@ def test_stats_and_verify_print_the_audit_trail_of_a_checkpoint(capsys, small_in
     for row in audit:
         reads = where(plan, layout, row["document"], (0, min(row["from_step"], 8)))
         assert row["steps"] == sorted({r.step for r in reads})
+
+
+def test_the_redact_option(capsys, cache_root, small_tokenizer, small_index, tmp_path):
+    import json
+
+    from detsampler.cli import main
+
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--kind", "bestfit", "--seq-len", "64", "--global-batch-size", "8", "--redact", "6:3,1", "--redact", "2:7"]
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
+    plan = Plan(
+        layout.num_samples,
+        seed=0,
+        global_batch_size=8,
+        micro_batch_size=2,
+        redactions=[Redaction([1, 3], 6), Redaction([7], 2)],
+    )
+    assert main(["stats", *base, *opts, "--kinds", "bestfit", "--step", "9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["redactions"] == redaction_audit(plan, layout, 9)
+    assert main(["verify", *base, *opts, "--steps", "0:9"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("redacted doc ")]
+    assert [line.split(":")[0] for line in lines] == ["redacted doc 7", "redacted doc 1", "redacted doc 3"]
+    # against a checkpoint: the recorded redactions are the default; another list contradicts it
+    DataRecord.of(9, small_index, layout, plan).save(tmp_path)
+    assert main(["verify", "--checkpoint", str(tmp_path), "--redact", "2:7", "--redact", "6:1,3"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--checkpoint", str(tmp_path), "--redact", "2:7"])
+    assert exc.value.code == 2 and "--redact [[2,[7]]] contradicts the checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", *base, "--steps", "0:4", "--redact", "3"])
+    assert exc.value.code == 2 and "expected FROM_STEP:DOC[,DOC...]" in capsys.readouterr().err

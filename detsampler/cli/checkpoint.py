@@ -25,6 +25,7 @@ from detsampler.mixture import MixtureConfig
 from detsampler.mixture.weights import normalize_weights
 from detsampler.plan import Plan, normalize_skip_steps
 from detsampler.record import DataRecord
+from detsampler.redaction import normalize_redactions
 from detsampler.resume import DataFingerprint, fingerprint_changes
 
 __all__ = ["Audit", "open_audit"]
@@ -61,7 +62,7 @@ class Audit:
 
 
 def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+    return "--redact" if dest == "redactions" else "--" + dest.replace("_", "-")
 
 
 def _given(args: argparse.Namespace, dest: str) -> Any:
@@ -89,6 +90,7 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
             "global_batch_size": schedule[-1][1],
             "batch_size_schedule": schedule,
             "skip_steps": [list(r) for r in plan.get("skip_steps", [])],
+            "redactions": [[r[0], list(r[1])] for r in plan.get("redactions", [])],
             "mapping_version": plan["mapping_version"],
         }
     )
@@ -116,6 +118,8 @@ def _normalized_given(dest: str, value: Any, record: DataRecord) -> Any:
         return [list(r) for r in value] if value is not None else None
     if dest == "skip_steps":
         return [list(r) for r in normalize_skip_steps([tuple(r) for r in value or []])]
+    if dest == "redactions":
+        return [r.to_list() for r in normalize_redactions(value or [])]
     if dest == "mixture_weights":
         return _fractions(value, len(record.indexes))
     if dest == "mixture_schedule":

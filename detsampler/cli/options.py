@@ -56,6 +56,7 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "world_size": ("Plan", "world_size"),
     "batch_size_schedule": ("Plan", "batch_size_schedule"),
     "skip_steps": ("Plan", "skip_steps"),
+    "redactions": ("Plan", "redactions"),
     "mapping_version": ("Plan", "mapping_version"),
     "mixture_data": ("MixtureConfig", "sources"),
     "mixture_weights": ("MixtureConfig", "weights"),
@@ -98,6 +99,19 @@ def _skip_ranges(text: str) -> list[tuple[int, int]]:
         return _int_pairs(",".join(part.replace("..", ":", 1) for part in parts), expected)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _redaction(text: str) -> list:
+    """``FROM_STEP:DOC[,DOC...]``: the documents redacted from training step FROM_STEP on, as ``[from_step, docs]``."""
+    expected = "FROM_STEP:DOC[,DOC...] (document ids, masked from training step FROM_STEP on), e.g. 40:4,10"
+    step, sep, docs = text.partition(":")
+    try:
+        entry = [int(step), [int(d) for d in docs.split(",") if d.strip()]]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not sep or not entry[1]:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return entry
 
 
 def mapping_version(text: str) -> int:
@@ -318,6 +332,18 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         ),
     )
     g.add_argument(
+        "--redact",
+        dest="redactions",
+        type=_redaction,
+        action="append",
+        default=None,
+        metavar="S:DOC[,DOC...]",
+        help=(
+            "Plan.redactions: mask the labels of these documents from training step S on (repeat for other steps); no"
+            " sample moves. stats and verify print what each trained before S"
+        ),
+    )
+    g.add_argument(
         "--mapping-version",
         type=mapping_version,
         default=MAPPING_VERSION,
@@ -359,6 +385,7 @@ def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, sou
         batch_size_schedule=args.batch_size_schedule,
         skip_steps=args.skip_steps,
         mapping_version=args.mapping_version,
+        redactions=getattr(args, "redactions", None),
     )
 
 

@@ -219,8 +219,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     prepared = prepare(args)
     kinds = _kinds(args.kinds)
     out = index_stats(args, prepared.index, kinds)
+    redactions = []
+    if getattr(args, "redactions", None):  # the audit trail over the --kind layout
+        layout = prepared.index.layout(layout_config(args))
+        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
+        out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     _print_index_stats(out, args.seq_len, args.global_batch_size, args.step)
+    print_redactions(redactions, args.step)
     return 0

@@ -111,6 +111,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify_plan(plan, a, b)
     _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
     _print_epochs(report["epochs"], "  ")
+    print_redactions(redaction_rows(plan, layout, b), b)
     return _print_verdict(report)
 
 
