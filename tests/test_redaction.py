@@ -251,3 +251,24 @@ def test_the_redact_option(capsys, cache_root, small_tokenizer, small_index, tmp
     with pytest.raises(SystemExit) as exc:
         main(["verify", *base, "--steps", "0:4", "--redact", "3"])
     assert exc.value.code == 2 and "expected FROM_STEP:DOC[,DOC...]" in capsys.readouterr().err
+
+
+def test_where_marks_the_reads_a_redaction_masks(capsys, cache_root, small_tokenizer, small_index):
+    import json
+
+    from detsampler.cli import main
+
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--kind", "document", "--seq-len", "64", "--global-batch-size", "8", "--doc", "2", "--steps", "0:900"]
+    assert main(["where", *base, *opts, "--redact", "437:2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["redacted_from"] == 437
+    assert main(["where", *base, *opts, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "redacted_from" not in plain and plain["reads"] == got["reads"]  # the same reads
+    assert main(["where", *base, *opts, "--redact", "437:2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  step ")]
+    assert len(lines) == len(got["reads"])
+    assert {r["step"] >= 437 for r in got["reads"]} == {False, True}  # read before the redaction and after it
+    for line, read in zip(lines, got["reads"]):
+        assert line.endswith("  redacted") == (read["step"] >= 437)

@@ -98,6 +98,9 @@ def cmd_where(args: argparse.Namespace) -> int:
         "skip_steps": [list(r) for r in plan.skip_steps or ()],
         "reads": [r._asdict() for r in reads],
     }
+    redacted_from = next((r.from_step for r in plan.redactions or () if doc in r.documents), None)
+    if redacted_from is not None:  # its labels are masked at the reads from that step on (nothing else moves)
+        out["redacted_from"] = redacted_from
     if args.json:
         print(json.dumps(out))
         return 0
@@ -109,6 +112,8 @@ def cmd_where(args: argparse.Namespace) -> int:
         f" seq_len={layout.config.seq_len}" + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
     )
     skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
+    if redacted_from is not None:
+        skipped += f"; redacted from step {redacted_from} (labels masked there on)"
     print(f"read {len(reads)} time(s) by steps {steps[0]}..{steps[1] - 1}{skipped}:")
     epoch, sample = ("source epoch", "source sample") if k is not None else ("epoch", "sample")
     for r in reads:
@@ -116,6 +121,6 @@ def cmd_where(args: argparse.Namespace) -> int:
         print(
             f"  step {r.step}  micro step {r.micro_step}  rank {r.rank}  row {r.row}: tokens [{r.start},"
             f" {min(r.stop, length)}){eos} at row offset {r.offset}  (position {r.position}, {sample} {r.sample_id},"
-            f" {epoch} {r.epoch})"
+            f" {epoch} {r.epoch})" + ("  redacted" if redacted_from is not None and r.step >= redacted_from else "")
         )
     return 0
