@@ -23,7 +23,7 @@ import numpy as np
 
 from detsampler.checks import check_int, is_int
 
-__all__ = ["Redaction", "documents_by_path", "normalize_redactions", "redacted_at", "redaction_mask"]
+__all__ = ["Blocklist", "Redaction", "documents_by_path", "normalize_redactions", "redacted_at", "redaction_mask"]
 
 
 @dataclass(frozen=True)
@@ -92,14 +92,29 @@ def normalize_redactions(redactions: Any) -> tuple[Redaction, ...]:
     return tuple(out)
 
 
-def redacted_at(redactions: Sequence[Redaction], step: int) -> np.ndarray:
+class Blocklist:
+    """The redactions prepared for the training loop: per change step, the sorted int64 ids then in force, built once,
+    so that :meth:`at` costs a binary search over the entries, whatever the number of documents."""
+
+    def __init__(self, redactions: Any) -> None:
+        self.redactions = normalize_redactions(list(redactions or ()))
+        self._steps = np.array([r.from_step for r in self.redactions], dtype=np.int64)
+        self._ids = [np.zeros(0, dtype=np.int64)]
+        for r in self.redactions:
+            self._ids.append(np.union1d(self._ids[-1], np.array(r.documents, dtype=np.int64)))
+
+    def at(self, step: int) -> np.ndarray:
+        """The sorted int64 ids of the documents redacted at training step ``step``."""
+        step = check_int(step, "step", minimum=0)
+        return self._ids[int(np.searchsorted(self._steps, step, side="right"))]
+
+
+def redacted_at(redactions: Sequence[Redaction] | Blocklist, step: int) -> np.ndarray:
     """The sorted int64 ids of the documents redacted at training step ``step`` (those with ``from_step <= step``)."""
-    step = check_int(step, "step", minimum=0)
-    docs = [d for r in redactions if r.from_step <= step for d in r.documents]
-    return np.array(sorted(docs), dtype=np.int64)
+    return (redactions if isinstance(redactions, Blocklist) else Blocklist(redactions)).at(step)
 
 
-def redaction_mask(document_ids: Any, step: int, redactions: Sequence[Redaction]) -> np.ndarray:
+def redaction_mask(document_ids: Any, step: int, redactions: Sequence[Redaction] | Blocklist) -> np.ndarray:
     """Where the labels of a batch read at training step ``step`` are redacted: a bool array shaped like
     ``document_ids`` (the batch's field), True at every position whose input token is a redacted document's."""
     ids = np.asarray(document_ids)

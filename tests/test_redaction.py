@@ -13,7 +13,7 @@ from detsampler.loader.dataset import PackedDataset
 from detsampler.loader.redact import redact_labels
 from detsampler.plan import Plan
 from detsampler.record import DataRecord
-from detsampler.redaction import Redaction, normalize_redactions, redacted_at, redaction_mask
+from detsampler.redaction import Blocklist, Redaction, normalize_redactions, redacted_at, redaction_mask
 from detsampler.resume import DataFingerprint, check_resume
 from detsampler.where import redaction_audit, where
 
@@ -50,6 +50,12 @@ def test_normalize_redactions():
         normalize_redactions([{"documents": [1]}])
     assert redacted_at(out, 1).tolist() == []
     assert redacted_at(out, 5).tolist() == [1, 3, 4]
+    blocklist = Blocklist(out)
+    for step in range(12):
+        want = sorted(d for r in out if r.from_step <= step for d in r.documents)
+        assert blocklist.at(step).tolist() == redacted_at(out, step).tolist() == want
+    with pytest.raises(ValueError, match="step must be an integer >= 0"):
+        blocklist.at(-1)
     assert redaction_mask(np.array([[1, 4, 7, -1]]), 5, out).tolist() == [[True, True, False, False]]
 
 
@@ -143,7 +149,7 @@ def test_redaction_moves_nothing_else(small_index, kind):
                 ids = plan.micro_batch(s, a, rank)
                 assert ids.tolist() == base.micro_batch(s, a, rank).tolist()
                 clean, batch = ds.get_batch(ids), ds.get_batch(ids)
-                changed = redact_labels(batch, s, plan.redactions)
+                changed = redact_labels(batch, s, plan.redactions if s % 2 else Blocklist(plan.redactions))
                 for k in ("input_ids", "position_ids", "document_ids"):
                     assert torch.equal(clean[k], batch[k])
                 diff = clean["labels"] != batch["labels"]

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
 from detsampler.loader.redact import redact_labels
+from detsampler.redaction import Blocklist
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
 from train.config import DataConfig, TrainConfig, config_to_dict, load_config
@@ -368,6 +369,7 @@ def _run(
         return
 
     sampler = data.sampler(rt.rank, start_step, end_step)
+    blocklist = Blocklist(data.plan.redactions) if data.plan.redactions else None
     loader = data.loader(sampler, pin_memory=rt.is_cuda, persistent_workers=rt.is_cuda)
     # NOTE: a reader thread keeps the next micro batches ready while the model computes (torch releases the GIL); the
     # order, hence the data, is the DataLoader's.
@@ -381,9 +383,9 @@ def _run(
         waited = batches.take_wait()
         ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
-        if data.plan.redactions:  # labels of redacted documents -> -100; inputs and every other label unchanged
+        if blocklist is not None:  # labels of redacted documents -> -100; inputs and every other label unchanged
             for mb in micro_batches:
-                redact_labels(mb, step, data.plan.redactions)
+                redact_labels(mb, step, blocklist)
         tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
         global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
         scale = rt.world_size / global_tokens.clamp(min=1).to(torch.float32)

@@ -7,18 +7,19 @@ from typing import Any
 
 import torch
 
-from detsampler.redaction import Redaction, redacted_at
+from detsampler.redaction import Blocklist, Redaction, redacted_at
 
 __all__ = ["redact_labels"]
 
 
-def redact_labels(batch: dict[str, Any], step: int, redactions: Sequence[Redaction] | None) -> int:
+def redact_labels(batch: dict[str, Any], step: int, redactions: Sequence[Redaction] | Blocklist | None) -> int:
     """Set ``batch["labels"]`` to ``-100`` wherever ``batch["document_ids"]`` names a document redacted at training
     step ``step``; return the number of labels that changed (not already ``-100``). Vectorized (``torch.isin`` on the
     batch's device); nothing else in the batch changes, so every step reads what it read without the redactions.
 
     ``batch`` is a :class:`~detsampler.loader.dataset.PackedDataset` micro batch (``output="fields"``: the
-    ``tokens`` output has no ``document_ids``)."""
+    ``tokens`` output has no ``document_ids``). In a loop, pass ``Blocklist(plan.redactions)``, built once: a list of
+    redactions is prepared again at every call."""
     blocked = redacted_at(redactions or (), step)
     if not blocked.size:
         return 0
