@@ -480,3 +480,9 @@ def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
     assert resolve_redactions(cfg.data, ds) == [Redaction([0, 1, 2, 3], 3)]
     with pytest.raises(ValueError, match="has no path column: give document ids"):
         resolve_redactions(cfg.data, ds.remove_columns("path"))
+    from train.data import _plan, check_redacted_documents
+
+    plan = _plan(cfg.data, 1, num_samples=10, dataset=ds)
+    check_redacted_documents(plan, 4)
+    with pytest.raises(ValueError, match=r"from step 3 names documents \[3\]: the index holds documents 0 .. 2"):
+        check_redacted_documents(plan, 3)

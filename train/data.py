@@ -27,7 +27,15 @@ from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
-__all__ = ["DataPipeline", "ThreadPrefetcher", "TimedIterator", "build_pipeline", "index_config", "resolve_redactions"]
+__all__ = [
+    "DataPipeline",
+    "ThreadPrefetcher",
+    "TimedIterator",
+    "build_pipeline",
+    "check_redacted_documents",
+    "index_config",
+    "resolve_redactions",
+]
 
 
 class TimedIterator:
@@ -221,6 +229,17 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
     return out
 
 
+def check_redacted_documents(plan: Plan, num_documents: int) -> None:
+    """Refuse redactions naming documents the index does not hold (a typo must not redact nothing silently)."""
+    for r in plan.redactions or ():
+        if r.documents[-1] >= num_documents:
+            bad = [d for d in r.documents if d >= num_documents]
+            raise ValueError(
+                f"DataConfig.redactions from step {r.from_step} names documents {bad}: the index holds documents 0 .."
+                f" {num_documents - 1}"
+            )
+
+
 def _plan(
     config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None, dataset: Any = None
 ) -> Plan:
@@ -275,6 +294,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     _verify_once(index)
     layout = index.layout(_layout_config(config))
     plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
+    check_redacted_documents(plan, index.num_documents)
     dataset = _packed_dataset(prepared, layout, config.text_column)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
