@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from detsampler.filter import RepetitionFilter
 from detsampler.gather import FIELDS, pack_fields, pack_tokens
 from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.reader import TokenIndex
@@ -102,8 +103,16 @@ class PackedDataset(Dataset):
         text_column: str = "text",
         cache_tokens: int = 1 << 22,
         output: str = "fields",
+        instance_filter: RepetitionFilter | None = None,
+        instance_mask: bool = False,
     ) -> None:
         _check_output(output, layout)
+        if instance_filter is not None and not isinstance(instance_filter, RepetitionFilter):
+            raise TypeError(f"instance_filter must be a RepetitionFilter or None, got {type(instance_filter).__name__}")
+        if not isinstance(instance_mask, (bool, np.bool_)):
+            raise ValueError(f"instance_mask must be True or False, got {instance_mask!r}")
+        if instance_mask and instance_filter is None:
+            raise ValueError("instance_mask=True needs an instance_filter")
         if restart_position_ids is not None and not isinstance(restart_position_ids, (bool, np.bool_)):
             raise ValueError(
                 f"Got restart_position_ids {restart_position_ids!r} ({type(restart_position_ids).__name__}),"
@@ -126,6 +135,8 @@ class PackedDataset(Dataset):
         self.text_column = text_column
         self.cache_tokens = int(cache_tokens)
         self.output = output
+        self.instance_filter = instance_filter
+        self.instance_mask = bool(instance_mask) or (instance_filter is not None and output == "tokens")
         self.token_dtype = np.dtype(index.tokens.dtype) if index.tokens is not None else token_dtype(index.vocab_size)
         self._cache = TokenCache(self.cache_tokens)
         self._eos_stored = bool(getattr(index, "eos_stored", False))
@@ -152,6 +163,8 @@ class PackedDataset(Dataset):
             text_column=self.text_column,
             cache_tokens=self.cache_tokens,
             output=self.output,
+            instance_filter=self.instance_filter,
+            instance_mask=self.instance_mask and self.output == "fields",
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -229,7 +242,10 @@ class PackedDataset(Dataset):
                 eos_stored=self._eos_stored,
                 out=tokens.numpy(),
             )
-            return {"tokens": tokens}
+            if self.instance_filter is None:
+                return {"tokens": tokens}
+            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
+            return {"tokens": tokens, "instance_mask": torch.from_numpy(~flagged)}
         block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
@@ -245,7 +261,15 @@ class PackedDataset(Dataset):
             restart_position_ids=self.restart_position_ids,
             out=block.numpy(),
         )
-        return dict(zip(FIELDS, block.unbind(0)))
+        batch = dict(zip(FIELDS, block.unbind(0)))
+        if self.instance_filter is not None:
+            fields = block.numpy()
+            valid = fields[FIELDS.index("document_ids")] >= 0 if not self.layout.labels_cross_documents else None
+            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], valid)
+            fields[FIELDS.index("labels")][flagged] = -100
+            if self.instance_mask:
+                batch["instance_mask"] = torch.from_numpy(~flagged)
+        return batch
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""Deterministic instance filtering: a per-sample predicate, pure in the sample's tokens, evaluated at read time.
+
+:class:`RepetitionFilter` is OLMo-core's repetition filter (``olmo_core.data.numpy_dataset.InstanceFilterConfig`` and
+``olmo_core.data.utils.find_periodic_sequences``), with its defaults and its flags: a sample is flagged when, for some
+period ``p`` in ``[min_period, max_period]``, it holds a stretch of ``max_count`` or more back-to-back repetitions of
+the same ``p`` tokens (a ``p``-periodic run of at least ``max_count * p`` tokens). OLMo-core can only report a run of
+3 or more repetitions, so a ``max_count`` below 3 acts as 3 there and here.
+
+The one deliberate difference: padding (positions marked invalid, ``document_ids == -1`` in a packed sample) never
+repeats, as if each padding position held a token of its own; OLMo-core's fixed-length instances have no padding, and a
+padded ``document``/``bestfit`` sample would otherwise be flagged for its run of ``pad_id``.
+
+Nothing here changes which samples a step reads: a flagged sample is still read, its loss is masked
+(:class:`detsampler.loader.dataset.PackedDataset` sets its labels to -100). Pure in the tokens, the flag of a sample id
+is the same on every world size and worker count. numpy only; vectorized over the batch: per period, a strided probe
+(a run of ``k`` equal pairs contains two consecutive multiples of ``k // 2``) picks the candidate rows, and only those
+get the exact run-length test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RepetitionFilter", "repetition_flags"]
+
+
+@dataclass(frozen=True)
+class RepetitionFilter:
+    """OLMo-core's ``InstanceFilterConfig`` (``repetition_max_period``, ``repetition_min_period``,
+    ``repetition_max_count``), with its defaults: flag a sample holding ``max_count`` or more repetitions of a unit
+    of ``min_period`` .. ``max_period`` tokens."""
+
+    max_period: int = 13
+    min_period: int = 1
+    max_count: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("max_period", "min_period", "max_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"RepetitionFilter.{name} must be an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.min_period > self.max_period:
+            raise ValueError(
+                f"RepetitionFilter.min_period ({self.min_period}) must be <= max_period ({self.max_period})"
+            )
+
+    def flags(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+        """Bool ``[B]``: which rows of ``tokens`` (``[B, L]``) are flagged (see :func:`repetition_flags`)."""
+        return repetition_flags(tokens, self, valid)
+
+    def to_dict(self) -> dict:
+        return {"max_period": self.max_period, "min_period": self.min_period, "max_count": self.max_count}
+
+
+def repetition_flags(
+    tokens: np.ndarray, config: RepetitionFilter | None = None, valid: np.ndarray | None = None
+) -> np.ndarray:
+    """Bool ``[B]``: True where row ``b`` of ``tokens`` (``[B, L]`` integers) holds, for some period ``p`` in
+    ``[config.min_period, config.max_period]``, at least ``max(config.max_count, 3)`` back-to-back repetitions of ``p``
+    tokens, i.e. ``tokens[b, i] == tokens[b, i - p]`` for ``(count - 1) * p`` consecutive ``i``. ``valid`` (``[B, L]``
+    bool, optional): positions where it is False (padding) equal nothing."""
+    config = RepetitionFilter() if config is None else config
+    x = np.asarray(tokens)
+    if x.ndim != 2:
+        raise ValueError(f"tokens must be [B, L], got shape {x.shape}")
+    if valid is not None:
+        valid = np.asarray(valid, dtype=bool)
+        if valid.shape != x.shape:
+            raise ValueError(f"valid must have the tokens' shape {x.shape}, got {valid.shape}")
+    rows, length = x.shape
+    flagged = np.zeros(rows, dtype=bool)
+    count = max(config.max_count, 3)
+    for p in range(config.min_period, config.max_period + 1):
+        k = (count - 1) * p  # equal pairs (i - p, i) in a row
+        if k + p > length or flagged.all():
+            break  # a longer period needs a longer sample
+        step = k // 2  # >= 1: any run of k equal pairs holds two consecutive multiples of it
+        probe = np.arange(0, length - p, step)
+        hit = x[:, probe + p] == x[:, probe]
+        if valid is not None:
+            hit &= valid[:, probe + p] & valid[:, probe]
+        candidates = np.flatnonzero((hit[:, 1:] & hit[:, :-1]).any(axis=1) & ~flagged)
+        if not len(candidates):
+            continue
+        sub = x[candidates]
+        eq = sub[:, p:] == sub[:, :-p]
+        if valid is not None:
+            vs = valid[candidates]
+            eq &= vs[:, p:] & vs[:, :-p]
+        runs = np.zeros((len(candidates), eq.shape[1] + 1), dtype=np.int32)
+        np.cumsum(eq, axis=1, out=runs[:, 1:])
+        flagged[candidates] = ((runs[:, k:] - runs[:, :-k]) == k).any(axis=1)
+    return flagged
