@@ -12,14 +12,15 @@ padded ``document``/``bestfit`` sample would otherwise be flagged for its run of
 
 Nothing here changes which samples a step reads: a flagged sample is still read, its loss is masked
 (:class:`detsampler.loader.dataset.PackedDataset` sets its labels to -100). Pure in the tokens, the flag of a sample id
-is the same on every world size and worker count. numpy only; vectorized over the batch: per period, a strided probe
-(a run of ``k`` equal pairs contains two consecutive multiples of ``k // 2``) picks the candidate rows, and only those
-get the exact run-length test.
+is the same on every world size and worker count. numpy only; vectorized over the batch: one strided probe of all
+periods at once (a run of ``k`` equal pairs contains two consecutive multiples of ``k // 2``) picks candidate
+positions, and only the ``2k + 1`` positions around each get the exact run-length test, all in one block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -72,19 +73,56 @@ def repetition_flags(
             raise ValueError(f"valid must have the tokens' shape {x.shape}, got {valid.shape}")
     rows, length = x.shape
     flagged = np.zeros(rows, dtype=bool)
+    probe = _probes(config, length)
+    if probe is None or rows == 0:
+        return flagged
+    at, back, same_period, periods_of = probe
+    flat = x.reshape(-1)
+    base = np.arange(0, rows * length, length)[:, None]
+    # candidates: two consecutive probes of one period that both see x[i] == x[i - p] (a few hundred per row)
+    hit = flat[base + at] == flat[base + back]
+    if valid is not None:
+        vflat = valid.reshape(-1)
+        hit &= vflat[base + at] & vflat[base + back]
+    cand_rows, cand_probes = np.nonzero(hit[:, 1:] & hit[:, :-1] & same_period)
+    if not len(cand_rows):
+        return flagged
+    # the exact test, around each candidate probe i only: a run of >= k equal pairs that holds i has >= k of them in
+    # [i - k, i + k], and one found there is a run of the row
     count = max(config.max_count, 3)
-    for p in range(config.min_period, config.max_period + 1):
-        k = (count - 1) * p  # equal pairs (i - p, i) in a row
-        if k + p > length or flagged.all():
-            break  # a longer period needs a longer sample
-        step = k // 2  # >= 1: any run of k equal pairs holds two consecutive multiples of it
-        probe = np.arange(0, length - p, step)
-        hit = x[:, probe + p] == x[:, probe]
-        if valid is not None:
-            hit &= valid[:, probe + p] & valid[:, probe]
-        candidates = np.flatnonzero((hit[:, 1:] & hit[:, :-1]).any(axis=1) & ~flagged)
+    p = periods_of[cand_probes][:, None]
+    k = (count - 1) * p
+    width = 2 * int(k.max()) + 1
+    offset = np.arange(width)[None, :]
+    pos = at[cand_probes][:, None] - k + offset
+    inside = (pos >= p) & (pos < length) & (offset <= 2 * k)
+    pos = np.where(inside, pos, p)
+    row = (cand_rows * length)[:, None]
+    eq = (flat[row + pos] == flat[row + pos - p]) & inside
+    if valid is not None:
+        eq &= vflat[row + pos] & vflat[row + pos - p]
+    runs = np.zeros((len(cand_rows), width + 1), dtype=np.int32)
+    np.cumsum(eq, axis=1, out=runs[:, 1:])
+    ahead = np.take_along_axis(runs, np.minimum(np.arange(width + 1)[None, :] + k, width), axis=1)
+    found = ((ahead - runs) == k).any(axis=1)
+    flagged[cand_rows[found]] = True
+    return flagged
+    at, back, same_period, periods_of = probe
+    # candidates: two consecutive probes of one period that both see x[i] == x[i - p] (cheap, a few hundred per row)
+    hit = x[:, at] == x[:, back]
+    if valid is not None:
+        hit &= valid[:, at] & valid[:, back]
+    pair = hit[:, 1:] & hit[:, :-1] & same_period
+    cand_rows, cand_probes = np.nonzero(pair)
+    if not len(cand_rows):
+        return flagged
+    count = max(config.max_count, 3)
+    for p in np.unique(periods_of[cand_probes]).tolist():  # the exact run-length test, on candidate rows only
+        candidates = np.unique(cand_rows[periods_of[cand_probes] == p])
+        candidates = candidates[~flagged[candidates]]
         if not len(candidates):
             continue
+        k = (count - 1) * p  # equal pairs (i - p, i) in a row
         sub = x[candidates]
         eq = sub[:, p:] == sub[:, :-p]
         if valid is not None:
@@ -94,3 +132,30 @@ def repetition_flags(
         np.cumsum(eq, axis=1, out=runs[:, 1:])
         flagged[candidates] = ((runs[:, k:] - runs[:, :-k]) == k).any(axis=1)
     return flagged
+
+
+@lru_cache(maxsize=64)
+def _probes(config: RepetitionFilter, length: int) -> tuple[np.ndarray, ...] | None:
+    """The probe positions of every period, concatenated: ``at`` (positions ``i``), ``back`` (``i - p``), whether
+    probe ``j + 1`` is of the same period as probe ``j``, and each probe's period; None when no period fits.
+
+    A run of ``k = (count - 1) * p`` equal pairs ``(i - p, i)`` holds two consecutive multiples of ``k // 2`` (>= 1),
+    so probing ``i`` at those multiples misses no flagged row."""
+    count = max(config.max_count, 3)
+    at, back, period = [], [], []
+    for p in range(config.min_period, config.max_period + 1):
+        k = (count - 1) * p
+        if k + p > length:
+            break
+        step = k // 2
+        i = np.arange(-(-p // step) * step, length, step)
+        at.append(i)
+        back.append(i - p)
+        period.append(np.full(len(i), p))
+    if not at:
+        return None
+    periods_of = np.concatenate(period)
+    out = (np.concatenate(at), np.concatenate(back), periods_of[1:] == periods_of[:-1], periods_of)
+    for a in out:
+        a.setflags(write=False)
+    return out
