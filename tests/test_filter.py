@@ -164,3 +164,41 @@ def test_same_mask_on_every_world_size_and_worker_count(small_index):
     runs = [_masks_by_sample(ds, layout, ws, nw) for ws, nw in ((1, 0), (3, 2), (2, 2))]
     assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 60
     assert 0 < sum(not kept for kept in runs[0].values()) < 60
+
+
+def test_stats_counts_what_the_filter_masks_by_value(capsys, cache_root, small_tokenizer, small_index):
+    import json
+
+    from detsampler.cli import main
+    from detsampler.loader.dataset import instance_filter_counts
+
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--seq-len", "64", "--window-docs", "4", "--global-batch-size", "16", "--kinds", "concat,bestfit"]
+    flt = ["--filter-steps", "2:12", "--instance-filter", "max_period=4,max_count=3"]
+    assert main(["stats", *base, *opts, *flt, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    for kind in ("concat", "bestfit"):
+        layout = small_index.layout(LayoutConfig(kind=kind, seq_len=64, window_docs=4))
+        plan = Plan(layout.num_samples, seed=0, global_batch_size=16, micro_batch_size=1, world_size=1)
+        # the reference: the filtered dataset's own masks over the same samples
+        ds = PackedDataset(small_index, layout, instance_filter=FILTER, instance_mask=True)
+        plain = PackedDataset(small_index, layout)
+        flagged = tokens = masked = samples = 0
+        for step in range(2, 12):
+            ids = plan.global_batch(step)
+            kept = ds.get_batch(ids)["instance_mask"].numpy()
+            loss = (plain.get_batch(ids)["labels"].numpy() != -100).sum(1)
+            samples, flagged = samples + len(ids), flagged + int((~kept).sum())
+            tokens, masked = tokens + int(loss.sum()), masked + int(loss[~kept].sum())
+        row = stats["layouts"][kind]["instance_filter"]
+        want = dict(samples=samples, flagged_samples=flagged, loss_tokens=tokens, flagged_loss_tokens=masked)
+        assert {k: row[k] for k in want} == want and 0 < flagged < samples
+        assert row == {**FILTER.to_dict(), "first_step": 2, "stop_step": 12, **want}
+        assert instance_filter_counts(small_index, layout, plan, range(2, 12), FILTER) == {
+            "first_step": 2,
+            "stop_step": 12,
+            **want,
+        }
+    assert main(["stats", *base, *opts, *flt]) == 0
+    out = capsys.readouterr().out
+    assert "concat: instance filter (max_period 4, min_period 1, max_count 3) over steps 2:12: " in out

@@ -53,7 +53,7 @@ from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
 from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
+__all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch", "instance_filter_counts"]
 
 OUTPUTS = ("fields", "tokens")  # what a sample is: the four int64 FIELDS, or its token ids alone (concat)
 
@@ -309,3 +309,25 @@ def _rebuild(index: TokenIndex, layout: Any, kwargs: dict) -> PackedDataset:
     if isinstance(layout, LayoutConfig):
         layout = make_layout(layout, index.lengths)
     return PackedDataset(index, layout, **kwargs)
+
+
+def instance_filter_counts(
+    index: TokenIndex, layout: Layout, plan: Any, steps: range, instance_filter: RepetitionFilter
+) -> dict[str, int]:
+    """What ``instance_filter`` masks over ``steps`` (a range of global steps) of ``plan``, exactly: a full read of the
+    tokens of every sample those steps read (each read counted, as trained). ``samples`` / ``flagged_samples``: the
+    samples read and those flagged; ``loss_tokens`` / ``flagged_loss_tokens``: their labels != -100 before the mask, and
+    those of the flagged samples (what the mask takes out of the loss)."""
+    dataset = PackedDataset(index, layout)
+    out = {"first_step": steps.start, "stop_step": steps.stop, "samples": 0, "flagged_samples": 0}
+    out.update(loss_tokens=0, flagged_loss_tokens=0)
+    for step in steps:
+        batch = dataset.get_batch(plan.global_batch(step))
+        valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
+        flagged = instance_filter.flags(batch["input_ids"].numpy(), valid)
+        loss = (batch["labels"].numpy() != -100).sum(axis=1)
+        out["samples"] += len(flagged)
+        out["flagged_samples"] += int(flagged.sum())
+        out["loss_tokens"] += int(loss.sum())
+        out["flagged_loss_tokens"] += int(loss[flagged].sum())
+    return out
