@@ -13,7 +13,7 @@ padded ``document``/``bestfit`` sample would otherwise be flagged for its run of
 Nothing here changes which samples a step reads: a flagged sample is still read, its loss is masked
 (:class:`detsampler.loader.dataset.PackedDataset` sets its labels to -100). Pure in the tokens, the flag of a sample id
 is the same on every world size and worker count. numpy only; vectorized over the batch: one strided probe of all
-periods at once (a run of ``k`` equal pairs contains two consecutive multiples of ``k // 2``) picks candidate
+periods at once (a run of ``k`` equal pairs contains four consecutive multiples of ``k // 4``) picks candidate
 positions, and only the ``2k + 1`` positions around each get the exact run-length test, all in one block.
 """
 
@@ -25,6 +25,8 @@ from functools import lru_cache
 import numpy as np
 
 __all__ = ["RepetitionFilter", "repetition_flags"]
+
+PROBE_HITS = 4  # consecutive probe hits that make a candidate: more probes, far fewer candidates for the exact test
 
 
 @dataclass(frozen=True)
@@ -73,18 +75,21 @@ def repetition_flags(
             raise ValueError(f"valid must have the tokens' shape {x.shape}, got {valid.shape}")
     rows, length = x.shape
     flagged = np.zeros(rows, dtype=bool)
-    probe = _probes(config, length)
+    probe = _probes(config, length, rows)
     if probe is None or rows == 0:
         return flagged
-    at, back, same_period, periods_of = probe
+    at, back, fat, fback, same_period, periods_of, hits = probe
+    # candidates: `hits` consecutive probes of one period that all see x[i] == x[i - p] (~900 per row)
     flat = x.reshape(-1)
-    base = np.arange(0, rows * length, length)[:, None]
-    # candidates: two consecutive probes of one period that both see x[i] == x[i - p] (a few hundred per row)
-    hit = flat[base + at] == flat[base + back]
+    hit = flat[fat] == flat[fback]
     if valid is not None:
         vflat = valid.reshape(-1)
-        hit &= vflat[base + at] & vflat[base + back]
-    cand_rows, cand_probes = np.nonzero(hit[:, 1:] & hit[:, :-1] & same_period)
+        hit &= vflat[fat] & vflat[fback]
+    n = hit.shape[1] - hits + 1
+    run = hit[:, :n] & same_period
+    for d in range(1, hits):
+        run &= hit[:, d : n + d]
+    cand_rows, cand_probes = np.nonzero(run)
     if not len(cand_rows):
         return flagged
     # the exact test, around each candidate probe i only: a run of >= k equal pairs that holds i has >= k of them in
@@ -107,55 +112,35 @@ def repetition_flags(
     found = ((ahead - runs) == k).any(axis=1)
     flagged[cand_rows[found]] = True
     return flagged
-    at, back, same_period, periods_of = probe
-    # candidates: two consecutive probes of one period that both see x[i] == x[i - p] (cheap, a few hundred per row)
-    hit = x[:, at] == x[:, back]
-    if valid is not None:
-        hit &= valid[:, at] & valid[:, back]
-    pair = hit[:, 1:] & hit[:, :-1] & same_period
-    cand_rows, cand_probes = np.nonzero(pair)
-    if not len(cand_rows):
-        return flagged
-    count = max(config.max_count, 3)
-    for p in np.unique(periods_of[cand_probes]).tolist():  # the exact run-length test, on candidate rows only
-        candidates = np.unique(cand_rows[periods_of[cand_probes] == p])
-        candidates = candidates[~flagged[candidates]]
-        if not len(candidates):
-            continue
-        k = (count - 1) * p  # equal pairs (i - p, i) in a row
-        sub = x[candidates]
-        eq = sub[:, p:] == sub[:, :-p]
-        if valid is not None:
-            vs = valid[candidates]
-            eq &= vs[:, p:] & vs[:, :-p]
-        runs = np.zeros((len(candidates), eq.shape[1] + 1), dtype=np.int32)
-        np.cumsum(eq, axis=1, out=runs[:, 1:])
-        flagged[candidates] = ((runs[:, k:] - runs[:, :-k]) == k).any(axis=1)
-    return flagged
 
 
 @lru_cache(maxsize=64)
-def _probes(config: RepetitionFilter, length: int) -> tuple[np.ndarray, ...] | None:
-    """The probe positions of every period, concatenated: ``at`` (positions ``i``), ``back`` (``i - p``), whether
-    probe ``j + 1`` is of the same period as probe ``j``, and each probe's period; None when no period fits.
+def _probes(config: RepetitionFilter, length: int, rows: int) -> tuple[np.ndarray, ...] | None:
+    """The probe positions of every period, concatenated: ``at`` (positions ``i``), ``back`` (``i - p``), the same as
+    indices into a flattened ``[rows, length]`` block, whether probe ``j + hits - 1`` is of the same period as probe
+    ``j``, each probe's period, and ``hits``; None when no period has ``hits`` probes.
 
-    A run of ``k = (count - 1) * p`` equal pairs ``(i - p, i)`` holds two consecutive multiples of ``k // 2`` (>= 1),
-    so probing ``i`` at those multiples misses no flagged row."""
+    A run of ``k = (count - 1) * p`` equal pairs ``(i - p, i)`` holds ``hits`` consecutive multiples of ``k // hits``
+    (``hits = min(PROBE_HITS, k)`` for the shortest ``k``), so probing ``i`` at those multiples misses no flagged
+    row."""
     count = max(config.max_count, 3)
+    hits = min(PROBE_HITS, (count - 1) * config.min_period)
     at, back, period = [], [], []
     for p in range(config.min_period, config.max_period + 1):
         k = (count - 1) * p
         if k + p > length:
             break
-        step = k // 2
+        step = k // hits
         i = np.arange(-(-p // step) * step, length, step)
         at.append(i)
         back.append(i - p)
         period.append(np.full(len(i), p))
-    if not at:
+    if sum(map(len, at)) < hits:
         return None
-    periods_of = np.concatenate(period)
-    out = (np.concatenate(at), np.concatenate(back), periods_of[1:] == periods_of[:-1], periods_of)
-    for a in out:
+    at_all, back_all, periods_of = np.concatenate(at), np.concatenate(back), np.concatenate(period)
+    base = np.arange(0, rows * length, length, dtype=np.intp)[:, None]
+    same = periods_of[hits - 1 :] == periods_of[: len(periods_of) - hits + 1]
+    arrays = (at_all, back_all, base + at_all, base + back_all, same, periods_of)
+    for a in arrays:
         a.setflags(write=False)
-    return out
+    return (*arrays, hits)
