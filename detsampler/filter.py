@@ -50,21 +50,27 @@ class RepetitionFilter:
                 f"RepetitionFilter.min_period ({self.min_period}) must be <= max_period ({self.max_period})"
             )
 
-    def flags(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    def flags(
+        self, tokens: np.ndarray, valid: np.ndarray | None = None, lengths: np.ndarray | None = None
+    ) -> np.ndarray:
         """Bool ``[B]``: which rows of ``tokens`` (``[B, L]``) are flagged (see :func:`repetition_flags`)."""
-        return repetition_flags(tokens, self, valid)
+        return repetition_flags(tokens, self, valid, lengths)
 
     def to_dict(self) -> dict:
         return {"max_period": self.max_period, "min_period": self.min_period, "max_count": self.max_count}
 
 
 def repetition_flags(
-    tokens: np.ndarray, config: RepetitionFilter | None = None, valid: np.ndarray | None = None
+    tokens: np.ndarray,
+    config: RepetitionFilter | None = None,
+    valid: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Bool ``[B]``: True where row ``b`` of ``tokens`` (``[B, L]`` integers) holds, for some period ``p`` in
     ``[config.min_period, config.max_period]``, at least ``max(config.max_count, 3)`` back-to-back repetitions of ``p``
     tokens, i.e. ``tokens[b, i] == tokens[b, i - p]`` for ``(count - 1) * p`` consecutive ``i``. ``valid`` (``[B, L]``
-    bool, optional): positions where it is False (padding) equal nothing."""
+    bool, optional): positions where it is False (padding) equal nothing; ``lengths`` (``[B]``, optional, the cheaper
+    form when padding is a tail, as in a packed sample): positions ``lengths[b]`` on of row ``b`` are padding."""
     config = RepetitionFilter() if config is None else config
     x = np.asarray(tokens)
     if x.ndim != 2:
@@ -73,6 +79,10 @@ def repetition_flags(
         valid = np.asarray(valid, dtype=bool)
         if valid.shape != x.shape:
             raise ValueError(f"valid must have the tokens' shape {x.shape}, got {valid.shape}")
+    if lengths is not None:
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
+        if len(lengths) != len(x):
+            raise ValueError(f"lengths must have one entry per row ({len(x)}), got {len(lengths)}")
     rows, length = x.shape
     flagged = np.zeros(rows, dtype=bool)
     probe = _probes(config, length, rows)
@@ -85,13 +95,15 @@ def repetition_flags(
     if valid is not None:
         vflat = valid.reshape(-1)
         hit &= vflat[fat] & vflat[fback]
+    if lengths is not None:  # back < at: at inside means both are
+        hit &= at < lengths
     n = hit.shape[1] - hits + 1
     run = hit[:, :n] & same_period
     for d in range(1, hits):
         run &= hit[:, d : n + d]
-    cand_rows, cand_probes = np.nonzero(run)
-    if not len(cand_rows):
+    if not run.any():  # the common case, and far cheaper than nonzero
         return flagged
+    cand_rows, cand_probes = np.nonzero(run)
     # the exact test, around each candidate probe i only: a run of >= k equal pairs that holds i has >= k of them in
     # [i - k, i + k], and one found there is a run of the row
     count = max(config.max_count, 3)
@@ -100,7 +112,7 @@ def repetition_flags(
     width = 2 * int(k.max()) + 1
     offset = np.arange(width)[None, :]
     pos = at[cand_probes][:, None] - k + offset
-    inside = (pos >= p) & (pos < length) & (offset <= 2 * k)
+    inside = (pos >= p) & (pos < (length if lengths is None else lengths[cand_rows])) & (offset <= 2 * k)
     pos = np.where(inside, pos, p)
     row = (cand_rows * length)[:, None]
     eq = (flat[row + pos] == flat[row + pos - p]) & inside

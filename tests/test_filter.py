@@ -80,6 +80,8 @@ def test_flags_equal_olmo_core(block_valid, config):
     got = repetition_flags(block, config, valid)
     want = [_olmo_flag(block[b], config, None if valid is None else valid[b]) for b in range(len(block))]
     assert got.tolist() == want
+    if valid is not None:  # the tail padding given by its start instead
+        assert repetition_flags(block, config, lengths=valid.sum(axis=1)).tolist() == want
 
 
 def test_defaults_are_olmo_core():

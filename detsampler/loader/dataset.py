@@ -264,8 +264,9 @@ class PackedDataset(Dataset):
         batch = dict(zip(FIELDS, block.unbind(0)))
         if self.instance_filter is not None:
             fields = block.numpy()
-            valid = fields[FIELDS.index("document_ids")] >= 0 if not self.layout.labels_cross_documents else None
-            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], valid)
+            # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
+            lengths = None if self.layout.labels_cross_documents else spans.num_tokens
+            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
             fields[FIELDS.index("labels")][flagged] = -100
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
