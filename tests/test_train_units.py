@@ -333,6 +333,9 @@ def _wrong_values(annotation: object, string: str) -> list[tuple[str, str, str]]
         ]
     if annotation is str:
         return [("5", "", f"{string}, got 5 (int)"), ("[1]", "", f"{string}, got [1] (list)")]
+    if annotation is typing.Any:  # data.instance_filter: a table, true or false
+        table = "must be a table {max_period = 13, min_period = 1, max_count = 32}, true or false"
+        return [("5", "", f"{table}, got 5 (int)"), ('"x"', "", f"{table}, got 'x' (str)")]
     assert typing.get_origin(annotation) is tuple, f"no wrong values for {annotation!r}"
     out = [("5", "", "must be a list, got 5 (int)")]
     item = typing.get_args(annotation)[0]
@@ -366,7 +369,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, 
 def test_the_wrong_type_test_covers_every_field() -> None:
     covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
     every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
-    assert covered == every and len(every) == 57
+    assert covered == every and len(every) == 58
 
 
 @pytest.mark.parametrize(
@@ -486,3 +489,46 @@ def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
     check_redacted_documents(plan, 4)
     with pytest.raises(ValueError, match=r"from step 3 names documents \[3\]: the index holds documents 0 .. 2"):
         check_redacted_documents(plan, 3)
+
+
+def test_instance_filter_maps_one_to_one_and_reaches_the_dataset(small_index) -> None:
+    from types import SimpleNamespace
+
+    from detsampler.filter import RepetitionFilter
+    from detsampler.layout import LayoutConfig
+    from train.config import config_from_dict, config_to_dict
+    from train.data import _packed_dataset
+
+    assert load_config(CONFIGS / "tiny.toml").data.instance_filter is None  # off by default
+    assert load_config(CONFIGS / "tiny.toml", ["data.instance_filter=true"]).data.instance_filter == RepetitionFilter()
+    cfg = load_config(CONFIGS / "tiny.toml", ["data.instance_filter={max_period = 4, max_count = 3}"])
+    assert cfg.data.instance_filter == RepetitionFilter(max_period=4, min_period=1, max_count=3)
+    assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
+    assert load_config(CONFIGS / "tiny.toml", ["data.instance_filter=false"]).data.instance_filter is None
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['period'\]"):
+        load_config(CONFIGS / "tiny.toml", ["data.instance_filter={period = 4}"])
+    with pytest.raises(ValueError, match="DataConfig.instance_filter: RepetitionFilter.max_count must be"):
+        load_config(CONFIGS / "tiny.toml", ["data.instance_filter={max_count = 0}"])
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    ds = _packed_dataset(SimpleNamespace(index=small_index), layout, "text", cfg.data.instance_filter)
+    batch = ds.get_batch(range(400))
+    masked = (batch["labels"] == -100).all(1)
+    assert ds.instance_filter == cfg.data.instance_filter and 0 < int(masked.sum()) < 400
+
+
+def test_a_masked_sample_leaves_the_per_token_mean_of_the_others() -> None:
+    """The trainer's loss: sum over labels != -100 divided by their count (OLMo-core#452): a fully masked sample adds
+    nothing to either, so the step's loss is the per-token mean over the samples kept."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(3, 5, 7), torch.randint(0, 7, (3, 5))
+    masked = labels.clone()
+    masked[1] = -100
+
+    def step_loss(lab: torch.Tensor) -> torch.Tensor:
+        total = F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100, reduction="sum")
+        return total / (lab != -100).sum()
+
+    kept = torch.tensor([0, 2])
+    assert torch.allclose(step_loss(masked), F.cross_entropy(logits[kept].flatten(0, 1), labels[kept].flatten()))

@@ -213,6 +213,34 @@ def _schedule_entry(value: Any) -> Any:
     return value
 
 
+def _instance_filter(value: Any) -> Any:
+    """``data.instance_filter`` as a :class:`detsampler.filter.RepetitionFilter` or None (off): a table of its fields
+    (``{}``: OLMo-core's defaults), ``true`` (the defaults), ``false`` or absent (off)."""
+    from detsampler.filter import RepetitionFilter
+
+    if value is None or value is False:
+        return None
+    if value is True:
+        return RepetitionFilter()
+    if isinstance(value, RepetitionFilter):
+        return value
+    if isinstance(value, dict):
+        allowed = {f.name for f in fields(RepetitionFilter)}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(
+                f"DataConfig.instance_filter: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}"
+            )
+        try:
+            return RepetitionFilter(**value)
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.instance_filter: {exc}") from None
+    raise ValueError(
+        f"DataConfig.instance_filter must be a table {{max_period = 13, min_period = 1, max_count = 32}}, true or"
+        f" false, {_got(value)}"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """What the data stream is (source, tokenizer, layout, seed, batch schedule) and how it is loaded (workers).
@@ -232,11 +260,14 @@ class DataConfig:
     same tokenizer and layout, drawn with ``mixture_weights`` from step 0 and ``mixture_schedule`` entries
     ``[first_step, [weights]]`` after it (data steps); ``mixture_names`` labels them; ``seed`` seeds the mixture too
     (see :class:`detsampler.mixture.MixtureConfig`). ``skip_steps``: inclusive ``[first, last]`` ranges of data steps
-    never trained on (:class:`detsampler.plan.Plan`). ``redactions``: ``{documents = [ids], from_step = s}`` tables,
-    whose documents' labels are masked (-100) from training step ``s`` on, every step still reading what it read
-    (:mod:`detsampler.redaction`). A resume may add schedule entries and skip ranges at or after its step, and
-    redactions from its step on. ``mapping_version`` (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on
-    the version its checkpoint records and starts a new run on the current one.
+    never trained on (:class:`detsampler.plan.Plan`). ``instance_filter``: OLMo-core's repetition filter
+    (:class:`detsampler.filter.RepetitionFilter`, a table of its fields, ``{}`` or ``true`` for its defaults; absent or
+    ``false``: off); a flagged sample is still read, its labels are all -100 (its loss is masked, the stream
+    unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables, whose documents' labels are masked (-100)
+    from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`). A resume may add
+    schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
+    (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
+    new run on the current one.
     """
 
     source: str = ""
@@ -265,6 +296,7 @@ class DataConfig:
     skip_steps: tuple[tuple[int, int], ...] = ()
     redactions: tuple[Any, ...] = ()  # {documents = [ids], from_step = s} tables: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
+    instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS, LayoutConfig
@@ -276,6 +308,7 @@ class DataConfig:
             object.__setattr__(self, "mixture_sources", specs)
         if isinstance(self.mixture_schedule, (list, tuple)):
             object.__setattr__(self, "mixture_schedule", tuple(_schedule_entry(e) for e in self.mixture_schedule))
+        object.__setattr__(self, "instance_filter", _instance_filter(self.instance_filter))
         check_fields(self)
         if self.mapping_version != 0 and self.mapping_version not in MAPPING_VERSIONS:
             raise ValueError(

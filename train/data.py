@@ -259,16 +259,21 @@ def _plan(
     )
 
 
-def _packed_dataset(prepared: Any, layout: Layout, text_column: str) -> Any:
+def _packed_dataset(prepared: Any, layout: Layout, text_column: str, instance_filter: Any = None) -> Any:
     """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the
-    fly."""
+    fly. ``instance_filter`` (``data.instance_filter``): a flagged sample's labels are all -100."""
     from detsampler.loader.dataset import PackedDataset
 
     if prepared.index.tokens is None:
         return PackedDataset(
-            prepared.index, layout, dataset=prepared.dataset, tokenizer=prepared.tokenizer, text_column=text_column
+            prepared.index,
+            layout,
+            dataset=prepared.dataset,
+            tokenizer=prepared.tokenizer,
+            text_column=text_column,
+            instance_filter=instance_filter,
         )
-    return PackedDataset(prepared.index, layout)
+    return PackedDataset(prepared.index, layout, instance_filter=instance_filter)
 
 
 def _verify_once(index: Any) -> None:
@@ -295,7 +300,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     layout = index.layout(_layout_config(config))
     plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
     check_redacted_documents(plan, index.num_documents)
-    dataset = _packed_dataset(prepared, layout, config.text_column)
+    dataset = _packed_dataset(prepared, layout, config.text_column, config.instance_filter)
     return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
 
 
@@ -322,7 +327,9 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
     plan = _plan(config, world_size, source=mixture)
-    datasets = [_packed_dataset(p, lay, config.text_column) for p, lay in zip(prepared, layouts)]
+    datasets = [
+        _packed_dataset(p, lay, config.text_column, config.instance_filter) for p, lay in zip(prepared, layouts)
+    ]
     return DataPipeline(
         config=config,
         index=prepared[0].index,

@@ -321,6 +321,25 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     stats.add_argument("--kinds", default=",".join(LAYOUT_KINDS), help="layout kinds to report (default: %(default)s)")
+    stats.add_argument(
+        "--filter-steps",
+        type=step_range,
+        default=None,
+        metavar="A:B",
+        help=(
+            "count the samples and loss tokens the instance filter masks over steps A .. B-1 (a full read of those"
+            " steps' tokens)"
+        ),
+    )
+    stats.add_argument(
+        "--instance-filter",
+        default="",
+        metavar="K=V,...",
+        help=(
+            "the repetition filter of --filter-steps: max_period, min_period, max_count (default: OLMo-core's,"
+            " 13, 1, 32)"
+        ),
+    )
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
     for command in (train, build, show, verify, stats, where):
         command.add_argument(

@@ -110,15 +110,38 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
+def _instance_filter(text: str) -> Any:
+    """``--instance-filter max_period=13,min_period=1,max_count=32`` (any of them; empty: OLMo-core's defaults)."""
+    from detsampler.filter import RepetitionFilter
+
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in ("max_period", "min_period", "max_count") or not value.strip().isdigit():
+            raise ValueError(
+                f"--instance-filter: got {item!r}, expected max_period=N, min_period=N or max_count=N (N >= 1)"
+            )
+        values[key.strip()] = int(value)
+    return RepetitionFilter(**values)
+
+
 def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> dict[str, Any]:
     """The index's document and token counts, and per layout kind :func:`~detsampler.verify.layout_stats` (with the
-    trained/skipped split at ``--step`` when skip ranges lie before it)."""
+    trained/skipped split at ``--step`` when skip ranges lie before it); with ``--filter-steps``, what the instance
+    filter masks over those steps (:func:`detsampler.loader.dataset.instance_filter_counts`, a full read)."""
     out = document_stats(index.lengths)
     out["layouts"] = {}
+    steps = getattr(args, "filter_steps", None)
+    config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
     for k in kinds:
         layout = index.layout(layout_config(args, k))
         plan = plan_from_args(args, layout.num_samples)
         out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
+        if config is not None:
+            from detsampler.loader.dataset import instance_filter_counts
+
+            row = instance_filter_counts(index, layout, plan, range(steps[0], steps[1]), config)
+            out["layouts"][k]["instance_filter"] = {**config.to_dict(), **row}
     return out
 
 
@@ -162,6 +185,15 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
         if split and "split" in row:
             line += f" {row['split']['trained']['tokens']:>15,} {row['split']['skipped']['tokens']:>15,}"
         print(line)
+    for k, row in out["layouts"].items():
+        counts = row.get("instance_filter")
+        if counts is not None:
+            print(
+                f"{k}: instance filter (max_period {counts['max_period']}, min_period {counts['min_period']},"
+                f" max_count {counts['max_count']}) over steps {counts['first_step']}:{counts['stop_step']}:"
+                f" {fmt_int(counts['flagged_samples'])} of {fmt_int(counts['samples'])} samples flagged,"
+                f" {fmt_int(counts['flagged_loss_tokens'])} of {fmt_int(counts['loss_tokens'])} loss tokens masked"
+            )
     if split and len(out["layouts"]) == 1:
         _print_split(next(iter(out["layouts"].values()))["split"])
 
@@ -211,9 +243,11 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print the stats of the index (or the mixture, or what ``--checkpoint`` records), as a table or ``--json``."""
+    config = mixture_config(args)
+    if getattr(args, "filter_steps", None) is not None and (args.checkpoint is not None or config is not None):
+        raise ValueError("--filter-steps counts over one index (--data), not a --checkpoint or a mixture")
     if args.checkpoint is not None:
         return _cmd_stats_checkpoint(args)
-    config = mixture_config(args)
     if config is not None:
         return _cmd_stats_mixture(args, config)
     prepared = prepare(args)

@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from detsampler.filter import RepetitionFilter
 from detsampler.gather import FIELDS, pack_fields, pack_tokens
 from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.reader import TokenIndex
@@ -52,7 +53,7 @@ from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
 from detsampler.text.protocol import TokenizerLike
 
-__all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch"]
+__all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch", "instance_filter_counts"]
 
 OUTPUTS = ("fields", "tokens")  # what a sample is: the four int64 FIELDS, or its token ids alone (concat)
 
@@ -102,8 +103,16 @@ class PackedDataset(Dataset):
         text_column: str = "text",
         cache_tokens: int = 1 << 22,
         output: str = "fields",
+        instance_filter: RepetitionFilter | None = None,
+        instance_mask: bool = False,
     ) -> None:
         _check_output(output, layout)
+        if instance_filter is not None and not isinstance(instance_filter, RepetitionFilter):
+            raise TypeError(f"instance_filter must be a RepetitionFilter or None, got {type(instance_filter).__name__}")
+        if not isinstance(instance_mask, (bool, np.bool_)):
+            raise ValueError(f"instance_mask must be True or False, got {instance_mask!r}")
+        if instance_mask and instance_filter is None:
+            raise ValueError("instance_mask=True needs an instance_filter")
         if restart_position_ids is not None and not isinstance(restart_position_ids, (bool, np.bool_)):
             raise ValueError(
                 f"Got restart_position_ids {restart_position_ids!r} ({type(restart_position_ids).__name__}),"
@@ -126,6 +135,8 @@ class PackedDataset(Dataset):
         self.text_column = text_column
         self.cache_tokens = int(cache_tokens)
         self.output = output
+        self.instance_filter = instance_filter
+        self.instance_mask = bool(instance_mask) or (instance_filter is not None and output == "tokens")
         self.token_dtype = np.dtype(index.tokens.dtype) if index.tokens is not None else token_dtype(index.vocab_size)
         self._cache = TokenCache(self.cache_tokens)
         self._eos_stored = bool(getattr(index, "eos_stored", False))
@@ -152,6 +163,8 @@ class PackedDataset(Dataset):
             text_column=self.text_column,
             cache_tokens=self.cache_tokens,
             output=self.output,
+            instance_filter=self.instance_filter,
+            instance_mask=self.instance_mask and self.output == "fields",
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -229,7 +242,10 @@ class PackedDataset(Dataset):
                 eos_stored=self._eos_stored,
                 out=tokens.numpy(),
             )
-            return {"tokens": tokens}
+            if self.instance_filter is None:
+                return {"tokens": tokens}
+            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
+            return {"tokens": tokens, "instance_mask": torch.from_numpy(~flagged)}
         block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
@@ -245,7 +261,16 @@ class PackedDataset(Dataset):
             restart_position_ids=self.restart_position_ids,
             out=block.numpy(),
         )
-        return dict(zip(FIELDS, block.unbind(0)))
+        batch = dict(zip(FIELDS, block.unbind(0)))
+        if self.instance_filter is not None:
+            fields = block.numpy()
+            # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
+            lengths = None if self.layout.labels_cross_documents else spans.num_tokens
+            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
+            fields[FIELDS.index("labels")][flagged] = -100
+            if self.instance_mask:
+                batch["instance_mask"] = torch.from_numpy(~flagged)
+        return batch
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
@@ -285,3 +310,25 @@ def _rebuild(index: TokenIndex, layout: Any, kwargs: dict) -> PackedDataset:
     if isinstance(layout, LayoutConfig):
         layout = make_layout(layout, index.lengths)
     return PackedDataset(index, layout, **kwargs)
+
+
+def instance_filter_counts(
+    index: TokenIndex, layout: Layout, plan: Any, steps: range, instance_filter: RepetitionFilter
+) -> dict[str, int]:
+    """What ``instance_filter`` masks over ``steps`` (a range of global steps) of ``plan``, exactly: a full read of the
+    tokens of every sample those steps read (each read counted, as trained). ``samples`` / ``flagged_samples``: the
+    samples read and those flagged; ``loss_tokens`` / ``flagged_loss_tokens``: their labels != -100 before the mask, and
+    those of the flagged samples (what the mask takes out of the loss)."""
+    dataset = PackedDataset(index, layout)
+    out = {"first_step": steps.start, "stop_step": steps.stop, "samples": 0, "flagged_samples": 0}
+    out.update(loss_tokens=0, flagged_loss_tokens=0)
+    for step in steps:
+        batch = dataset.get_batch(plan.global_batch(step))
+        valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
+        flagged = instance_filter.flags(batch["input_ids"].numpy(), valid)
+        loss = (batch["labels"].numpy() != -100).sum(axis=1)
+        out["samples"] += len(flagged)
+        out["flagged_samples"] += int(flagged.sum())
+        out["loss_tokens"] += int(loss.sum())
+        out["flagged_loss_tokens"] += int(loss[flagged].sum())
+    return out

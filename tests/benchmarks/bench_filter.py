@@ -1,0 +1,140 @@
+"""Benchmark 17: the cost of the instance filter (OLMo-core's repetition filter) against ``PackedDataset.get_batch``.
+
+Data: the first 300 files of the default corpus (the Python standard library's sources: indentation and repeated
+punctuation make real candidate rows for the filter's exact test), a 4,096-piece tokenizer trained on them, an index
+with stored tokens, built once under ``.cache/bench/filter``. Micro batches of 8 x 2,048 tokens (the issue's), the
+plan's first 200 micro batches of one rank, per layout (``concat``, ``bestfit``). Each micro batch is read by
+``get_batch`` without the filter and with :class:`~detsampler.filter.RepetitionFilter` (OLMo-core's defaults: periods 1
+to 13, 32 repetitions), interleaved batch by batch, in turn first (pages warm after a first pass), in one process on
+one thread, so their ratio is the filter's cost; the filter alone (on the read block) is timed too. Then the loader's
+own path: ``DataLoader(batch_sampler=DeterministicBatchSampler, collate_fn=collate_micro_batch, num_workers=0)`` over
+the same micro batches, plain and filtered alternately, 3 passes each, best pass. Throughput: input tokens per second.
+Target (issue #24 item 3): filtering costs at most 5% of loader throughput.
+
+Usage: ``python -m tests.benchmarks.bench_filter [--docs N] [--batches B]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from tests.benchmarks.common import BenchResult, Table, Verdict
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parents[2]
+DIR = ROOT / ".cache" / "bench" / "filter"
+
+
+def main(argv: list[str] | None = None) -> BenchResult:
+    from detsampler.filter import RepetitionFilter
+    from detsampler.index import build_index
+    from detsampler.layout import LayoutConfig
+    from detsampler.loader.dataset import PackedDataset, collate_micro_batch
+    from detsampler.loader.sampler import DeterministicBatchSampler
+    from detsampler.plan import Plan
+    from detsampler.text.corpus import default_corpus, default_tokenizer
+
+    parser = argparse.ArgumentParser(prog="bench_filter")
+    parser.add_argument("--docs", type=int, default=300)
+    parser.add_argument("--batches", type=int, default=200)
+    args = parser.parse_args(argv or [])
+    t_start = time.perf_counter()
+    torch.set_num_threads(1)
+    corpus = default_corpus(max_documents=args.docs)
+    tokenizer = default_tokenizer(DIR, vocab_size=4096, corpus=corpus)
+    index = build_index(corpus, tokenizer, cache_dir=DIR, progress=False)
+    config = RepetitionFilter()
+    rows, worst = [], 0.0
+    for kind in ("concat", "bestfit"):
+        layout = index.layout(LayoutConfig(kind=kind, seq_len=2048, seed=0, window_docs=64))
+        plain = PackedDataset(index, layout)
+        filtered = PackedDataset(index, layout, instance_filter=config)
+        plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=8, world_size=1)
+        batches = [plan.micro_batch(step, 0, 0) for step in range(args.batches)]
+        for ids in batches:  # warm the pages and the chunks' checks
+            plain.get_batch(ids)
+        t_plain, t_filtered, t_alone, flagged = [], [], [], 0
+        for i, ids in enumerate(batches):
+            times = {}
+            for name in ("plain", "filtered") if i % 2 == 0 else ("filtered", "plain"):  # neither warms the other
+                t0 = time.perf_counter()
+                batch = (plain if name == "plain" else filtered).get_batch(ids)
+                times[name] = time.perf_counter() - t0
+            lengths = (batch["document_ids"].numpy() >= 0).sum(axis=1) if kind != "concat" else None
+            t0 = time.perf_counter()  # the filter alone, as get_batch calls it (padding as each row's tail)
+            flags = config.flags(batch["input_ids"].numpy(), lengths=lengths)
+            t_alone.append(time.perf_counter() - t0)
+            t_plain.append(times["plain"])
+            t_filtered.append(times["filtered"])
+            flagged += int(flags.sum())
+        tokens = 8 * 2048
+        alone_mean = statistics.fmean(t_alone)
+        loader_s = {"plain": [], "filtered": []}
+        for _ in range(3):
+            for name, ds in (("filtered", filtered), ("plain", plain)):
+                sampler = DeterministicBatchSampler(plan, 0, start_step=0, stop_step=args.batches)
+                loader = DataLoader(ds, batch_sampler=sampler, num_workers=0, collate_fn=collate_micro_batch)
+                t0 = time.perf_counter()
+                for _batch in loader:
+                    pass
+                loader_s[name].append((time.perf_counter() - t0) / args.batches)
+        loader_plain, loader_filtered = min(loader_s["plain"]), min(loader_s["filtered"])
+        loader_cost = 1 - loader_plain / loader_filtered
+        plain_s, filtered_s = statistics.fmean(t_plain), statistics.fmean(t_filtered)  # throughput: total over total
+        cost = 1 - plain_s / filtered_s  # the share of throughput lost
+        worst = max(worst, cost, loader_cost)
+        rows.append(
+            [
+                kind,
+                f"{tokens / plain_s / 1e6:.1f}M",
+                f"{tokens / filtered_s / 1e6:.1f}M",
+                f"{filtered_s / plain_s:.3f}",
+                f"{cost * 100:.1f}%",
+                " / ".join(f"{t * 1e6:.0f}" for t in (statistics.median(t_alone), alone_mean, max(t_alone))),
+                f"{plain_s * 1e6:.0f}",
+                f"{flagged} / {len(batches) * 8}",
+                f"{tokens / loader_plain / 1e6:.1f}M / {tokens / loader_filtered / 1e6:.1f}M",
+                f"{loader_cost * 100:.1f}%",
+            ]
+        )
+    table = Table(
+        f"get_batch with and without RepetitionFilter() (8 x 2,048 tokens, {args.batches} micro batches)",
+        [
+            "layout",
+            "tokens/s plain",
+            "tokens/s filtered",
+            "time ratio",
+            "throughput lost",
+            "filter alone, µs: median / mean / max",
+            "get_batch, µs",
+            "samples flagged",
+            "DataLoader tokens/s plain / filtered",
+            "DataLoader throughput lost",
+        ],
+        rows,
+    )
+    verdict = Verdict(
+        "filtering costs <= 5% of loader throughput", worst <= 0.05, f"worst layout: {worst * 100:.1f}% lost"
+    )
+    return BenchResult(
+        99,
+        "Instance filter cost",
+        __doc__.split("\n", 2)[2].strip(),
+        [table],
+        [verdict],
+        [],
+        time.perf_counter() - t_start,
+    )
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(main(sys.argv[1:]).markdown())
