@@ -127,7 +127,8 @@ def iter_training_lines(
             i += 1
 
 
-def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+def _input_files(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[Path]:
+    """The files of ``inputs`` (files, and every file under a directory, sorted), in order; none is a ValueError."""
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     files: list[Path] = []
@@ -141,7 +142,11 @@ def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list
             raise ValueError(f"tokenizer train: input {str(p)!r} is neither a file nor a directory")
     if not files:
         raise ValueError(f"tokenizer train: no input files in {[str(i) for i in inputs]}")
-    return [f.read_bytes().decode("utf-8", "replace") for f in files]
+    return files
+
+
+def read_inputs(inputs: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    return [f.read_bytes().decode("utf-8", "replace") for f in _input_files(inputs)]
 
 
 def read_training_texts(
@@ -158,19 +163,7 @@ def read_training_texts(
 
     from detsampler.text.corpus import corpus_kind
 
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    files: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file()))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise ValueError(f"tokenizer train: input {str(p)!r} is neither a file nor a directory")
-    if not files:
-        raise ValueError(f"tokenizer train: no input files in {[str(i) for i in inputs]}")
+    files = _input_files(inputs)
     openers = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
     texts: list[str] = []
     for f in files:
