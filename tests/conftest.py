@@ -53,3 +53,24 @@ def small_index(cache_root, small_corpus, small_tokenizer):
     from detsampler.index import build_index
 
     return build_index(small_corpus, small_tokenizer, cache_dir=cache_root, progress=False)
+
+
+# -- object storage: moto's real S3 server on loopback, one per session
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """The endpoint of moto's S3 server on 127.0.0.1 (a free port), with ``AWS_*`` set for the session."""
+    from tests.s3_server import moto_server
+
+    with moto_server() as (endpoint, _server):
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_endpoint):
+    """``s3://detsampler-test``: a bucket on the session's server."""
+    from tests.s3_server import create_bucket
+
+    return create_bucket(s3_endpoint, "detsampler-test")

@@ -24,6 +24,7 @@ import numpy as np
 
 from detsampler.index.format import TokenIndexError
 from detsampler.ranges import concat_ranges
+from detsampler.storage import BlockCache, BlockedObject, RemoteArray, RemotePath, open_npy
 
 __all__ = [
     "CHUNK_BYTES",
@@ -133,18 +134,26 @@ class VerifiedArray:
     """
 
     def __init__(
-        self, path: Path, array: np.ndarray, sums: np.ndarray, what: str, fence: np.ndarray | None = None
+        self,
+        path: Path | RemotePath,
+        array: np.ndarray | RemoteArray,
+        sums: np.ndarray,
+        what: str,
+        fence: np.ndarray | None = None,
     ) -> None:
-        self.path = Path(path)
         self._fence = fence  # sorted arrays: every FENCE_EVERY-th element, in RAM, so a search reads one block
         # NOTE: reads go through a plain ndarray view of the map: indexing a np.memmap runs its Python-level
         # __array_finalize__ on every result, a fixed cost per read that a micro batch pays a dozen times.
         self._array = array.view(np.ndarray) if isinstance(array, np.memmap) else array
         self._sums = sums
         self._what = what
+        self._checked = np.zeros(len(sums), dtype=bool)
+        if isinstance(array, RemoteArray):  # its blocks are checked against ``sums`` as they arrive (_block_check)
+            self.path, self._raw, self._data_offset = path, None, array.offset
+            return
+        self.path = Path(path)
         self._raw = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
         self._data_offset = int(getattr(array, "offset", 0)) if isinstance(array, np.memmap) else _npy_data_offset(path)
-        self._checked = np.zeros(len(sums), dtype=bool)
         for m in (array, self._raw):  # random reads: no read-around of neighbouring pages into this process
             _advise_random(m)
 
@@ -167,7 +176,7 @@ class VerifiedArray:
 
     @property
     def memory_mapped(self) -> bool:
-        """Whether the elements are read from a memory map of the file (not from a copy in RAM)."""
+        """Whether the elements are read from a memory map of the file (not from a copy in RAM, nor a remote store)."""
         base = self._array
         while base is not None and not isinstance(base, np.memmap):
             base = getattr(base, "base", None)
@@ -297,6 +306,20 @@ class VerifiedArray:
         """Check every chunk not checked yet (reads the whole file once)."""
         self._verify(np.flatnonzero(~self._checked))
 
+    def sha256(self) -> str:
+        """The sha256 (hex) of the whole file or object (a full read; a remote one block by block, each checked)."""
+        if self._raw is not None:
+            from detsampler.index.files import sha256_file
+
+            return sha256_file(self.path)
+        source, h = self._array.source, hashlib.sha256()
+        step = max(1, (64 << 20) // source.block_bytes)
+        for first in range(0, source.num_blocks, step):
+            got = source.blocks(range(first, min(first + step, source.num_blocks)))
+            for b in sorted(got):
+                h.update(got[b])
+        return h.hexdigest()
+
     # -- internals
     def _check_few_ranges(self, starts: list[int], stops: list[int]) -> None:
         """What :meth:`checked_ranges` checks, range by range in Python ints (the same chunks, the same errors)."""
@@ -329,6 +352,9 @@ class VerifiedArray:
 
     def _verify(self, chunks: np.ndarray) -> None:
         raw = self._raw
+        if raw is None:  # a remote array: every block it reads was checked on arrival (_block_check)
+            self._checked[chunks] = True
+            return
         for c in chunks.tolist():
             if self._checked[c]:
                 continue
@@ -369,7 +395,7 @@ def open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tupl
     if not isinstance(record, dict) or "sums" not in record:
         raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
     f = path / name
-    size = f.stat().st_size if f.is_file() else None
+    size = _size_or_none(f)
     if size != record["size"]:
         raise TokenIndexError(
             f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
@@ -377,7 +403,12 @@ def open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tupl
         )
     what = str(path)
     sums = load_sums(path / sums_name(name), record["sums"], size, what)
-    array = load_array(path, name, dtype, shape)
+    array = load_array(path, name, dtype, shape) if not isinstance(f, RemotePath) else _remote(f, size, sums, what)
+    if isinstance(array, RemoteArray) and (array.dtype != dtype or array.shape != shape):
+        raise TokenIndexError(
+            f"{str(path)!r}: {name} has dtype {array.dtype} and shape {array.shape}, its record says "
+            f"{np.dtype(dtype)} and {shape}: the file was edited or replaced; delete the directory and rebuild"
+        )
     fence = None
     if "fence" in record:
         fence = _load_small(path / record["fence"]["file"], record["fence"], what)
@@ -405,7 +436,60 @@ def _npy_data_offset(path: Path) -> int:
         return f.tell()
 
 
+def _size_or_none(f: Path | RemotePath) -> int | None:
+    if isinstance(f, RemotePath):
+        from detsampler.storage import ObjectNotFoundError
+
+        try:
+            return f.stat().st_size
+        except ObjectNotFoundError:
+            return None
+    return f.stat().st_size if f.is_file() else None
+
+
+def _block_check(url: str, sums: np.ndarray, what: str, block_bytes: int):
+    """The check of a fetched block: the CRC-32 of each chunk it holds against ``sums`` (a ChecksumError naming the
+    object, the chunk and its bytes)."""
+    per_block = block_bytes // CHUNK_BYTES
+    name = url.rsplit("/", 1)[-1]
+
+    def check(block: int, data: bytes) -> None:
+        view = memoryview(data)
+        for k in range(-(-len(data) // CHUNK_BYTES)):
+            c, lo = block * per_block + k, k * CHUNK_BYTES
+            got = zlib.crc32(view[lo : lo + CHUNK_BYTES])
+            if c >= len(sums) or got != int(sums[c]):
+                start, recorded = block * block_bytes + lo, f"{int(sums[c]):08x}" if c < len(sums) else "none"
+                raise ChecksumError(
+                    f"{what}: {name} chunk {c} (bytes {start}..{start + len(view[lo : lo + CHUNK_BYTES]) - 1}) fails"
+                    f" its checksum (crc32 {got:08x}, recorded {recorded}): the object was edited or replaced after it"
+                    " was written",
+                    RemotePath(url),
+                )
+
+    return check
+
+
+def _remote(f: RemotePath, size: int, sums: np.ndarray, what: str, cache: BlockCache | None = None) -> RemoteArray:
+    """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives."""
+    from detsampler.storage import DEFAULT_BLOCK_BYTES
+
+    check = _block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
+    try:
+        return open_npy(BlockedObject(f.url, size, check=check, cache=cache))
+    except (ValueError, EOFError, SyntaxError, TokenError) as exc:
+        if isinstance(exc, ChecksumError):
+            raise
+        why = " ".join(str(exc).split())
+        raise TokenIndexError(f"{what}: {f.name} is not a readable .npy object ({type(exc).__name__}: {why})") from None
+
+
 def _reopen(path: str, sums: np.ndarray, what: str, fence: np.ndarray | None = None) -> VerifiedArray:
+    from detsampler.storage import as_path
+
+    remote = as_path(path)
+    if isinstance(remote, RemotePath):
+        return VerifiedArray(remote, _remote(remote, remote.stat().st_size, sums, what), sums, what, fence)
     p = Path(path)
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)

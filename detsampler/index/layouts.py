@@ -33,6 +33,7 @@ in RAM.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from detsampler.layout import (
     documents_at,
 )
 from detsampler.packing import LOCKSTEP_DOCS, PACKING_VERSION, Packed, pack_windows
+from detsampler.storage import RemotePath
 from detsampler.version import MAPPING_VERSION
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
 log = logging.getLogger("detsampler")
 
 
-def layout_dir(index: TokenIndex, config: LayoutConfig) -> Path:
+def layout_dir(index: TokenIndex, config: LayoutConfig) -> Path | RemotePath:
     """Where the layout ``config`` of ``index`` lives (whether built or not)."""
     packing = PACKING_VERSION if config.kind == "bestfit" else 0
     window = config.window_docs if config.kind == "bestfit" else 0
@@ -320,7 +322,7 @@ def build_layout(
 # -- opening -------------------------------------------------------------------------------------------------------
 
 
-def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
+def _read_record(path: Path | RemotePath, index: TokenIndex, config: LayoutConfig) -> dict:
     try:
         record = json.loads((path / "layout.json").read_text())
     except (OSError, ValueError) as exc:
@@ -343,7 +345,7 @@ def _read_record(path: Path, index: TokenIndex, config: LayoutConfig) -> dict:
     return record
 
 
-def _open_dir(path: Path, index: TokenIndex, config: LayoutConfig) -> Layout:
+def _open_dir(path: Path | RemotePath, index: TokenIndex, config: LayoutConfig) -> Layout:
     """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work but the checksum files."""
     r = _read_record(path, index, config)
     files, n = r["files"], index.num_documents
@@ -385,6 +387,10 @@ class PersistedLayout:
         self.inner = self._open(config)
 
     def _open(self, config: LayoutConfig) -> Layout:
+        if isinstance(self.path, RemotePath):  # an object store is read-only here: `detsampler push` writes layouts
+            if not (self.path / "layout.json").is_file():
+                raise PermissionError(errno.EROFS, "an object store is read-only: push the layout with the index")
+            return _open_dir(self.path, self.index, config)
         if (self.path / "layout.json").is_file():
             try:
                 return _open_dir(self.path, self.index, config)
@@ -399,8 +405,8 @@ class PersistedLayout:
         try:
             return self.inner.locate(sample_ids)
         except ChecksumError as exc:
-            if exc.path is None or exc.path.parent != self.path:
-                raise  # the index's own files: rebuilding the layout cannot help
+            if exc.path is None or exc.path.parent != self.path or isinstance(self.path, RemotePath):
+                raise  # the index's own files (or a remote layout, read-only): rebuilding the layout cannot help
             log.warning("detsampler: %s; rebuilding the layout %s", exc, self.path.name)
             build_layout(self.index, self.config, self._num_proc, self._progress, replace_damaged=True)
             self.inner = _open_dir(self.path, self.index, self.config)

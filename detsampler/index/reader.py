@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.checksums import VerifiedArray, open_checked
-from detsampler.index.files import sha256_file
 from detsampler.index.format import (
     INDEX_KIND,
     LENGTHS_FORMAT_VERSION,
@@ -45,13 +44,14 @@ from detsampler.index.format import (
     token_dtype,
 )
 from detsampler.layout import Layout, LayoutConfig
+from detsampler.storage import RemotePath, as_path
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["TokenIndex"]
 
 
-def _read_meta(path: Path) -> dict:
+def _read_meta(path: Path | RemotePath) -> dict:
     """``path/meta.json``, checked to be a detsampler token index of this format version."""
     meta_path = path / "meta.json"
     if not meta_path.is_file():
@@ -84,7 +84,7 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def _lengths_dtype(path: Path, meta: dict) -> np.dtype:
+def _lengths_dtype(path: Path | RemotePath, meta: dict) -> np.dtype:
     """int64, or (format 3) the dtype its ``files`` record names: int64 or int32."""
     record = meta["files"].get("lengths.npy") if isinstance(meta["files"], dict) else None
     name = record.get("dtype", "int64") if isinstance(record, dict) else "int64"
@@ -93,11 +93,11 @@ def _lengths_dtype(path: Path, meta: dict) -> np.dtype:
     return np.dtype(name)
 
 
-def _verify_full(path: Path, files: dict, arrays: dict[str, VerifiedArray]) -> None:
+def _verify_full(path: Path | RemotePath, files: dict, arrays: dict[str, VerifiedArray]) -> None:
     """Every chunk of every array checked, and each file's sha256 (reads everything)."""
     for name, arr in arrays.items():
         arr.verify_all()
-        if sha256_file(path / name) != files[name]["sha256"]:
+        if arr.sha256() != files[name]["sha256"]:
             raise TokenIndexError(
                 f"index {str(path)!r}: {name}'s sha256 differs from the recorded one: the file was edited; delete the"
                 " directory and rebuild"
@@ -113,9 +113,14 @@ class TokenIndex:
     """
 
     def __init__(
-        self, path: Path, meta: dict, lengths: np.ndarray, offsets: np.ndarray | None, tokens: np.ndarray | None
+        self,
+        path: Path | RemotePath,
+        meta: dict,
+        lengths: np.ndarray,
+        offsets: np.ndarray | None,
+        tokens: np.ndarray | None,
     ) -> None:
-        self.path = Path(path)
+        self.path = as_path(path)
         self.meta = meta
         self.lengths = lengths
         self.offsets = offsets
@@ -188,7 +193,7 @@ class TokenIndex:
         the small checksum files: each chunk of the arrays is checked the first time this process reads it. Every
         mismatch is an :class:`TokenIndexError` naming what differs.
         """
-        path = Path(path)
+        path = as_path(path)
         meta = _read_meta(path)
         try:
             n_docs, n_tok = int(meta["num_documents"]), int(meta["num_tokens"])
@@ -258,6 +263,9 @@ class TokenIndex:
 
         from detsampler.atomic import atomic_write
 
+        if isinstance(self.path, RemotePath):  # no marker in an object store: the full check, every time asked
+            _verify_full(self.path, self.meta["files"], self._arrays())
+            return True
         marker = self.path / f".verified-{self.meta['meta_sha256'][:16]}"
         if marker.is_file():
             return False

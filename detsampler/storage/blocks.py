@@ -1,0 +1,134 @@
+"""One remote object read by fixed-size blocks: the unit that is fetched, checked, cached and evicted.
+
+Block ``b`` of an object is its bytes ``[b * block_bytes, (b + 1) * block_bytes)`` (the last block may be shorter);
+``block_bytes`` is a multiple of the index's 64 KiB checksum chunk, so a block holds whole chunks and is checked once,
+when it arrives, by the ``check`` its owner gives (the chunk CRC-32s: :mod:`detsampler.index.checksums`).
+
+Invariants: every byte :meth:`BlockedObject.read` returns comes from a block that passed ``check`` in this process (a
+block met in a shared :class:`BlockCache` that this object did not put there is checked on first use); without a
+cache, at most ``recent_blocks`` blocks are kept (the most recently used), so memory is bounded whatever the object's
+size or the number of reads; all blocks one read lacks are fetched in one :meth:`RangeReader.read_ranges` call (the
+store coalesces neighbours and runs them in parallel).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from detsampler.storage.store import RangeReader, store_for
+
+__all__ = ["DEFAULT_BLOCK_BYTES", "RECENT_BLOCKS", "BlockCache", "BlockKey", "BlockedObject"]
+
+BlockKey = tuple[str, int]  # (object url, block number)
+DEFAULT_BLOCK_BYTES = 1 << 20  # 16 checksum chunks: a ranged GET's latency dominates below ~1 MiB on S3
+RECENT_BLOCKS = 32  # without a cache: the blocks kept (32 MiB at the default size), enough for a micro batch's reads
+_CHUNK_BYTES = 1 << 16  # detsampler.index.checksums.CHUNK_BYTES (that module is above this one)
+
+
+@runtime_checkable
+class BlockCache(Protocol):
+    """A bounded store of fetched blocks (an LRU, or the exact lookahead's Belady cache), shared by many objects."""
+
+    def get(self, key: BlockKey) -> bytes | None: ...
+
+    def put(self, key: BlockKey, data: bytes) -> None: ...
+
+
+class BlockedObject:
+    """The bytes of the object ``url`` (``size`` bytes), fetched by blocks (see the module invariants).
+
+    ``fetched_bytes`` and ``requests`` count what this object fetched (for logs and the benchmark)."""
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        *,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        check: Callable[[int, bytes], None] | None = None,
+        cache: BlockCache | None = None,
+        reader: RangeReader | None = None,
+        recent_blocks: int = RECENT_BLOCKS,
+    ) -> None:
+        if block_bytes <= 0 or block_bytes % _CHUNK_BYTES:
+            raise ValueError(f"Got block_bytes={block_bytes}, it must be a positive multiple of {_CHUNK_BYTES}")
+        if recent_blocks < 1:
+            raise ValueError(f"Got recent_blocks={recent_blocks}, it must be >= 1")
+        self.url, self.size, self.block_bytes = url, int(size), int(block_bytes)
+        self.num_blocks = -(-self.size // self.block_bytes)
+        self._check, self._cache = check, cache
+        self._reader = reader if reader is not None else store_for(url)
+        self._recent: OrderedDict[int, bytes] = OrderedDict()
+        self._recent_cap = recent_blocks
+        self._from_cache_ok = np.zeros(self.num_blocks, dtype=bool)  # 1 byte per block: bounded by the object
+        self.fetched_bytes = 0
+        self.requests = 0
+
+    def block_range(self, block: int) -> tuple[int, int]:
+        """The byte range ``[start, end)`` of ``block``."""
+        return block * self.block_bytes, min((block + 1) * self.block_bytes, self.size)
+
+    def blocks(self, numbers: Iterable[int]) -> dict[int, bytes]:
+        """Blocks ``numbers`` (each in ``[0, num_blocks)``), the missing ones fetched in one ranged read."""
+        want = sorted(set(numbers))
+        if want and (want[0] < 0 or want[-1] >= self.num_blocks):
+            bad = want[0] if want[0] < 0 else want[-1]
+            raise IndexError(f"{self.url}: Got block {bad}, allowed blocks are in [0, {self.num_blocks})")
+        out: dict[int, bytes] = {}
+        missing: list[int] = []
+        for b in want:
+            data = self._lookup(b)
+            if data is None:
+                missing.append(b)
+            else:
+                out[b] = data
+        if missing:
+            got = self._reader.read_ranges(self.url, [self.block_range(b) for b in missing])
+            self.requests += 1
+            for b, data in zip(missing, got):
+                self.fetched_bytes += len(data)
+                if self._check is not None:
+                    self._check(b, data)
+                out[b] = data
+                self._keep(b, data)
+        return out
+
+    def read(self, start: int, end: int) -> bytes:
+        """The bytes ``[start, end)`` of the object."""
+        if not 0 <= start <= end <= self.size:
+            raise IndexError(f"{self.url}: Got bytes [{start}, {end}), allowed are within [0, {self.size})")
+        if end == start:
+            return b""
+        first, last = start // self.block_bytes, (end - 1) // self.block_bytes
+        got = self.blocks(range(first, last + 1))
+        joined = b"".join(got[b] for b in range(first, last + 1))
+        base = first * self.block_bytes
+        return joined[start - base : end - base]
+
+    def _lookup(self, b: int) -> bytes | None:
+        data = self._recent.get(b)
+        if data is not None:
+            self._recent.move_to_end(b)
+            return data
+        if self._cache is None:
+            return None
+        data = self._cache.get((self.url, b))
+        if data is not None and not self._from_cache_ok[b]:
+            if self._check is not None:
+                self._check(b, data)
+            self._from_cache_ok[b] = True
+        return data
+
+    def _keep(self, b: int, data: bytes) -> None:
+        if self._cache is not None:
+            self._cache.put((self.url, b), data)
+            self._from_cache_ok[b] = True
+            return
+        self._recent[b] = data
+        self._recent.move_to_end(b)
+        while len(self._recent) > self._recent_cap:
+            self._recent.popitem(last=False)

@@ -1,0 +1,163 @@
+"""The storage layer (issue 22, items 1-2): URL parsing, the local and remote stores against moto's real S3 server on
+loopback, reads by blocks with a bounded set of recent blocks, remote ``.npy`` arrays equal to numpy's, and retries
+that end in an error naming the object."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from detsampler.index.files import npy_bytes
+from detsampler.storage import (
+    BlockedObject,
+    LocalStore,
+    ObjectNotFoundError,
+    RemoteArray,
+    StorageError,
+    as_path,
+    open_npy,
+    parse_location,
+    store_for,
+)
+from tests.s3_server import create_bucket, moto_server
+
+KIB = 1 << 10
+
+
+@pytest.mark.parametrize(
+    ("text", "scheme", "bucket", "key"),
+    [
+        ("s3://bkt/a/b/index-1", "s3", "bkt", "a/b/index-1"),
+        ("S3://bkt/a/", "s3", "bkt", "a"),
+        ("gs://bkt", "gs", "bkt", ""),
+        ("az://container/x", "az", "container", "x"),
+        ("abfs://c@acct.dfs.core.windows.net/x", "abfs", "c@acct.dfs.core.windows.net", "x"),
+        ("https://host:8080/path/x", "https", "host:8080", "path/x"),
+        ("/data/index-1", "file", "", "/data/index-1"),
+        ("file:///data/index-1", "file", "", "/data/index-1"),
+        ("relative/dir", "file", "", "relative/dir"),
+    ],
+)
+def test_locations_parse(text, scheme, bucket, key):
+    loc = parse_location(text)
+    assert (loc.scheme, loc.bucket, loc.key) == (scheme, bucket, key)
+    assert parse_location(str(loc)) == loc
+
+
+@pytest.mark.parametrize(("text", "why"), [("ftp://h/x", "scheme 'ftp'"), ("s3:///x", "names no bucket")])
+def test_bad_locations_are_refused_by_name(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse_location(text)
+
+
+def test_a_local_location_stays_a_pathlib_path(tmp_path):
+    assert as_path(str(tmp_path)) == tmp_path and type(as_path(f"file://{tmp_path}")) is type(tmp_path)
+
+
+def test_the_stores_agree_on_puts_lists_sizes_and_ranges(s3_bucket, tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, 300 * KIB, dtype=np.uint8).tobytes()
+    ranges = [(0, 0), (0, 1), (5, 70 * KIB), (299 * KIB, 300 * KIB), (7, 7), (64 * KIB, 128 * KIB + 3)]
+    for root in (f"{s3_bucket}/stores", str(tmp_path / "stores")):
+        store = store_for(root)
+        store.put(f"{root}/a/x.bin", data)
+        store.put(f"{root}/a/y.bin", b"y")
+        assert store.exists(f"{root}/a/x.bin") and not store.exists(f"{root}/a/z.bin")
+        assert store.size(f"{root}/a/x.bin") == len(data)
+        assert store.read_ranges(f"{root}/a/x.bin", ranges) == [data[a:b] for a, b in ranges]
+        assert [u.rsplit("/", 2)[-2:] for u in store.list(f"{root}/a")] == [["a", "x.bin"], ["a", "y.bin"]]
+        with pytest.raises(ObjectNotFoundError, match="z.bin"):
+            store.size(f"{root}/a/z.bin")
+        with pytest.raises(ValueError, match=r"Got byte range \[5, 4\)"):
+            store.read_ranges(f"{root}/a/x.bin", [(5, 4)])
+
+
+class Counting(LocalStore):
+    """The local store, counting the ranges asked of it (a real store: it reads the file)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+
+    def read_ranges(self, url, ranges):
+        self.ranges.extend(ranges)
+        return super().read_ranges(url, ranges)
+
+
+def test_a_blocked_object_keeps_a_bounded_set_of_recent_blocks(tmp_path):
+    data = bytes(range(256)) * (4 * 1024)  # 1 MiB: 16 blocks of 64 KiB
+    (tmp_path / "x").write_bytes(data)
+    reader, checked = Counting(), []
+    obj = BlockedObject(
+        str(tmp_path / "x"),
+        len(data),
+        block_bytes=64 * KIB,
+        check=lambda b, d: checked.append(b),
+        reader=reader,
+        recent_blocks=2,
+    )
+    assert obj.read(10, 70 * KIB) == data[10 : 70 * KIB] and reader.ranges == [(0, 64 * KIB), (64 * KIB, 128 * KIB)]
+    assert obj.read(0, 5) == data[:5] and len(reader.ranges) == 2  # block 0 is kept: not fetched again
+    for b in range(2, 16):
+        obj.read(b * 64 * KIB, b * 64 * KIB + 1)
+    assert len(obj._recent) == 2 and obj.fetched_bytes == len(data)  # never more than recent_blocks held
+    obj.read(0, 1)  # evicted: fetched (and checked) again
+    assert checked == [*range(16), 0] and obj.requests == 16  # blocks 0 and 1 came in one request
+
+
+@st.composite
+def arrays_and_reads(draw):
+    dtype = draw(st.sampled_from([np.uint16, np.uint32, np.int32, np.int64]))
+    n = draw(st.integers(0, 70_000))
+    keys = st.one_of(
+        st.integers(-n, n - 1) if n else st.nothing(),
+        st.builds(
+            slice,
+            st.integers(-n - 2, n + 2) | st.none(),
+            st.integers(-n - 2, n + 2) | st.none(),
+            st.sampled_from([None, 1, 3, -1]),
+        ),
+        st.lists(st.integers(-n, n - 1), max_size=40).map(lambda x: np.asarray(x, dtype=np.int64))
+        if n
+        else st.nothing(),
+    )
+    return dtype, n, draw(st.lists(keys, min_size=1, max_size=5))
+
+
+@given(arrays_and_reads())
+@example((np.uint16, 1, [0]))
+@example((np.int64, 0, [slice(None)]))
+def test_a_remote_array_reads_what_numpy_reads(tmp_path_factory, case):
+    dtype, n, keys = case
+    want = (np.arange(n, dtype=np.int64) * 7919 % 65521).astype(dtype)
+    path = tmp_path_factory.mktemp("npy") / "a.npy"
+    path.write_bytes(npy_bytes(want))
+    got = open_npy(BlockedObject(str(path), path.stat().st_size, block_bytes=64 * KIB, recent_blocks=1))
+    assert isinstance(got, RemoteArray) and got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for key in keys:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_a_missing_object_is_refused_by_name(s3_bucket):
+    with pytest.raises(ObjectNotFoundError, match="s3://detsampler-test/nowhere/x.bin: does not exist"):
+        store_for(s3_bucket).size(f"{s3_bucket}/nowhere/x.bin")
+
+
+def test_a_server_that_stops_is_retried_then_refused_naming_the_object(monkeypatch):
+    monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "3")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "2")
+    with moto_server() as (endpoint, server):
+        bucket = create_bucket(endpoint, "stops")
+        store = store_for(bucket)
+        store.put(f"{bucket}/x.bin", b"0123456789")
+        assert store.read_ranges(f"{bucket}/x.bin", [(2, 4)]) == [b"23"]
+        server.stop()
+        t = time.perf_counter()
+        with pytest.raises(
+            StorageError, match=r"s3://stops/x.bin: ranged GET of 1 ranges failed after up to 3 retries"
+        ):
+            store.read_ranges(f"{bucket}/x.bin", [(2, 4)])
+        assert time.perf_counter() - t < 10
