@@ -1,6 +1,6 @@
 """Uploading a built index (and the layouts persisted beside it) to an object store, with the on-disk atomicity.
 
-Order: every data object (arrays, checksum files, fences) first; each layout's sealed ``layout.json`` after its own
+Order: every data object (arrays, checksum files, fences) first, smallest first; each layout's sealed ``layout.json`` after its own
 objects; the index's sealed ``meta.json`` last of all. An index is found by its ``meta.json`` only, so a reader never
 sees a half-uploaded index: an upload killed at any moment leaves objects that nothing opens, and pushing again
 completes it. A destination that already holds a different sealed record (another index under the same name) is
@@ -68,7 +68,7 @@ def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) 
                     " there; push to another prefix (or delete that one first)"
                 )
             unchanged += 1
-    data = [f for f in files if f.name not in SEALS]
+    data = sorted((f for f in files if f.name not in SEALS), key=lambda f: ((root / f).stat().st_size, str(f)))
     with ThreadPoolExecutor(max_workers) as pool:
         list(pool.map(lambda rel: store.put(join(url, *rel.parts), root / rel), data))
     layout_seals = sorted((f for f in seals if f.name != "meta.json"), key=str)
