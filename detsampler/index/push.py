@@ -2,8 +2,8 @@
 
 Order: every data object (arrays, checksum files, fences) first, smallest first; each layout's sealed ``layout.json``
 after its own objects; the index's sealed ``meta.json`` last of all. An index is found by its ``meta.json`` only, so a
-reader never sees a half-uploaded index: an upload killed at any moment leaves objects that nothing opens, and pushing again
-completes it. A destination that already holds a different sealed record (another index under the same name) is
+reader never sees a half-uploaded index: an upload killed at any moment leaves objects that nothing opens, and pushing
+again completes it. A destination that already holds a different sealed record (another index under the same name) is
 refused before anything is written: objects of two indexes are never mixed under one seal.
 """
 
