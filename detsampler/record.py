@@ -22,6 +22,7 @@ from detsampler.checks import check_int, check_positive_int
 from detsampler.layout import LayoutConfig
 from detsampler.plan import Plan
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
+from detsampler.storage import is_remote
 
 __all__ = ["RECORD_FILE", "RECORD_FORMAT", "RECORD_VERSION", "DataRecord", "index_location"]
 
@@ -33,14 +34,16 @@ RECORD_VERSION = 1
 def index_location(index: Any) -> dict[str, Any]:
     """Where ``index`` opens again, as JSON: ``{"kind": "index", "path": DIR}`` for a built (or sharded) index
     directory, ``{"kind": KIND, "path": PATH, "options": {...}}`` for a pre-tokenized source (``open_source(KIND, PATH,
-    **options)``). Paths are absolute, so the record reads the same from any working directory."""
+    **options)``). Paths are absolute (or object store URLs), so the record reads the same from any working
+    directory."""
     path = getattr(index, "path", None)
     if path is None:
         raise ValueError(f"{type(index).__name__} has no path: only an opened index or source can be recorded")
     options = getattr(index, "open_options", None)
+    where = str(path) if is_remote(str(path)) else str(Path(path).resolve())  # a URL is absolute already
     if isinstance(options, dict) and hasattr(index, "kind"):
-        return {"kind": str(index.kind), "path": str(Path(path).resolve()), "options": _jsonable(options)}
-    return {"kind": "index", "path": str(Path(path).resolve())}
+        return {"kind": str(index.kind), "path": where, "options": _jsonable(options)}
+    return {"kind": "index", "path": where}
 
 
 def _jsonable(value: Any) -> Any:

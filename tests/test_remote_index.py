@@ -6,6 +6,7 @@ leaves nothing that opens."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,3 +170,39 @@ def test_a_push_killed_midway_leaves_nothing_that_opens(s3_bucket, s3_endpoint, 
         TokenIndex.open(url)
     push_index(index.path, url)  # pushing again completes it
     assert TokenIndex.open(url).num_documents == 6_000_000
+
+
+def test_the_cli_pushes_an_index_and_reads_it_back_from_the_bucket(
+    capsys, small_index, small_tokenizer, s3_bucket, tmp_path
+):
+    from detsampler.cli import main
+
+    dest = tmp_path / small_index.path.name
+    shutil.copytree(small_index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
+    plan = [
+        "--kind",
+        "document",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--world-size",
+        "2",
+        "--step",
+        "5",
+        "--tokenizer",
+        str(small_tokenizer.path),
+    ]
+    TokenIndex.open(dest).layout(LayoutConfig(kind="document", seq_len=64))
+    url = f"{s3_bucket}/cli/{dest.name}"
+    assert main(["push", str(dest), url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pushed 13 objects (") and out.rstrip().endswith(f"to {url}, meta.json last")  # 7 + 6
+    assert main(["show", "--data", url, *plan]) == 0
+    remote = capsys.readouterr().out
+    local_args = ["--max-documents", "16", "--cache-dir", str(small_index.path.parent)]
+    assert main(["show", *local_args, *plan]) == 0
+    local = re.sub(r"(doc \d+) \([^)]*\)", r"\1", capsys.readouterr().out)  # no dataset remotely: no file names
+    assert remote == local and "doc 13  tokens [36352, 36416) of 47037" in remote

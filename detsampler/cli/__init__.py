@@ -31,6 +31,7 @@ from detsampler.cli.build import cmd_build, cmd_tokenizer_train
 from detsampler.cli.inputs import quiet_progress
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser, explicit_options, join_negative_values
+from detsampler.cli.push import cmd_push
 from detsampler.cli.show import cmd_show
 from detsampler.cli.stats import cmd_stats
 from detsampler.cli.verify import cmd_verify
@@ -49,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_progress(getattr(args, "quiet", False))
     show_library_log(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats, "where": cmd_where}
+    commands["push"] = cmd_push
     try:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)

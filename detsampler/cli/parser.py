@@ -160,6 +160,21 @@ def _add_build_command(sub: Any) -> argparse.ArgumentParser:
     return build
 
 
+def _add_push_command(sub: Any) -> argparse.ArgumentParser:
+    push = sub.add_parser(
+        "push",
+        help="upload a built index and its layouts to an object store (s3://, gs://, az://, https://)",
+        description=(
+            "Upload the index directory DIR (and the layouts persisted beside it) to URL: every object first, each"
+            " sealed record after the objects it seals, the index's meta.json last, so a reader never sees a"
+            " half-uploaded index. Credentials and endpoint come from the environment (AWS_*, AWS_ENDPOINT_URL, ...)."
+        ),
+    )
+    push.add_argument("directory", metavar="DIR", help="a built index directory (index-<key>, holding meta.json)")
+    push.add_argument("url", metavar="URL", help="where to upload it, e.g. s3://bucket/prefix/index-<key>")
+    return push
+
+
 def _one_value_options(parser: argparse.ArgumentParser) -> set[str]:
     """The option strings of ``parser`` and its subcommands that take exactly one value."""
     found: set[str] = set()
@@ -341,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
-    for command in (train, build, show, verify, stats, where):
+    push = _add_push_command(sub)
+    for command in (train, build, show, verify, stats, where, push):
         command.add_argument(
             "--quiet",
             action="store_true",

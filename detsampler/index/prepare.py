@@ -14,6 +14,7 @@ from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
+from detsampler.storage import is_remote
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
 from detsampler.text.load import load_tokenizer
 from detsampler.text.policy import SpecialTokens
@@ -117,6 +118,23 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
     return Prepared(config, None, tokenizer, index)
 
 
+def _prepare_remote(config: IndexConfig) -> Prepared:
+    """A built index in an object store given as ``data`` (``s3://…/index-…``, uploaded by ``detsampler push``), read
+    by ranged requests; there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
+    from detsampler.index.sharded import open_index
+
+    index = open_index(config.data)
+    if not getattr(index, "store_tokens", True):
+        raise ValueError(
+            f"data {config.data!r} is an index that stores no tokens (built with --no-store-tokens): read from an "
+            "object store it has no dataset to tokenize; build it with stored tokens and push it again"
+        )
+    tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer)
+    if tokenizer is not None:
+        index.check_tokenizer(tokenizer)
+    return Prepared(config, None, tokenizer, index)
+
+
 def open_prepared_source(config: IndexConfig) -> Prepared:
     """The pre-tokenized source ``config.data`` (``KIND:PATH``) opened, with ``config.tokenizer`` when given."""
     from detsampler.index.sources import no_tokenizer, open_source, parse_source_spec
@@ -148,6 +166,8 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
 
     if is_source_spec(config.data):
         return open_prepared_source(config)
+    if config.data is not None and is_remote(config.data):
+        return _prepare_remote(config)
     if config.data is not None and (Path(config.data) / MANIFEST).is_file():
         return _prepare_sharded(config)
     dataset = load_dataset_for(config)

@@ -32,6 +32,7 @@ import numpy as np
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.index.reader import TokenIndex
 from detsampler.layout import Layout, LayoutConfig
+from detsampler.storage import as_path
 
 __all__ = [
     "MANIFEST",
@@ -318,4 +319,4 @@ class ShardedIndex:
 
 def open_index(path: str | os.PathLike) -> TokenIndex | ShardedIndex:
     """A ``TokenIndex`` or a ``ShardedIndex``, whichever ``path`` holds."""
-    return ShardedIndex.open(path) if (Path(path) / MANIFEST).is_file() else TokenIndex.open(path)
+    return ShardedIndex.open(path) if (as_path(path) / MANIFEST).is_file() else TokenIndex.open(path)
