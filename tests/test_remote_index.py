@@ -206,3 +206,20 @@ def test_the_cli_pushes_an_index_and_reads_it_back_from_the_bucket(
     assert main(["show", *local_args, *plan]) == 0
     local = re.sub(r"(doc \d+) \([^)]*\)", r"\1", capsys.readouterr().out)  # no dataset remotely: no file names
     assert remote == local and "doc 13  tokens [36352, 36416) of 47037" in remote
+
+
+def test_a_pushed_index_without_stored_tokens_is_refused_as_data(s3_bucket, tmp_path):
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    index = synthetic_index(tmp_path, 1000)
+    url = f"{s3_bucket}/lengths-only/{index.path.name}"
+    push_index(index.path, url)
+    with pytest.raises(ValueError, match="is an index that stores no tokens"):
+        prepare_index(IndexConfig(data=url), progress=False)
+
+
+def test_a_push_of_no_index_or_to_a_local_path_is_refused(s3_bucket, small_index, tmp_path):
+    with pytest.raises(TokenIndexError, match="holds no index \\(no meta.json\\)"):
+        push_index(tmp_path, f"{s3_bucket}/empty")
+    with pytest.raises(ValueError, match="push uploads to an object store URL"):
+        push_index(small_index.path, str(tmp_path / "copy"))
