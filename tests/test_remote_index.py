@@ -223,3 +223,37 @@ def test_a_push_of_no_index_or_to_a_local_path_is_refused(s3_bucket, small_index
         push_index(tmp_path, f"{s3_bucket}/empty")
     with pytest.raises(ValueError, match="push uploads to an object store URL"):
         push_index(small_index.path, str(tmp_path / "copy"))
+
+
+def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
+    small_corpus, small_tokenizer, s3_bucket, tmp_path, capsys
+):
+    import json
+
+    from detsampler.cli import main
+    from detsampler.index.sharded import ShardedIndex
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for j in range(3):
+        (data / f"part-{j}.jsonl").write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in small_corpus["text"][j::3])
+        )
+    cache = tmp_path / "cache"
+    args = ["build", "--data", str(data), "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(cache)]
+    assert main([*args, "--sharded", "--quiet"]) == 0
+    (root,) = cache.glob("sharded-*")
+    local = ShardedIndex.open(root)
+    config = LayoutConfig(kind="bestfit", seq_len=128, window_docs=4)
+    local.layout(config)
+    capsys.readouterr()
+    url = f"{s3_bucket}/sharded/{root.name}"
+    assert main(["push", str(root), url]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(", manifest.json last")
+    remote = ShardedIndex.open(url)
+    assert str(remote.shards[0].path).startswith(f"{s3_bucket}/sharded/shards/index-")  # ../shards, in the bucket
+    got, want = PackedDataset(remote, remote.layout(config)), PackedDataset(local, local.layout(config))
+    assert str(got.layout.path).startswith(f"{url}/layouts/bestfit-")  # the pushed layout, not one computed in RAM
+    ids = np.arange(len(want))
+    a, b = got.get_batch(ids), want.get_batch(ids)
+    assert all(torch.equal(a[k], b[k]) for k in b)

@@ -1,17 +1,20 @@
 """``detsampler push DIR URL``: upload a built index and its persisted layouts to an object store
-(:func:`detsampler.index.push.push_index`: objects first, seals last)."""
+(:func:`detsampler.index.push.push`: objects first, seals last; a sharded index: its shards, then its manifest)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from detsampler.index.push import push_index
+from detsampler.index.push import push
+from detsampler.index.sharded import MANIFEST
 
 __all__ = ["cmd_push"]
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    result = push_index(args.directory, args.url)
+    result = push(args.directory, args.url)
+    seal = "manifest.json" if (Path(args.directory) / MANIFEST).is_file() else "meta.json"
     kept = f"; {result.unchanged} sealed records were there already, identical" if result.unchanged else ""
-    print(f"pushed {result.objects} objects ({result.num_bytes:,} bytes) to {result.url}, meta.json last{kept}")
+    print(f"pushed {result.objects} objects ({result.num_bytes:,} bytes) to {result.url}, {seal} last{kept}")
     return 0

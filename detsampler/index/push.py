@@ -18,7 +18,7 @@ from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
 from detsampler.storage import StorageError, join, parse_location, store_for
 
-__all__ = ["PushResult", "push_index"]
+__all__ = ["PushResult", "push", "push_index", "push_sharded"]
 
 SEALS = ("meta.json", "layout.json")
 _LOCAL_ONLY = (".verified-", ".verify.lock", ".tmp", ".lock")
@@ -44,20 +44,19 @@ def _files(directory: Path) -> list[Path]:
     return out
 
 
-def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
-    """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
-    and the atomicity). Returns what was uploaded."""
-    root = Path(directory)
-    if not (root / "meta.json").is_file():
-        raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
+def _check_destination(url: str) -> None:
     if not parse_location(url).remote:
         raise ValueError(
             f"Got destination {url!r}: push uploads to an object store URL (s3://, gs://, az://, https://)"
         )
-    TokenIndex.open(root)  # the seal and every file's size and checksums: never upload a damaged index
+
+
+def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
+    """Every file under ``root`` to ``url``: data first (smallest first), then ``layout.json`` records, ``seal`` last;
+    a destination holding different sealed records is refused before anything is written."""
     store = store_for(url)
     files = _files(root)
-    seals = [f for f in files if f.name in SEALS]
+    seals = [f for f in files if f.name in (*SEALS, seal)]
     unchanged = 0
     for rel in seals:  # refuse a conflicting destination before writing anything
         dest = join(url, *rel.parts)
@@ -68,12 +67,58 @@ def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) 
                     " there; push to another prefix (or delete that one first)"
                 )
             unchanged += 1
-    data = sorted((f for f in files if f.name not in SEALS), key=lambda f: ((root / f).stat().st_size, str(f)))
+    data = sorted((f for f in files if f not in seals), key=lambda f: ((root / f).stat().st_size, str(f)))
     with ThreadPoolExecutor(max_workers) as pool:
         list(pool.map(lambda rel: store.put(join(url, *rel.parts), root / rel), data))
-    layout_seals = sorted((f for f in seals if f.name != "meta.json"), key=str)
-    for rel in [*layout_seals, *(f for f in seals if f == Path("meta.json"))]:
+    for rel in [*sorted((f for f in seals if f != Path(seal)), key=str), Path(seal)]:
         store.put(join(url, *rel.parts), root / rel)
-    if not store.exists(join(url, "meta.json")):  # pragma: no cover - a store that lost a completed PUT
-        raise StorageError(f"{join(url, 'meta.json')}: uploaded but not found")
+    if not store.exists(join(url, seal)):  # pragma: no cover - a store that lost a completed PUT
+        raise StorageError(f"{join(url, seal)}: uploaded but not found")
     return PushResult(url, len(files), sum((root / f).stat().st_size for f in files), unchanged)
+
+
+def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
+    """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
+    and the atomicity). Returns what was uploaded."""
+    root = Path(directory)
+    if not (root / "meta.json").is_file():
+        raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
+    _check_destination(url)
+    TokenIndex.open(root)  # the seal and every file's size and checksums: never upload a damaged index
+    return _upload(root, url, "meta.json", max_workers)
+
+
+def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
+    """Upload the sharded index at ``directory``: each shard's index to the URL its manifest entry names relative to
+    ``url`` (``../shards/index-KEY``: the same bucket), each sealed by its own ``meta.json``; then the layouts beside the
+    manifest; ``manifest.json`` last. Pre-tokenized shards (files, not indexes) are refused: upload those files with
+    your own tools and write the manifest in the bucket's terms."""
+    from detsampler.index.sharded import MANIFEST, TOKENIZED_KIND, ShardedIndex, shard_location
+    from detsampler.storage import RemotePath
+
+    root = Path(directory)
+    _check_destination(url)
+    index = ShardedIndex.open(root)
+    entries = index.meta["shards"]
+    foreign = [e["path"] for e in entries if e["kind"] != TOKENIZED_KIND]
+    if foreign:
+        raise TokenIndexError(
+            f"sharded index {str(root)!r} has {len(foreign)} pre-tokenized shards (first {foreign[0]!r}): push uploads "
+            "indexes only"
+        )
+    objects = num_bytes = unchanged = 0
+    for entry in entries:
+        dest = shard_location(RemotePath(url), entry["path"])
+        done = push_index(shard_location(root, entry["path"]), str(dest), max_workers=max_workers)
+        objects, num_bytes, unchanged = objects + done.objects, num_bytes + done.num_bytes, unchanged + done.unchanged
+    done = _upload(root, url, MANIFEST, max_workers)
+    return PushResult(url, objects + done.objects, num_bytes + done.num_bytes, unchanged + done.unchanged)
+
+
+def push(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
+    """:func:`push_sharded` for a directory holding a sharded index's manifest, else :func:`push_index`."""
+    from detsampler.index.sharded import MANIFEST
+
+    if (Path(directory) / MANIFEST).is_file():
+        return push_sharded(directory, url, max_workers=max_workers)
+    return push_index(directory, url, max_workers=max_workers)

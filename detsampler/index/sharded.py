@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ import numpy as np
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.index.reader import TokenIndex
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.storage import as_path
+from detsampler.storage import RemotePath, as_path, parse_location
 
 __all__ = [
     "MANIFEST",
@@ -144,8 +145,20 @@ class ShardedArray:
         return np.asarray(self).tolist()
 
 
-def _open_shard(root: Path, entry: dict, k: int) -> ShardReader:
-    kind, path = entry.get("kind"), Path(os.path.normpath(root / str(entry.get("path"))))
+def shard_location(root: Path | RemotePath, relative: str) -> Path | RemotePath:
+    """Where a manifest entry's ``path`` (relative to the manifest's directory ``root``, ``..`` allowed) lies: a local
+    path, or for a manifest in an object store the URL it names in the same bucket."""
+    if not isinstance(root, RemotePath):
+        return Path(os.path.normpath(root / relative))
+    loc = parse_location(root.url)
+    key = posixpath.normpath(posixpath.join(loc.key, relative))
+    if key.startswith("..") or key.startswith("/"):
+        raise TokenIndexError(f"sharded index {root.url}: shard path {relative!r} leaves the bucket")
+    return RemotePath(f"{loc.scheme}://{loc.bucket}/{key}")
+
+
+def _open_shard(root: Path | RemotePath, entry: dict, k: int) -> ShardReader:
+    kind, path = entry.get("kind"), shard_location(root, str(entry.get("path")))
     if kind not in SHARD_KINDS:
         raise TokenIndexError(
             f"sharded index {str(root)!r}: shard {k} has kind {kind!r}, known kinds are {sorted(SHARD_KINDS)}"
@@ -199,7 +212,7 @@ def _check_compatible(root: Path, entries: list[dict], shards: list[ShardReader]
 def open_shards(root: str | os.PathLike, entries: list[dict]) -> list[ShardReader]:
     """Every shard of ``entries`` (paths relative to ``root``) opened and checked against its entry and against the
     others (they must read alike: see the module doc); an error names the first shard that fails, and why."""
-    root = Path(root)
+    root = as_path(root)
     if not entries:
         raise TokenIndexError(f"sharded index {str(root)!r}: {MANIFEST} lists no shards")
     shards = [_open_shard(root, e, k) for k, e in enumerate(entries)]
@@ -236,7 +249,7 @@ class ShardedIndex:
     """An opened sharded index (see the module doc): reads like a ``TokenIndex`` over global document ids."""
 
     def __init__(self, path: Path, manifest: dict, shards: list[ShardReader]) -> None:
-        self.path, self.meta, self.shards = Path(path), manifest, shards
+        self.path, self.meta, self.shards = as_path(path), manifest, shards
         docs = np.array([0] + [s.num_documents for s in shards], dtype=np.int64).cumsum()
         toks = np.array([0] + [s.num_tokens for s in shards], dtype=np.int64).cumsum()
         self.doc_base, self.token_base = docs, toks
@@ -249,7 +262,7 @@ class ShardedIndex:
     @classmethod
     def open(cls, path: str | os.PathLike) -> ShardedIndex:
         """Open the sharded index at ``path``: its manifest (checked) and every shard (each named in any error)."""
-        path = Path(path)
+        path = as_path(path)
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
