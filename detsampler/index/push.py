@@ -90,9 +90,9 @@ def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) 
 
 def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """Upload the sharded index at ``directory``: each shard's index to the URL its manifest entry names relative to
-    ``url`` (``../shards/index-KEY``: the same bucket), each sealed by its own ``meta.json``; then the layouts beside the
-    manifest; ``manifest.json`` last. Pre-tokenized shards (files, not indexes) are refused: upload those files with
-    your own tools and write the manifest in the bucket's terms."""
+    ``url`` (``../shards/index-KEY``: the same bucket), each sealed by its own ``meta.json``; then the layouts beside
+    the manifest; ``manifest.json`` last. Pre-tokenized shards (files, not indexes) are refused: push uploads indexes
+    only."""
     from detsampler.index.sharded import MANIFEST, TOKENIZED_KIND, ShardedIndex, shard_location
     from detsampler.storage import RemotePath
 
