@@ -21,7 +21,7 @@ from detsampler.index import TokenIndex
 from detsampler.index.checksums import ChecksumError
 from detsampler.index.format import TokenIndexError
 from detsampler.index.locations import open_location
-from detsampler.index.push import push_index
+from detsampler.index.push import push, push_index
 from detsampler.index.synthetic import synthetic_index
 from detsampler.layout import LayoutConfig
 from detsampler.loader import PackedDataset
@@ -147,7 +147,7 @@ def test_a_push_to_a_prefix_holding_another_index_is_refused_before_writing(push
 
 _PUSH = """
 import sys
-from detsampler.index.push import push_index
+from detsampler.index.push import push, push_index
 push_index(sys.argv[1], sys.argv[2], max_workers=1)
 """
 
@@ -257,3 +257,16 @@ def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
     ids = np.arange(len(want))
     a, b = got.get_batch(ids), want.get_batch(ids)
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_push_of_a_sharded_index_of_pre_tokenized_files_is_refused(s3_bucket, tmp_path):
+    from detsampler.index.shards import finalize, source_entries
+
+    (tmp_path / "data").mkdir()
+    tokens = np.array([11, 12, 2, 13, 2], dtype=np.uint16)  # two documents ending in EOS 2
+    tokens.tofile(tmp_path / "data" / "train.bin")
+    entries = source_entries(tmp_path / "root", "nanogpt", [tmp_path / "data" / "train.bin"], eos_id=2, vocab_size=512)
+    finalize(tmp_path / "root", [], None, entries)
+    with pytest.raises(TokenIndexError, match="has 1 pre-tokenized shards .* push uploads indexes only"):
+        push(tmp_path / "root", f"{s3_bucket}/pretokenized")
+    assert not store_for(s3_bucket).list(f"{s3_bucket}/pretokenized")
