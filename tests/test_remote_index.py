@@ -270,3 +270,11 @@ def test_a_push_of_a_sharded_index_of_pre_tokenized_files_is_refused(s3_bucket, 
     with pytest.raises(TokenIndexError, match="has 1 pre-tokenized shards .* push uploads indexes only"):
         push(tmp_path / "root", f"{s3_bucket}/pretokenized")
     assert not store_for(s3_bucket).list(f"{s3_bucket}/pretokenized")
+
+
+def test_the_full_check_of_a_remote_index_runs_once_per_cache(pushed, tmp_path, monkeypatch):
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    local, url = pushed
+    assert TokenIndex.open(url).verify_once() is True  # every block fetched and checked, each object's sha256
+    assert TokenIndex.open(url).verify_once() is False  # the marker in the local cache says it passed
+    assert len(list((tmp_path / "cache" / "verified").glob("*-*"))) >= 1

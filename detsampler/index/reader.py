@@ -40,6 +40,7 @@ from detsampler.index.format import (
     READ_FORMAT_VERSIONS,
     TokenIndexError,
     dataset_fingerprint,
+    default_cache_dir,
     seal_ok,
     token_dtype,
 )
@@ -257,20 +258,28 @@ class TokenIndex:
 
     def verify_once(self) -> bool:
         """The full check (every chunk, every file's sha256) the first time any process asks for this index; then a
-        marker beside it (named by the sealed meta) says it passed. Returns whether it ran. Later reads stay checked
-        chunk by chunk, so an edit after the full check is still refused when read."""
+        marker beside it (named by the sealed meta) says it passed; for an index in an object store, the marker is in
+        the local cache (``$DETSAMPLER_CACHE/verified/``, named by the URL and the sealed meta). Returns whether it ran.
+        Later reads stay checked chunk by chunk (remote: block by block), so an edit after the full check is still
+        refused when read."""
+        import hashlib
+
         from filelock import FileLock
 
         from detsampler.atomic import atomic_write
 
-        if isinstance(self.path, RemotePath):  # no marker in an object store: the full check, every time asked
-            _verify_full(self.path, self.meta["files"], self._arrays())
-            return True
-        marker = self.path / f".verified-{self.meta['meta_sha256'][:16]}"
+        where, name = self.path, f".verified-{self.meta['meta_sha256'][:16]}"
+        if isinstance(self.path, RemotePath):  # an object store holds no markers: the local cache does
+            where = default_cache_dir() / "verified"
+            name = f"{hashlib.sha256(str(self.path).encode()).hexdigest()[:16]}-{self.meta['meta_sha256'][:16]}"
+            where.mkdir(parents=True, exist_ok=True)
+        marker = where / name
         if marker.is_file():
             return False
         try:
-            lock = FileLock(str(self.path / ".verify.lock"))
+            lock = FileLock(
+                str(where / f"{name}.lock" if isinstance(self.path, RemotePath) else where / ".verify.lock")
+            )
             lock.acquire()
         except OSError:  # a read-only index: check, without a marker
             _verify_full(self.path, self.meta["files"], self._arrays())
