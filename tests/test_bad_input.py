@@ -276,13 +276,26 @@ def test_a_sharded_directory_without_its_manifest_is_not_read_as_a_corpus(capsys
     )
 
 
-@pytest.mark.parametrize("data", ["s3://bucket/corpus", "gs://bucket/corpus.jsonl", "megatron:s3://bucket/prefix"])
+@pytest.mark.parametrize("data", ["hf://datasets/x/corpus.jsonl", "megatron:hf://datasets/x/prefix"])
 def test_remote_storage_is_named_as_unsupported(capsys, tmp_path: Path, small_tokenizer, data: str) -> None:
     line = _cli(capsys, "build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path))
     url = data.removeprefix("megatron:")
     assert line.endswith(
         f"{url!r} is on remote storage ({url.split(':')[0]}://), which is not supported: copy it to a local path"
     )
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ("s3://bucket/corpus", "data 's3://bucket/corpus' holds no index (no meta.json or manifest.json): an index in"),
+        ("megatron:s3://bucket/prefix", "megatron source: no 's3://bucket/prefix.idx'; pass the path prefix of"),
+    ],
+)
+def test_an_object_store_url_without_an_index_is_named(capsys, tmp_path, small_tokenizer, s3_endpoint, data, error):
+    """Object store URLs are read (issue 22): one where there is no index (or no source) says so, naming it."""
+    line = _cli(capsys, "build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--cache-dir", str(tmp_path))
+    assert line.startswith(f"detsampler: error: {error}")
 
 
 @pytest.mark.parametrize("how", ["--data", "--from"])

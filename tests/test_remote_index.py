@@ -278,3 +278,25 @@ def test_the_full_check_of_a_remote_index_runs_once_per_cache(pushed, tmp_path, 
     assert TokenIndex.open(url).verify_once() is True  # every block fetched and checked, each object's sha256
     assert TokenIndex.open(url).verify_once() is False  # the marker in the local cache says it passed
     assert len(list((tmp_path / "cache" / "verified").glob("*-*"))) >= 1
+
+
+@pytest.mark.parametrize("kind", ["megatron", "olmo", "datatrove", "nanogpt"])
+def test_a_pre_tokenized_source_in_a_bucket_reads_as_the_local_one(kind, s3_bucket, tmp_path, monkeypatch):
+    from detsampler.index.sources import open_source
+    from tests.test_sharded_sources import EOS, _files
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    (path,) = _files(kind, tmp_path / "data", num_files=1)
+    url = f"{s3_bucket}/sources/{kind}"
+    for f in (tmp_path / "data").iterdir():
+        store_for(url).put(f"{url}/{f.name}", f)
+    where = f"{url}/{path.name}"
+    local, remote = open_source(kind, path, eos_id=EOS), open_source(kind, where, eos_id=EOS)
+    assert remote.fingerprint == local.fingerprint and str(remote.path) == where  # identity: by content
+    config = LayoutConfig(kind="document", seq_len=16)
+    got, want = PackedDataset(remote, remote.layout(config)), PackedDataset(local, local.layout(config))
+    ids = np.arange(len(want))
+    a, b = got.get_batch(ids), want.get_batch(ids)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    again = open_location({"kind": kind, "path": where, "options": remote.open_options})
+    assert again.fingerprint == local.fingerprint

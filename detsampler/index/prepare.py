@@ -118,11 +118,27 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
     return Prepared(config, None, tokenizer, index)
 
 
+def _in_object_store(data: str) -> bool:
+    """Whether ``data`` is a URL of an object store (another scheme, ``hf://``, is refused by the corpus loader)."""
+    try:
+        return is_remote(data)
+    except ValueError:
+        return False
+
+
 def _prepare_remote(config: IndexConfig) -> Prepared:
     """A built index in an object store given as ``data`` (``s3://…/index-…``, uploaded by ``detsampler push``), read
     by ranged requests; there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
-    from detsampler.index.sharded import open_index
+    from detsampler.index.sharded import MANIFEST, open_index
+    from detsampler.storage import as_path
 
+    root = as_path(config.data)
+    if not (root / "meta.json").is_file() and not (root / MANIFEST).is_file():
+        raise ValueError(
+            f"data {config.data!r} holds no index (no meta.json or {MANIFEST}): an index in an object store is read "
+            "from where `detsampler push` uploaded it; a text corpus is read from a local path only (copy it, then "
+            "build)"
+        )
     index = open_index(config.data)
     if not getattr(index, "store_tokens", True):
         raise ValueError(
@@ -166,7 +182,7 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
 
     if is_source_spec(config.data):
         return open_prepared_source(config)
-    if config.data is not None and is_remote(config.data):
+    if config.data is not None and _in_object_store(config.data):
         return _prepare_remote(config)
     if config.data is not None and (Path(config.data) / MANIFEST).is_file():
         return _prepare_sharded(config)

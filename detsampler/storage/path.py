@@ -1,5 +1,5 @@
-"""A remote object's name with the few ``pathlib`` reads an index reader uses (``/``, ``name``, ``parent``,
-``is_file``, ``read_bytes``, ``read_text``, ``stat().st_size``), served by the object store.
+"""A remote object's name with the few ``pathlib`` reads an index reader uses (``/``, ``name``, ``parent``, ``suffix``,
+``with_name``, ``is_file``, ``read_bytes``, ``read_text``, ``open('rb')``, ``stat().st_size``), served by the store.
 
 Invariant: :func:`as_path` returns a :class:`pathlib.Path` for a local location (so local code paths, memory maps
 included, are exactly today's) and a :class:`RemotePath` for a URL; ``str()`` of either gives back what parses to the
@@ -9,6 +9,7 @@ of a similar name).
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,20 @@ class RemotePath:
     @property
     def name(self) -> str:
         return self.url.rsplit("/", 1)[-1] if parse_location(self.url).key else ""
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        return name[name.rfind(".") :] if "." in name.lstrip(".") else ""
+
+    def with_name(self, name: str) -> RemotePath:
+        return self.parent / name
+
+    def open(self, mode: str = "rb") -> io.BytesIO:
+        """The whole object, read once, as a binary file (for small files: ``gzip.open`` of it, headers)."""
+        if mode != "rb":
+            raise ValueError(f"{self.url}: an object opens for reading only ('rb'), got mode {mode!r}")
+        return io.BytesIO(self.read_bytes())
 
     @property
     def parent(self) -> RemotePath:

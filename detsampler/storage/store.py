@@ -221,6 +221,15 @@ class ObjectStore:
                 raise StorageError(f"{url}: bytes [{a}, {b}) returned {len(data)} bytes: the object is shorter")
         return out
 
+    def version(self, url: str) -> tuple:
+        """What changes whenever the object is written: its size, ETag and last write time."""
+        loc = parse_location(url)
+        try:
+            meta = _obstore().head(self._client(loc), loc.key)
+        except Exception as exc:
+            raise self._fail(url, "HEAD", exc) from None
+        return int(meta["size"]), str(meta.get("e_tag")), str(meta.get("last_modified"))
+
     def exists(self, url: str) -> bool:
         try:
             self.size(url)

@@ -15,6 +15,7 @@ from typing import Any
 from detsampler.checks import check_local_path
 from detsampler.index.sources.base import EOS_SOURCE_MODES, TokenSource
 from detsampler.index.sources.formats import open_datatrove, open_megatron, open_nanogpt, open_olmo
+from detsampler.storage import is_remote
 
 __all__ = [
     "EOS_SOURCE_MODES",
@@ -54,6 +55,13 @@ def no_tokenizer(kind: str, path: str | os.PathLike) -> ValueError:
     )
 
 
+def _in_object_store(path: str | os.PathLike) -> bool:
+    try:
+        return is_remote(path)
+    except (ValueError, TypeError):
+        return False
+
+
 def open_source(
     kind: str, path: str | os.PathLike, *, tokenizer: Any = None, eos: str = "real", **options: Any
 ) -> TokenSource:
@@ -64,7 +72,8 @@ def open_source(
         raise ValueError(f"source kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     if eos not in EOS_SOURCE_MODES:
         raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
-    check_local_path(path, f"{kind} source")
+    if not _in_object_store(path):  # a URL of another scheme (hf://, ...) is refused by name
+        check_local_path(path, f"{kind} source")
     if tokenizer is not None:
         for name in ("eos_id", "pad_id", "vocab_size"):
             options.setdefault(name, getattr(tokenizer, name))

@@ -14,11 +14,12 @@ format (:func:`check_scan`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from detsampler.index.format import TokenIndexError, default_cache_dir
 from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.storage import BlockedObject, RemoteArray, RemotePath, as_path, store_for
 from detsampler.text.policy import SpecialTokens
 
 __all__ = [
@@ -51,10 +53,10 @@ def sampled_sha256(paths: Sequence[Path], whole: Sequence[Path] = ()) -> str:
     for p in paths:
         size = p.stat().st_size
         h.update(f"{p.suffix}:{size}".encode())
-        with open(p, "rb") as f:
-            starts = [0, max(0, size - (1 << 20))] + [size * i // _BLOCKS for i in range(1, _BLOCKS)]
-            for start in starts:
-                h.update(os.pread(f.fileno(), 1 << 20 if start in starts[:2] else _BLOCK, start))
+        starts = [0, max(0, size - (1 << 20))] + [size * i // _BLOCKS for i in range(1, _BLOCKS)]
+        ranges = [(a, min(size, a + (1 << 20 if k < 2 else _BLOCK))) for k, a in enumerate(starts)]
+        for block in store_for(str(p)).read_ranges(str(p), ranges):  # one request for an object
+            h.update(block)
     for p in whole:
         h.update(f"{p.suffix}:".encode() + hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
@@ -93,7 +95,7 @@ class TokenSource:
                 f"{kind} source {str(path)!r}: document {d} is empty, so it has no last token to stand for "
                 "its EOS; open it with eos='virtual' (an EOS read after each document)"
             )
-        self.kind, self.path, self.tokens = kind, Path(path), tokens
+        self.kind, self.path, self.tokens = kind, as_path(path), tokens
         self.offsets = starts
         self.lengths = stored - 1 if eos == "real" else stored
         if eos == "virtual" and eos_id is None:
@@ -105,7 +107,7 @@ class TokenSource:
         self.pad_id = int(pad_id) if pad_id is not None else max(self.eos_id, 0)
         self.vocab_size = int(vocab_size) if vocab_size is not None else int(np.iinfo(tokens.dtype).max) + 1
         if scan is not None:  # ids in the vocabulary, a plausible dtype, (end_eos) documents that end in the EOS
-            check_scan(kind, Path(path), scan, tokens, vocab_size, eos_id, end_eos and eos == "real")
+            check_scan(kind, as_path(path), scan, tokens, vocab_size, eos_id, end_eos and eos == "real")
         self.identity = identity
         fn, args, format_options = reopen  # the reading options shared by every format are added here, once
         self._reopen = (fn, args, dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, **format_options))
@@ -191,8 +193,9 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
-def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
-    """A read-only memory map of the flat token file ``path`` (an empty file gives an empty array)."""
+def token_memmap(path: Path | RemotePath, dtype: np.dtype, kind: str) -> np.ndarray | RemoteArray:
+    """A read-only memory map of the flat token file ``path`` (an empty file gives an empty array); an object in a
+    store is read by blocks on demand (a :class:`~detsampler.storage.RemoteArray`; the formats record no checksums)."""
     if not path.is_file():
         raise TokenIndexError(f"{kind} source: no token file at {str(path)!r}")
     size = path.stat().st_size
@@ -202,6 +205,8 @@ def token_memmap(path: Path, dtype: np.dtype, kind: str) -> np.ndarray:
         )
     if size == 0:
         return np.zeros(0, dtype=dtype)
+    if isinstance(path, RemotePath):
+        return RemoteArray(BlockedObject(path.url, size), dtype, size // dtype.itemsize, 0)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -229,13 +234,29 @@ class SourceScan:
 def _stamp(files: Sequence[Path]) -> str:
     """The files' device, inode, size, mtime and ctime. ctime cannot be set from user space, so any write (its mtime
     restored or not) names another cache entry; a copy (new inode and ctime) is scanned again: content decides."""
+    remote = [f for f in files if isinstance(f, RemotePath)]
+    if remote:  # an object: its URL, size and version (ETag and time of the last write)
+        return hashlib.sha256(repr([(str(f), store_for(str(f)).version(str(f))) for f in remote]).encode()).hexdigest()[
+            :16
+        ]
     stats = [os.stat(f) for f in files]
     key = [(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats]
     return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _reader(path: Path | RemotePath) -> Iterator[Callable[[int, int], bytes]]:
+    """``pread(n, offset)`` over ``path``: the file's, or ranged reads of an object (ending at its end)."""
+    if isinstance(path, RemotePath):
+        store, size = store_for(path.url), path.stat().st_size
+        yield lambda n, at: store.read_ranges(path.url, [(at, min(size, at + n))])[0]
+        return
+    with open(path, "rb") as f:
+        yield lambda n, at: os.pread(f.fileno(), n, at)
+
+
 def _scan(
-    token_file: Path,
+    token_file: Path | RemotePath,
     dtype: np.dtype,
     num_tokens: int,
     starts: np.ndarray | None,
@@ -250,9 +271,9 @@ def _scan(
     odd_max = np.iinfo(np.int64).min
     eos_ends, bad = [], []
     last = starts[1:] - 1 if starts is not None and end_eos is not None else None  # each document's last token
-    with open(token_file, "rb") as f:
+    with _reader(token_file) as pread:
         for t0 in range(0, num_tokens, step):
-            block = np.frombuffer(os.pread(f.fileno(), step * dtype.itemsize, t0 * dtype.itemsize), dtype=dtype)
+            block = np.frombuffer(pread(step * dtype.itemsize, t0 * dtype.itemsize), dtype=dtype)
             full = block.size // per_chunk * per_chunk
             c0 = t0 // per_chunk
             if full:
@@ -304,7 +325,7 @@ def scan_source(
     ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stat (with ctime) of every one of its ``files``,
     with a CRC-32 of its arrays checked on every load, so that only the first open of a file pays for the pass. The
     cache file is written atomically; an unwritable cache only means scanning again."""
-    files = [Path(f) for f in files]
+    files = [as_path(f) for f in files]
     mode = f"{dtype.name}-split{split_eos}-end{end_eos}"
     name = f"{kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{_stamp(files)}-v{_SCAN_VERSION}"
     path = default_cache_dir() / "sources" / f"{name}.npz"

@@ -16,6 +16,7 @@ Each reader follows its format's published writer (cited per function) and memor
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import struct
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 
 from detsampler.index.format import TokenIndexError
 from detsampler.index.sources.base import TokenSource, sampled_sha256, scan_source, token_memmap
+from detsampler.storage import RemotePath, as_path
 
 __all__ = ["open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
@@ -66,11 +68,12 @@ def open_megatron(
     """``PREFIX.bin`` / ``PREFIX.idx``: header ``MMIDIDX\\0\\0``, version 1 (<Q), dtype code (<B), sequence count (<Q),
     document count (<Q), then int32 sequence lengths, int64 sequence byte pointers, int64 document indices (sequence
     numbers, starting at 0). Document ``d`` is sequences ``[doc_idx[d], doc_idx[d + 1])``, contiguous in ``.bin``."""
-    prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
+    prefix = as_path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
     idx, bin_ = prefix.with_name(prefix.name + ".idx"), prefix.with_name(prefix.name + ".bin")
     if not idx.is_file():
         raise TokenIndexError(f"megatron source: no {str(idx)!r}; pass the path prefix of PREFIX.bin / PREFIX.idx")
-    with open(idx, "rb") as f:
+    raw = idx.read_bytes() if isinstance(idx, RemotePath) else None  # an object: one GET of the (small) .idx
+    with io.BytesIO(raw) if raw is not None else open(idx, "rb") as f:
         head = f.read(34)
     if len(head) < 34 or head[:9] != _MMIDIDX or struct.unpack("<Q", head[9:17])[0] != 1:
         raise TokenIndexError(f"megatron source: {str(idx)!r} is not a version 1 MMIDIDX index")
@@ -80,15 +83,16 @@ def open_megatron(
     dtype = np.dtype(_MEGATRON_DTYPES[code])
     if dtype.kind not in "iu":
         raise TokenIndexError(f"megatron source: {str(idx)!r} stores {dtype.name} tokens; token ids are integers")
-    seq_lengths = (
-        np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,)) if n_seq else np.zeros(0, np.int32)
-    )
-    pointers = (
-        np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * n_seq, shape=(n_seq,))
-        if n_seq
-        else np.zeros(0, np.int64)
-    )
-    doc_idx = np.array(np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 12 * n_seq, shape=(n_doc,)))
+
+    def field(dtype: type, offset: int, count: int) -> np.ndarray:
+        if not count:
+            return np.zeros(0, dtype)
+        if raw is not None:
+            return np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+        return np.memmap(idx, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+    seq_lengths, pointers = field(np.int32, 34, n_seq), field(np.int64, 34 + 4 * n_seq, n_seq)
+    doc_idx = np.array(field(np.int64, 34 + 12 * n_seq, n_doc))
     tokens = token_memmap(bin_, dtype, "megatron")
     if n_doc == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq:
         raise TokenIndexError(
@@ -136,7 +140,7 @@ def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
     if not meta.is_file():
         return None
     parts = []
-    with gzip.open(meta, "rb") as f:
+    with gzip.open(meta.open("rb") if isinstance(meta, RemotePath) else meta, "rb") as f:
         while lines := f.readlines(1 << 20):  # about 1 MB of lines at a time: memory stays flat
             parts.append(_csv_pairs(lines))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
@@ -161,7 +165,7 @@ def open_olmo(
 ) -> TokenSource:
     """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata
     beside it, else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
-    p = Path(path)
+    p = as_path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "olmo")
     meta = p.with_name(p.name.removesuffix(".npy") + ".csv.gz")
@@ -204,7 +208,7 @@ def open_datatrove(
 ) -> TokenSource:
     """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``,
     else 2) and ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
-    p = Path(path)
+    p = as_path(path)
     index, meta = p.with_name(p.name + ".index"), p.with_name(p.name + ".metadata")
     if not index.is_file():
         raise TokenIndexError(f"datatrove source: no {str(index)!r} (write it with DocumentTokenizer(save_index=True))")
@@ -215,7 +219,7 @@ def open_datatrove(
             token_size = int(first.rsplit("|", 1)[1]) if "|" in first else 2
     dt = np.dtype({2: np.uint16, 4: np.uint32}.get(token_size, np.uint16))
     tokens = token_memmap(p, dt, "datatrove")
-    ends = np.fromfile(index, dtype="<u8").astype(np.int64)
+    ends = np.frombuffer(index.read_bytes(), dtype="<u8").astype(np.int64)
     starts = _starts_from_ends(ends)
     _check_starts(starts, tokens.size, "datatrove", p)
     identity = sampled_sha256([p], [index])
@@ -247,7 +251,7 @@ def open_nanogpt(
     vocab_size: int | None = None,
 ) -> TokenSource:
     """A flat ``train.bin`` of ``dtype`` tokens, documents split after each ``eos_id`` (GPT-2's 50256 by default)."""
-    p = Path(path)
+    p = as_path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "nanogpt")
     identity = sampled_sha256([p])
