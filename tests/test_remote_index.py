@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -300,3 +301,48 @@ def test_a_pre_tokenized_source_in_a_bucket_reads_as_the_local_one(kind, s3_buck
     assert all(torch.equal(a[k], b[k]) for k in b)
     again = open_location({"kind": kind, "path": where, "options": remote.open_options})
     assert again.fingerprint == local.fingerprint
+
+
+def test_the_trainer_config_reads_a_pushed_index_and_a_megatron_source_from_the_bucket(
+    pushed, small_tokenizer, s3_bucket, tmp_path
+):
+    import warnings
+
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from train.config import load_config
+    from train.data import build_pipeline
+
+    local, url = pushed
+    prefix = str(tmp_path / "corpus_text_document")  # megatron-core's own writer, then uploaded
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for d in range(8):
+        builder.add_item(torch.tensor([*local.document_tokens(d).tolist(), local.eos_id]))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    for suffix in (".bin", ".idx"):
+        store_for(s3_bucket).put(
+            f"{s3_bucket}/megatron/corpus_text_document{suffix}", tmp_path / f"corpus_text_document{suffix}"
+        )
+
+    def batches(source: str) -> tuple[list[torch.Tensor], Any]:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[data]\nseq_len = 64\nglobal_batch_size = 4\nmicro_batch_size = 4\ncache_dir = "{tmp_path}"\n'
+            f'{source}\ntokenizer = "{small_tokenizer.path}"\n'
+        )
+        pipe = build_pipeline(load_config(cfg).data, world_size=1)
+        loader = pipe.loader(pipe.sampler(0, 0, 1), pin_memory=False, persistent_workers=False)
+        return [b["input_ids"] for _, b in zip(range(3), loader)], pipe
+
+    for remote, on_disk in (
+        (f'source = "{url}"', "max_documents = 16"),  # the default corpus's first 16 files: the pushed index
+        (
+            f'source = {{kind = "megatron", path = "{s3_bucket}/megatron/corpus_text_document"}}',
+            f'source = {{kind = "megatron", path = "{prefix}"}}',
+        ),
+    ):
+        (got, pipe), (want, _) = batches(remote), batches(on_disk)
+        assert str(pipe.index.path).startswith("s3://") and all(torch.equal(a, b) for a, b in zip(got, want))
