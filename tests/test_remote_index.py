@@ -232,6 +232,7 @@ def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
     import json
 
     from detsampler.cli import main
+    from detsampler.index.protocol import Index
     from detsampler.index.sharded import ShardedIndex
 
     data = tmp_path / "data"
@@ -252,6 +253,7 @@ def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
     assert main(["push", str(root), url]) == 0
     assert capsys.readouterr().out.rstrip().endswith(", manifest.json last")
     remote = ShardedIndex.open(url)
+    assert isinstance(remote, Index) and isinstance(local, Index)
     assert str(remote.shards[0].path).startswith(f"{s3_bucket}/sharded/shards/index-")  # ../shards, in the bucket
     got, want = PackedDataset(remote, remote.layout(config)), PackedDataset(local, local.layout(config))
     assert str(got.layout.path).startswith(f"{url}/layouts/bestfit-")  # the pushed layout, not one computed in RAM
@@ -346,3 +348,15 @@ def test_the_trainer_config_reads_a_pushed_index_and_a_megatron_source_from_the_
     ):
         (got, pipe), (want, _) = batches(remote), batches(on_disk)
         assert str(pipe.index.path).startswith("s3://") and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_every_kind_of_index_on_disk_or_in_a_bucket_is_an_index(pushed, tmp_path):
+    from detsampler.index.protocol import Index
+    from detsampler.index.sources import open_source
+
+    local, url = pushed
+    (tmp_path / "train.bin").write_bytes(np.array([11, 12, 2, 13, 2], dtype=np.uint16).tobytes())
+    source = open_source("nanogpt", tmp_path / "train.bin", eos_id=2, vocab_size=512)
+    lengths_only = synthetic_index(tmp_path / "lengths", 100)
+    for index in (local, TokenIndex.open(url), source, lengths_only):  # ShardedIndex: in the sharded test above
+        assert isinstance(index, Index), type(index).__name__

@@ -70,7 +70,7 @@ from detsampler.storage import RemotePath
 from detsampler.version import MAPPING_VERSION
 
 if TYPE_CHECKING:
-    from detsampler.index.reader import TokenIndex
+    from detsampler.index.protocol import Index
 
 __all__ = ["LAYOUT_FORMAT_VERSION", "PersistedLayout", "build_layout", "layout_dir", "open_layout"]
 
@@ -82,7 +82,7 @@ CHUNK_DOCS = 1 << 20  # documents per vectorized build step (concat, document)
 log = logging.getLogger("detsampler")
 
 
-def layout_dir(index: TokenIndex, config: LayoutConfig) -> Path | RemotePath:
+def layout_dir(index: Index, config: LayoutConfig) -> Path | RemotePath:
     """Where the layout ``config`` of ``index`` lives (whether built or not)."""
     packing = PACKING_VERSION if config.kind == "bestfit" else 0
     window = config.window_docs if config.kind == "bestfit" else 0
@@ -159,11 +159,11 @@ def _readable_lengths(index: Any) -> Any:
     return lengths
 
 
-def _init_worker(index_path: str) -> None:
-    from detsampler.index.sharded import open_index
-
+def _init_worker(index: Index) -> None:
+    # NOTE: ``index`` reaches a spawned worker pickled (as where it opens again); a forked one shares the parent's.
+    # The layouts never open an index by path themselves: they import no concrete index class (the package is a tree).
     global _WORKER_LENGTHS
-    _WORKER_LENGTHS = _readable_lengths(open_index(index_path))
+    _WORKER_LENGTHS = _readable_lengths(index)
 
 
 def _extents(lengths: np.ndarray, config: LayoutConfig, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +188,7 @@ def _task(args: tuple[str, LayoutConfig, int, int]) -> Any:
 
 
 def _ordered(
-    what: str, lengths: np.ndarray, index_path: Path, config: LayoutConfig, ranges: list[tuple[int, int]], num_proc: int
+    what: str, lengths: np.ndarray, index: Index, config: LayoutConfig, ranges: list[tuple[int, int]], num_proc: int
 ):
     """``_extents`` or ``_pack_block`` of each range, in order, by ``num_proc`` processes (at most 4 per process in
     flight, so memory stays bounded)."""
@@ -197,7 +197,7 @@ def _ordered(
             yield _extents(lengths, config, a, b) if what == "extents" else _pack_block(lengths, config, a, b)
         return
     ctx = get_context("fork") if "fork" in get_all_start_methods() else None
-    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(str(index_path),)) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(index,)) as pool:
         pending: deque = deque()
         for a, b in ranges:
             pending.append(pool.submit(_task, (what, config, a, b)))
@@ -208,7 +208,7 @@ def _ordered(
 
 
 def _write_ends(
-    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
+    tmp: Path, lengths: np.ndarray, index: Index, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
 ) -> dict:
     """``ends.npy`` and ``order.npy`` of a concat or document layout, CHUNK_DOCS documents at a time (O(chunk) memory
     per process)."""
@@ -218,7 +218,7 @@ def _write_ends(
     carry, tokens = 0, 0
     ranges = [(a, min(a + CHUNK_DOCS, n)) for a in range(0, n, CHUNK_DOCS)]
     with _bar(n, f"{config.kind} layout", progress) as bar:
-        for docs, extent in _ordered("extents", lengths, index_path, config, ranges, num_proc):
+        for docs, extent in _ordered("extents", lengths, index, config, ranges, num_proc):
             tokens += int(extent.sum())
             ends = np.cumsum(extent if config.kind == "concat" else -(-extent // config.seq_len)) + carry
             out.write(ends)
@@ -231,7 +231,7 @@ def _write_ends(
 
 
 def _write_bestfit(
-    tmp: Path, lengths: np.ndarray, index_path: Path, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
+    tmp: Path, lengths: np.ndarray, index: Index, config: LayoutConfig, dtypes: dict, num_proc: int, progress: bool
 ) -> dict:
     """The four arrays of a best-fit layout, every window packed (by ``num_proc`` processes), streamed to disk."""
     files = {name.removesuffix(".npy"): _NpyStream(tmp / name, dt) for name, dt in dtypes.items()}
@@ -242,7 +242,7 @@ def _write_bestfit(
         num_windows = -(-len(lengths) // config.window_docs)
         per_block = max(1, LOCKSTEP_DOCS // config.window_docs)  # a packing task: windows packed in lockstep
         blocks = [(w, min(w + per_block, num_windows)) for w in range(0, num_windows, per_block)]
-        for packed in _ordered("pack", lengths, index_path, config, blocks, num_proc):
+        for packed in _ordered("pack", lengths, index, config, blocks, num_proc):
             files["window_bins"].write(np.cumsum(packed.bins_per_window) + bins)
             files["bin_items"].write(np.cumsum(packed.items_per_bin) + items)
             files["item_docs"].write(packed.item_docs)
@@ -255,15 +255,15 @@ def _write_bestfit(
     return {"num_samples": bins, "num_items": items}
 
 
-def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: int, progress: bool) -> None:
+def _write_layout(tmp: Path, index: Index, config: LayoutConfig, num_proc: int, progress: bool) -> None:
     start = time.perf_counter()
     lengths = _readable_lengths(index)
     dtypes = _dtypes(index, config)
     if config.kind == "bestfit":
-        counts = _write_bestfit(tmp, lengths, index.path, config, dtypes, num_proc, progress)
+        counts = _write_bestfit(tmp, lengths, index, config, dtypes, num_proc, progress)
         counts["num_tokens"] = index.num_tokens + index.num_documents
     else:
-        counts = _write_ends(tmp, lengths, index.path, config, dtypes, num_proc, progress)
+        counts = _write_ends(tmp, lengths, index, config, dtypes, num_proc, progress)
     files = {name: {**write_checksums(tmp, name), "dtype": dt.name} for name, dt in dtypes.items()}
     if "ends.npy" in files:  # searched, not indexed: a fence lets a search read one block
         files["ends.npy"]["fence"] = write_fence(tmp, "ends.npy")
@@ -291,7 +291,7 @@ def _write_layout(tmp: Path, index: TokenIndex, config: LayoutConfig, num_proc: 
 
 
 def build_layout(
-    index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False, replace_damaged: bool = False
+    index: Index, config: LayoutConfig, num_proc: int = 1, progress: bool = False, replace_damaged: bool = False
 ) -> Path:
     """Build the layout directory of ``config`` beside ``index`` unless it exists (one process under a file lock; the
     others wait and find it complete). ``replace_damaged``: remove the existing directory first (it failed a check)."""
@@ -322,7 +322,7 @@ def build_layout(
 # -- opening -------------------------------------------------------------------------------------------------------
 
 
-def _read_record(path: Path | RemotePath, index: TokenIndex, config: LayoutConfig) -> dict:
+def _read_record(path: Path | RemotePath, index: Index, config: LayoutConfig) -> dict:
     try:
         record = json.loads((path / "layout.json").read_text())
     except (OSError, ValueError) as exc:
@@ -345,7 +345,7 @@ def _read_record(path: Path | RemotePath, index: TokenIndex, config: LayoutConfi
     return record
 
 
-def _open_dir(path: Path | RemotePath, index: TokenIndex, config: LayoutConfig) -> Layout:
+def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig) -> Layout:
     """The layout at ``path`` over ``index``: memory maps behind chunk checksums; O(1) work but the checksum files."""
     r = _read_record(path, index, config)
     files, n = r["files"], index.num_documents
@@ -379,7 +379,7 @@ class PersistedLayout:
     """A layout opened from its directory beside the index (see the module doc). It behaves as the layout it wraps, and
     pickles as ``(index, config)``: a DataLoader worker reopens the memory maps, nothing of size D is copied."""
 
-    def __init__(self, index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> None:
+    def __init__(self, index: Index, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> None:
         self.index = index
         self.path = layout_dir(index, config)
         self.index_fingerprint = index.fingerprint
@@ -424,7 +424,7 @@ class PersistedLayout:
         return f"PersistedLayout({str(self.path)!r}, num_samples={self.num_samples})"
 
 
-def open_layout(index: TokenIndex, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
+def open_layout(index: Index, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
     """The layout ``config`` of ``index``, persisted beside it (built first if needed, by one process under a lock).
 
     When the index directory is read-only and the layout was never built, it is computed in RAM (with a warning).
