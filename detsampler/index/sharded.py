@@ -26,11 +26,12 @@ import os
 import posixpath
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
+from detsampler.index.protocol import Index
 from detsampler.index.reader import TokenIndex
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.storage import RemotePath, as_path, parse_location
@@ -52,23 +53,7 @@ MANIFEST_KIND = "detsampler-sharded-index"
 MANIFEST_VERSION = 1
 
 
-class ShardReader(Protocol):
-    """What a shard must offer (a ``TokenIndex`` does)."""
-
-    lengths: Any
-    offsets: Any
-    tokens: Any
-    fingerprint: str
-    num_documents: int
-    num_tokens: int
-    eos_id: int
-    pad_id: int
-    vocab_size: int
-    eos_stored: bool
-
-    def document_tokens(self, doc: int) -> np.ndarray: ...
-
-    def check_tokenizer(self, tokenizer: Any) -> None: ...
+ShardReader = Index  # a shard is any index: a TokenIndex or a pre-tokenized TokenSource (detsampler.index.protocol)
 
 
 def _open_token_index(path: Path, options: dict) -> ShardReader:
