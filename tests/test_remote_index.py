@@ -5,6 +5,7 @@ leaves nothing that opens."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -360,3 +361,41 @@ def test_every_kind_of_index_on_disk_or_in_a_bucket_is_an_index(pushed, tmp_path
     lengths_only = synthetic_index(tmp_path / "lengths", 100)
     for index in (local, TokenIndex.open(url), source, lengths_only):  # ShardedIndex: in the sharded test above
         assert isinstance(index, Index), type(index).__name__
+
+
+def test_build_with_a_bucket_as_cache_dir_builds_once_and_reads_from_the_bucket(
+    capsys, small_tokenizer, s3_bucket, tmp_path, monkeypatch
+):
+    from detsampler.cli import main
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "staging"))  # the local stage of a remote cache
+    cache = f"{s3_bucket}/cache"
+    args = ["--max-documents", "16", "--tokenizer", str(small_tokenizer.path), "--cache-dir", cache]
+    layout = ["--layout", "--kind", "document", "--seq-len", "64"]
+    assert main(["build", *args, *layout, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"layout   {cache}/index-")  # the URL, not a local path
+    built = json.loads(out[out.index("{") :])
+    url = built["path"]
+    assert url.startswith(f"{cache}/index-") and store_for(url).exists(f"{url}/meta.json")
+    assert store_for(url).list(f"{url}/layouts")  # the layout was built on the staged copy and pushed
+    shutil.rmtree(tmp_path / "staging" / url.rsplit("/", 1)[-1])  # a fresh node: nothing staged locally
+    assert main(["build", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fingerprint"] == built["fingerprint"]  # opened, not built again
+    assert not (tmp_path / "staging" / url.rsplit("/", 1)[-1]).exists()
+    plan = [
+        "--kind",
+        "document",
+        "--seq-len",
+        "64",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--step",
+        "2",
+    ]
+    assert main(["show", *args, *plan]) == 0
+    remote = capsys.readouterr().out
+    assert main(["show", "--max-documents", "16", "--tokenizer", str(small_tokenizer.path), *plan]) == 0
+    assert remote == capsys.readouterr().out

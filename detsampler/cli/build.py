@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from typing import Any
 
 from detsampler.cli.inputs import prepare, show_progress
 from detsampler.cli.options import layout_config
@@ -45,6 +46,22 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push_layout(prepared: Any, config: Any, num_proc: int) -> None:
+    """An index in an object store (``--cache-dir s3://...``) whose local build is staged in the local cache: build the
+    layout beside that copy and push it (the objects first, ``layout.json`` last; the index's seal is unchanged)."""
+    from detsampler.index.push import push_index
+    from detsampler.index.reader import TokenIndex
+    from detsampler.storage import RemotePath
+
+    index = prepared.index
+    if not isinstance(index.path, RemotePath) or not isinstance(index, TokenIndex):
+        return
+    staged = prepared.config.cache_path / index.path.name
+    if (staged / "meta.json").is_file():
+        TokenIndex.open(staged).layout(config, num_proc=num_proc, progress=show_progress())
+        push_index(staged, str(index.path))
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
@@ -59,6 +76,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args, verify_tokens=args.verify_tokens)
     if args.layout:
+        _push_layout(prepared, layout_config(args), args.num_proc)
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()

@@ -16,9 +16,11 @@ def print_rows(rows: Sequence[tuple[str, Any]]) -> None:
 
 
 def rel(path: str) -> str:
-    """``path`` relative to the current directory when it lies under it."""
+    """``path`` relative to the current directory when it lies under it (an object store URL as it is)."""
     from pathlib import Path
 
+    if "://" in str(path):
+        return str(path)
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:

@@ -12,7 +12,7 @@ from typing import Any
 
 from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
-from detsampler.index.format import default_cache_dir
+from detsampler.index.format import default_cache_dir, index_cache_key
 from detsampler.index.reader import TokenIndex
 from detsampler.storage import is_remote
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
@@ -74,7 +74,11 @@ class IndexConfig:
 
     @property
     def cache_path(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        """The local cache: ``cache_dir``, or the default one (also when ``cache_dir`` is an object store URL: the
+        tokenizer, the corpus parse and the build are staged there, and the built index is pushed to the URL)."""
+        if self.cache_dir is None or _in_object_store(str(self.cache_dir)):
+            return default_cache_dir()
+        return Path(self.cache_dir)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,8 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
             corpus=dataset if config.data is not None else None,
             text_column=config.text_column,
         )
+    if config.cache_dir is not None and _in_object_store(str(config.cache_dir)):
+        return Prepared(config, dataset, tokenizer, _index_in_bucket(config, dataset, tokenizer, progress))
     index = build_index(
         dataset,
         tokenizer,
@@ -207,6 +213,30 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         special_tokens=config.special_tokens,
     )
     return Prepared(config, dataset, tokenizer, index)
+
+
+def _index_in_bucket(config: IndexConfig, dataset: Any, tokenizer: TokenizerLike, progress: bool) -> TokenIndex:
+    """The index of ``dataset`` in the object store ``config.cache_dir`` (``URL/index-<key>``, the key as on disk):
+    opened there when it was pushed before, else built in the local cache and pushed (``meta.json`` last), then opened
+    from the bucket; checked against the dataset and the tokenizer either way."""
+    from detsampler.index.push import push_index
+    from detsampler.storage import as_path, join
+
+    key = index_cache_key(dataset, tokenizer, config.text_column, config.store_tokens, config.special_tokens)
+    url = join(str(config.cache_dir), f"index-{key}")
+    if not (as_path(url) / "meta.json").is_file():
+        local = build_index(
+            dataset,
+            tokenizer,
+            text_column=config.text_column,
+            cache_dir=config.cache_path,
+            num_proc=config.num_proc,
+            store_tokens=config.store_tokens,
+            progress=progress,
+            special_tokens=config.special_tokens,
+        )
+        push_index(local.path, url)
+    return TokenIndex.open(url, dataset=dataset, tokenizer=tokenizer)
 
 
 def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = True) -> list[Prepared]:
