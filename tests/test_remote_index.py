@@ -399,3 +399,37 @@ def test_build_with_a_bucket_as_cache_dir_builds_once_and_reads_from_the_bucket(
     remote = capsys.readouterr().out
     assert main(["show", "--max-documents", "16", "--tokenizer", str(small_tokenizer.path), *plan]) == 0
     assert remote == capsys.readouterr().out
+
+
+class _DictCache:
+    """A real (unbounded, for the test) block cache: the BlockCache protocol over a dict, counting its hits."""
+
+    def __init__(self) -> None:
+        self.blocks: dict = {}
+        self.hits = 0
+
+    def get(self, key):
+        data = self.blocks.get(key)
+        self.hits += data is not None
+        return data
+
+    def put(self, key, data):
+        self.blocks[key] = data
+
+
+def test_a_block_cache_serves_repeated_reads_and_a_tampered_cached_block_is_refused(pushed):
+    from detsampler.storage import BlockCache
+
+    local, url = pushed
+    cache = _DictCache()
+    assert isinstance(cache, BlockCache)
+    remote = TokenIndex.open(url, block_cache=cache)
+    np.testing.assert_array_equal(remote.document_tokens(3), local.document_tokens(3))
+    assert (f"{url}/tokens.npy", 0) in cache.blocks and remote.tokens._array.source._recent == {}
+    again = TokenIndex.open(url, block_cache=cache)  # another reader of the same cache: hits, no fetch
+    np.testing.assert_array_equal(again.document_tokens(3), local.document_tokens(3))
+    assert again.tokens._array.source.fetched_bytes == 0 and cache.hits >= 2
+    key = (f"{url}/tokens.npy", 0)
+    cache.blocks[key] = cache.blocks[key][:1000] + bytes([cache.blocks[key][1000] ^ 1]) + cache.blocks[key][1001:]
+    with pytest.raises(ChecksumError, match="fails its checksum"):
+        TokenIndex.open(url, block_cache=cache).document_tokens(0)  # a block this reader did not put: checked

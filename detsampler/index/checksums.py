@@ -389,8 +389,17 @@ def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -
     return arr
 
 
-def open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> VerifiedArray:
-    """``path/name`` memory-mapped behind its chunk checksums; its size, dtype, shape and checksum file checked now."""
+def open_checked(
+    path: Path | RemotePath,
+    files: Any,
+    name: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    block_cache: BlockCache | None = None,
+) -> VerifiedArray:
+    """``path/name`` memory-mapped behind its chunk checksums; its size, dtype, shape and checksum file checked now.
+    An object in a store is read by blocks instead, through ``block_cache`` when given (each block checked on
+    arrival)."""
     record = files.get(name) if isinstance(files, dict) else None
     if not isinstance(record, dict) or "sums" not in record:
         raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
@@ -403,7 +412,11 @@ def open_checked(path: Path, files: Any, name: str, dtype: np.dtype, shape: tupl
         )
     what = str(path)
     sums = load_sums(path / sums_name(name), record["sums"], size, what)
-    array = load_array(path, name, dtype, shape) if not isinstance(f, RemotePath) else _remote(f, size, sums, what)
+    array = (
+        load_array(path, name, dtype, shape)
+        if not isinstance(f, RemotePath)
+        else _remote(f, size, sums, what, block_cache)
+    )
     if isinstance(array, RemoteArray) and (array.dtype != dtype or array.shape != shape):
         raise TokenIndexError(
             f"{str(path)!r}: {name} has dtype {array.dtype} and shape {array.shape}, its record says "

@@ -45,7 +45,7 @@ from detsampler.index.format import (
     token_dtype,
 )
 from detsampler.layout import Layout, LayoutConfig
-from detsampler.storage import RemotePath, as_path
+from detsampler.storage import BlockCache, RemotePath, as_path
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
@@ -186,13 +186,17 @@ class TokenIndex:
         dataset: Any = None,
         tokenizer: TokenizerLike | None = None,
         verify_tokens: bool = False,
+        block_cache: BlockCache | None = None,
     ) -> TokenIndex:
         """Open the index at ``path``, checking format version, file sizes, shapes and the small files' sha256.
 
         With ``dataset`` / ``tokenizer``, also check that they are the ones it was built from; ``verify_tokens`` also
         checks every chunk and the sha256 of every file (reads them all). Otherwise opening reads only ``meta.json`` and
         the small checksum files: each chunk of the arrays is checked the first time this process reads it. Every
-        mismatch is an :class:`TokenIndexError` naming what differs.
+        mismatch is an :class:`TokenIndexError` naming what differs. ``path`` may be an object store URL
+        (``s3://bucket/prefix/index-KEY``): the arrays are then read by blocks, through ``block_cache`` when given (a
+        :class:`~detsampler.storage.BlockCache` shared by the arrays; it does not travel with a pickle: a worker
+        reopens without it), each block checked against the chunk CRC-32s as it arrives.
         """
         path = as_path(path)
         meta = _read_meta(path)
@@ -205,11 +209,15 @@ class TokenIndex:
             raise TokenIndexError(
                 f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild"
             ) from None
-        arrays = {"lengths.npy": open_checked(path, files, "lengths.npy", _lengths_dtype(path, meta), (n_docs,))}
+        arrays = {
+            "lengths.npy": open_checked(path, files, "lengths.npy", _lengths_dtype(path, meta), (n_docs,), block_cache)
+        }
         if store or meta["format_version"] != LENGTHS_FORMAT_VERSION or "offsets.npy" in files:
-            arrays["offsets.npy"] = open_checked(path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,))
+            arrays["offsets.npy"] = open_checked(
+                path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,), block_cache
+            )
         if store:
-            arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,))
+            arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,), block_cache)
         if verify_tokens:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays.get("offsets.npy"), arrays.get("tokens.npy")
