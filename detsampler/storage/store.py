@@ -167,13 +167,13 @@ class ObjectStore:
 
     def __init__(self, retry: RetryPolicy | None = None) -> None:
         self.retry = retry or RetryPolicy.from_env()
-        self._clients: dict[tuple[int, str, str], Any] = {}
+        self._clients: dict[tuple[int, str, str, str], Any] = {}
 
     def _client(self, loc: Location) -> Any:
-        key = (os.getpid(), loc.scheme, loc.bucket)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
+        key = (os.getpid(), loc.scheme, loc.bucket, endpoint)  # a changed endpoint is another server: a new client
         client = self._clients.get(key)
         if client is None:
-            endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
             allow_http = loc.scheme == "http" or (loc.scheme == "s3" and endpoint.startswith("http://"))
             client = _obstore().store.from_url(
                 f"{loc.scheme}://{loc.bucket}",
