@@ -113,11 +113,18 @@ def test_a_deleted_object_is_refused_naming_it(pushed, s3_bucket):
         TokenIndex.open(f"{s3_bucket}/nothing-here")
 
 
-def test_opening_a_remote_index_reads_its_small_files_only(s3_bucket, tmp_path):
+def test_opening_a_remote_index_reads_its_small_files_only(s3_bucket, tmp_path, monkeypatch):
+    from detsampler.storage import ObjectStore
+
     index = synthetic_index(tmp_path, 2_000_000, mean_length=300)  # lengths.npy: 8 MB
     url = f"{s3_bucket}/big/{index.path.name}"
     push_index(index.path, url)
+    requests = []
+    for name in ("size", "read_ranges", "read_head", "list"):  # count the real store's requests
+        real = getattr(ObjectStore, name)
+        monkeypatch.setattr(ObjectStore, name, lambda self, *a, _r=real, _n=name: requests.append(_n) or _r(self, *a))
     remote = TokenIndex.open(url)
+    assert requests == ["read_head"] * 3  # meta.json; lengths.npy's first block with its size; its checksums
     source = remote.lengths._array.source
     assert source.size > 7_000_000 and source.fetched_bytes <= 1 << 20  # the header's block, not the array
     assert int(remote.lengths[1_999_999]) == int(index.lengths[1_999_999])

@@ -404,7 +404,7 @@ def open_checked(
     if not isinstance(record, dict) or "sums" not in record:
         raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
     f = path / name
-    size = _size_or_none(f)
+    head, size = _first_block(f, block_cache)
     if size != record["size"]:
         raise TokenIndexError(
             f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
@@ -415,7 +415,7 @@ def open_checked(
     array = (
         load_array(path, name, dtype, shape)
         if not isinstance(f, RemotePath)
-        else _remote(f, size, sums, what, block_cache)
+        else _remote(f, size, sums, what, block_cache, head)
     )
     if isinstance(array, RemoteArray) and (array.dtype != dtype or array.shape != shape):
         raise TokenIndexError(
@@ -449,15 +449,19 @@ def _npy_data_offset(path: Path) -> int:
         return f.tell()
 
 
-def _size_or_none(f: Path | RemotePath) -> int | None:
-    if isinstance(f, RemotePath):
-        from detsampler.storage import ObjectNotFoundError
+def _first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[bytes | None, int | None]:
+    """A local file: (None, its size or None); an object: its first block and its size in one request, or its size
+    alone when ``cache`` holds that block already ((None, None) when it does not exist)."""
+    if not isinstance(f, RemotePath):
+        return None, (f.stat().st_size if f.is_file() else None)
+    from detsampler.storage import DEFAULT_BLOCK_BYTES, ObjectNotFoundError, store_for
 
-        try:
-            return f.stat().st_size
-        except ObjectNotFoundError:
-            return None
-    return f.stat().st_size if f.is_file() else None
+    try:
+        if cache is not None and cache.get((f.url, 0)) is not None:
+            return None, store_for(f.url).size(f.url)
+        return store_for(f.url).read_head(f.url, DEFAULT_BLOCK_BYTES)
+    except ObjectNotFoundError:
+        return None, None
 
 
 def _block_check(url: str, sums: np.ndarray, what: str, block_bytes: int):
@@ -483,13 +487,24 @@ def _block_check(url: str, sums: np.ndarray, what: str, block_bytes: int):
     return check
 
 
-def _remote(f: RemotePath, size: int, sums: np.ndarray, what: str, cache: BlockCache | None = None) -> RemoteArray:
-    """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives."""
+def _remote(
+    f: RemotePath,
+    size: int,
+    sums: np.ndarray,
+    what: str,
+    cache: BlockCache | None = None,
+    head: bytes | None = None,
+) -> RemoteArray:
+    """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives (``head``: its first
+    block, fetched already)."""
     from detsampler.storage import DEFAULT_BLOCK_BYTES
 
     check = _block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
     try:
-        return open_npy(BlockedObject(f.url, size, check=check, cache=cache))
+        source = BlockedObject(f.url, size, check=check, cache=cache)
+        if head is not None and size:
+            source.seed(0, head)
+        return open_npy(source)
     except (ValueError, EOFError, SyntaxError, TokenError) as exc:
         if isinstance(exc, ChecksumError):
             raise

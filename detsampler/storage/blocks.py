@@ -68,6 +68,16 @@ class BlockedObject:
         self.fetched_bytes = 0
         self.requests = 0
 
+    def seed(self, block: int, data: bytes) -> None:
+        """Take ``block``'s bytes fetched by the caller (e.g. with the object's size, in one request): checked, then
+        kept as if this object had fetched them."""
+        if len(data) != self.block_range(block)[1] - self.block_range(block)[0]:
+            raise ValueError(f"{self.url}: block {block} is {len(data)} bytes, not {self.block_range(block)}")
+        self.fetched_bytes += len(data)
+        if self._check is not None:
+            self._check(block, data)
+        self._keep(block, data)
+
     def block_range(self, block: int) -> tuple[int, int]:
         """The byte range ``[start, end)`` of ``block``."""
         return block * self.block_bytes, min((block + 1) * self.block_bytes, self.size)

@@ -80,8 +80,7 @@ class RemotePath:
         return SimpleNamespace(st_size=store_for(self.url).size(self.url))
 
     def read_bytes(self) -> bytes:
-        store = store_for(self.url)
-        return store.read_ranges(self.url, [(0, store.size(self.url))])[0]
+        return store_for(self.url).read_head(self.url, -1)[0]  # one GET
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)

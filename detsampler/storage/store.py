@@ -94,6 +94,14 @@ class LocalStore:
     def exists(self, url: str) -> bool:
         return self._path(url).is_file()
 
+    def read_head(self, url: str, num_bytes: int) -> tuple[bytes, int]:
+        """The first ``num_bytes`` bytes of the object (fewer when it is shorter) and its size."""
+        try:
+            with open(self._path(url), "rb") as f:
+                return os.pread(f.fileno(), num_bytes, 0), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{url}: does not exist") from None
+
     def list(self, url: str) -> list[str]:
         root = self._path(url)
         return sorted(str(p) for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
@@ -220,6 +228,17 @@ class ObjectStore:
             if len(data) != b - a:
                 raise StorageError(f"{url}: bytes [{a}, {b}) returned {len(data)} bytes: the object is shorter")
         return out
+
+    def read_head(self, url: str, num_bytes: int) -> tuple[bytes, int]:
+        """The first ``num_bytes`` bytes of the object (fewer when it is shorter) and its size, in one request (the
+        whole object for ``num_bytes`` < 0)."""
+        loc = parse_location(url)
+        try:
+            options = {"range": (0, num_bytes)} if num_bytes >= 0 else {}
+            got = _obstore().get(self._client(loc), loc.key, options=options)
+            return bytes(got.bytes()), int(got.meta["size"])
+        except Exception as exc:
+            raise self._fail(url, "GET", exc) from None
 
     def version(self, url: str) -> tuple:
         """What changes whenever the object is written: its size, ETag and last write time."""
