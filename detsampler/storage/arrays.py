@@ -76,19 +76,27 @@ class RemoteArray:
         return np.frombuffer(raw, dtype=self.dtype)
 
     def _take(self, idx: np.ndarray) -> np.ndarray:
-        """Elements ``idx`` (in range): the blocks they touch laid end to end, then one vectorized gather."""
+        """Elements ``idx`` (in range): one vectorized gather per block they touch, from a view of the block's bytes
+        (no copy of a block: a batch touches few blocks, each read in place)."""
         if not idx.size:
             return np.zeros(0, dtype=self.dtype)
         bb, isz = self.source.block_bytes, self.dtype.itemsize
         byte = self.offset + idx * isz
         block = byte // bb
-        numbers, rank = np.unique(block, return_inverse=True)
+        first, last = int(block.min()), int(block.max())
+        if first == last:  # one block (the common case of a document's tokens): no grouping at all
+            view = np.frombuffer(self.source.blocks([first])[first], dtype=self.dtype)
+            return view[(byte - first * bb) // isz]
+        numbers, inverse, counts = np.unique(block, return_inverse=True, return_counts=True)
         got = self.source.blocks(numbers.tolist())
-        buf = np.zeros(len(numbers) * bb, dtype=np.uint8)
-        for k, b in enumerate(numbers.tolist()):
-            data = got[b]
-            buf[k * bb : k * bb + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        return buf.view(self.dtype)[(rank.reshape(-1) * bb + (byte - block * bb)) // isz]
+        order = np.argsort(inverse.reshape(-1), kind="stable")
+        out = np.empty(idx.size, dtype=self.dtype)
+        at = 0
+        for b, n in zip(numbers.tolist(), counts.tolist()):
+            mine = order[at : at + n]
+            out[mine] = np.frombuffer(got[b], dtype=self.dtype)[(byte[mine] - b * bb) // isz]
+            at += n
+        return out
 
 
 def open_npy(source: BlockedObject) -> RemoteArray:
