@@ -17,6 +17,8 @@ from detsampler.storage import (
     LocalStore,
     ObjectNotFoundError,
     RemoteArray,
+    RemotePath,
+    RetryPolicy,
     StorageError,
     as_path,
     open_npy,
@@ -161,3 +163,33 @@ def test_a_server_that_stops_is_retried_then_refused_naming_the_object(monkeypat
         ):
             store.read_ranges(f"{bucket}/x.bin", [(2, 4)])
         assert time.perf_counter() - t < 10
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: RetryPolicy(max_retries=-1), "max_retries must be >= 0"),
+        (lambda: RetryPolicy(retry_timeout_s=0), "the timeouts must be > 0 seconds"),
+        (lambda: BlockedObject("x", 10, block_bytes=1000, reader=LocalStore()), "a positive multiple of 65536"),
+        (lambda: BlockedObject("x", 10, recent_blocks=0, reader=LocalStore()), "recent_blocks=0, it must be >= 1"),
+        (lambda: RemotePath("s3://b/x").open("wb"), "opens for reading only"),
+    ],
+)
+def test_bad_storage_arguments_are_refused_by_name(make, error):
+    with pytest.raises(ValueError, match=error):
+        make()
+
+
+def test_a_retry_setting_that_is_not_a_number_is_refused(monkeypatch):
+    monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "many")
+    with pytest.raises(ValueError, match="Got DETSAMPLER_STORAGE_MAX_RETRIES='many', it must be a number"):
+        RetryPolicy.from_env()
+
+
+def test_a_manifest_shard_path_that_leaves_the_bucket_is_refused():
+    from detsampler.index.format import TokenIndexError
+    from detsampler.index.sharded import shard_location
+
+    assert str(shard_location(RemotePath("s3://b/runs/sharded-1"), "../shards/index-2")) == "s3://b/runs/shards/index-2"
+    with pytest.raises(TokenIndexError, match="shard path '../../../x' leaves the bucket"):
+        shard_location(RemotePath("s3://b/runs/sharded-1"), "../../../x")

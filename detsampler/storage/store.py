@@ -142,7 +142,10 @@ class RetryPolicy:
             ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float),
         ):
             if env.get(name):
-                fields[field] = cast(env[name])
+                try:
+                    fields[field] = cast(env[name])
+                except ValueError:
+                    raise ValueError(f"Got {name}={env[name]!r}, it must be a number") from None
         return cls(**fields)
 
     def client_options(self, allow_http: bool) -> dict:
