@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from detsampler.storage.store import StorageError, store_for
+from detsampler.storage.store import store_for
 from detsampler.storage.urls import join, parse_location
 
 __all__ = ["RemotePath", "as_path"]
@@ -84,9 +84,6 @@ class RemotePath:
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
-
-    def mkdir(self, *args: object, **kwargs: object) -> None:
-        raise StorageError(f"{self.url}: cannot create a directory in an object store (write with `detsampler push`)")
 
 
 def as_path(path: str | os.PathLike | RemotePath) -> Path | RemotePath:
