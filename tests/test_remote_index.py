@@ -440,3 +440,26 @@ def test_a_block_cache_serves_repeated_reads_and_a_tampered_cached_block_is_refu
     cache.blocks[key] = cache.blocks[key][:1000] + bytes([cache.blocks[key][1000] ^ 1]) + cache.blocks[key][1001:]
     with pytest.raises(ChecksumError, match="fails its checksum"):
         TokenIndex.open(url, block_cache=cache).document_tokens(0)  # a block this reader did not put: checked
+
+
+def test_a_sharded_build_into_a_bucket_is_refused_naming_push(capsys, small_tokenizer, tmp_path, monkeypatch):
+    from detsampler.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("one document\n")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "build",
+                "--data",
+                "data",
+                "--tokenizer",
+                str(small_tokenizer.path),
+                "--sharded",
+                "--cache-dir",
+                "s3://bucket/cache",
+            ]
+        )
+    assert "a sharded build writes to a local or shared directory" in capsys.readouterr().err
+    assert not (tmp_path / "s3:").exists()  # before: a local directory named "s3:" was built into

@@ -79,6 +79,11 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     policy = SpecialTokens(add_bos=args.add_bos, add_eos=args.add_eos or "virtual")
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
+    if "://" in str(cache):  # NOTE: else a local directory named "s3:" would be created and built into
+        raise ValueError(
+            f"--cache-dir {str(cache)!r}: a sharded build writes to a local or shared directory; build it there, then"
+            " upload it with `detsampler push DIR URL` (its shards, then its manifest)"
+        )
     root = sharded_root(cache, files, tokenizer, args.text_column, args.store_tokens, policy, sources)
     task = _task(args)
     todo = shard_tasks(len(files), *task) if task else (list(range(len(files))) if args.sharded else [])
