@@ -463,3 +463,12 @@ def test_a_sharded_build_into_a_bucket_is_refused_naming_push(capsys, small_toke
         )
     assert "a sharded build writes to a local or shared directory" in capsys.readouterr().err
     assert not (tmp_path / "s3:").exists()  # before: a local directory named "s3:" was built into
+
+
+def test_a_cache_dir_url_of_no_object_store_is_refused(tmp_path, monkeypatch):
+    from detsampler.index.prepare import IndexConfig
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="cache_dir 'hf://x/cache' is a URL of no supported object store"):
+        IndexConfig(cache_dir="hf://x/cache")
+    assert IndexConfig(cache_dir="s3://bucket/cache").cache_path == IndexConfig().cache_path  # staged locally

@@ -61,6 +61,11 @@ class IndexConfig:
             not isinstance(self.cache_dir, (str, Path)) or not str(self.cache_dir).strip()
         ):
             raise ValueError(f"cache_dir must be a directory path or None (the default cache), got {self.cache_dir!r}")
+        if self.cache_dir is not None and "://" in str(self.cache_dir) and not _in_object_store(str(self.cache_dir)):
+            raise ValueError(  # NOTE: else a local directory named "hf:" would be created and built into
+                f"cache_dir {str(self.cache_dir)!r} is a URL of no supported object store: pass a local directory or "
+                "an s3://, gs://, az:// or https:// prefix"
+            )
         if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(self.cache_dir)!r} is a file, not a directory")
         if not isinstance(self.store_tokens, bool):
