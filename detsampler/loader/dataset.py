@@ -21,9 +21,9 @@ slice copy per span and nothing else: widen on the device (``batch["tokens"].to(
 ``__getitems__`` reads a whole micro batch at once (:func:`detsampler.gather.pack_fields`, a slice copy per span) from
 the index's memory map, or, when the index stores no tokens, by tokenizing the batch's distinct documents from the
 dataset's text (with the index's BOS/EOS policy) and checking each length against the index (a difference is an error,
-never a silently shifted sample). The index may be a :class:`~detsampler.index.reader.TokenIndex` or a pre-tokenized
-source of :mod:`detsampler.index.sources` (anything with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``,
-``eos_stored``).
+never a silently shifted sample). The index is any :class:`~detsampler.index.protocol.Index` (a ``TokenIndex``, a
+``ShardedIndex`` or a pre-tokenized source of :mod:`detsampler.index.sources`, on disk or in an object store: anything
+with ``lengths``, ``offsets``, ``tokens``, ``eos_id``, ``pad_id``, ``eos_stored``).
 
 On the fly, each document is tokenized whole when a sample needs it and kept in a per-worker cache (bounded by
 ``cache_tokens``, least recently used out first), so a document split across samples is tokenized once while it stays
@@ -47,7 +47,7 @@ from torch.utils.data._utils.collate import default_collate
 from detsampler.filter import RepetitionFilter
 from detsampler.gather import FIELDS, pack_fields, pack_tokens
 from detsampler.index.format import TokenIndexError, token_dtype
-from detsampler.index.reader import TokenIndex
+from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
@@ -94,7 +94,7 @@ class PackedDataset(Dataset):
 
     def __init__(
         self,
-        index: TokenIndex,
+        index: Index,
         layout: Layout,
         *,
         restart_position_ids: bool | None = None,
@@ -295,7 +295,7 @@ def _check_output(output: str, layout: Layout) -> None:
         )
 
 
-def _layout_matches(layout: Layout, index: TokenIndex) -> bool:
+def _layout_matches(layout: Layout, index: Index) -> bool:
     """Whether ``layout`` was made over ``index``'s documents: a persisted layout records the index's fingerprint; an
     in-RAM one is compared length by length (O(D), small corpora)."""
     if layout.num_documents != index.num_documents:
@@ -306,14 +306,14 @@ def _layout_matches(layout: Layout, index: TokenIndex) -> bool:
     return np.array_equal(layout.lengths, index.lengths)
 
 
-def _rebuild(index: TokenIndex, layout: Any, kwargs: dict) -> PackedDataset:
+def _rebuild(index: Index, layout: Any, kwargs: dict) -> PackedDataset:
     if isinstance(layout, LayoutConfig):
         layout = make_layout(layout, index.lengths)
     return PackedDataset(index, layout, **kwargs)
 
 
 def instance_filter_counts(
-    index: TokenIndex, layout: Layout, plan: Any, steps: range, instance_filter: RepetitionFilter
+    index: Index, layout: Layout, plan: Any, steps: range, instance_filter: RepetitionFilter
 ) -> dict[str, int]:
     """What ``instance_filter`` masks over ``steps`` (a range of global steps) of ``plan``, exactly: a full read of the
     tokens of every sample those steps read (each read counted, as trained). ``samples`` / ``flagged_samples``: the
