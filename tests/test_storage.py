@@ -193,3 +193,44 @@ def test_a_manifest_shard_path_that_leaves_the_bucket_is_refused():
     assert str(shard_location(RemotePath("s3://b/runs/sharded-1"), "../shards/index-2")) == "s3://b/runs/shards/index-2"
     with pytest.raises(TokenIndexError, match="shard path '../../../x' leaves the bucket"):
         shard_location(RemotePath("s3://b/runs/sharded-1"), "../../../x")
+
+
+def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object(monkeypatch):
+    """A real socket on loopback that accepts connections and never answers (a hung server)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "1")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "5")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "0.5")
+    t = time.perf_counter()
+    try:
+        with pytest.raises(StorageError, match=r"s3://hung-bucket/x\.bin: ranged GET of 1 ranges failed after up to 1"):
+            store_for("s3://hung-bucket").read_ranges("s3://hung-bucket/x.bin", [(0, 10)])
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert 0.5 <= time.perf_counter() - t < 10 and len(held) >= 2  # timed out, then retried on a new connection
