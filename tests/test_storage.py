@@ -234,3 +234,22 @@ def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object
             conn.close()
         listener.close()
     assert 0.5 <= time.perf_counter() - t < 10 and len(held) >= 2  # timed out, then retried on a new connection
+
+
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 3000)), max_size=12))
+@example([(0, 0)])
+@example([(65_472, 64)])  # a range across a block boundary (block 0 ends at element 65_472 of int64 after the header)
+def test_block_keys_are_exactly_the_blocks_a_read_fetches(tmp_path_factory, ranges):
+    path = tmp_path_factory.mktemp("keys") / "a.npy"
+    if not path.exists():
+        path.write_bytes(npy_bytes(np.arange(210_000, dtype=np.int64)))
+    reader = Counting()
+    arr = open_npy(BlockedObject(str(path), path.stat().st_size, block_bytes=64 * KIB, reader=reader, recent_blocks=1))
+    reader.ranges.clear()
+    starts = np.array([min(a, 209_999) for a, _ in ranges], dtype=np.int64)
+    stops = np.minimum(starts + np.array([n for _, n in ranges], dtype=np.int64), 210_000)
+    keys = arr.block_keys(starts, stops)
+    idx = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)] or [np.zeros(0, np.int64)])
+    arr.source._recent.clear()
+    np.testing.assert_array_equal(arr[idx.astype(np.int64)], idx)
+    assert keys == [(str(path), a // (64 * KIB)) for a, _ in reader.ranges]

@@ -298,6 +298,11 @@ class VerifiedArray:
                 self._verify(todo)
         return self._array
 
+    def block_keys(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[str, int]]:
+        """For an array in an object store, the ``(url, block)`` keys a read of the element ranges
+        ``[starts[j], stops[j])`` fetches (:meth:`detsampler.storage.RemoteArray.block_keys`); a local one: none."""
+        return self._array.block_keys(starts, stops) if self._raw is None else []
+
     @property
     def fence_every(self) -> int:
         return CHUNK_BYTES // self.dtype.itemsize

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.storage.blocks import BlockedObject
+from detsampler.ranges import concat_ranges
+from detsampler.storage.blocks import BlockedObject, BlockKey
 
 __all__ = ["RemoteArray", "open_npy"]
 
@@ -69,6 +70,19 @@ class RemoteArray:
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= n):
             raise IndexError(f"an index is out of bounds for axis 0 with size {n}")
         return self._take(flat).reshape(idx.shape)
+
+    def block_keys(self, starts: np.ndarray, stops: np.ndarray) -> list[BlockKey]:
+        """The ``(url, block)`` keys a read of the element ranges ``[starts[j], stops[j])`` fetches (each once, in
+        order): what an exact prefetcher asks for before the read. Empty ranges hold no block."""
+        starts, stops = np.asarray(starts, dtype=np.int64).reshape(-1), np.asarray(stops, dtype=np.int64).reshape(-1)
+        some = stops > starts
+        if not some.any():
+            return []
+        bb, isz = self.source.block_bytes, self.dtype.itemsize
+        first = (self.offset + starts[some] * isz) // bb
+        last = (self.offset + stops[some] * isz - 1) // bb
+        blocks = np.unique(concat_ranges(first, last - first + 1)[0])
+        return [(self.source.url, b) for b in blocks.tolist()]
 
     def _slice(self, lo: int, hi: int) -> np.ndarray:
         isz = self.dtype.itemsize
