@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.index.format import TokenIndexError
+from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
+from detsampler.index.remote import first_block, open_remote
 from detsampler.ranges import concat_ranges
-from detsampler.storage import BlockCache, BlockedObject, RemoteArray, RemotePath, open_npy
+from detsampler.storage import BlockCache, RemoteArray, RemotePath
 
 __all__ = [
     "CHUNK_BYTES",
@@ -39,18 +40,9 @@ __all__ = [
     "write_fence",
 ]
 
-CHUNK_BYTES = 1 << 16
 _SHIFT = CHUNK_BYTES.bit_length() - 1
 _FEW_RANGES = 32  # up to this many ranges, checked_ranges walks them in Python ints
 _READ_BYTES = 1 << 24
-
-
-class ChecksumError(TokenIndexError):
-    """A chunk of a file whose checksum differs from the one recorded when it was written (``path``: the file)."""
-
-    def __init__(self, message: str, path: Path | None = None) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 def sums_name(name: str) -> str:
@@ -148,7 +140,9 @@ class VerifiedArray:
         self._sums = sums
         self._what = what
         self._checked = np.zeros(len(sums), dtype=bool)
-        if isinstance(array, RemoteArray):  # its blocks are checked against ``sums`` as they arrive (_block_check)
+        if isinstance(
+            array, RemoteArray
+        ):  # its blocks are checked against ``sums`` as they arrive (detsampler.index.remote)
             self.path, self._raw, self._data_offset = path, None, array.offset
             return
         self.path = Path(path)
@@ -357,7 +351,7 @@ class VerifiedArray:
 
     def _verify(self, chunks: np.ndarray) -> None:
         raw = self._raw
-        if raw is None:  # a remote array: every block it reads was checked on arrival (_block_check)
+        if raw is None:  # a remote array: every block it reads was checked on arrival (detsampler.index.remote)
             self._checked[chunks] = True
             return
         for c in chunks.tolist():
@@ -409,7 +403,7 @@ def open_checked(
     if not isinstance(record, dict) or "sums" not in record:
         raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
     f = path / name
-    head, size = _first_block(f, block_cache)
+    head, size = first_block(f, block_cache)
     if size != record["size"]:
         raise TokenIndexError(
             f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
@@ -420,7 +414,7 @@ def open_checked(
     array = (
         load_array(path, name, dtype, shape)
         if not isinstance(f, RemotePath)
-        else _remote(f, size, sums, what, block_cache, head)
+        else open_remote(f, size, sums, what, block_cache, head)
     )
     if isinstance(array, RemoteArray) and (array.dtype != dtype or array.shape != shape):
         raise TokenIndexError(
@@ -454,75 +448,12 @@ def _npy_data_offset(path: Path) -> int:
         return f.tell()
 
 
-def _first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[bytes | None, int | None]:
-    """A local file: (None, its size or None); an object: its first block and its size in one request, or its size
-    alone when ``cache`` holds that block already ((None, None) when it does not exist)."""
-    if not isinstance(f, RemotePath):
-        return None, (f.stat().st_size if f.is_file() else None)
-    from detsampler.storage import DEFAULT_BLOCK_BYTES, ObjectNotFoundError, store_for
-
-    try:
-        if cache is not None and cache.get((f.url, 0)) is not None:
-            return None, store_for(f.url).size(f.url)
-        return store_for(f.url).read_head(f.url, DEFAULT_BLOCK_BYTES)
-    except ObjectNotFoundError:
-        return None, None
-
-
-def _block_check(url: str, sums: np.ndarray, what: str, block_bytes: int):
-    """The check of a fetched block: the CRC-32 of each chunk it holds against ``sums`` (a ChecksumError naming the
-    object, the chunk and its bytes)."""
-    per_block = block_bytes // CHUNK_BYTES
-    name = url.rsplit("/", 1)[-1]
-
-    def check(block: int, data: bytes) -> None:
-        view = memoryview(data)
-        for k in range(-(-len(data) // CHUNK_BYTES)):
-            c, lo = block * per_block + k, k * CHUNK_BYTES
-            got = zlib.crc32(view[lo : lo + CHUNK_BYTES])
-            if c >= len(sums) or got != int(sums[c]):
-                start, recorded = block * block_bytes + lo, f"{int(sums[c]):08x}" if c < len(sums) else "none"
-                raise ChecksumError(
-                    f"{what}: {name} chunk {c} (bytes {start}..{start + len(view[lo : lo + CHUNK_BYTES]) - 1}) fails"
-                    f" its checksum (crc32 {got:08x}, recorded {recorded}): the object was edited or replaced after it"
-                    " was written",
-                    RemotePath(url),
-                )
-
-    return check
-
-
-def _remote(
-    f: RemotePath,
-    size: int,
-    sums: np.ndarray,
-    what: str,
-    cache: BlockCache | None = None,
-    head: bytes | None = None,
-) -> RemoteArray:
-    """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives (``head``: its first
-    block, fetched already)."""
-    from detsampler.storage import DEFAULT_BLOCK_BYTES
-
-    check = _block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
-    try:
-        source = BlockedObject(f.url, size, check=check, cache=cache)
-        if head is not None and size:
-            source.seed(0, head)
-        return open_npy(source)
-    except (ValueError, EOFError, SyntaxError, TokenError) as exc:
-        if isinstance(exc, ChecksumError):
-            raise
-        why = " ".join(str(exc).split())
-        raise TokenIndexError(f"{what}: {f.name} is not a readable .npy object ({type(exc).__name__}: {why})") from None
-
-
 def _reopen(path: str, sums: np.ndarray, what: str, fence: np.ndarray | None = None) -> VerifiedArray:
     from detsampler.storage import as_path
 
     remote = as_path(path)
     if isinstance(remote, RemotePath):
-        return VerifiedArray(remote, _remote(remote, remote.stat().st_size, sums, what), sums, what, fence)
+        return VerifiedArray(remote, open_remote(remote, remote.stat().st_size, sums, what), sums, what, fence)
     p = Path(path)
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)

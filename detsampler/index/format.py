@@ -20,10 +20,12 @@ from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = [
+    "CHUNK_BYTES",
     "INDEX_FORMAT_VERSION",
     "INDEX_KIND",
     "LENGTHS_FORMAT_VERSION",
     "READ_FORMAT_VERSIONS",
+    "ChecksumError",
     "TokenIndexError",
     "dataset_fingerprint",
     "default_cache_dir",
@@ -45,6 +47,17 @@ INDEX_KIND = "detsampler-token-index"
 
 class TokenIndexError(ValueError):
     """An index that is missing, incomplete, corrupt, or built from another dataset or tokenizer."""
+
+
+CHUNK_BYTES = 1 << 16  # the checksum chunk of an index's arrays: a CRC-32 per 64 KiB of the file (.sums.npy)
+
+
+class ChecksumError(TokenIndexError):
+    """A chunk of a file whose checksum differs from the one recorded when it was written (``path``: the file)."""
+
+    def __init__(self, message: str, path: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def default_cache_dir() -> Path:

@@ -1,0 +1,90 @@
+"""An index's arrays in an object store: each read by blocks (:mod:`detsampler.storage`), every block checked
+against the array's chunk CRC-32s as it arrives.
+
+Invariant: every byte of a remote array that a reader uses comes from a block whose chunks matched the recorded
+``*.sums.npy`` in this process (:func:`block_check`; a block met in a shared cache that this array did not put there is
+checked on first use, by :class:`~detsampler.storage.BlockedObject`); opening costs one request for the array's first
+block with the object's size (:func:`first_block`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from tokenize import TokenError
+
+import numpy as np
+
+from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
+from detsampler.storage import (
+    DEFAULT_BLOCK_BYTES,
+    BlockCache,
+    BlockedObject,
+    ObjectNotFoundError,
+    RemoteArray,
+    RemotePath,
+    open_npy,
+    store_for,
+)
+
+__all__ = ["block_check", "first_block", "open_remote"]
+
+
+def first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[bytes | None, int | None]:
+    """A local file: (None, its size or None); an object: its first block and its size in one request, or its size
+    alone when ``cache`` holds that block already ((None, None) when it does not exist)."""
+    if not isinstance(f, RemotePath):
+        return None, (f.stat().st_size if f.is_file() else None)
+    try:
+        if cache is not None and cache.get((f.url, 0)) is not None:
+            return None, store_for(f.url).size(f.url)
+        return store_for(f.url).read_head(f.url, DEFAULT_BLOCK_BYTES)
+    except ObjectNotFoundError:
+        return None, None
+
+
+def block_check(url: str, sums: np.ndarray, what: str, block_bytes: int) -> Callable[[int, bytes], None]:
+    """The check of a fetched block: the CRC-32 of each chunk it holds against ``sums`` (a ChecksumError naming the
+    object, the chunk and its bytes)."""
+    per_block = block_bytes // CHUNK_BYTES
+    name = url.rsplit("/", 1)[-1]
+
+    def check(block: int, data: bytes) -> None:
+        view = memoryview(data)
+        for k in range(-(-len(data) // CHUNK_BYTES)):
+            c, lo = block * per_block + k, k * CHUNK_BYTES
+            got = zlib.crc32(view[lo : lo + CHUNK_BYTES])
+            if c >= len(sums) or got != int(sums[c]):
+                start, recorded = block * block_bytes + lo, f"{int(sums[c]):08x}" if c < len(sums) else "none"
+                raise ChecksumError(
+                    f"{what}: {name} chunk {c} (bytes {start}..{start + len(view[lo : lo + CHUNK_BYTES]) - 1}) fails"
+                    f" its checksum (crc32 {got:08x}, recorded {recorded}): the object was edited or replaced after it"
+                    " was written",
+                    RemotePath(url),
+                )
+
+    return check
+
+
+def open_remote(
+    f: RemotePath,
+    size: int,
+    sums: np.ndarray,
+    what: str,
+    cache: BlockCache | None = None,
+    head: bytes | None = None,
+) -> RemoteArray:
+    """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives (``head``: its first
+    block, fetched already)."""
+    check = block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
+    try:
+        source = BlockedObject(f.url, size, check=check, cache=cache)
+        if head is not None and size:
+            source.seed(0, head)
+        return open_npy(source)
+    except (ValueError, EOFError, SyntaxError, TokenError) as exc:
+        if isinstance(exc, ChecksumError):
+            raise
+        why = " ".join(str(exc).split())
+        raise TokenIndexError(f"{what}: {f.name} is not a readable .npy object ({type(exc).__name__}: {why})") from None
