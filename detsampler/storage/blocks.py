@@ -25,7 +25,7 @@ __all__ = ["DEFAULT_BLOCK_BYTES", "RECENT_BLOCKS", "BlockCache", "BlockKey", "Bl
 
 BlockKey = tuple[str, int]  # (object url, block number)
 DEFAULT_BLOCK_BYTES = 1 << 20  # 16 checksum chunks: a ranged GET's latency dominates below ~1 MiB on S3
-RECENT_BLOCKS = 32  # without a cache: the blocks kept (32 MiB at the default size), enough for a micro batch's reads
+RECENT_BLOCKS = 8  # without a cache: the blocks kept (8 MiB per array): a batch reads an array in one or two calls
 _CHUNK_BYTES = 1 << 16  # detsampler.index.checksums.CHUNK_BYTES (that module is above this one)
 
 
