@@ -253,3 +253,12 @@ def test_block_keys_are_exactly_the_blocks_a_read_fetches(tmp_path_factory, rang
     arr.source._recent.clear()
     np.testing.assert_array_equal(arr[idx.astype(np.int64)], idx)
     assert keys == [(str(path), a // (64 * KIB)) for a, _ in reader.ranges]
+
+
+def test_read_head_gives_the_first_bytes_and_the_size_in_both_stores(s3_bucket, tmp_path):
+    data = bytes(range(200))
+    for root in (f"{s3_bucket}/head", str(tmp_path / "head")):
+        store = store_for(root)
+        store.put(f"{root}/x", data)
+        assert store.read_head(f"{root}/x", 10) == (data[:10], 200)
+        assert store.read_head(f"{root}/x", 1000) == (data, 200) == store.read_head(f"{root}/x", -1)

@@ -53,7 +53,10 @@ class RangeReader(Protocol):
 
 @runtime_checkable
 class Store(RangeReader, Protocol):
-    """:class:`RangeReader` plus existence, listing and atomic writes."""
+    """:class:`RangeReader` plus a first-bytes read that also gives the size (one request), existence, listing and
+    atomic writes."""
+
+    def read_head(self, url: str, num_bytes: int) -> tuple[bytes, int]: ...
 
     def exists(self, url: str) -> bool: ...
 
@@ -95,10 +98,12 @@ class LocalStore:
         return self._path(url).is_file()
 
     def read_head(self, url: str, num_bytes: int) -> tuple[bytes, int]:
-        """The first ``num_bytes`` bytes of the object (fewer when it is shorter) and its size."""
+        """The first ``num_bytes`` bytes of the file (fewer when it is shorter; all for ``num_bytes`` < 0) and its
+        size."""
         try:
             with open(self._path(url), "rb") as f:
-                return os.pread(f.fileno(), num_bytes, 0), os.fstat(f.fileno()).st_size
+                size = os.fstat(f.fileno()).st_size
+                return os.pread(f.fileno(), size if num_bytes < 0 else num_bytes, 0), size
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{url}: does not exist") from None
 
