@@ -27,6 +27,7 @@ from detsampler.index.push import push, push_index
 from detsampler.index.synthetic import synthetic_index
 from detsampler.layout import LayoutConfig
 from detsampler.loader import PackedDataset
+from detsampler.record import index_location
 from detsampler.storage import StorageError, store_for
 from tests.s3_server import create_bucket, moto_server
 
@@ -58,6 +59,7 @@ def test_an_index_opens_from_a_url_and_reads_the_same_documents(pushed):
         np.testing.assert_array_equal(remote.document_tokens(doc), local.document_tokens(doc))
     np.testing.assert_array_equal(np.asarray(remote.lengths), np.asarray(local.lengths))
     assert open_location({"kind": "index", "path": url}).fingerprint == local.fingerprint
+    assert index_location(remote) == {"kind": "index", "path": url}  # a checkpoint's record keeps the URL
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.kind)
@@ -309,7 +311,8 @@ def test_a_pre_tokenized_source_in_a_bucket_reads_as_the_local_one(kind, s3_buck
     ids = np.arange(len(want))
     a, b = got.get_batch(ids), want.get_batch(ids)
     assert all(torch.equal(a[k], b[k]) for k in b)
-    again = open_location({"kind": kind, "path": where, "options": remote.open_options})
+    assert index_location(remote)["path"] == where
+    again = open_location(index_location(remote))
     assert again.fingerprint == local.fingerprint
 
 
