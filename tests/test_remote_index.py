@@ -264,6 +264,8 @@ def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
     assert capsys.readouterr().out.rstrip().endswith(", manifest.json last")
     remote = ShardedIndex.open(url)
     assert isinstance(remote, Index) and isinstance(local, Index)
+    with pytest.raises(ValueError, match="takes no dataset: its shards hold the tokens"):  # was an AttributeError
+        PackedDataset(remote, remote.layout(config), dataset=small_corpus)
     assert str(remote.shards[0].path).startswith(f"{s3_bucket}/sharded/shards/index-")  # ../shards, in the bucket
     got, want = PackedDataset(remote, remote.layout(config)), PackedDataset(local, local.layout(config))
     assert str(got.layout.path).startswith(f"{url}/layouts/bestfit-")  # the pushed layout, not one computed in RAM

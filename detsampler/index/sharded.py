@@ -297,6 +297,13 @@ class ShardedIndex:
         for shard in self.shards:
             shard.check_tokenizer(tokenizer)
 
+    def check_dataset(self, dataset: Any, text_column: str | None = None) -> None:
+        """Always raises: a sharded index reads its shards' stored tokens, it takes no dataset."""
+        raise ValueError(
+            f"sharded index {str(self.path)!r} takes no dataset: its shards hold the tokens (no on-the-fly "
+            "tokenization); pass dataset=None"
+        )
+
     def layout(self, config: LayoutConfig, num_proc: int = 1, progress: bool = False) -> Layout:
         """The layout ``config`` over all shards' documents, persisted in ``layouts/`` beside the manifest."""
         from detsampler.index.layouts import open_layout
