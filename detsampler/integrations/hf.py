@@ -43,6 +43,7 @@ from detsampler.integrations import require
 require("accelerate", "hf")
 transformers = require("transformers", "hf")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate.data_loader import DataLoaderDispatcher  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
@@ -50,6 +51,7 @@ from torch.utils.data._utils.collate import default_collate  # noqa: E402
 from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
+from detsampler.boundaries import flatten  # noqa: E402
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
@@ -61,6 +63,7 @@ __all__ = [
     "CausalLMCollator",
     "DetsamplerTrainer",
     "DetsamplerTrainerMixin",
+    "FlatteningCollator",
     "causal_lm_collator",
     "prepare_data_loader",
     "sample_id_dataset",
@@ -122,23 +125,79 @@ class CausalLMCollator:
         return out
 
     def _batched(self, samples: Any) -> dict[str, torch.Tensor]:
-        if isinstance(samples, MicroBatch):
-            return samples.batch
-        if isinstance(samples, dict) and "sample_id" not in samples:
-            return samples
-        rows = samples["sample_id"] if isinstance(samples, dict) else None
-        if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
-            if "sample_id" not in samples[0]:
-                return default_collate(list(samples))
-            rows = [row["sample_id"] for row in samples]
-        if rows is not None:
-            if self.reader is None:
-                raise ValueError("rows of sample ids need CausalLMCollator(reader=the PackedDataset they index)")
-            read = self.reader.__getitems__([int(i) for i in rows])
-            return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
-        raise TypeError(
-            f"CausalLMCollator takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}"
+        return _collate(samples, self.reader, type(self).__name__)
+
+
+def _collate(samples: Any, reader: Any, name: str) -> dict[str, torch.Tensor]:
+    """A micro batch of detsampler samples as a dict of ``[B, seq_len]`` tensors (see :class:`CausalLMCollator`)."""
+    if isinstance(samples, MicroBatch):
+        return samples.batch
+    if isinstance(samples, dict) and "sample_id" not in samples:
+        return samples
+    rows = samples["sample_id"] if isinstance(samples, dict) else None
+    if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
+        if "sample_id" not in samples[0]:
+            return default_collate(list(samples))
+        rows = [row["sample_id"] for row in samples]
+    if rows is not None:
+        if reader is None:
+            raise ValueError(f"rows of sample ids need {name}(reader=the PackedDataset they index)")
+        read = reader.__getitems__([int(i) for i in rows])
+        return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
+    raise TypeError(f"{name} takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}")
+
+
+class FlatteningCollator:
+    """A DataLoader ``collate_fn`` from detsampler samples to one padding-free row, as
+    ``transformers.DataCollatorWithFlattening`` (and TRL's ``padding_free=True``) hand a model.
+
+    Takes what :class:`CausalLMCollator` takes, of the four fields (``output="fields"``; a ``loss_mask`` is honoured
+    when present). Every span of the micro batch (an example, or a piece of one) becomes a segment of one row
+    ``[1, total]``, padding left out (:func:`detsampler.boundaries.flatten`); returns the keys
+    ``DataCollatorWithFlattening`` returns with the same options, equal to its output on the same examples:
+    ``input_ids``, ``labels`` (transformers' convention, the model shifts them: -100 at each segment's first position
+    and wherever the dataset's label is -100), ``position_ids`` (restarting at 0 per segment; with
+    ``return_position_ids``), ``cu_seq_lens_q``/``_k`` (int32) and ``max_length_q``/``_k`` (with
+    ``return_flash_attn_kwargs``), ``seq_idx`` (int32, with ``return_seq_idx``). With no ``attention_mask``,
+    transformers masks attention per segment from the position ids (sdpa, eager) or the ``cu_seq_lens`` (flash
+    attention), so no example attends to another; the model must run without a cache (``use_cache=False``).
+    """
+
+    def __init__(
+        self,
+        *,
+        return_position_ids: bool = True,
+        return_flash_attn_kwargs: bool = False,
+        return_seq_idx: bool = False,
+        separator_id: int = IGNORE_INDEX,
+        reader: Any = None,
+    ) -> None:
+        if reader is not None and not _is_packed(reader):
+            raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
+        self.return_position_ids, self.return_seq_idx = bool(return_position_ids), bool(return_seq_idx)
+        self.return_flash_attn_kwargs = bool(return_flash_attn_kwargs)
+        self.separator_id, self.reader = separator_id, reader
+
+    def __repr__(self) -> str:
+        return (
+            f"FlatteningCollator(return_position_ids={self.return_position_ids}, return_flash_attn_kwargs="
+            f"{self.return_flash_attn_kwargs}, return_seq_idx={self.return_seq_idx})"
         )
+
+    def __call__(self, samples: Any) -> dict[str, Any]:
+        batch = _collate(samples, self.reader, type(self).__name__)
+        if "tokens" in batch:
+            raise ValueError(
+                "FlatteningCollator needs the four fields (PackedDataset output='fields'): token ids alone do not say"
+                " where the examples end"
+            )
+        flat = flatten({k: v.numpy() for k, v in batch.items()}, separator_id=self.separator_id)
+        keep = {"input_ids", "labels"}
+        keep |= {"position_ids"} if self.return_position_ids else set()
+        keep |= {"seq_idx"} if self.return_seq_idx else set()
+        if self.return_flash_attn_kwargs:
+            keep |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in flat.items() if k in keep}
 
 
 def _is_packed(dataset: Any) -> bool:
