@@ -94,8 +94,8 @@ class LayoutConfig:
             raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         if self.overlong != "split" and self.kind != "bestfit":
             raise ValueError(
-                f"overlong={self.overlong!r} applies to the bestfit layout only (the {self.kind} layout cuts every"
-                " document into pieces); use kind='bestfit' or overlong='split'"
+                f"overlong={self.overlong!r} applies to the bestfit layout only (the {self.kind} layout packs no whole"
+                " examples); use kind='bestfit' or overlong='split'"
             )
 
 

@@ -115,3 +115,22 @@ def test_a_persisted_layout_keeps_the_policy_in_its_name_record_and_counts(index
         assert TokenIndex.open(index.path).layout(config).path == layout_dir(index, config)
         assert (persisted.path / "layout.json").stat().st_mtime_ns == stamp  # reopened, not rebuilt
     assert len(names) == 3
+
+
+def test_stats_counts_the_truncated_examples_and_the_tokens_lost(capsys, cache_root, small_tokenizer, small_index):
+    from detsampler.cli import main
+
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    assert main(["stats", *base, "--seq-len", "128", "--overlong", "truncate", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["layouts"]
+    extents = np.asarray(small_index.lengths, dtype=np.int64) + 1
+    assert rows["bestfit"]["examples_truncated"] == int((extents > 128).sum()) > 0
+    assert rows["bestfit"]["dropped_tokens"] == int((extents[extents > 128] - 128).sum())
+    assert "overlong" not in rows["concat"] and rows["concat"]["dropped_tokens"] < 128  # its last partial sample
+    assert main(["stats", *base, "--seq-len", "128", "--overlong", "drop"]) == 0
+    n = int((extents > 128).sum())
+    assert f"bestfit: overlong=drop: {n} documents longer than seq_len dropped" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", *base, "--kind", "concat", "--overlong", "drop", "--steps", "0:1"])
+    assert exc.value.code == 2
+    assert "overlong='drop' applies to the bestfit layout only" in capsys.readouterr().err
