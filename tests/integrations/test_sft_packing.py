@@ -187,3 +187,19 @@ def test_flattening_refuses_token_ids_alone(sft_index):
     ds = PackedDataset(sft_index, make_layout(concat, sft_index.lengths), output="tokens")
     with pytest.raises(ValueError, match="FlatteningCollator needs the four fields"):
         FlatteningCollator()(ds.get_batch([0, 1]))
+
+
+@pytest.mark.parametrize(("overlong", "strategy"), [("truncate", "bfd"), ("split", "bfd_split")])
+def test_our_best_fit_packs_as_tightly_as_trls_on_the_same_examples(sft_index, overlong, strategy):
+    """Both are best-fit decreasing over a group of examples (our window of ``window_docs`` examples, TRL's
+    ``datasets.map`` batch of 1,000): on one group holding every example they need the same number of bins, and hold the
+    same tokens (TRL's "bfd" truncates an over-long example, "bfd_split" splits it, as our policies do)."""
+    lengths = np.asarray(sft_index.lengths)
+    config = LayoutConfig(kind="bestfit", seq_len=SEQ_LEN, seed=5, window_docs=1000, overlong=overlong)
+    layout = make_layout(config, lengths)
+    rows = [[*sft_index.document_tokens(d).tolist(), sft_index.eos_id] for d in range(len(lengths))]
+    theirs = pack_dataset(datasets.Dataset.from_dict({"input_ids": rows}), seq_length=SEQ_LEN, strategy=strategy)
+    their_tokens = sum(map(len, theirs["input_ids"]))
+    assert layout.tokens_per_epoch == their_tokens and layout.num_samples == len(theirs)
+    efficiency = layout.tokens_per_epoch / (layout.num_samples * SEQ_LEN)
+    assert efficiency == their_tokens / (len(theirs) * SEQ_LEN) > 0.99
