@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from detsampler import DataFingerprint, Plan, check_resume
 from detsampler.index import TokenIndex
 from detsampler.index.layouts import layout_dir
 from detsampler.layout import OVERLONG_POLICIES, LayoutConfig, make_layout
@@ -34,6 +35,7 @@ def served(layout) -> dict[int, list[tuple[int, int]]]:
 )
 @example(lengths=np.array([5, 50, 3]), seq_len=8, window=2, policy="drop")
 @example(lengths=np.array([7]), seq_len=8, window=1, policy="truncate")  # extent 8 == seq_len: not over-long
+@example(lengths=np.array([20, 30]), seq_len=8, window=1, policy="drop")  # nothing left: refused
 def test_every_kept_example_is_served_exactly_once_per_epoch(lengths, seq_len, window, policy):
     config = LayoutConfig(kind="bestfit", seq_len=seq_len, seed=3, window_docs=window, overlong=policy)
     extents = lengths.astype(np.int64) + 1
@@ -75,6 +77,20 @@ def test_split_is_the_default_and_leaves_every_identity_as_it_was():
     assert default.describe() == split.describe() and "overlong" not in default.describe()
     assert default.describe()["dropped_tokens"] == 0 and default.tokens_per_epoch == int(lengths.sum()) + 6
     assert served(default) == served(split)
+
+
+def test_a_resume_with_another_policy_is_refused():
+    lengths = np.array([5, 70, 3, 40, 18, 9, 64, 1, 33, 12] * 3)
+
+    def fingerprint(policy: str) -> DataFingerprint:
+        layout = make_layout(LayoutConfig(kind="bestfit", seq_len=16, window_docs=8, overlong=policy), lengths)
+        return DataFingerprint.of("idx", layout, Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=2))
+
+    with pytest.raises(ValueError, match="changes the layout"):
+        check_resume(fingerprint("split"), fingerprint("truncate"), 3)
+    with pytest.raises(ValueError, match="changes the layout"):
+        check_resume(fingerprint("truncate"), fingerprint("drop"), 3)
+    check_resume(fingerprint("drop"), fingerprint("drop"), 3)
 
 
 @pytest.mark.parametrize(
