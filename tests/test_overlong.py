@@ -84,7 +84,9 @@ def test_a_resume_with_another_policy_is_refused():
 
     def fingerprint(policy: str) -> DataFingerprint:
         layout = make_layout(LayoutConfig(kind="bestfit", seq_len=16, window_docs=8, overlong=policy), lengths)
-        return DataFingerprint.of("idx", layout, Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=2))
+        return DataFingerprint.of(
+            "idx", layout, Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=2)
+        )
 
     with pytest.raises(ValueError, match="changes the layout"):
         check_resume(fingerprint("split"), fingerprint("truncate"), 3)

@@ -346,7 +346,7 @@ class DetsamplerTrainerMixin:
         self.detsampler_sampler = DeterministicBatchSampler(plan, rank=self.accelerator.process_index)
         args = self.args
         collate = self.data_collator
-        if not isinstance(collate, CausalLMCollator):  # it picks its fields itself; others get the Trainer's removal
+        if not isinstance(collate, (CausalLMCollator, FlatteningCollator)):  # they pick their fields; others: removal
             collate = self._get_collator_with_removed_columns(collate, description="training")
         loader = DataLoader(
             self.train_dataset,

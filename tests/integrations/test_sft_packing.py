@@ -203,3 +203,61 @@ def test_our_best_fit_packs_as_tightly_as_trls_on_the_same_examples(sft_index, o
     assert layout.tokens_per_epoch == their_tokens and layout.num_samples == len(theirs)
     efficiency = layout.tokens_per_epoch / (layout.num_samples * SEQ_LEN)
     assert efficiency == their_tokens / (len(theirs) * SEQ_LEN) > 0.99
+
+
+def sft_step(tmp_path, ds: PackedDataset, collator, plan) -> tuple[float, list[int]]:
+    """One SFTTrainer step (2 micro batches of 2 samples) with the mixin and ``collator``: the logged loss and each
+    micro step's ``num_items_in_batch``."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from detsampler.integrations.hf import DetsamplerTrainerMixin, sample_id_dataset
+
+    class DetsamplerSFTTrainer(DetsamplerTrainerMixin, SFTTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            self.items.append(int(num_items_in_batch))
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    tokenizer = PreTrainedTokenizerFast(  # SFTTrainer wants one; the batches are token ids already
+        tokenizer_object=Tokenizer(WordLevel({"<pad>": 0}, unk_token="<pad>")), pad_token="<pad>", eos_token="<pad>"
+    )
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataset_kwargs={"skip_prepare_dataset": True},
+    )
+    model = tiny_llama(ds.index.vocab_size).train()
+    run = DetsamplerSFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=sample_id_dataset(ds),
+        data_collator=collator,
+        processing_class=tokenizer,
+        plan=plan,
+    )
+    run.items = []
+    run.train()
+    return run.state.log_history[0]["loss"], run.items
+
+
+def test_sfttrainer_with_the_flattening_collator_trains_the_padded_steps_loss(sft_index, tmp_path):
+    from detsampler import Plan
+    from detsampler.integrations.hf import causal_lm_collator
+
+    ds = packed(sft_index)
+    plan = Plan(len(ds), seed=4, global_batch_size=4, micro_batch_size=2)
+    flat_loss, flat_items = sft_step(tmp_path / "flat", ds, FlatteningCollator(reader=ds), plan)
+    padded_loss, padded_items = sft_step(tmp_path / "padded", ds, causal_lm_collator(ds), plan)
+    targets = [int((ds.get_batch(plan.micro_batch(0, a, 0).tolist())["labels"] != -100).sum()) for a in range(2)]
+    assert flat_items == padded_items == [sum(targets)] * 2  # every real target of the step, in both forms
+    assert flat_loss == pytest.approx(padded_loss, rel=1e-5)
