@@ -15,6 +15,7 @@ from detsampler import DataFingerprint, Plan, check_resume
 from detsampler.index import TokenIndex
 from detsampler.index.layouts import layout_dir
 from detsampler.layout import OVERLONG_POLICIES, LayoutConfig, make_layout
+from detsampler.where import document_samples
 from tests.strategies import doc_lengths
 
 
@@ -56,6 +57,9 @@ def test_every_kept_example_is_served_exactly_once_per_epoch(lengths, seq_len, w
         want = {d: [(0, int(e))] for d, e in enumerate(extents) if e <= seq_len}
         lost = int(extents[over].sum())
     assert {d: sorted(s) for d, s in got.items()} == want
+    for d in range(len(lengths)):  # detsampler.where finds each kept example's spans, a dropped one's none
+        found = document_samples(layout, d)
+        assert sorted(zip(found.starts.tolist(), found.stops.tolist())) == want.get(d, [])
     assert np.all(layout.locate(np.arange(layout.num_samples)).num_tokens <= seq_len)
     d = layout.describe()
     assert d["dropped_tokens"] == lost == layout.num_tokens - layout.tokens_per_epoch
