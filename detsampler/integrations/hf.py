@@ -51,7 +51,7 @@ from torch.utils.data._utils.collate import default_collate  # noqa: E402
 from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
-from detsampler.boundaries import flatten  # noqa: E402
+from detsampler.boundaries import flatten, sequence_boundaries  # noqa: E402
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
@@ -94,17 +94,34 @@ class CausalLMCollator:
       cache, transformers masks attention per run of increasing positions, so each document attends only to itself;
       with its default ``use_cache=True`` it would build a cache and skip that (documents would attend across).
 
+    - ``cu_seq_lens_q``/``_k`` (int32) and ``max_length_q``/``_k`` (with ``flash_attn_kwargs=True``): the example
+      boundaries of the micro batch flattened to ``[B * seq_len]`` (:func:`detsampler.boundaries.sequence_boundaries`:
+      a row's padding is a segment of its own), which transformers' flash-attention path passes to the varlen kernel
+      with the batch reshaped to one row, so attention stops at every example at any batch size (from the positions
+      alone it does so only at batch size 1). sdpa and eager ignore them. Not run on a GPU in this repository's tests.
+
     ``document_ids`` are not passed: transformers' causal LMs take no such argument (the positions carry the same
     boundaries).
     """
 
-    def __init__(self, *, position_ids: bool = True, shift_labels: bool = True, reader: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        position_ids: bool = True,
+        shift_labels: bool = True,
+        flash_attn_kwargs: bool = False,
+        reader: Any = None,
+    ) -> None:
         if reader is not None and not _is_packed(reader):
             raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
         self.position_ids, self.shift_labels, self.reader = bool(position_ids), bool(shift_labels), reader
+        self.flash_attn_kwargs = bool(flash_attn_kwargs)
 
     def __repr__(self) -> str:
-        return f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels})"
+        return (
+            f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels}, "
+            f"flash_attn_kwargs={self.flash_attn_kwargs})"
+        )
 
     def __call__(self, samples: Any) -> dict[str, Any]:
         batch = self._batched(samples)
@@ -122,6 +139,13 @@ class CausalLMCollator:
         if self.position_ids and positions is not None:
             out["position_ids"] = positions
             out["use_cache"] = False
+        if self.flash_attn_kwargs:
+            docs = batch.get("document_ids")
+            if positions is None:  # no position ids given: each row is one sequence
+                positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
+            cu, longest = sequence_boundaries(positions.numpy(), None if docs is None else docs.numpy())
+            out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = torch.from_numpy(cu)
+            out["max_length_q"] = out["max_length_k"] = longest
         return out
 
     def _batched(self, samples: Any) -> dict[str, torch.Tensor]:

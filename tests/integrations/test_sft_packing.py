@@ -261,3 +261,31 @@ def test_sfttrainer_with_the_flattening_collator_trains_the_padded_steps_loss(sf
     targets = [int((ds.get_batch(plan.micro_batch(0, a, 0).tolist())["labels"] != -100).sum()) for a in range(2)]
     assert flat_items == padded_items == [sum(targets)] * 2  # every real target of the step, in both forms
     assert flat_loss == pytest.approx(padded_loss, rel=1e-5)
+
+
+def test_the_padded_collator_hands_the_boundaries_of_the_flattened_batch(sft_index):
+    """``CausalLMCollator(flash_attn_kwargs=True)``: the ``[B, seq_len]`` batch's boundaries over ``B * seq_len``, as
+    transformers' flash path reads them (it reshapes the batch to one row); sdpa takes and ignores them."""
+    ds = packed(sft_index)
+    ids = some_ids(ds)
+    batch = ds.get_batch(ids)
+    padded = CausalLMCollator(flash_attn_kwargs=True)(batch)
+    cu, longest = sequence_boundaries(batch["position_ids"].numpy(), batch["document_ids"].numpy())
+    assert padded["cu_seq_lens_q"].dtype == torch.int32 and padded["cu_seq_lens_q"].tolist() == cu.tolist()
+    assert (
+        torch.equal(padded["cu_seq_lens_k"], padded["cu_seq_lens_q"])
+        and padded["cu_seq_lens_q"][-1] == batch["input_ids"].numel()
+    )
+    assert padded["max_length_q"] == padded["max_length_k"] == longest
+    # the segments are the flat row's examples, each row's padding a segment of its own
+    flat = FlatteningCollator(return_flash_attn_kwargs=True)(batch)
+    lengths = padded["cu_seq_lens_q"].diff()
+    pad = [int((row < 0).sum()) for row in batch["document_ids"]]
+    assert sorted(lengths.tolist()) == sorted(flat["cu_seq_lens_q"].diff().tolist() + [p for p in pad if p])
+    model = tiny_llama(sft_index.vocab_size)
+    assert loss(model, padded) == pytest.approx(loss(model, CausalLMCollator()(batch)), rel=1e-6)
+    concat = PackedDataset(sft_index, make_layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN), sft_index.lengths))
+    rows = CausalLMCollator(flash_attn_kwargs=True)(
+        PackedDataset(concat.index, concat.layout, output="tokens").get_batch([0, 1])
+    )
+    assert rows["cu_seq_lens_q"].tolist() == [0, SEQ_LEN, 2 * SEQ_LEN]  # concat: a row is one sequence
