@@ -57,6 +57,9 @@ def test_every_kept_example_is_served_exactly_once_per_epoch(lengths, seq_len, w
         want = {d: [(0, int(e))] for d, e in enumerate(extents) if e <= seq_len}
         lost = int(extents[over].sum())
     assert {d: sorted(s) for d, s in got.items()} == want
+    n = layout.num_samples  # the plan serves every bin once per epoch, so every kept example once, epochs reshuffled
+    ids = Plan(n, seed=7, global_batch_size=1, micro_batch_size=1).stream.sample_ids(np.arange(2 * n))
+    assert sorted(ids[:n].tolist()) == sorted(ids[n:].tolist()) == list(range(n))
     for d in range(len(lengths)):  # detsampler.where finds each kept example's spans, a dropped one's none
         found = document_samples(layout, d)
         assert sorted(zip(found.starts.tolist(), found.stops.tolist())) == want.get(d, [])
