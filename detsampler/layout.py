@@ -14,13 +14,15 @@ L)``
   consecutive pieces of ``L`` positions (the last one shorter); the rest of a sample is padding.
 - ``bestfit``: within windows of ``window_docs`` consecutive documents, documents are cut into pieces of ``L`` positions
   (only documents longer than ``L`` are cut) and the pieces are packed into bins of ``L`` by best-fit decreasing
-  (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again.
+  (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again. A
+  document longer than ``L`` positions follows ``LayoutConfig.overlong``: cut into pieces (``split``, the default),
+  cut to its first ``L`` positions (``truncate``) or left out (``drop``); every kept document once per epoch.
 
 Each layout holds a few arrays: computed in RAM from the lengths (:func:`make_layout`), or given, e.g. memory maps of a
 persisted layout (:mod:`detsampler.index.layouts`, which stores the document order too); it then holds nothing of size
 D, and reads the order from the given array, or computes it pointwise (:func:`documents_at`) when none is given.
 For ``document`` and ``bestfit`` every position of every document lies in exactly one sample per epoch
-(tests/test_layout.py).
+(tests/test_layout.py; with ``overlong="truncate"`` or ``"drop"``, every position kept: tests/test_overlong.py).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ __all__ = [
     "config_record",
     "document_order",
     "documents_at",
+    "fit_overlong",
     "make_layout",
+    "overlong_counts",
     "pack_best_fit",
 ]
 
