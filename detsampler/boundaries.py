@@ -68,7 +68,8 @@ def flatten(fields: Mapping[str, np.ndarray], *, separator_id: int = IGNORE_INDE
     same examples: ``input_ids``, ``labels``, ``position_ids`` (int64 ``[1, total]``), ``seq_idx`` (int32
     ``[1, total]``), ``cu_seq_lens_q``/``_k`` (int32 ``[segments + 1]``) and ``max_length_q``/``_k`` (int).
     ``total`` is the number of non-padding positions; ``labels[0, t]`` is the target of position ``t - 1`` and
-    ``separator_id`` at each segment's first position."""
+    ``separator_id`` at each segment's first position. A segment's last target has no place in the row: for a span it
+    is -100 anyway; a ``concat`` row (one segment) loses the target of its last position, as in transformers."""
     missing = [k for k in ("input_ids", "labels", "position_ids", "document_ids") if k not in fields]
     if missing:
         raise ValueError(f"flatten needs the packed dataset's fields (output='fields'); missing {missing}")
