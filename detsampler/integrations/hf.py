@@ -85,7 +85,8 @@ class CausalLMCollator:
     - ``labels`` in transformers' convention, which the model shifts: ``labels[:, t + 1]`` is the target of position
       ``t`` (``-100`` at position 0, which is nobody's target); the last position's target does not fit in it;
     - ``shift_labels`` (with ``shift_labels=True``): the targets as the dataset gives them, ``shift_labels[:, t]`` that
-      of position ``t``, ``-100`` where the layout masks (document ends, padding). ``ForCausalLMLoss`` (and TRL's fused
+      of position ``t``, ``-100`` where the layout masks (document ends, padding) and where a ``loss_mask`` in the
+      batch is False. ``ForCausalLMLoss`` (and TRL's fused
       head) use them instead of shifting ``labels``, and ``Trainer`` counts ``num_items_in_batch`` from them, so the
       last position's target counts too. Only for models whose ``forward`` passes its ``**kwargs`` to the loss (every
       transformers causal LM);
@@ -131,6 +132,8 @@ class CausalLMCollator:
             positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
+            if "loss_mask" in batch:  # True where the position's label counts (the dataset's labels already say so)
+                targets = torch.where(batch["loss_mask"].bool(), targets, IGNORE_INDEX)
         labels = torch.full_like(targets, IGNORE_INDEX)
         labels[:, 1:] = targets[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels}

@@ -289,3 +289,16 @@ def test_the_padded_collator_hands_the_boundaries_of_the_flattened_batch(sft_ind
         PackedDataset(concat.index, concat.layout, output="tokens").get_batch([0, 1])
     )
     assert rows["cu_seq_lens_q"].tolist() == [0, SEQ_LEN, 2 * SEQ_LEN]  # concat: a row is one sequence
+
+
+def test_both_collators_honour_a_loss_mask_whose_labels_were_left_unmasked(sft_index):
+    ds = packed(sft_index)
+    batch = ds.get_batch(some_ids(ds))
+    masked = with_prompt_masked(batch)
+    mask_only = {**batch, "loss_mask": masked["loss_mask"]}  # the labels as the layout gives them
+    for collator in (CausalLMCollator(), FlatteningCollator(return_flash_attn_kwargs=True)):
+        want, got = collator(masked), collator(mask_only)
+        assert sorted(want) == sorted(got)
+        for key, value in want.items():
+            assert torch.equal(got[key], value) if isinstance(value, torch.Tensor) else got[key] == value, key
+    assert int((CausalLMCollator()(mask_only)["shift_labels"] != -100).sum()) < int((batch["labels"] != -100).sum())
