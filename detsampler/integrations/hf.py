@@ -218,7 +218,7 @@ class FlatteningCollator:
                 "FlatteningCollator needs the four fields (PackedDataset output='fields'): token ids alone do not say"
                 " where the examples end"
             )
-        flat = flatten({k: v.numpy() for k, v in batch.items()}, separator_id=self.separator_id)
+        flat = flatten(batch, separator_id=self.separator_id)  # numpy reads the tensors in place
         keep = {"input_ids", "labels"}
         keep |= {"position_ids"} if self.return_position_ids else set()
         keep |= {"seq_idx"} if self.return_seq_idx else set()
