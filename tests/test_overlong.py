@@ -159,3 +159,6 @@ def test_stats_counts_the_truncated_examples_and_the_tokens_lost(capsys, cache_r
         main(["verify", *base, "--kind", "concat", "--overlong", "drop", "--steps", "0:1"])
     assert exc.value.code == 2
     assert "overlong='drop' applies to the bestfit layout only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["build", *base, "--overlong", "truncate"])  # no --layout: the option would be ignored
+    assert exc.value.code == 2 and "--overlong shapes the layout that only --layout builds" in capsys.readouterr().err
