@@ -42,6 +42,7 @@ gpu-check:
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m pip install -q --no-deps "axolotl==0.19.0"  # benchmark 16: its multipack sampler only (numba: bench extra)
 	$(PY) -m tests.benchmarks.run_all
 
 clean:

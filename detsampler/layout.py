@@ -14,13 +14,15 @@ L)``
   consecutive pieces of ``L`` positions (the last one shorter); the rest of a sample is padding.
 - ``bestfit``: within windows of ``window_docs`` consecutive documents, documents are cut into pieces of ``L`` positions
   (only documents longer than ``L`` are cut) and the pieces are packed into bins of ``L`` by best-fit decreasing
-  (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again.
+  (:mod:`detsampler.packing`). A sample is a bin; every window is packed when the layout is made, never again. A
+  document longer than ``L`` positions follows ``LayoutConfig.overlong``: cut into pieces (``split``, the default),
+  cut to its first ``L`` positions (``truncate``) or left out (``drop``); every kept document once per epoch.
 
 Each layout holds a few arrays: computed in RAM from the lengths (:func:`make_layout`), or given, e.g. memory maps of a
 persisted layout (:mod:`detsampler.index.layouts`, which stores the document order too); it then holds nothing of size
 D, and reads the order from the given array, or computes it pointwise (:func:`documents_at`) when none is given.
 For ``document`` and ``bestfit`` every position of every document lies in exactly one sample per epoch
-(tests/test_layout.py).
+(tests/test_layout.py; with ``overlong="truncate"`` or ``"drop"``, every position kept: tests/test_overlong.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from detsampler.ranges import concat_ranges
 __all__ = [
     "LAYOUTS",
     "LAYOUT_KINDS",
+    "OVERLONG_POLICIES",
     "BestFitLayout",
     "BinPacking",
     "ConcatLayout",
@@ -47,13 +50,19 @@ __all__ = [
     "LayoutConfig",
     "LayoutKind",
     "Spans",
+    "config_record",
     "document_order",
     "documents_at",
+    "fit_overlong",
     "make_layout",
+    "overlong_counts",
     "pack_best_fit",
 ]
 
 LayoutKind = Literal["concat", "document", "bestfit"]  # the keys of LAYOUTS (below), for type checkers
+Overlong = Literal["split", "truncate", "drop"]
+OVERLONG_POLICIES: tuple[str, ...] = ("split", "truncate", "drop")
+_OVERLONG_KEYS = {"truncate": "examples_truncated", "drop": "examples_dropped"}  # in describe()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +73,11 @@ class LayoutConfig:
     seq_len: int = 512
     seed: int = 0
     window_docs: int = 1024  # bestfit only: documents packed together
+    # bestfit only: a document of more than seq_len positions (length + 1, its EOS counted) is cut into pieces of
+    # seq_len ("split", as before this option existed), cut to its first seq_len positions ("truncate": the rest, its
+    # EOS included, is never served) or left out ("drop"); counted in describe() (examples_truncated/dropped and
+    # dropped_tokens)
+    overlong: Overlong = "split"
 
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
@@ -80,6 +94,48 @@ class LayoutConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if isinstance(self.window_docs, bool) or not isinstance(self.window_docs, int) or self.window_docs < 1:
             raise ValueError(f"window_docs must be an integer >= 1, got {self.window_docs!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
+        if self.overlong != "split" and self.kind != "bestfit":
+            raise ValueError(
+                f"overlong={self.overlong!r} applies to the bestfit layout only (the {self.kind} layout packs no whole"
+                " examples); use kind='bestfit' or overlong='split'"
+            )
+
+
+def config_record(config: LayoutConfig) -> dict:
+    """The config as recorded in identities (describe(), persisted layouts' keys and records, resume checks): its
+    fields, ``overlong`` left out when it is the default "split", so that every layout made before the option existed
+    keeps its identity."""
+    record = asdict(config)
+    if record["overlong"] == "split":
+        del record["overlong"]
+    return record
+
+
+def fit_overlong(docs: np.ndarray, extents: np.ndarray, config: LayoutConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The documents a best-fit window packs and their extents under ``config.overlong``: all of them ("split"), the
+    extents capped at ``seq_len`` ("truncate"), or only those of at most ``seq_len`` positions ("drop")."""
+    if config.overlong == "truncate":
+        return docs, np.minimum(extents, config.seq_len)
+    if config.overlong == "drop":
+        keep = extents <= config.seq_len
+        return docs[keep], extents[keep]
+    return docs, extents
+
+
+def overlong_counts(lengths: Any, config: LayoutConfig, chunk: int = 1 << 20) -> tuple[int, int]:
+    """``(examples, tokens)``: the documents longer than ``seq_len`` positions and the positions ``config.overlong``
+    leaves out of every epoch (0 for "split"); read ``chunk`` lengths at a time."""
+    if config.overlong == "split":
+        return 0, 0
+    examples, lost = 0, 0
+    for a in range(0, len(lengths), chunk):
+        ext = np.asarray(lengths[a : a + chunk], dtype=np.int64) + 1
+        over = ext[ext > config.seq_len]
+        examples += len(over)
+        lost += int(over.sum()) - (config.seq_len * len(over) if config.overlong == "truncate" else 0)
+    return examples, lost
 
 
 @dataclass(frozen=True)
@@ -303,7 +359,7 @@ class ConcatLayout(_Ordered):
     def describe(self) -> dict:
         used = self.num_samples * self.config.seq_len
         return {
-            **asdict(self.config),
+            **config_record(self.config),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
             "num_samples": self.num_samples,
@@ -350,7 +406,7 @@ class DocumentLayout(_Ordered):
 
     def describe(self) -> dict:
         return {
-            **asdict(self.config),
+            **config_record(self.config),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
             "num_samples": self.num_samples,
@@ -389,20 +445,36 @@ class BestFitLayout(_Ordered):
     labels_cross_documents = False
 
     def __init__(
-        self, config: LayoutConfig, lengths: Any, packing: BinPacking | None = None, num_tokens: int | None = None
+        self,
+        config: LayoutConfig,
+        lengths: Any,
+        packing: BinPacking | None = None,
+        num_tokens: int | None = None,
+        overlong: tuple[int, int] | None = None,
     ) -> None:
         self._init_lengths(config, lengths, in_ram=packing is None)
         self.num_windows = -(-self.num_documents // config.window_docs)
         if packing is None:
             w = config.window_docs
-            docs = [self._order[i * w : (i + 1) * w] for i in range(self.num_windows)]
-            packing = cumulative(pack_windows(docs, [self.lengths[d] + 1 for d in docs], config.seq_len))
+            fitted = [fit_overlong(d, self.lengths[d] + 1, config) for d in self._order_windows(w)]
+            packing = cumulative(pack_windows([d for d, _ in fitted], [e for _, e in fitted], config.seq_len))
             num_tokens = int(self.lengths.sum()) + self.num_documents
+            overlong = overlong_counts(self.lengths, config)
+            if len(packing.bin_items) == 1:
+                raise ValueError(
+                    f"no sample: every document is longer than seq_len={config.seq_len} positions and"
+                    " overlong='drop' leaves them all out"
+                )
         if len(packing.window_bins) != self.num_windows + 1:
             raise ValueError(f"a packing of {len(packing.window_bins) - 1} windows, the layout has {self.num_windows}")
         self.packing = packing
         self.num_tokens = int(num_tokens)
         self.num_samples = len(packing.bin_items) - 1
+        # NOTE: (documents longer than seq_len positions, positions they lose) under config.overlong; (0, 0) for split
+        self.overlong_examples, self.dropped_tokens = overlong if overlong is not None else (0, 0)
+
+    def _order_windows(self, w: int) -> list[np.ndarray]:
+        return [self._order[i * w : (i + 1) * w] for i in range(self.num_windows)]
 
     @property
     def sample_len(self) -> int:
@@ -415,7 +487,7 @@ class BestFitLayout(_Ordered):
 
     @property
     def tokens_per_epoch(self) -> int:
-        return self.num_tokens
+        return self.num_tokens - self.dropped_tokens
 
     def window_documents(self, window: int) -> np.ndarray:
         """The document ids of window ``window``, in the seeded order."""
@@ -433,14 +505,14 @@ class BestFitLayout(_Ordered):
 
     def describe(self) -> dict:
         return {
-            **asdict(self.config),
+            **config_record(self.config),
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
             "num_samples": self.num_samples,
             "num_windows": self.num_windows,
-            "padding_fraction": 1.0 - self.num_tokens / (self.num_samples * self.config.seq_len),
-            "dropped_tokens": 0,
-        }
+            "padding_fraction": 1.0 - self.tokens_per_epoch / (self.num_samples * self.config.seq_len),
+            "dropped_tokens": self.dropped_tokens,
+        } | ({_OVERLONG_KEYS[self.config.overlong]: self.overlong_examples} if self.config.overlong != "split" else {})
 
 
 LAYOUTS: dict[str, type] = {"concat": ConcatLayout, "document": DocumentLayout, "bestfit": BestFitLayout}

@@ -285,6 +285,7 @@ def layout_stats(layout: Layout, plan: Plan, step: int | None = None) -> dict[st
         "padding_fraction": d["padding_fraction"],
         "dropped_tokens": d["dropped_tokens"],
         "steps_per_epoch": layout.num_samples / plan.global_batch_size,
+        **{k: d[k] for k in ("overlong", "examples_truncated", "examples_dropped") if k in d},
     }
     if step is not None:
         row["epochs_at_step"] = plan.consumed(step) / layout.num_samples

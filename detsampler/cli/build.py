@@ -137,6 +137,7 @@ _LAYOUT_OPTIONS = {
     "seq_len": "--seq-len",
     "layout_seed": "--layout-seed",
     "window_docs": "--window-docs",
+    "overlong": "--overlong",
 }
 
 

@@ -79,7 +79,13 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
     plan = record.fingerprint.plan
     configs = record.layout_configs()
     values: dict[str, Any] = {}
-    layout_fields = {"kind": "kind", "seq_len": "seq_len", "layout_seed": "seed", "window_docs": "window_docs"}
+    layout_fields = {
+        "kind": "kind",
+        "seq_len": "seq_len",
+        "layout_seed": "seed",
+        "window_docs": "window_docs",
+        "overlong": "overlong",
+    }
     for dest, name in layout_fields.items():
         found = sorted({getattr(c, name) for c in configs}, key=str)
         values[dest] = found[0] if len(found) == 1 else found

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
@@ -50,6 +50,7 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "seq_len": ("LayoutConfig", "seq_len"),
     "layout_seed": ("LayoutConfig", "seed"),
     "window_docs": ("LayoutConfig", "window_docs"),
+    "overlong": ("LayoutConfig", "overlong"),
     "seed": ("Plan", "seed"),
     "global_batch_size": ("Plan", "global_batch_size"),
     "micro_batch_size": ("Plan", "micro_batch_size"),
@@ -301,6 +302,13 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
         default=d.window_docs,
         help="bestfit: documents packed together (default: %(default)s)",
     )
+    g.add_argument(
+        "--overlong",
+        choices=OVERLONG_POLICIES,
+        default=d.overlong,
+        help="bestfit: a document longer than --seq-len positions is split into pieces, truncated or dropped"
+        " (default: %(default)s)",
+    )
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -369,7 +377,12 @@ def index_config(args: argparse.Namespace) -> IndexConfig:
 def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutConfig:
     """The LayoutConfig of the parsed options, with ``kind`` in place of ``--kind`` when given."""
     return LayoutConfig(
-        kind=kind or args.kind, seq_len=args.seq_len, seed=args.layout_seed, window_docs=args.window_docs
+        kind=kind or args.kind,
+        seq_len=args.seq_len,
+        seed=args.layout_seed,
+        window_docs=args.window_docs,
+        # NOTE: a command that goes through every kind (stats) applies --overlong to bestfit, the kind it shapes
+        overlong="split" if kind not in (None, "bestfit") else args.overlong,
     )
 
 

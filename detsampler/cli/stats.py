@@ -186,6 +186,13 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
             line += f" {row['split']['trained']['tokens']:>15,} {row['split']['skipped']['tokens']:>15,}"
         print(line)
     for k, row in out["layouts"].items():
+        if "overlong" in row:
+            what = "truncated" if row["overlong"] == "truncate" else "dropped"
+            print(
+                f"{k}: overlong={row['overlong']}: {fmt_int(row['examples_' + what])} documents longer than seq_len"
+                f" {what}, {fmt_int(row['dropped_tokens'])} tokens never served"
+            )
+    for k, row in out["layouts"].items():
         counts = row.get("instance_filter")
         if counts is not None:
             print(

@@ -1,7 +1,8 @@
 """Persisted layouts: each layout of an index is built once, written beside the index, and opened by every process as
 memory maps.
 
-A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>]-<key>/`` holds::
+A layout directory ``<index>/layouts/<kind>-L<seq_len>-seed<seed>[-w<window_docs>][-<overlong>]-<key>/`` holds
+(``-<overlong>`` only for a bestfit layout whose ``overlong`` is not the default ``split``)::
 
     ends.npy          int64|int32[D]   concat: stream end of the i-th document of the order (int64); document:
                                        samples up to it (int32 when they fit)
@@ -43,7 +44,6 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,10 @@ from detsampler.layout import (
     DocumentLayout,
     Layout,
     LayoutConfig,
+    config_record,
     documents_at,
+    fit_overlong,
+    overlong_counts,
 )
 from detsampler.packing import LOCKSTEP_DOCS, PACKING_VERSION, Packed, pack_windows
 from detsampler.storage import RemotePath
@@ -86,10 +89,21 @@ def layout_dir(index: Index, config: LayoutConfig) -> Path | RemotePath:
     """Where the layout ``config`` of ``index`` lives (whether built or not)."""
     packing = PACKING_VERSION if config.kind == "bestfit" else 0
     window = config.window_docs if config.kind == "bestfit" else 0
+    # NOTE: overlong joins the key only when not the default, so that layouts built before it existed keep their names
+    overlong = () if config.overlong == "split" else (config.overlong,)
     key = stable_hash64(
-        "layout", LAYOUT_FORMAT_VERSION, MAPPING_VERSION, packing, config.kind, config.seq_len, config.seed, window
+        "layout",
+        LAYOUT_FORMAT_VERSION,
+        MAPPING_VERSION,
+        packing,
+        config.kind,
+        config.seq_len,
+        config.seed,
+        window,
+        *overlong,
     )
-    name = f"{config.kind}-L{config.seq_len}-seed{config.seed}" + (f"-w{window}" if window else "") + f"-{key:016x}"
+    name = f"{config.kind}-L{config.seq_len}-seed{config.seed}" + (f"-w{window}" if window else "")
+    name += "".join(f"-{o}" for o in overlong) + f"-{key:016x}"
     return index.path / "layouts" / name
 
 
@@ -178,7 +192,8 @@ def _pack_block(lengths: np.ndarray, config: LayoutConfig, w0: int, w1: int) -> 
     docs = documents_at(np.arange(w0 * w, min(w1 * w, n)), n, config.seed)
     extents = lengths[docs].astype(np.int64) + 1
     cuts = np.arange(w, len(docs), w)
-    return pack_windows(np.split(docs, cuts), np.split(extents, cuts), config.seq_len)
+    fitted = [fit_overlong(d, e, config) for d, e in zip(np.split(docs, cuts), np.split(extents, cuts))]
+    return pack_windows([d for d, _ in fitted], [e for _, e in fitted], config.seq_len)
 
 
 def _task(args: tuple[str, LayoutConfig, int, int]) -> Any:
@@ -262,6 +277,8 @@ def _write_layout(tmp: Path, index: Index, config: LayoutConfig, num_proc: int, 
     if config.kind == "bestfit":
         counts = _write_bestfit(tmp, lengths, index, config, dtypes, num_proc, progress)
         counts["num_tokens"] = index.num_tokens + index.num_documents
+        if config.overlong != "split":
+            counts["overlong_examples"], counts["dropped_tokens"] = overlong_counts(lengths, config)
     else:
         counts = _write_ends(tmp, lengths, index, config, dtypes, num_proc, progress)
     files = {name: {**write_checksums(tmp, name), "dtype": dt.name} for name, dt in dtypes.items()}
@@ -277,7 +294,7 @@ def _write_layout(tmp: Path, index: Index, config: LayoutConfig, num_proc: int, 
         "format_version": LAYOUT_FORMAT_VERSION,
         "mapping_version": MAPPING_VERSION,
         "packing_version": PACKING_VERSION,
-        "config": asdict(config),
+        "config": config_record(config),
         "index_fingerprint": index.fingerprint,
         "num_documents": index.num_documents,
         **counts,
@@ -331,7 +348,7 @@ def _read_record(path: Path | RemotePath, index: Index, config: LayoutConfig) ->
         "kind": LAYOUT_KIND,
         "format_version": LAYOUT_FORMAT_VERSION,
         "mapping_version": MAPPING_VERSION,
-        "config": asdict(config),
+        "config": config_record(config),
         "index_fingerprint": index.fingerprint,
         "num_documents": index.num_documents,
     }
@@ -372,7 +389,8 @@ def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig) -> La
     )
     if int(packing.window_bins[-1]) != b or int(packing.bin_items[-1]) != m:
         raise TokenIndexError(f"layout {str(path)!r}: its bin counts do not add up to {b} bins of {m} items")
-    return BestFitLayout(config, index.lengths, packing, r["num_tokens"])
+    overlong = (int(r.get("overlong_examples", 0)), int(r.get("dropped_tokens", 0)))
+    return BestFitLayout(config, index.lengths, packing, r["num_tokens"], overlong)
 
 
 class PersistedLayout:

@@ -43,6 +43,7 @@ from detsampler.integrations import require
 require("accelerate", "hf")
 transformers = require("transformers", "hf")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate.data_loader import DataLoaderDispatcher  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
@@ -50,6 +51,7 @@ from torch.utils.data._utils.collate import default_collate  # noqa: E402
 from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
+from detsampler.boundaries import flatten, sequence_boundaries  # noqa: E402
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
@@ -61,6 +63,7 @@ __all__ = [
     "CausalLMCollator",
     "DetsamplerTrainer",
     "DetsamplerTrainerMixin",
+    "FlatteningCollator",
     "causal_lm_collator",
     "prepare_data_loader",
     "sample_id_dataset",
@@ -82,7 +85,8 @@ class CausalLMCollator:
     - ``labels`` in transformers' convention, which the model shifts: ``labels[:, t + 1]`` is the target of position
       ``t`` (``-100`` at position 0, which is nobody's target); the last position's target does not fit in it;
     - ``shift_labels`` (with ``shift_labels=True``): the targets as the dataset gives them, ``shift_labels[:, t]`` that
-      of position ``t``, ``-100`` where the layout masks (document ends, padding). ``ForCausalLMLoss`` (and TRL's fused
+      of position ``t``, ``-100`` where the layout masks (document ends, padding) and where a ``loss_mask`` in the
+      batch is False. ``ForCausalLMLoss`` (and TRL's fused
       head) use them instead of shifting ``labels``, and ``Trainer`` counts ``num_items_in_batch`` from them, so the
       last position's target counts too. Only for models whose ``forward`` passes its ``**kwargs`` to the loss (every
       transformers causal LM);
@@ -91,17 +95,34 @@ class CausalLMCollator:
       cache, transformers masks attention per run of increasing positions, so each document attends only to itself;
       with its default ``use_cache=True`` it would build a cache and skip that (documents would attend across).
 
+    - ``cu_seq_lens_q``/``_k`` (int32) and ``max_length_q``/``_k`` (with ``flash_attn_kwargs=True``): the example
+      boundaries of the micro batch flattened to ``[B * seq_len]`` (:func:`detsampler.boundaries.sequence_boundaries`:
+      a row's padding is a segment of its own), which transformers' flash-attention path passes to the varlen kernel
+      with the batch reshaped to one row, so attention stops at every example at any batch size (from the positions
+      alone it does so only at batch size 1). sdpa and eager ignore them. Not run on a GPU in this repository's tests.
+
     ``document_ids`` are not passed: transformers' causal LMs take no such argument (the positions carry the same
     boundaries).
     """
 
-    def __init__(self, *, position_ids: bool = True, shift_labels: bool = True, reader: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        position_ids: bool = True,
+        shift_labels: bool = True,
+        flash_attn_kwargs: bool = False,
+        reader: Any = None,
+    ) -> None:
         if reader is not None and not _is_packed(reader):
             raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
         self.position_ids, self.shift_labels, self.reader = bool(position_ids), bool(shift_labels), reader
+        self.flash_attn_kwargs = bool(flash_attn_kwargs)
 
     def __repr__(self) -> str:
-        return f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels})"
+        return (
+            f"CausalLMCollator(position_ids={self.position_ids}, shift_labels={self.shift_labels}, "
+            f"flash_attn_kwargs={self.flash_attn_kwargs})"
+        )
 
     def __call__(self, samples: Any) -> dict[str, Any]:
         batch = self._batched(samples)
@@ -111,6 +132,8 @@ class CausalLMCollator:
             positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
+            if "loss_mask" in batch:  # True where the position's label counts (the dataset's labels already say so)
+                targets = torch.where(batch["loss_mask"].bool(), targets, IGNORE_INDEX)
         labels = torch.full_like(targets, IGNORE_INDEX)
         labels[:, 1:] = targets[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels}
@@ -119,26 +142,89 @@ class CausalLMCollator:
         if self.position_ids and positions is not None:
             out["position_ids"] = positions
             out["use_cache"] = False
+        if self.flash_attn_kwargs:
+            docs = batch.get("document_ids")
+            if positions is None:  # no position ids given: each row is one sequence
+                positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
+            cu, longest = sequence_boundaries(positions.numpy(), None if docs is None else docs.numpy())
+            out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = torch.from_numpy(cu)
+            out["max_length_q"] = out["max_length_k"] = longest
         return out
 
     def _batched(self, samples: Any) -> dict[str, torch.Tensor]:
-        if isinstance(samples, MicroBatch):
-            return samples.batch
-        if isinstance(samples, dict) and "sample_id" not in samples:
-            return samples
-        rows = samples["sample_id"] if isinstance(samples, dict) else None
-        if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
-            if "sample_id" not in samples[0]:
-                return default_collate(list(samples))
-            rows = [row["sample_id"] for row in samples]
-        if rows is not None:
-            if self.reader is None:
-                raise ValueError("rows of sample ids need CausalLMCollator(reader=the PackedDataset they index)")
-            read = self.reader.__getitems__([int(i) for i in rows])
-            return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
-        raise TypeError(
-            f"CausalLMCollator takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}"
+        return _collate(samples, self.reader, type(self).__name__)
+
+
+def _collate(samples: Any, reader: Any, name: str) -> dict[str, torch.Tensor]:
+    """A micro batch of detsampler samples as a dict of ``[B, seq_len]`` tensors (see :class:`CausalLMCollator`)."""
+    if isinstance(samples, MicroBatch):
+        return samples.batch
+    if isinstance(samples, dict) and "sample_id" not in samples:
+        return samples
+    rows = samples["sample_id"] if isinstance(samples, dict) else None
+    if rows is None and isinstance(samples, Sequence) and samples and isinstance(samples[0], dict):
+        if "sample_id" not in samples[0]:
+            return default_collate(list(samples))
+        rows = [row["sample_id"] for row in samples]
+    if rows is not None:
+        if reader is None:
+            raise ValueError(f"rows of sample ids need {name}(reader=the PackedDataset they index)")
+        read = reader.__getitems__([int(i) for i in rows])
+        return read.batch if isinstance(read, MicroBatch) else default_collate(list(read))
+    raise TypeError(f"{name} takes detsampler samples (a MicroBatch or dicts), got {type(samples).__name__}")
+
+
+class FlatteningCollator:
+    """A DataLoader ``collate_fn`` from detsampler samples to one padding-free row, as
+    ``transformers.DataCollatorWithFlattening`` (and TRL's ``padding_free=True``) hand a model.
+
+    Takes what :class:`CausalLMCollator` takes, of the four fields (``output="fields"``; a ``loss_mask`` is honoured
+    when present). Every span of the micro batch (an example, or a piece of one) becomes a segment of one row
+    ``[1, total]``, padding left out (:func:`detsampler.boundaries.flatten`); returns the keys
+    ``DataCollatorWithFlattening`` returns with the same options, equal to its output on the same examples:
+    ``input_ids``, ``labels`` (transformers' convention, the model shifts them: -100 at each segment's first position
+    and wherever the dataset's label is -100), ``position_ids`` (restarting at 0 per segment; with
+    ``return_position_ids``), ``cu_seq_lens_q``/``_k`` (int32) and ``max_length_q``/``_k`` (with
+    ``return_flash_attn_kwargs``), ``seq_idx`` (int32, with ``return_seq_idx``). With no ``attention_mask``,
+    transformers masks attention per segment from the position ids (sdpa, eager) or the ``cu_seq_lens`` (flash
+    attention), so no example attends to another; the model must run without a cache (``use_cache=False``).
+    """
+
+    def __init__(
+        self,
+        *,
+        return_position_ids: bool = True,
+        return_flash_attn_kwargs: bool = False,
+        return_seq_idx: bool = False,
+        separator_id: int = IGNORE_INDEX,
+        reader: Any = None,
+    ) -> None:
+        if reader is not None and not _is_packed(reader):
+            raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
+        self.return_position_ids, self.return_seq_idx = bool(return_position_ids), bool(return_seq_idx)
+        self.return_flash_attn_kwargs = bool(return_flash_attn_kwargs)
+        self.separator_id, self.reader = separator_id, reader
+
+    def __repr__(self) -> str:
+        return (
+            f"FlatteningCollator(return_position_ids={self.return_position_ids}, return_flash_attn_kwargs="
+            f"{self.return_flash_attn_kwargs}, return_seq_idx={self.return_seq_idx})"
         )
+
+    def __call__(self, samples: Any) -> dict[str, Any]:
+        batch = _collate(samples, self.reader, type(self).__name__)
+        if "tokens" in batch:
+            raise ValueError(
+                "FlatteningCollator needs the four fields (PackedDataset output='fields'): token ids alone do not say"
+                " where the examples end"
+            )
+        flat = flatten(batch, separator_id=self.separator_id)  # numpy reads the tensors in place
+        keep = {"input_ids", "labels"}
+        keep |= {"position_ids"} if self.return_position_ids else set()
+        keep |= {"seq_idx"} if self.return_seq_idx else set()
+        if self.return_flash_attn_kwargs:
+            keep |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in flat.items() if k in keep}
 
 
 def _is_packed(dataset: Any) -> bool:
@@ -287,7 +373,7 @@ class DetsamplerTrainerMixin:
         self.detsampler_sampler = DeterministicBatchSampler(plan, rank=self.accelerator.process_index)
         args = self.args
         collate = self.data_collator
-        if not isinstance(collate, CausalLMCollator):  # it picks its fields itself; others get the Trainer's removal
+        if not isinstance(collate, (CausalLMCollator, FlatteningCollator)):  # they pick their fields; others: removal
             collate = self._get_collator_with_removed_columns(collate, description="training")
         loader = DataLoader(
             self.train_dataset,

@@ -364,6 +364,28 @@ def _where(md: str) -> list[Row]:
     ]
 
 
+def _sft_packing(md: str) -> list[Row]:
+    t = _table(md, "Packing efficiency")
+    out = []
+    for seq_len in sorted({r["seq_len"] for r in t.rows}, key=int):
+        rows = {r["packing"]: r["efficiency"] for r in t.rows if r["seq_len"] == seq_len}
+        peers = [
+            (rows["Axolotl multipack (lengths cut at seq_len)"], "Axolotl multipack"),
+            (rows["TRL pack_dataset bfd (truncates)"], "TRL bfd"),
+        ]
+        examples = t.title.split(" of ")[1].split(" examples")[0]
+        out.append(
+            (
+                f"SFT packing efficiency, seq_len {seq_len}, {examples} examples (benchmark 16)",
+                f"bestfit, truncate: {rows['detsampler bestfit, truncate, window 1,024']} (default window), "
+                f"{rows['detsampler bestfit, truncate, one window']} (one window) (targets: "
+                f"{_verdict(md, f'seq_len {seq_len}: packing')})",
+                "; ".join(f"{name} {cell}" for cell, name in sorted(peers, key=lambda p: -value(p[0]))),
+            )
+        )
+    return out
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "resume": _resume,
     "memory": _memory,
@@ -378,6 +400,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "corpus_scale": _corpus_scale,
     "shard_build": _shard_build,
     "where": _where,
+    "sft_packing": _sft_packing,
 }
 
 

@@ -64,6 +64,7 @@ ORDER = {
     "corpus_scale": 11,
     "shard_build": 12,
     "where": 13,
+    "sft_packing": 16,  # 14, 15: benchmarks of other branches
 }
 PACKAGES = (
     "numpy",
