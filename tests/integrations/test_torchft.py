@@ -1,0 +1,209 @@
+"""torchft (0.2.0), real: its lighthouse on loopback, replica groups as processes over gloo, one SIGKILLed mid-step and
+restarted; every committed step trains exactly the plan's global batch. And the split itself, by property."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+from torchft.coordination import LighthouseServer
+from torchft.data import DistributedSampler as TorchftDistributedSampler
+
+from detsampler.integrations.torchft import FaultTolerantSampler, ReplicaShare, replica_share
+from tests.integrations._torchft_child import GLOBAL_BATCH, features, plan_of
+
+ROOT = Path(__file__).resolve().parents[2]
+KILL_STEP = 4
+
+
+# -- the split, pure
+# ----------------------------------------------------------------------------------------------------
+
+
+@given(size=st.integers(0, 40), participants=st.integers(1, 6), group_world_size=st.integers(1, 4))
+@example(size=7, participants=3, group_world_size=1)
+@example(size=2, participants=3, group_world_size=2)  # fewer samples than slots: some shares are empty
+def test_the_shares_of_a_quorum_partition_the_global_batch_in_order(size, participants, group_world_size):
+    batch = np.arange(100, 100 + size, dtype=np.int64)
+    shares = [
+        replica_share(batch, p, participants, r, group_world_size)
+        for p in range(participants)
+        for r in range(group_world_size)
+    ]
+    assert np.array_equal(np.concatenate(shares), batch)
+    lengths = [len(s) for s in shares]
+    assert max(lengths) - min(lengths) <= 1
+
+
+def test_a_group_that_is_not_participating_reads_nothing_and_weighs_nothing():
+    assert replica_share(np.arange(7), None, 2).size == 0
+    share = ReplicaShare(3, np.arange(0), None, 2, 1, 7)
+    assert share.loss_scale == 0.0
+    assert ReplicaShare(3, np.arange(4), 0, 2, 2, 7).loss_scale == 4 / 7
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((3, 3, 0, 1), "Got participating_rank 3, allowed values are in [0, 3)"),
+        ((-1, 3, 0, 1), "Got participating_rank -1"),
+        ((0, 0, 0, 1), "num_participants must be an integer >= 1, got 0"),
+        ((0, 2, 2, 2), "Got group_rank 2, allowed values are in [0, 2)"),
+        ((0, 2, 0, 0), "group_world_size must be an integer >= 1, got 0"),
+        ((0.0, 2, 0, 1), "Got participating_rank 0.0"),
+    ],
+)
+def test_a_rank_outside_its_world_is_refused(args, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        replica_share(np.arange(7), *args)
+
+
+def test_a_share_before_the_quorum_is_refused(tmp_path):
+    """``share()`` before ``start_quorum()``: torchft's manager reports 0 participants; refused, not an empty share."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torchft import Manager, ProcessGroupGloo
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(),
+        min_replica_size=1,
+        load_state_dict=None,
+        state_dict=None,
+        replica_id="solo",
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse.address(),
+        hostname="127.0.0.1",
+        connect_timeout=timedelta(seconds=10),
+    )
+    try:
+        with pytest.raises(RuntimeError, match=r"call share\(\) after manager.start_quorum\(\)"):
+            FaultTolerantSampler(manager, plan_of()).share()
+    finally:
+        manager.shutdown(wait=False)
+        lighthouse.shutdown()
+
+
+def test_torchfts_own_sampler_loses_the_slice_of_a_group_that_is_down():
+    """torchft's ``DistributedSampler`` (meta-pytorch/torchft#186, #292): a fixed slice per group; with group 2 of 3
+    down, its third of the data is never read and each step's global batch shrinks from 3 to 2 group batches."""
+    dataset = list(range(30))
+    read = {
+        g: list(TorchftDistributedSampler(dataset, replica_rank=g, num_replica_groups=3, group_rank=0, num_replicas=1))
+        for g in range(3)
+    }
+    alive = read[0] + read[1]
+    assert len(alive) == 20 and set(alive).isdisjoint(read[2]) and len(read[2]) == 10
+
+
+# -- the real thing: 3 replica groups, one killed and restarted
+# -----------------------------------------------------------------------
+
+
+def _start(lighthouse: str, replica: int, out: Path, life: int, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RUST_LOG="warn")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations._torchft_child", lighthouse, str(replica), str(out), str(life)]
+        + list(extra),
+        cwd=ROOT,
+        env=env,
+        stdout=open(out / f"out-{replica}-{life}.txt", "w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(out.glob("log-*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def _wait_for(condition, procs, out: Path, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            tails = "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(out.glob("out-*.txt")))
+            raise AssertionError(f"timed out or a group failed waiting for {what}:\n{tails}")
+        time.sleep(0.1)
+
+
+def _reference_gradient(params: list[list[float]], ids: np.ndarray) -> list[list[float]]:
+    """The mean squared-error gradient of the whole global batch on one process (what every committed step should
+    apply, whatever the split)."""
+    model = torch.nn.Linear(2, 1).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(params[0], dtype=torch.float64).view(1, 2))
+        model.bias.copy_(torch.tensor(params[1], dtype=torch.float64))
+    x, y = features(ids)
+    ((model(x) - y) ** 2).mean().backward()
+    return [model.weight.grad.flatten().tolist(), model.bias.grad.flatten().tolist()]
+
+
+@pytest.mark.slow
+def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
+    out = tmp_path
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500)
+    procs: list[subprocess.Popen] = []
+    try:
+        address = lighthouse.address()
+        procs += [_start(address, 0, out, 0), _start(address, 1, out, 0), _start(address, 2, out, 0, str(KILL_STEP))]
+        _wait_for(lambda: (out / "ready-2").exists(), procs, out, 60, "group 2 to reach the kill step")
+        procs[2].send_signal(signal.SIGKILL)  # mid-step: it took part in the quorum, its gradient never comes
+        procs[2].wait(timeout=10)
+        killed_at = int((out / "ready-2").read_text())
+        procs.append(_start(address, 2, out, 1))
+        rejoined = lambda: any(r["replica"] == 2 and r["life"] == 1 and r["rank"] is not None for r in _rows(out))
+        _wait_for(rejoined, procs[:2] + procs[3:], out, 60, "group 2 to take part again")
+        (out / "stop").write_text(str(max(r["step"] for r in _rows(out)) + 4))
+        for p in procs[:2] + procs[3:]:
+            assert p.wait(timeout=60) == 0, out / f"out-{procs.index(p)}.txt"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        lighthouse.shutdown()
+
+    rows = _rows(out)
+    plan = plan_of()
+    committed = defaultdict(list)
+    for r in rows:
+        if r["committed"] and r["rank"] is not None:
+            committed[r["step"]].append(r)
+    last = max(committed)
+    assert sorted(committed) == list(range(last + 1))  # every step up to the last committed, none skipped
+    for step, group_rows in committed.items():
+        # nothing lost, nothing trained twice: the committed shares of the step are the plan's global batch, exactly
+        ids = Counter(i for r in group_rows for i in r["ids"])
+        assert ids == Counter(plan.global_batch(step).tolist()), step
+        assert sum(ids.values()) == GLOBAL_BATCH
+        assert sorted(r["rank"] for r in group_rows) == list(range(group_rows[0]["participants"]))
+        # the groups agree on the model, and the averaged gradient is the whole batch's mean, whatever the shares
+        assert all(r["params"] == group_rows[0]["params"] for r in group_rows)
+        expected = _reference_gradient(group_rows[0]["params"], plan.global_batch(step))
+        for r in group_rows:
+            np.testing.assert_allclose(np.concatenate(r["grad"]), np.concatenate(expected), rtol=1e-12, atol=1e-14)
+
+    participants = {step: rs[0]["participants"] for step, rs in committed.items()}
+    # the kill: group 2 held the quorum of step killed_at; the others' commit failed and the step was trained again,
+    # on the same samples, by the next quorum of the survivors (both, or one while the other was still timing out and
+    # healed at the step after); the restarted group 2 healed, then took part again
+    failed = [r for r in rows if r["step"] == killed_at and not r["committed"] and r["replica"] != 2]
+    assert failed and all(r["participants"] == 3 for r in failed)
+    assert participants[killed_at] < 3 and participants[last] == 3
+    assert not any(r["committed"] and r["step"] >= killed_at for r in rows if r["replica"] == 2 and r["life"] == 0)
