@@ -181,6 +181,10 @@ def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
 
     rows = _rows(out)
     plan = plan_of()
+    for r in sorted(rows, key=lambda r: (r["step"], r["committed"], r["replica"])):  # docs/usage.md, "Elastic"
+        who = f"group {r['replica']}{' (restarted)' if r['life'] else ''}"
+        rank = "healing" if r["rank"] is None else f"rank {r['rank']} of {r['participants']}"
+        print(f"step {r['step']:2d}  {who:20s} {rank:12s} {'committed' if r['committed'] else 'failed':9s}  {r['ids']}")
     committed = defaultdict(list)
     for r in rows:
         if r["committed"] and r["rank"] is not None:
