@@ -9,11 +9,11 @@ returns before it sets up the future the hook reads).
 
 The plan: :func:`plan_of` (7 samples a step, so that 2 and 3 groups get unequal shares); the model: a float64
 ``Linear(2, 1)`` on features ``[id / N, 1]`` with target ``sin(id)``, the squared error summed over the share and scaled
-by ``loss_scale``. Each attempt at a step appends ``{"replica", "life", "step", "rank", "participants", "ids",
-"committed", "params", "grad"}`` to OUT_DIR/log-REPLICA-LIFE.jsonl (``params`` before the step, ``grad`` after torchft's
-allreduce). With KILL_STEP, the group writes OUT_DIR/ready-REPLICA at the first step >= KILL_STEP that 3 groups take
-part in, between the quorum and the backward pass, and sleeps there (the test SIGKILLs it). The groups stop at the
-step written in OUT_DIR/stop (MAX_STEPS until then).
+by ``loss_scale``. Each attempt at a step appends ``{"replica", "life", "step", "rank", "participants", "contributors",
+"ids", "committed", "params", "grad"}`` to OUT_DIR/log-REPLICA-LIFE.jsonl (``params`` before the step, ``grad`` after
+torchft's allreduce). With KILL_STEP, the group writes OUT_DIR/ready-REPLICA at the first step >= KILL_STEP that 3
+groups take part in, between the quorum and the backward pass, and sleeps there (the test SIGKILLs it). The test paces
+the groups with hold files (:func:`hold`), and they stop at the step written in OUT_DIR/stop (MAX_STEPS until then).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torchft import Manager, Optimizer, ProcessGroupGloo
 from detsampler.integrations.torchft import FaultTolerantSampler
 from detsampler.plan import Plan
 
-NUM_SAMPLES, GLOBAL_BATCH, MAX_STEPS = 60, 7, 60
+NUM_SAMPLES, GLOBAL_BATCH, MAX_STEPS = 60, 7, 100  # MAX_STEPS: a bound; the test writes OUT/stop
 
 
 def plan_of() -> Plan:
@@ -49,6 +49,20 @@ def stop_step(out: Path) -> int:
         return int((out / "stop").read_text())
     except (FileNotFoundError, ValueError):
         return MAX_STEPS
+
+
+def hold(out: Path, name: str, step: int) -> None:
+    """While OUT/hold-NAME names a step <= ``step``: write OUT/held-NAME-STEP once and wait for the test to remove the
+    hold file (before the step's quorum, so that the test decides which groups meet in it)."""
+    gate = out / f"hold-{name}"
+    try:
+        if step < int(gate.read_text()):
+            return
+    except (FileNotFoundError, ValueError):
+        return
+    (out / f"held-{name}-{step}").write_text("")
+    while gate.exists():
+        time.sleep(0.02)
 
 
 def main(lighthouse: str, replica: int, out: Path, life: int, kill_step: int | None) -> None:
@@ -76,6 +90,7 @@ def main(lighthouse: str, replica: int, out: Path, life: int, kill_step: int | N
     sampler = FaultTolerantSampler(manager, plan_of())
     log = open(out / f"log-{replica}-{life}.jsonl", "a")
     while manager.current_step() < stop_step(out):
+        hold(out, f"{replica}-{life}", manager.current_step())
         optimizer.zero_grad()  # start_quorum
         share = sampler.share()
         params = [p.detach().flatten().tolist() for p in model.parameters()]
@@ -95,6 +110,7 @@ def main(lighthouse: str, replica: int, out: Path, life: int, kill_step: int | N
             "step": share.step,
             "rank": share.participating_rank,
             "participants": share.num_participants,
+            "contributors": list(share.contributors),
             "ids": share.sample_ids.tolist(),
             "committed": manager.current_step() == share.step + 1,
             "params": params,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,41 +32,49 @@ KILL_STEP = 4
 # ----------------------------------------------------------------------------------------------------
 
 
-@given(size=st.integers(0, 40), participants=st.integers(1, 6), group_world_size=st.integers(1, 4))
-@example(size=7, participants=3, group_world_size=1)
-@example(size=2, participants=3, group_world_size=2)  # fewer samples than slots: some shares are empty
-def test_the_shares_of_a_quorum_partition_the_global_batch_in_order(size, participants, group_world_size):
+@given(size=st.integers(0, 40), group_world_size=st.integers(1, 4), data=st.data())
+@example(size=7, group_world_size=1, data=None)
+@example(size=2, group_world_size=2, data=None)  # fewer samples than shares: some are empty
+def test_the_shares_of_the_contributors_partition_the_global_batch_in_order(size, group_world_size, data):
+    """Whatever the number of contributors of each group rank's column (a group heals for one group rank and not
+    another at step 0 with ``init_sync``), the shares are the global batch, in order."""
     batch = np.arange(100, 100 + size, dtype=np.int64)
+    counts = (
+        [3] * group_world_size
+        if data is None
+        else data.draw(st.lists(st.integers(1, 5), min_size=group_world_size, max_size=group_world_size))
+    )
     shares = [
-        replica_share(batch, p, participants, r, group_world_size)
-        for p in range(participants)
+        replica_share(batch, c, counts[r], r, group_world_size)
         for r in range(group_world_size)
+        for c in range(counts[r])
     ]
     assert np.array_equal(np.concatenate(shares), batch)
-    lengths = [len(s) for s in shares]
-    assert max(lengths) - min(lengths) <= 1
+    for r in range(group_world_size):
+        lengths = [len(replica_share(batch, c, counts[r], r, group_world_size)) for c in range(counts[r])]
+        assert max(lengths) - min(lengths) <= 1
 
 
-def test_a_group_that_is_not_participating_reads_nothing_and_weighs_nothing():
+def test_a_group_that_does_not_contribute_reads_nothing_and_weighs_nothing():
     assert replica_share(np.arange(7), None, 2).size == 0
-    share = ReplicaShare(3, np.arange(0), None, 2, 1, 7)
-    assert share.loss_scale == 0.0
-    assert ReplicaShare(3, np.arange(4), 0, 2, 2, 7).loss_scale == 4 / 7
+    assert ReplicaShare(3, np.arange(0), None, 2, (0, 1), 1, 7).loss_scale == 0.0
+    assert ReplicaShare(3, np.arange(0), 1, 2, (0,), 1, 7).loss_scale == 0.0  # participating, but healing
+    assert ReplicaShare(3, np.arange(4), 0, 2, (0, 1), 2, 7).loss_scale == 4 / 7
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((3, 3, 0, 1), "Got participating_rank 3, allowed values are in [0, 3)"),
-        ((-1, 3, 0, 1), "Got participating_rank -1"),
-        ((0, 0, 0, 1), "num_participants must be an integer >= 1, got 0"),
+        ((3, 3, 0, 1), "Got contributor 3, allowed values are in [0, 3)"),
+        ((-1, 3, 0, 1), "Got contributor -1"),
+        ((0, 0, 0, 1), "num_contributors must be an integer >= 1, got 0"),
         ((0, 2, 2, 2), "Got group_rank 2, allowed values are in [0, 2)"),
         ((0, 2, 0, 0), "group_world_size must be an integer >= 1, got 0"),
-        ((0.0, 2, 0, 1), "Got participating_rank 0.0"),
+        ((0.0, 2, 0, 1), "Got contributor 0.0"),
     ],
 )
 def test_a_rank_outside_its_world_is_refused(args, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         replica_share(np.arange(7), *args)
 
 
@@ -117,15 +126,17 @@ def test_torchfts_own_sampler_loses_the_slice_of_a_group_that_is_down():
 
 
 def _start(lighthouse: str, replica: int, out: Path, life: int, *extra: str) -> subprocess.Popen:
+    """A replica group of one process (tests/integrations/_torchft_child.py), its output in OUT/out-REPLICA-LIFE.txt."""
+    args = [lighthouse, str(replica), str(out), str(life), *extra]
+    return _spawn("tests.integrations._torchft_child", args, out / f"out-{replica}-{life}.txt")
+
+
+def _spawn(module: str, args: list[str], output: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RUST_LOG="warn")
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations._torchft_child", lighthouse, str(replica), str(out), str(life)]
-        + list(extra),
-        cwd=ROOT,
-        env=env,
-        stdout=open(out / f"out-{replica}-{life}.txt", "w"),
-        stderr=subprocess.STDOUT,
-    )
+    with open(output, "w") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
 
 
 def _rows(out: Path) -> list[dict]:
@@ -154,24 +165,51 @@ def _reference_gradient(params: list[list[float]], ids: np.ndarray) -> list[list
     return [model.weight.grad.flatten().tolist(), model.bias.grad.flatten().tolist()]
 
 
+def _held(out: Path, name: str, step: int) -> bool:
+    """Whether the process NAME waits at a step >= ``step`` (tests/integrations/_torchft_child.py: ``hold``)."""
+    return any(int(f.name.rsplit("-", 1)[1]) >= step for f in out.glob(f"held-{name}-*"))
+
+
+def _hold(out: Path, names: list[str], step: int) -> None:
+    for name in names:
+        (out / f"hold-{name}").write_text(str(step))
+
+
+def _release(out: Path, names: list[str]) -> None:
+    for name in names:
+        (out / f"hold-{name}").unlink()
+
+
 @pytest.mark.slow
 def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
-    out = tmp_path
+    out, first = tmp_path, ["0-0", "1-0", "2-0"]  # hold names: group-life
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500)
     procs: list[subprocess.Popen] = []
     try:
         address = lighthouse.address()
+        _hold(out, first, 0)  # the three start together
         procs += [_start(address, 0, out, 0), _start(address, 1, out, 0), _start(address, 2, out, 0, str(KILL_STEP))]
+        _wait_for(lambda: all(_held(out, n, 0) for n in first), procs, out, 60, "the 3 groups to start")
+        _release(out, first)
         _wait_for(lambda: (out / "ready-2").exists(), procs, out, 60, "group 2 to reach the kill step")
+        killed_at = int((out / "ready-2").read_text())
+        _hold(out, ["0-0", "1-0"], killed_at + 2)  # the survivors train 2 steps alone, then wait for the restart
+        _hold(out, ["2-1"], 0)
         procs[2].send_signal(signal.SIGKILL)  # mid-step: it took part in the quorum, its gradient never comes
         procs[2].wait(timeout=10)
-        killed_at = int((out / "ready-2").read_text())
         procs.append(_start(address, 2, out, 1))
-        rejoined = lambda: any(r["replica"] == 2 and r["life"] == 1 and r["rank"] is not None for r in _rows(out))
-        _wait_for(rejoined, procs[:2] + procs[3:], out, 60, "group 2 to take part again")
-        (out / "stop").write_text(str(max(r["step"] for r in _rows(out)) + 4))
+        rejoin = ["0-0", "1-0", "2-1"]
+        _wait_for(
+            lambda: _held(out, "0-0", killed_at + 2) and _held(out, "1-0", killed_at + 2) and _held(out, "2-1", 0),
+            procs[:2] + procs[3:],
+            out,
+            60,
+            "the survivors and the restarted group",
+        )
+        (out / "stop").write_text(str(killed_at + 6))
+        _release(out, rejoin)
         for p in procs[:2] + procs[3:]:
-            assert p.wait(timeout=60) == 0, out / f"out-{procs.index(p)}.txt"
+            assert p.wait(timeout=60) == 0, [f.read_text()[-3000:] for f in sorted(out.glob("out-*.txt"))]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -183,8 +221,9 @@ def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
     plan = plan_of()
     for r in sorted(rows, key=lambda r: (r["step"], r["committed"], r["replica"])):  # docs/usage.md, "Elastic"
         who = f"group {r['replica']}{' (restarted)' if r['life'] else ''}"
-        rank = "healing" if r["rank"] is None else f"rank {r['rank']} of {r['participants']}"
-        print(f"step {r['step']:2d}  {who:20s} {rank:12s} {'committed' if r['committed'] else 'failed':9s}  {r['ids']}")
+        rank = "behind" if r["rank"] is None else f"rank {r['rank']} of {r['participants']}"
+        rank += "" if r["rank"] in r["contributors"] else ", heals"
+        print(f"step {r['step']:2d}  {who:20s} {rank:20s} {'committed' if r['committed'] else 'failed':9s}  {r['ids']}")
     committed = defaultdict(list)
     for r in rows:
         if r["committed"] and r["rank"] is not None:
@@ -203,11 +242,80 @@ def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
         for r in group_rows:
             np.testing.assert_allclose(np.concatenate(r["grad"]), np.concatenate(expected), rtol=1e-12, atol=1e-14)
 
+    # step 0 with init_sync: every group but one heals although it keeps a participating rank (torchft zeroes its
+    # gradient): it reads nothing and the one contributor reads the whole batch
+    assert any(r["rank"] is not None and r["rank"] not in r["contributors"] and r["ids"] == [] for r in committed[0])
     participants = {step: rs[0]["participants"] for step, rs in committed.items()}
     # the kill: group 2 held the quorum of step killed_at; the others' commit failed and the step was trained again,
     # on the same samples, by the next quorum of the survivors (both, or one while the other was still timing out and
     # healed at the step after); the restarted group 2 healed, then took part again
     failed = [r for r in rows if r["step"] == killed_at and not r["committed"] and r["replica"] != 2]
     assert failed and all(r["participants"] == 3 for r in failed)
-    assert participants[killed_at] < 3 and participants[last] == 3
+    assert participants[killed_at] < 3 and 3 in {participants[s] for s in range(killed_at + 3, last + 1)}
     assert not any(r["committed"] and r["step"] >= killed_at for r in rows if r["replica"] == 2 and r["life"] == 0)
+
+
+@pytest.mark.slow
+def test_groups_of_two_ranks_read_the_plan_through_a_packed_dataset(tmp_path, small_index):
+    """2 replica groups of 2 data-parallel ranks, a real PackedDataset: group 1 joins after group 0 has trained alone
+    (it heals: its ranks read empty batches), then each committed step's 4 shares are the plan's global batch."""
+    from tests.integrations._packed import data
+    from tests.integrations._torchft_group_child import GLOBAL_BATCH as BATCH
+    from tests.integrations._torchft_group_child import make_model, plan_of, sample_losses
+    from tests.integrations.launch import free_port
+
+    out, index_dir = tmp_path, str(small_index.path)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500)
+    procs: list[subprocess.Popen] = []
+
+    def start_group(replica: int) -> None:
+        port = str(free_port())
+        for rank in range(2):
+            args = [lighthouse.address(), str(replica), str(rank), port, str(out), index_dir]
+            procs.append(_spawn("tests.integrations._torchft_group_child", args, out / f"out-{replica}-{rank}.txt"))
+
+    names = ["0-0", "0-1", "1-0", "1-1"]  # hold names: group-rank
+    try:
+        _hold(out, names[:2], 2)  # group 0 trains steps 0 and 1 alone, then waits for group 1
+        _hold(out, names[2:], 0)
+        start_group(0)
+        start_group(1)
+        _wait_for(lambda: all(_held(out, n, 2 if n[0] == "0" else 0) for n in names), procs, out, 90, "both groups")
+        (out / "stop").write_text("6")
+        _release(out, names)
+        for p in procs:
+            assert p.wait(timeout=60) == 0, [f.read_text()[-3000:] for f in sorted(out.glob("out-*.txt"))]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        lighthouse.shutdown()
+
+    dataset = data(index_dir)
+    plan = plan_of(len(dataset))
+    rows = _rows(out)
+    committed = defaultdict(list)
+    for r in rows:
+        if r["committed"] and r["rank"] is not None:
+            committed[r["step"]].append(r)
+    assert sorted(committed) == list(range(max(committed) + 1))
+    assert any(r["rank"] is None and r["ids"] == [] for r in rows if r["replica"] == 1)  # group 1 healed: read nothing
+    seen = set()
+    for step, group_rows in committed.items():
+        participants = group_rows[0]["participants"]
+        seen.add(participants)
+        assert sorted((r["rank"], r["group_rank"]) for r in group_rows) == [
+            (p, g) for p in range(participants) for g in range(2)
+        ]
+        ids = Counter(i for r in group_rows for i in r["ids"])
+        assert ids == Counter(plan.global_batch(step).tolist()) and sum(ids.values()) == BATCH, step
+        assert all(r["params"] == group_rows[0]["params"] and r["grad"] == group_rows[0]["grad"] for r in group_rows)
+        model = make_model(dataset.index.vocab_size)
+        with torch.no_grad():
+            for p, values in zip(model.parameters(), group_rows[0]["params"]):
+                p.copy_(torch.tensor(values, dtype=torch.float64).view_as(p))
+        sample_losses(model, dataset.get_batch(plan.global_batch(step))).mean().backward()
+        expected = np.concatenate([p.grad.flatten().numpy() for p in model.parameters()])
+        np.testing.assert_allclose(np.concatenate(group_rows[0]["grad"]), expected, rtol=1e-10, atol=1e-13)
+    assert seen == {1, 2}
