@@ -24,7 +24,10 @@ Invariants (tests/integrations/test_torchft.py):
 - the step is torchft's own ``manager.current_step()``, read after the quorum (a healing group has just received it
   from a peer): a step whose commit fails is trained again on the same samples by the next quorum, and nothing but
   torchft's step (which its ``Manager.state_dict`` already saves) is stored;
-- a group whose gradient does not count this step reads nothing.
+- a group whose gradient does not count this step reads nothing;
+- with ``W > 1``, step 0 under ``init_sync=True`` with several groups is refused (torchft heals group rank ``r`` of each
+  group from group ``r % P``: a group's data would count for some of its ranks and not for others); pass
+  ``init_sync=False`` (the same seed in every group) or start one group first.
 
 The loss: torchft's ``allreduce`` divides the sum of the groups' gradients by ``P`` (healing groups included, with zero
 gradients), each group's own data parallelism averages over its ``W`` ranks, and the shares differ in size. Scale the
@@ -135,6 +138,15 @@ class FaultTolerantSampler:
         rank = self.manager.participating_rank()
         step = self.manager.current_step()  # after the quorum: a healing group has just received the step
         contributors = self._contributors(rank, participants)
+        if self.group_world_size > 1 and step == 0 and 0 < len(contributors) < participants:
+            # NOTE: torchft heals group rank r of every group from group r % P at step 0 (init_sync): a group's data
+            # would count for some of its ranks' gradients and not for others, which no split of the batch can fix
+            raise RuntimeError(
+                f"torchft heals {participants - len(contributors)} of the {participants} replica groups at step 0 "
+                "(init_sync=True), each group rank from another group: with group_world_size > 1 their data would "
+                "count in part. Pass init_sync=False to torchft.Manager (initialize the model from the same seed in "
+                "every group), or start one group before the others"
+            )
         batch = self.plan.global_batch(step)
         index = contributors.index(rank) if rank in contributors else None
         ids = replica_share(batch, index, max(len(contributors), 1), self.group_rank, self.group_world_size)

@@ -31,6 +31,7 @@ from torchft import Manager, Optimizer, ProcessGroupGloo
 
 from detsampler.integrations.torchft import FaultTolerantSampler
 from detsampler.plan import Plan
+from tests.integrations.launch import exit_without_teardown
 
 NUM_SAMPLES, GLOBAL_BATCH, MAX_STEPS = 60, 7, 100  # MAX_STEPS: a bound; the test writes OUT/stop
 
@@ -125,4 +126,5 @@ def main(lighthouse: str, replica: int, out: Path, life: int, kill_step: int | N
 
 if __name__ == "__main__":
     lighthouse, replica, out, life = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
-    main(lighthouse, replica, out, life, int(sys.argv[5]) if len(sys.argv) > 5 else None)
+    kill_step = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    exit_without_teardown(lambda: main(lighthouse, replica, out, life, kill_step))

@@ -32,6 +32,7 @@ from detsampler.integrations.torchft import FaultTolerantSampler
 from detsampler.plan import Plan
 from tests.integrations._packed import SEQ_LEN, data
 from tests.integrations._torchft_child import hold, stop_step
+from tests.integrations.launch import exit_without_teardown
 
 GROUP_WORLD_SIZE, GLOBAL_BATCH = 2, 10
 
@@ -115,4 +116,4 @@ def main(lighthouse: str, replica: int, group_rank: int, port: int, out: Path, i
 
 if __name__ == "__main__":
     lighthouse, replica, group_rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    main(lighthouse, replica, group_rank, port, Path(sys.argv[5]), sys.argv[6])
+    exit_without_teardown(lambda: main(lighthouse, replica, group_rank, port, Path(sys.argv[5]), sys.argv[6]))

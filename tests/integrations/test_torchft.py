@@ -183,7 +183,7 @@ def _release(out: Path, names: list[str]) -> None:
 @pytest.mark.slow
 def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
     out, first = tmp_path, ["0-0", "1-0", "2-0"]  # hold names: group-life
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=1500)
     procs: list[subprocess.Popen] = []
     try:
         address = lighthouse.address()
@@ -255,6 +255,21 @@ def test_a_killed_and_restarted_group_loses_and_repeats_nothing(tmp_path):
     assert not any(r["committed"] and r["step"] >= killed_at for r in rows if r["replica"] == 2 and r["life"] == 0)
 
 
+def _start_group(lighthouse: str, replica: int, out: Path, index_dir: str) -> list[subprocess.Popen]:
+    """A replica group of 2 ranks (tests/integrations/_torchft_group_child.py), output in OUT/out-REPLICA-RANK.txt."""
+    from tests.integrations.launch import free_port
+
+    port = str(free_port())
+    return [
+        _spawn(
+            "tests.integrations._torchft_group_child",
+            [lighthouse, str(replica), str(rank), port, str(out), index_dir],
+            out / f"out-{replica}-{rank}.txt",
+        )
+        for rank in range(2)
+    ]
+
+
 @pytest.mark.slow
 def test_groups_of_two_ranks_read_the_plan_through_a_packed_dataset(tmp_path, small_index):
     """2 replica groups of 2 data-parallel ranks, a real PackedDataset: group 1 joins after group 0 has trained alone
@@ -262,25 +277,24 @@ def test_groups_of_two_ranks_read_the_plan_through_a_packed_dataset(tmp_path, sm
     from tests.integrations._packed import data
     from tests.integrations._torchft_group_child import GLOBAL_BATCH as BATCH
     from tests.integrations._torchft_group_child import make_model, plan_of, sample_losses
-    from tests.integrations.launch import free_port
 
     out, index_dir = tmp_path, str(small_index.path)
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=1500)
     procs: list[subprocess.Popen] = []
 
     def start_group(replica: int) -> None:
-        port = str(free_port())
-        for rank in range(2):
-            args = [lighthouse.address(), str(replica), str(rank), port, str(out), index_dir]
-            procs.append(_spawn("tests.integrations._torchft_group_child", args, out / f"out-{replica}-{rank}.txt"))
+        procs.extend(_start_group(lighthouse.address(), replica, out, index_dir))
 
     names = ["0-0", "0-1", "1-0", "1-1"]  # hold names: group-rank
     try:
-        _hold(out, names[:2], 2)  # group 0 trains steps 0 and 1 alone, then waits for group 1
+        # NOTE: a group that heartbeats without asking for a quorum blocks the others' (torchft's lighthouse wants more
+        # than half of the heartbeating groups), so group 1 starts only once group 0 waits at step 2
+        _hold(out, names, 2)
         _hold(out, names[2:], 0)
         start_group(0)
+        _wait_for(lambda: all(_held(out, n, 2) for n in names[:2]), procs, out, 90, "group 0 to train 2 steps alone")
         start_group(1)
-        _wait_for(lambda: all(_held(out, n, 2 if n[0] == "0" else 0) for n in names), procs, out, 90, "both groups")
+        _wait_for(lambda: all(_held(out, n, 0) for n in names[2:]), procs, out, 90, "group 1 to start")
         (out / "stop").write_text("6")
         _release(out, names)
         for p in procs:
@@ -319,3 +333,31 @@ def test_groups_of_two_ranks_read_the_plan_through_a_packed_dataset(tmp_path, sm
         expected = np.concatenate([p.grad.flatten().numpy() for p in model.parameters()])
         np.testing.assert_allclose(np.concatenate(group_rows[0]["grad"]), expected, rtol=1e-10, atol=1e-13)
     assert seen == {1, 2}
+
+
+@pytest.mark.slow
+def test_init_sync_at_step_0_with_two_ranks_per_group_is_refused(tmp_path, small_index):
+    """2 groups of 2 ranks start together with torchft's default ``init_sync=True``: torchft heals group rank r of each
+    group from group r % 2, so each group's data would count for one of its ranks only; every rank refuses at step 0,
+    before training."""
+    out, names = tmp_path, ["0-0", "0-1", "1-0", "1-1"]
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=1500)
+    procs: list[subprocess.Popen] = []
+    try:
+        _hold(out, names, 0)
+        for replica in range(2):
+            procs += _start_group(lighthouse.address(), replica, out, str(small_index.path))
+        _wait_for(lambda: all(_held(out, n, 0) for n in names), procs, out, 90, "both groups")
+        (out / "stop").write_text("1")  # were step 0 not refused, the groups would stop after it
+        _release(out, names)
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        lighthouse.shutdown()
+    assert codes == [1, 1, 1, 1]
+    for f in sorted(out.glob("out-*.txt")):
+        assert "RuntimeError: torchft heals 1 of the 2 replica groups at step 0 (init_sync=True)" in f.read_text(), f
+    assert not list(out.glob("log-*.jsonl")) or all(not f.read_text() for f in out.glob("log-*.jsonl"))
