@@ -119,12 +119,20 @@ class FaultTolerantSampler:
     forward pass: it waits for the quorum and runs one small allreduce (module docstring). The step is
     ``manager.current_step()``: torchft advances it only on a commit, so a failed step is read again, split among the
     next quorum's groups. ``group_rank`` / ``group_world_size``: this rank within its replica group (the group's own
-    data parallelism, e.g. FSDP's ranks).
+    data parallelism, e.g. FSDP's ranks). ``device``: where the manager's process group reduces tensors (``"cuda"``
+    for torchft's NCCL groups; ``"cpu"`` for gloo).
     """
 
-    def __init__(self, manager: Any, plan: Plan, group_rank: int = 0, group_world_size: int = 1) -> None:
+    def __init__(
+        self,
+        manager: Any,
+        plan: Plan,
+        group_rank: int = 0,
+        group_world_size: int = 1,
+        device: torch.device | str = "cpu",
+    ) -> None:
         _check_rank(group_rank, group_world_size, "group_rank", "group_world_size")
-        self.manager, self.plan = manager, plan
+        self.manager, self.plan, self.device = manager, plan, torch.device(device)
         self.group_rank, self.group_world_size = int(group_rank), int(group_world_size)
 
     def share(self) -> ReplicaShare:
@@ -156,9 +164,9 @@ class FaultTolerantSampler:
         """The participating ranks whose gradients count this step (for this group rank), or () if the allreduce
         failed: ``Manager.allreduce`` zeroes the flags of a group that is not participating or heals, as it zeroes its
         gradient."""
-        flags = torch.zeros(participants, dtype=torch.float32)
+        flags = torch.zeros(participants, dtype=torch.float32, device=self.device)
         if rank is not None:
             flags[rank] = 1.0
         if not self.manager.allreduce(flags, reduce_op=ReduceOp.SUM).wait() or self.manager.errored() is not None:
             return ()  # the step's commit fails: what it reads does not matter
-        return tuple(int(i) for i in np.flatnonzero(flags.numpy() > 0.5))
+        return tuple(int(i) for i in np.flatnonzero(flags.cpu().numpy() > 0.5))
