@@ -3,7 +3,9 @@
 - :mod:`~detsampler.integrations.hf`: ``transformers.Trainer`` and ``accelerate`` (``pip install 'detsampler[hf]'``);
 - :mod:`~detsampler.integrations.lightning`: a Lightning ``LightningDataModule`` (``pip install
   'detsampler[lightning]'``);
-- :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``).
+- :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``);
+- :mod:`~detsampler.integrations.torchft`: each step's global batch split among the torchft replica groups alive at
+  its quorum (``pip install 'detsampler[torchft]'``).
 
 torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler``
 (docs/integrations.md). Each integration resumes from the step the trainer already checkpoints, the same on every rank,
