@@ -1,0 +1,269 @@
+"""Grain (0.2.x): :class:`PlanSource`, a ``RandomAccessDataSource`` of the plan's micro batches, and
+:class:`PlanSampler`, the index sampler that hands each process its own, from any step.
+
+Record ``g`` of a :class:`PlanSource` is the ``g``-th micro batch (``plan.micro_batch_size`` samples) of the plan's
+training order counted from step 0, every step's positions in order: a numbering that depends on neither the world
+size nor the number of Grain workers. Grain's ``DataLoader`` gives process ``p`` of ``P`` (its ``ShardOptions``) the
+sampler's global indices ``p, p + P, p + 2P, ...``; every step's batch being a multiple of ``P * micro_batch_size``,
+these records are exactly ``plan.with_world(P)``'s micro batches of rank ``p``, step after step: element ``k`` of
+process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``.
+
+A record is read with one :meth:`~detsampler.loader.dataset.PackedDataset.get_batch` (vectorized over its samples)
+and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. Records, not
+samples, are Grain's elements: with ``worker_count > 0`` Grain batches inside each worker, so a ``Batch`` operation
+over samples would mix the micro batches of ``worker_count`` consecutive records; whole records come back in order
+whatever the worker count.
+
+What resumes is the step. :meth:`PlanSource.state_dict` is ``{"step", "samples_in_step", "data_record"}`` (a
+:class:`~detsampler.record.DataRecord`) and :meth:`PlanSource.resume_position` checks it (the library's
+:func:`~detsampler.resume.check_resume`) before a sampler starts there, at any process count whose micro steps divide
+the batches. Grain's own iterator state (``DataLoaderIterator.get_state()``, what Orbax's ``PyGrainCheckpointHandler``
+saves) names this process's last record: restored into a loader of the same process count, rank and start it resumes as
+Grain resumes; into any other loader it is refused by Grain's own check (the sampler's ``repr`` names the rank, world
+size and start), and :meth:`PlanSource.position_of_grain_state` reads the step out of it instead, so a checkpoint that
+holds only Grain's state resumes on another process count too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from detsampler.integrations import require
+
+grain = require("grain", "grain")
+
+from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
+from detsampler.plan import Plan  # noqa: E402
+from detsampler.record import DataRecord  # noqa: E402
+
+__all__ = ["PlanSampler", "PlanSource", "data_loader", "map_dataset"]
+
+FRAMEWORK = "grain"
+_SAMPLER_REPR = re.compile(
+    r"^detsampler\.PlanSampler\(rank=(\d+), world_size=(\d+), start_step=(\d+), samples_in_step=(\d+), data=(\w+)\)$"
+)
+
+
+class PlanSource:
+    """The plan's micro batches as a Grain ``RandomAccessDataSource``: record ``g`` is the ``g``-th micro batch of
+    ``plan.micro_batch_size`` samples in training order from step 0, up to ``num_steps`` (module doc).
+
+    ``dataset`` is a :class:`~detsampler.loader.dataset.PackedDataset` (or any dataset with ``get_batch(ids)``, then
+    with ``index=`` and ``layout=``, as for every integration). ``len(source)`` is the number of records of steps
+    ``[0, num_steps)``. Its ``repr`` (which Grain saves and checks with its iterator state) names the data fingerprint
+    and the micro batch, not ``num_steps``: extending a run keeps every record.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        plan: Plan,
+        num_steps: int,
+        *,
+        index: Any = None,
+        layout: Any = None,
+        allow_data_change: bool = False,
+    ) -> None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a detsampler Plan, got {type(plan).__name__}")
+        self.checkpoint = CheckpointData(
+            dataset, plan, framework=FRAMEWORK, index=index, layout=layout, allow_data_change=allow_data_change
+        )
+        if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ValueError(f"Got num_steps {num_steps!r}, num_steps must be an integer >= 1 (the steps to serve)")
+        self.dataset = dataset
+        self.plan = plan.with_world(1)  # the records' numbering: one rank, so every micro batch in training order
+        self.num_steps = int(num_steps)
+        self._length = self.records_before(self.num_steps)
+        fingerprint = self.checkpoint.fingerprint
+        self.data_hash = fingerprint.hash[:16] if fingerprint is not None else "unchecked"
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"detsampler.PlanSource(micro_batch_size={self.plan.micro_batch_size}, data={self.data_hash})"
+
+    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+        step, micro_step = self.position(record)
+        ids = self.plan.micro_batch(step, micro_step, 0)
+        batch = {k: v.numpy() for k, v in self.dataset.get_batch(ids).items()}
+        return {**batch, "sample_ids": ids}
+
+    # -- records <-> steps
+
+    def records_before(self, step: int) -> int:
+        """Records of the steps before ``step``: the first record of ``step``."""
+        return self.plan.micro_steps_between(0, step)
+
+    def position(self, record: int) -> tuple[int, int]:
+        """``(step, r)``: record ``record`` is the ``r``-th micro batch of ``step`` (O(log num_steps) plan calls)."""
+        if not isinstance(record, (int, np.integer)) or isinstance(record, bool) or not 0 <= record < self._length:
+            raise IndexError(f"Got record {record!r}, allowed records are in [0, {self._length})")
+        low, high = 0, self.num_steps - 1  # the last step whose first record is <= record
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.records_before(middle) <= record:
+                low = middle
+            else:
+                high = middle - 1
+        return low, int(record) - self.records_before(low)
+
+    def first_record(self, step: int, samples_in_step: int = 0, world_size: int = 1) -> int:
+        """The record a process count of ``world_size`` resumes at: ``samples_in_step`` samples into ``step``."""
+        plan = self.plan.with_world(world_size)  # raises unless world_size * micro_batch_size divides every batch
+        if not 0 <= step <= self.num_steps or (step == self.num_steps and samples_in_step):
+            raise ValueError(f"Got step {step!r}, this source serves steps [0, {self.num_steps})")
+        per_micro_step = world_size * plan.micro_batch_size
+        if samples_in_step and (samples_in_step >= plan.batch_size(step) or samples_in_step % per_micro_step):
+            raise ValueError(
+                f"samples_in_step {samples_in_step} of step {step} must be a multiple of world_size * micro_batch_size"
+                f" = {per_micro_step} below its batch size {plan.batch_size(step)}: resume this mid-step position"
+                " with a process count that divides it, or at the next step"
+            )
+        return self.records_before(step) + samples_in_step // plan.micro_batch_size
+
+    # -- checkpoints
+
+    def state_dict(self, step: int, samples_in_step: int = 0, world_size: int = 1) -> dict[str, Any]:
+        """What to checkpoint: ``{"step", "samples_in_step", "data_record"}`` for a resume at ``step`` (the next step
+        to train), the same on every process."""
+        plan = self.plan.with_world(world_size)
+        record = self.checkpoint.record(step, plan)
+        state: dict[str, Any] = {"step": int(step), "samples_in_step": int(samples_in_step)}
+        if record is not None:
+            state["data_record"] = dataclasses.replace(record, samples_in_step=int(samples_in_step)).to_json()
+        return state
+
+    def resume_position(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """``(step, samples_in_step)`` of a :meth:`state_dict`, once its data record shows that this source reads what
+        the saved run read before it (ValueError otherwise, the library's message)."""
+        if not isinstance(state, Mapping) or "step" not in state:
+            raise ValueError(f"a PlanSource state is {{'step': s, 'data_record': ...}}, got {state!r}")
+        step, samples = int(state["step"]), int(state.get("samples_in_step", 0))
+        saved = state.get("data_record")
+        self.checkpoint.check(DataRecord.from_json(saved) if saved is not None else None, step, "the Grain state")
+        return step, samples
+
+    def position_of_grain_state(self, state: bytes | str) -> dict[str, int]:
+        """``{"step", "samples_in_step"}`` where the process that saved Grain's ``DataLoaderIterator.get_state()``
+        ``state`` (over a :class:`PlanSampler` of this source) stands: its next record. Any process count resumes from
+        it (:func:`data_loader` with ``start=``); Grain's own ``set_state`` only into the same rank, world size and
+        start. ValueError when the state is not a Grain ``DataLoader`` state of a sampler of this source's data."""
+        saved = json.loads(state.decode() if isinstance(state, bytes) else state)
+        if not isinstance(saved, dict) or saved.get("version") != 2 or "last_seen_indices" not in saved:
+            raise ValueError(f"not a Grain DataLoader iterator state (version 2): {str(saved)[:200]!r}")
+        match = _SAMPLER_REPR.match(str(saved.get("sampler", "")))
+        if match is None or saved.get("data_source") != repr(self):
+            raise ValueError(
+                f"the Grain state was saved by sampler {saved.get('sampler')!r} over {saved.get('data_source')!r}, "
+                f"not by a detsampler PlanSampler over {self!r} (other data, or another micro batch size)"
+            )
+        rank, world_size, start_step, start_samples = (int(match.group(i)) for i in range(1, 5))
+        # NOTE: Grain's workers hand records out in order, so the next one follows the newest last seen index.
+        global_index = max(int(v) for v in saved["last_seen_indices"].values()) + world_size
+        record = self.first_record(start_step, start_samples, world_size) + global_index
+        if record >= self._length:
+            return {"step": self.num_steps, "samples_in_step": 0}
+        step, micro_step = self.position(record)
+        per_micro_step = world_size * self.plan.micro_batch_size
+        return {"step": step, "samples_in_step": (micro_step - rank) // world_size * per_micro_step}
+
+
+class PlanSampler:
+    """Grain's index sampler for process ``rank`` of ``world_size``: global index ``g`` reads record ``first + g``
+    of ``source``, ``first`` the record of the start (``start_step``, ``samples_in_step`` into it).
+
+    Pass it to ``grain.DataLoader`` with ``shard_options=sampler.shard_options`` (what :func:`data_loader` does):
+    Grain then asks process ``rank`` for ``g = rank, rank + world_size, ...``, which are its micro batches of the plan
+    cut for ``world_size``. Any other shard index is refused at the first record. ``len(sampler)`` is the number of
+    global indices up to the source's ``num_steps``.
+    """
+
+    def __init__(
+        self, source: PlanSource, rank: int, world_size: int, start_step: int = 0, samples_in_step: int = 0
+    ) -> None:
+        if not isinstance(source, PlanSource):
+            raise TypeError(f"source must be a PlanSource, got {type(source).__name__}")
+        self.source = source
+        source.plan.with_world(world_size)._check_rank(rank)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.start_step, self.samples_in_step = int(start_step), int(samples_in_step)
+        self.first = source.first_record(start_step, samples_in_step, world_size)
+        self.shard_options = grain.sharding.ShardOptions(shard_index=self.rank, shard_count=self.world_size)
+        self._shard_options = self.shard_options  # NOTE: what grain.DataLoader reads when given no shard_options
+
+    def __len__(self) -> int:
+        return len(self.source) - self.first
+
+    def __repr__(self) -> str:
+        # NOTE: Grain saves this with its iterator state and refuses a state whose repr differs: a state restored into
+        # another rank, world size or start would name other records, so each is part of it.
+        return (
+            f"detsampler.PlanSampler(rank={self.rank}, world_size={self.world_size}, start_step={self.start_step}, "
+            f"samples_in_step={self.samples_in_step}, data={self.source.data_hash})"
+        )
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self):
+            raise IndexError(f"Got index {index}, allowed indices are in [0, {len(self)})")
+        if index % self.world_size != self.rank:
+            raise ValueError(
+                f"Grain asked PlanSampler(rank={self.rank}, world_size={self.world_size}) for global index {index}, "
+                f"which belongs to shard {index % self.world_size}: pass shard_options=sampler.shard_options to "
+                "grain.DataLoader"
+            )
+        return grain.RecordMetadata(index=index, record_key=self.first + index)
+
+
+def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[int, int]:
+    if start is None:
+        return 0, 0
+    if isinstance(start, Mapping):
+        if "data_record" in start:
+            return source.resume_position(start)
+        # a position read from Grain's state (PlanSource.position_of_grain_state), whose data was checked there
+        return int(start["step"]), int(start.get("samples_in_step", 0))
+    return int(start), 0
+
+
+def data_loader(
+    source: PlanSource,
+    rank: int,
+    world_size: int,
+    *,
+    start: int | Mapping[str, Any] | None = None,
+    operations: Sequence[Any] = (),
+    worker_count: int = 0,
+    worker_buffer_size: int = 1,
+    read_options: Any = None,
+) -> Any:
+    """A ``grain.DataLoader`` of process ``rank`` of ``world_size``: its micro batches of ``source``'s plan, in order,
+    from ``start`` (a step; a :meth:`PlanSource.state_dict`, whose data record is checked; or a
+    :meth:`PlanSource.position_of_grain_state`), through ``operations`` (Grain transforms applied to each record)."""
+    step, samples = _start(source, start)
+    sampler = PlanSampler(source, rank, world_size, step, samples)
+    return grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=list(operations),
+        worker_count=worker_count,
+        worker_buffer_size=worker_buffer_size,
+        shard_options=sampler.shard_options,
+        read_options=read_options,
+    )
+
+
+def map_dataset(source: PlanSource, rank: int, world_size: int, *, start: int | Mapping[str, Any] | None = None) -> Any:
+    """A ``grain.MapDataset`` whose element ``k`` is process ``rank``'s ``k``-th micro batch from ``start`` (as for
+    :func:`data_loader`). Its iterator's Grain state (``{"next_index": k}``) counts this process's elements from the
+    start: checkpoint :meth:`PlanSource.state_dict` of the step as well, which any process count resumes from."""
+    step, samples = _start(source, start)
+    first = PlanSampler(source, rank, world_size, step, samples).first
+    return grain.MapDataset.source(source)[first + rank :: world_size]
