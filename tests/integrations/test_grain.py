@@ -1,0 +1,214 @@
+"""Grain's own classes over detsampler: ``grain.DataLoader`` (0 and 2 worker processes, ``ShardOptions`` for 1, 2 and 4
+processes) and ``grain.MapDataset`` iterate :class:`PlanSource` records, which equal the plan's micro batches of each
+process step by step; Grain's ``get_state`` / ``set_state`` round trip resumes exactly; a resume at another process
+count, from the step's data record or from Grain's own state, continues with the same global batches; Grain refuses
+its own state in a loader of another process count, and the data record a resume onto other data."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import numpy as np
+import pytest
+
+grain = pytest.importorskip("grain")
+
+from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
+from detsampler.integrations.grain import PlanSampler, PlanSource, data_loader, map_dataset  # noqa: E402
+
+SEQ_LEN = 16
+NUM_STEPS = 6
+
+
+def dataset(index, kind: str = "bestfit") -> PackedDataset:
+    return PackedDataset(index, index.layout(LayoutConfig(kind=kind, seq_len=SEQ_LEN)))
+
+
+def ramp_plan(ds: PackedDataset) -> Plan:
+    """Batches of 4, then 8 from step 2; data step 3 skipped: every record count differs from step to step."""
+    ramp, skip = [(0, 4), (2, 8)], [(3, 3)]
+    return Plan(len(ds), seed=3, global_batch_size=8, micro_batch_size=2, batch_size_schedule=ramp, skip_steps=skip)
+
+
+def steps_of(elements, plan: Plan, start_step: int = 0, stop_step: int = NUM_STEPS) -> list[list[dict]]:
+    """Elements grouped by step, each step ``plan.num_micro_steps(step)`` of them (``plan`` cut for the processes)."""
+    it = iter(elements)
+    return [[next(it) for _ in range(plan.num_micro_steps(s))] for s in range(start_step, stop_step)]
+
+
+def check_process(steps, ds: PackedDataset, plan: Plan, rank: int, start_step: int = 0) -> None:
+    """Each element is the plan's micro batch of ``rank`` at its step and micro step, fields read by the dataset."""
+    for step, elements in enumerate(steps, start_step):
+        for micro_step, element in enumerate(elements):
+            ids = plan.micro_batch(step, micro_step, rank)
+            assert element["sample_ids"].tolist() == ids.tolist()
+            want = ds.get_batch(ids)
+            assert set(element) == {*want, "sample_ids"}
+            for name, value in want.items():
+                assert np.array_equal(element[name], value.numpy()), name
+
+
+def union(per_process, step_index: int) -> list[int]:
+    return sorted(i for steps in per_process for e in steps[step_index] for i in e["sample_ids"].tolist())
+
+
+def test_records_number_every_micro_batch_in_training_order(small_index):
+    """``position`` inverts ``records_before`` over a ramp and a skip range: record ``g`` is the plan's ``g``-th micro
+    batch at world size 1, whatever world size then cuts it."""
+    ds = dataset(small_index)
+    plan = ramp_plan(ds)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    one = plan.with_world(1)
+    expected = [(s, a) for s in range(NUM_STEPS) for a in range(one.num_micro_steps(s))]
+    assert len(source) == len(expected) == 2 + 2 + 4 * 4
+    assert [source.position(g) for g in range(len(source))] == expected
+    assert [source.records_before(s) for s in range(NUM_STEPS + 1)] == [0, 2, 4, 8, 12, 16, 20]
+    with pytest.raises(IndexError, match=r"Got record 20, allowed records are in \[0, 20\)"):
+        source.position(20)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_data_loader_yields_each_process_the_plans_micro_batches(small_index, world_size):
+    ds = dataset(small_index)
+    plan = ramp_plan(ds)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    cut = plan.with_world(world_size)
+    per_process = []
+    for rank in range(world_size):
+        steps = steps_of(data_loader(source, rank, world_size), cut)
+        check_process(steps, ds, cut, rank)
+        per_process.append(steps)
+    for s in range(NUM_STEPS):
+        assert union(per_process, s) == sorted(plan.global_batch(s).tolist())
+
+
+def test_workers_yield_the_same_records_and_grains_state_round_trips(small_index):
+    """With 2 Grain worker processes, rank 1 of 2 reads the same records in the same order, and a loader restored with
+    Grain's ``set_state`` after 3 records continues with the uninterrupted run's next ones."""
+    ds = dataset(small_index)
+    plan = ramp_plan(ds)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    cut = plan.with_world(2)
+    loader = data_loader(source, 1, 2, worker_count=2)
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    state = it.get_state()
+    tail = list(it)
+    check_process(steps_of(head + tail, cut), ds, cut, 1)
+    restored = iter(loader)
+    restored.set_state(state)
+    again = list(restored)
+    assert [e["sample_ids"].tolist() for e in again] == [e["sample_ids"].tolist() for e in tail]
+    assert json.loads(state)["worker_count"] == 2
+    assert source.position_of_grain_state(state) == {"step": 2, "samples_in_step": 4}  # steps 0, 1 (1 each), 1 of 2
+    del it, restored
+    gc.collect()
+
+
+@pytest.mark.parametrize("new_world_size", [1, 4])
+def test_resume_at_another_process_count_continues_the_global_batches(small_index, new_world_size):
+    """Trained 3 steps at 2 processes; resumed at 1 or 4 from the data record (``state_dict``) and from Grain's own
+    state: each later step's union over processes is the plan's global batch, each process's micro batches the
+    plan's for the new count."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    grain_states = []
+    for rank in range(2):
+        it = iter(data_loader(source, rank, 2))
+        steps_of(it, plan.with_world(2), 0, 3)
+        grain_states.append(it.get_state())
+    saved = source.state_dict(3, world_size=2)
+    from_grain = [source.position_of_grain_state(state) for state in grain_states]
+    assert from_grain == [{"step": 3, "samples_in_step": 0}] * 2
+    cut = plan.with_world(new_world_size)
+    for start in (saved, from_grain[0]):
+        resumed = PlanSource(dataset(small_index), plan, NUM_STEPS)  # a fresh process's objects
+        per_process = []
+        for rank in range(new_world_size):
+            steps = steps_of(data_loader(resumed, rank, new_world_size, start=start), cut, 3)
+            check_process(steps, ds, cut, rank, 3)
+            per_process.append(steps)
+        for i, s in enumerate(range(3, NUM_STEPS)):
+            assert union(per_process, i) == sorted(plan.global_batch(s).tolist())
+
+
+def test_grain_refuses_its_state_in_a_loader_of_another_process_count(small_index):
+    """Grain checks ``repr(sampler)`` when it restores its state: the rank, world size and start are in it, so a state
+    of process 0 of 2 is refused by a loader of process 0 of 1 (it would name other records), and the step read out of
+    the state is what resumes there."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    it = iter(data_loader(source, 0, 2))
+    steps_of(it, plan.with_world(2), 0, 1)
+    state = it.get_state()
+    other = iter(data_loader(source, 0, 1))
+    with pytest.raises(ValueError, match="Sampler in checkpoint does not match dataloader sampler"):
+        other.set_state(state)
+    start = source.position_of_grain_state(state)
+    first = next(iter(data_loader(source, 0, 1, start=start)))
+    assert first["sample_ids"].tolist() == plan.with_world(1).micro_batch(1, 0, 0).tolist()
+
+
+def test_map_dataset_element_k_is_the_plans_and_its_state_round_trips(small_index):
+    """``map_dataset``: element ``k`` of process ``p`` is its ``k``-th micro batch; the MapDataset pipeline's own
+    ``{"next_index"}`` state restores mid-run; another process count resumes from the step's state."""
+    ds = dataset(small_index)
+    plan = ramp_plan(ds)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    cut = plan.with_world(2)
+    per_process = []
+    for rank in range(2):
+        md = map_dataset(source, rank, 2)
+        assert len(md) == len(source) // 2
+        steps = steps_of([md[k] for k in range(len(md))], cut)
+        check_process(steps, ds, cut, rank)
+        per_process.append(steps)
+        it = iter(md.to_iter_dataset())
+        head = [next(it) for _ in range(3)]
+        state = it.get_state()
+        assert state == {"next_index": 3}
+        restored = iter(md.to_iter_dataset())
+        restored.set_state(state)
+        assert [e["sample_ids"].tolist() for e in restored] == [md[k]["sample_ids"].tolist() for k in range(3, len(md))]
+        assert [e["sample_ids"].tolist() for e in head] == [md[k]["sample_ids"].tolist() for k in range(3)]
+    one = [steps_of(map_dataset(source, 0, 1, start=source.state_dict(2, world_size=2)), plan.with_world(1), 2)]
+    check_process(one[0], ds, plan.with_world(1), 0, 2)
+    for i, s in enumerate(range(2, NUM_STEPS)):
+        assert union(one, i) == union(per_process, s) == sorted(plan.global_batch(s).tolist())
+
+
+def test_a_resume_onto_other_data_is_refused(small_index):
+    """The data record of ``state_dict`` is checked: another layout over the same index is refused with the library's
+    message; a start given as a bare step is not checked (nothing to check against)."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    saved = PlanSource(ds, plan, NUM_STEPS).state_dict(2)
+    concat = dataset(small_index, "concat")
+    other = PlanSource(concat, Plan(len(concat), seed=5, global_batch_size=8, micro_batch_size=2), NUM_STEPS)
+    with pytest.raises(ValueError, match="refusing to resume from the Grain state"):
+        data_loader(other, 0, 1, start=saved)
+    with pytest.raises(ValueError, match="not by a detsampler PlanSampler over"):
+        other.position_of_grain_state(iter(data_loader(PlanSource(ds, plan, NUM_STEPS), 0, 1)).get_state())
+
+
+def test_bad_positions_and_shards_are_refused(small_index):
+    ds = dataset(small_index)
+    plan = ramp_plan(ds)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    with pytest.raises(ValueError, match=r"is not divisible by world_size \* micro_batch_size = 4 \* 2 = 8"):
+        data_loader(source, 0, 4)  # step 0's batch of 4 cannot be cut for 4 processes of 2
+    with pytest.raises(ValueError, match="samples_in_step 2 of step 2 must be a multiple of world_size"):
+        data_loader(source, 0, 2, start={"step": 2, "samples_in_step": 2})
+    with pytest.raises(ValueError, match=r"Got step 7, this source serves steps \[0, 6\)"):
+        data_loader(source, 0, 1, start=7)
+    with pytest.raises(ValueError, match=r"Got num_steps 0, num_steps must be an integer >= 1"):
+        PlanSource(ds, plan, 0)
+    sampler = PlanSampler(source, 1, 2)
+    loader = grain.DataLoader(
+        data_source=source, sampler=sampler, shard_options=grain.sharding.ShardOptions(shard_index=0, shard_count=2)
+    )
+    with pytest.raises(ValueError, match="which belongs to shard 0: pass shard_options=sampler.shard_options"):
+        next(iter(loader))
