@@ -3,7 +3,9 @@
 - :mod:`~detsampler.integrations.hf`: ``transformers.Trainer`` and ``accelerate`` (``pip install 'detsampler[hf]'``);
 - :mod:`~detsampler.integrations.lightning`: a Lightning ``LightningDataModule`` (``pip install
   'detsampler[lightning]'``);
-- :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``).
+- :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``);
+- :mod:`~detsampler.integrations.grain`: a Grain data source and index sampler of the plan's micro batches, for Grain
+  pipelines (torchtitan's main branch, JAX trainers) (``pip install 'detsampler[grain]'``).
 
 torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler``
 (docs/integrations.md). Each integration resumes from the step the trainer already checkpoints, the same on every rank,
