@@ -29,7 +29,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -182,8 +184,8 @@ class PlanSampler:
 
     Pass it to ``grain.DataLoader`` with ``shard_options=sampler.shard_options`` (what :func:`data_loader` does):
     Grain then asks process ``rank`` for ``g = rank, rank + world_size, ...``, which are its micro batches of the plan
-    cut for ``world_size``. Any other shard index is refused at the first record. ``len(sampler)`` is the number of
-    global indices up to the source's ``num_steps``.
+    cut for ``world_size``. A loader with other shard options is refused at the first record. ``len(sampler)`` is the
+    number of global indices up to the source's ``num_steps``.
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class PlanSampler:
         self.first = source.first_record(start_step, samples_in_step, world_size)
         self.shard_options = grain.sharding.ShardOptions(shard_index=self.rank, shard_count=self.world_size)
         self._shard_options = self.shard_options  # NOTE: what grain.DataLoader reads when given no shard_options
+        self._checked = False  # the reader's shard options compared (at the first read)
 
     def __len__(self) -> int:
         return len(self.source) - self.first
@@ -211,15 +214,36 @@ class PlanSampler:
         )
 
     def __getitem__(self, index: int) -> Any:
+        if not self._checked:
+            self._check_caller(sys._getframe(1))
         if not 0 <= index < len(self):
             raise IndexError(f"Got index {index}, allowed indices are in [0, {len(self)})")
         if index % self.world_size != self.rank:
-            raise ValueError(
-                f"Grain asked PlanSampler(rank={self.rank}, world_size={self.world_size}) for global index {index}, "
-                f"which belongs to shard {index % self.world_size}: pass shard_options=sampler.shard_options to "
-                "grain.DataLoader"
-            )
+            self._refuse(f"global index {index}, which belongs to shard {index % self.world_size}")
         return grain.RecordMetadata(index=index, record_key=self.first + index)
+
+    def _check_caller(self, frame: FrameType | None) -> None:
+        """Refuse a Grain reader whose shard options are not this sampler's.
+
+        NOTE: ``grain.DataLoader`` reads the sampler through a map dataset that holds the loader's ``_shard_options``
+        and asks for ``k * shard_count + shard_index``: with another shard count every index may still fall on this
+        rank (4 shards over a sampler of 2) and name other records, so the options are compared once, at the first
+        read (in each worker process), not inferred from the indices.
+        """
+        owner = frame.f_locals.get("self") if frame is not None else None
+        options = getattr(owner, "_shard_options", None)
+        mine = (self.rank, self.world_size)
+        if isinstance(options, grain.sharding.ShardOptions) and (options.shard_index, options.shard_count) != mine:
+            self._refuse(
+                f"records with ShardOptions(shard_index={options.shard_index}, shard_count={options.shard_count})"
+            )
+        self._checked = True
+
+    def _refuse(self, what: str) -> None:
+        raise ValueError(
+            f"Grain asked PlanSampler(rank={self.rank}, world_size={self.world_size}) for {what}: pass "
+            "shard_options=sampler.shard_options to grain.DataLoader (or build it with data_loader())"
+        )
 
 
 def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[int, int]:

@@ -206,9 +206,13 @@ def test_bad_positions_and_shards_are_refused(small_index):
         data_loader(source, 0, 1, start=7)
     with pytest.raises(ValueError, match=r"Got num_steps 0, num_steps must be an integer >= 1"):
         PlanSource(ds, plan, 0)
+    for rank, (shard_index, shard_count) in ((1, (0, 2)), (0, (0, 4))):  # 4 shards: every index still falls on rank 0
+        options = grain.sharding.ShardOptions(shard_index=shard_index, shard_count=shard_count)
+        loader = grain.DataLoader(data_source=source, sampler=PlanSampler(source, rank, 2), shard_options=options)
+        with pytest.raises(
+            ValueError, match=rf"for records with ShardOptions\(shard_index={shard_index}, shard_count="
+        ):
+            next(iter(loader))
     sampler = PlanSampler(source, 1, 2)
-    loader = grain.DataLoader(
-        data_source=source, sampler=sampler, shard_options=grain.sharding.ShardOptions(shard_index=0, shard_count=2)
-    )
-    with pytest.raises(ValueError, match="which belongs to shard 0: pass shard_options=sampler.shard_options"):
-        next(iter(loader))
+    with pytest.raises(ValueError, match="for global index 0, which belongs to shard 0: pass shard_options="):
+        sampler[0]  # read directly (no Grain loader): the index alone is checked
