@@ -11,11 +11,14 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 grain = pytest.importorskip("grain")
 
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
 from detsampler.integrations.grain import PlanSampler, PlanSource, data_loader, map_dataset  # noqa: E402
+from tests.strategies import skip_ranges  # noqa: E402
 
 SEQ_LEN = 16
 NUM_STEPS = 6
@@ -216,3 +219,64 @@ def test_bad_positions_and_shards_are_refused(small_index):
     sampler = PlanSampler(source, 1, 2)
     with pytest.raises(ValueError, match="for global index 0, which belongs to shard 0: pass shard_options="):
         sampler[0]  # read directly (no Grain loader): the index alone is checked
+
+
+@pytest.fixture(scope="module")
+def bestfit(small_index) -> PackedDataset:
+    return dataset(small_index)
+
+
+@given(data=st.data())
+@example(data=None)  # pinned below: a ramp, a skip range, 2 processes stopped mid-step, resumed on 4 (refused) and 1
+def test_any_grain_state_resumes_on_any_process_count_with_the_plans_batches(bestfit, data):
+    """From any point of a run on ``P`` processes (each ``get_state()`` after ``k`` records), the step read out of
+    Grain's state resumes on ``P'`` processes: the records taken before and after it make up every global batch of the
+    plan exactly, or the resume is refused when ``P'`` cannot cut the consumed part of the step."""
+    if data is None:
+        m, ramp, skips, old, new, consumed = 2, [(0, 8), (2, 16)], [(1, 1)], 2, [4, 1], 3
+    else:
+        m = data.draw(st.integers(1, 3), label="micro_batch_size")
+        sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3), label="sizes")
+        ramp = [(i * 2, 4 * m * k) for i, k in enumerate(sizes)]
+        skips = data.draw(skip_ranges(max_step=6, max_ranges=1, max_len=2), label="skip_steps")
+        old = data.draw(st.sampled_from([1, 2, 4]), label="processes")
+        new = [data.draw(st.sampled_from([1, 2, 4]), label="new processes")]
+        consumed = None
+    plan = Plan(
+        len(bestfit),
+        seed=1,
+        global_batch_size=ramp[-1][1],
+        micro_batch_size=m,
+        batch_size_schedule=ramp,
+        skip_steps=skips or None,
+    )
+    source = PlanSource(bestfit, plan, NUM_STEPS)
+    per_process = len(source) // old
+    if consumed is None:
+        consumed = data.draw(st.integers(0, per_process), label="records consumed per process")
+    taken, states = [], []
+    for rank in range(old):
+        it = iter(data_loader(source, rank, old))
+        taken += [i for _ in range(consumed) for i in next(it)["sample_ids"].tolist()]
+        states.append(source.position_of_grain_state(it.get_state()))
+    assert all(state == states[0] for state in states)
+    step, samples = states[0]["step"], states[0]["samples_in_step"]
+    cut, expected, left = plan.with_world(old), 0, consumed  # the naive model: whole steps, then the micro steps left
+    while expected < NUM_STEPS and left >= cut.num_micro_steps(expected):
+        left -= cut.num_micro_steps(expected)
+        expected += 1
+    assert (step, samples) == (expected, left * old * m)
+    for processes in new:
+        if samples % (processes * m):
+            with pytest.raises(ValueError, match="must be a multiple of world_size"):
+                data_loader(source, 0, processes, start=states[0])
+            continue
+        rest = [
+            e["sample_ids"].tolist()
+            for r in range(processes)
+            for e in data_loader(source, r, processes, start=states[0])
+        ]
+        everything = sorted(taken + [i for ids in rest for i in ids])
+        assert everything == sorted(
+            plan.global_batch(s)[j] for s in range(NUM_STEPS) for j in range(plan.batch_size(s))
+        )
