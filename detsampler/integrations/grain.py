@@ -56,10 +56,11 @@ class PlanSource:
     """The plan's micro batches as a Grain ``RandomAccessDataSource``: record ``g`` is the ``g``-th micro batch of
     ``plan.micro_batch_size`` samples in training order from step 0, up to ``num_steps`` (module doc).
 
-    ``dataset`` is a :class:`~detsampler.loader.dataset.PackedDataset` (or any dataset with ``get_batch(ids)``, then
-    with ``index=`` and ``layout=``, as for every integration). ``len(source)`` is the number of records of steps
-    ``[0, num_steps)``. Its ``repr`` (which Grain saves and checks with its iterator state) names the data fingerprint
-    and the micro batch, not ``num_steps``: extending a run keeps every record.
+    ``dataset`` is a :class:`~detsampler.loader.dataset.PackedDataset`, a
+    :class:`~detsampler.loader.mixture_dataset.MixtureDataset` of them (``plan`` over its mixture), or any map-style
+    dataset of dict samples (then with ``index=`` and ``layout=``, as for every integration). ``len(source)`` is the
+    number of records of steps ``[0, num_steps)``. Its ``repr`` (which Grain saves and checks with its iterator state)
+    names the data fingerprint and the micro batch, not ``num_steps``: extending a run keeps every record.
     """
 
     def __init__(
@@ -95,8 +96,20 @@ class PlanSource:
     def __getitem__(self, record: int) -> dict[str, np.ndarray]:
         step, micro_step = self.position(record)
         ids = self.plan.micro_batch(step, micro_step, 0)
-        batch = {k: v.numpy() for k, v in self.dataset.get_batch(ids).items()}
-        return {**batch, "sample_ids": ids}
+        return {**self._read(ids), "sample_ids": ids}
+
+    def _read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The samples ``ids`` as one dict of arrays ``[len(ids), ...]``: ``get_batch`` (PackedDataset), a batched
+        ``__getitems__`` (MixtureDataset of PackedDatasets), else the dataset's samples stacked."""
+        get_batch = getattr(self.dataset, "get_batch", None)
+        if get_batch is not None:
+            batch = get_batch(ids)
+        else:
+            items = getattr(self.dataset, "__getitems__", lambda i: [self.dataset[j] for j in i])(ids.tolist())
+            batch = getattr(items, "batch", None)
+            if not isinstance(batch, dict):
+                batch = {key: np.stack([np.asarray(item[key]) for item in items]) for key in items[0]}
+        return {key: np.asarray(value) for key, value in batch.items()}
 
     # -- records <-> steps
 

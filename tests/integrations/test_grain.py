@@ -18,6 +18,7 @@ grain = pytest.importorskip("grain")
 
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
 from detsampler.integrations.grain import PlanSampler, PlanSource, data_loader, map_dataset  # noqa: E402
+from detsampler.record import DataRecord  # noqa: E402
 from tests.strategies import skip_ranges  # noqa: E402
 
 SEQ_LEN = 16
@@ -135,6 +136,30 @@ def test_resume_at_another_process_count_continues_the_global_batches(small_inde
             per_process.append(steps)
         for i, s in enumerate(range(3, NUM_STEPS)):
             assert union(per_process, i) == sorted(plan.global_batch(s).tolist())
+
+
+def test_a_mixture_reads_through_grain_as_the_plan_says(small_index):
+    """A MixtureDataset (bestfit and document layouts of one index, weights 1:3) read through Grain's DataLoader by 2
+    processes: each element is the mixture plan's micro batch, its fields those the MixtureDataset reads."""
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.mixture.config import MixtureConfig
+
+    parts = [dataset(small_index, "bestfit"), dataset(small_index, "document")]
+    mixture = MixtureConfig(weights=(1, 3), seed=2).build([part.layout for part in parts])
+    plan = Plan(source=mixture, global_batch_size=8, micro_batch_size=2)
+    mixed = MixtureDataset(parts, plan.stream)
+    source = PlanSource(mixed, plan, 3)
+    cut = plan.with_world(2)
+    for rank in range(2):
+        steps = steps_of(data_loader(source, rank, 2), cut, 0, 3)
+        for step, elements in enumerate(steps):
+            for micro_step, element in enumerate(elements):
+                ids = cut.micro_batch(step, micro_step, rank)
+                assert element["sample_ids"].tolist() == ids.tolist()
+                for name, value in mixed.__getitems__(ids.tolist()).batch.items():
+                    assert np.array_equal(element[name], value.numpy()), name
+    record = DataRecord.from_json(source.state_dict(1)["data_record"])
+    assert record.is_mixture and len(record.indexes) == 2 and record.framework == "grain"
 
 
 def test_grain_refuses_its_state_in_a_loader_of_another_process_count(small_index):
