@@ -284,6 +284,7 @@ def data_loader(
     """A ``grain.DataLoader`` of process ``rank`` of ``world_size``: its micro batches of ``source``'s plan, in order,
     from ``start`` (a step; a :meth:`PlanSource.state_dict`, whose data record is checked; or a
     :meth:`PlanSource.position_of_grain_state`), through ``operations`` (Grain transforms applied to each record)."""
+    _refuse_worker_batching(operations, worker_count)
     step, samples = _start(source, start)
     sampler = PlanSampler(source, rank, world_size, step, samples)
     return grain.DataLoader(
@@ -295,6 +296,18 @@ def data_loader(
         shard_options=sampler.shard_options,
         read_options=read_options,
     )
+
+
+def _refuse_worker_batching(operations: Sequence[Any], worker_count: int) -> None:
+    """NOTE: with 2 or more workers Grain applies ``operations`` inside each worker, to records ``w, w + W, ...``: a
+    ``Batch`` would stack micro batches of different micro steps (and steps), not consecutive ones."""
+    batches = (grain.transforms.Batch, getattr(getattr(grain, "python", None), "BatchOperation", ()))
+    if worker_count and worker_count >= 2 and any(isinstance(op, batches) for op in operations):
+        raise ValueError(
+            f"a Batch operation with worker_count={worker_count} stacks each worker's records (records w, w + "
+            f"{worker_count}, ...), not consecutive micro batches: a record is already a micro batch (set the plan's "
+            "micro_batch_size), or batch with worker_count 0 or 1"
+        )
 
 
 def map_dataset(source: PlanSource, rank: int, world_size: int, *, start: int | Mapping[str, Any] | None = None) -> Any:

@@ -234,6 +234,8 @@ def test_bad_positions_and_shards_are_refused(small_index):
         data_loader(source, 0, 1, start=7)
     with pytest.raises(ValueError, match=r"Got num_steps 0, num_steps must be an integer >= 1"):
         PlanSource(ds, plan, 0)
+    with pytest.raises(ValueError, match="a Batch operation with worker_count=2 stacks each worker's records"):
+        data_loader(source, 0, 1, worker_count=2, operations=[grain.transforms.Batch(batch_size=2)])
     for rank, (shard_index, shard_count) in ((1, (0, 2)), (0, (0, 4))):  # 4 shards: every index still falls on rank 0
         options = grain.sharding.ShardOptions(shard_index=shard_index, shard_count=shard_count)
         loader = grain.DataLoader(data_source=source, sampler=PlanSampler(source, rank, 2), shard_options=options)
