@@ -313,7 +313,11 @@ def _refuse_worker_batching(operations: Sequence[Any], worker_count: int) -> Non
 def map_dataset(source: PlanSource, rank: int, world_size: int, *, start: int | Mapping[str, Any] | None = None) -> Any:
     """A ``grain.MapDataset`` whose element ``k`` is process ``rank``'s ``k``-th micro batch from ``start`` (as for
     :func:`data_loader`). Its iterator's Grain state (``{"next_index": k}``) counts this process's elements from the
-    start: checkpoint :meth:`PlanSource.state_dict` of the step as well, which any process count resumes from."""
+    start: checkpoint :meth:`PlanSource.state_dict` of the step as well, which any process count resumes from.
+
+    NOTE: ``.mp_prefetch`` with ``W`` workers runs what comes before it on elements ``w, w + W, ...`` of each worker: a
+    ``.batch`` before it stacks micro batches of different steps (as :func:`data_loader` refuses); batch after it, or
+    not at all (an element is already a micro batch)."""
     step, samples = _start(source, start)
     first = PlanSampler(source, rank, world_size, step, samples).first
     return grain.MapDataset.source(source)[first + rank :: world_size]
