@@ -148,7 +148,9 @@ class PlanSource:
 
     def state_dict(self, step: int, samples_in_step: int = 0, world_size: int = 1) -> dict[str, Any]:
         """What to checkpoint: ``{"step", "samples_in_step", "data_record"}`` for a resume at ``step`` (the next step
-        to train), the same on every process."""
+        to train), the same on every process (``world_size``: the processes of the run, recorded; ValueError for a
+        position they cannot have reached)."""
+        self.first_record(step, samples_in_step, world_size)
         plan = self.plan.with_world(world_size)
         record = self.checkpoint.record(step, plan)
         state: dict[str, Any] = {"step": int(step), "samples_in_step": int(samples_in_step)}
