@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 
 import numpy as np
 import pytest
@@ -307,3 +308,19 @@ def test_any_grain_state_resumes_on_any_process_count_with_the_plans_batches(bes
         assert everything == sorted(
             plan.global_batch(s)[j] for s in range(NUM_STEPS) for j in range(plan.batch_size(s))
         )
+
+
+def test_the_saved_data_record_is_audited_by_the_cli(small_index, tmp_path, capsys):
+    """``state_dict``'s record saved in a checkpoint directory: ``detsampler show --checkpoint`` reopens the index and
+    prints the last trained step's samples, which are the plan's."""
+    from detsampler.cli import main
+
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    state = PlanSource(ds, plan, NUM_STEPS).state_dict(3, world_size=2)
+    DataRecord.from_json(state["data_record"]).save(tmp_path)
+    assert main(["show", "--checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "saved at step 3 by grain" in out and "showing its last trained step 2" in out
+    shown = sorted(int(i) for i in re.findall(r"position \d+ +sample (\d+)", out))
+    assert shown == sorted(plan.global_batch(2).tolist())
