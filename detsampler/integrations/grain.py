@@ -185,7 +185,27 @@ class PlanSource:
         rank, world_size, start_step, start_samples = (int(match.group(i)) for i in range(1, 5))
         # NOTE: Grain's workers hand records out in order, so the next one follows the newest last seen index.
         global_index = max(int(v) for v in saved["last_seen_indices"].values()) + world_size
-        record = self.first_record(start_step, start_samples, world_size) + global_index
+        return self._position_after(global_index // world_size, rank, world_size, (start_step, start_samples))
+
+    def position_of_map_state(
+        self, state: Mapping[str, Any], rank: int, world_size: int, start: int | Mapping[str, Any] | None = None
+    ) -> dict[str, int]:
+        """``{"step", "samples_in_step"}`` where process ``rank`` of ``world_size`` stands after the Grain iterator
+        state ``state`` of a :func:`map_dataset` pipeline (started at ``start``, as given to it): ``{"next_index": k}``
+        (``to_iter_dataset()``), or ``.mp_prefetch()``'s state (its workers' ``next_index`` summed). That state names
+        neither the data nor the process count, so the caller vouches for them; any process count resumes from the
+        result (``start=``)."""
+        if isinstance(state, Mapping) and "next_index" in state:
+            consumed = int(state["next_index"])
+        elif isinstance(state, Mapping) and "iterators_in_use_states" in state:
+            consumed = sum(int(worker["next_index"]) for worker in state["iterators_in_use_states"])
+        else:
+            raise ValueError(f"not the Grain iterator state of a map_dataset pipeline: {str(state)[:200]!r}")
+        return self._position_after(consumed, rank, world_size, _start(self, start))
+
+    def _position_after(self, consumed: int, rank: int, world_size: int, start: tuple[int, int]) -> dict[str, int]:
+        """Where process ``rank`` of ``world_size`` stands once it has taken ``consumed`` records from ``start``."""
+        record = self.first_record(*start, world_size) + rank + consumed * world_size
         if record >= self._length:
             return {"step": self.num_steps, "samples_in_step": 0}
         step, micro_step = self.position(record)

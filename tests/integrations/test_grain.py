@@ -90,7 +90,8 @@ def test_data_loader_yields_each_process_the_plans_micro_batches(small_index, wo
 
 def test_workers_yield_the_same_records_and_grains_state_round_trips(small_index):
     """With 2 Grain worker processes, rank 1 of 2 reads the same records in the same order, and a loader restored with
-    Grain's ``set_state`` after 3 records continues with the uninterrupted run's next ones."""
+    Grain's ``set_state`` after 3 records continues with the uninterrupted run's next ones; a map_dataset pipeline with
+    ``mp_prefetch`` workers yields them too, and its state names the same position."""
     ds = dataset(small_index)
     plan = ramp_plan(ds)
     source = PlanSource(ds, plan, NUM_STEPS)
@@ -107,7 +108,15 @@ def test_workers_yield_the_same_records_and_grains_state_round_trips(small_index
     assert [e["sample_ids"].tolist() for e in again] == [e["sample_ids"].tolist() for e in tail]
     assert json.loads(state)["worker_count"] == 2
     assert source.position_of_grain_state(state) == {"step": 2, "samples_in_step": 4}  # steps 0, 1 (1 each), 1 of 2
-    del it, restored
+    # the same through a map_dataset pipeline whose 2 workers are Grain's mp_prefetch
+    options = grain.MultiprocessingOptions(num_workers=2)
+    pipeline = iter(map_dataset(source, 1, 2).to_iter_dataset().mp_prefetch(options))
+    head = [next(pipeline) for _ in range(3)]
+    state = pipeline.get_state()
+    check_process(steps_of(head + list(pipeline), cut), ds, cut, 1)
+    assert [w["next_index"] for w in state["iterators_in_use_states"]] == [2, 1]
+    assert source.position_of_map_state(state, 1, 2) == {"step": 2, "samples_in_step": 4}
+    del it, restored, pipeline
     gc.collect()
 
 
@@ -199,6 +208,7 @@ def test_map_dataset_element_k_is_the_plans_and_its_state_round_trips(small_inde
         head = [next(it) for _ in range(3)]
         state = it.get_state()
         assert state == {"next_index": 3}
+        assert source.position_of_map_state(state, rank, 2) == {"step": 2, "samples_in_step": 4}
         restored = iter(md.to_iter_dataset())
         restored.set_state(state)
         assert [e["sample_ids"].tolist() for e in restored] == [md[k]["sample_ids"].tolist() for k in range(3, len(md))]
