@@ -334,3 +334,24 @@ def test_the_saved_data_record_is_audited_by_the_cli(small_index, tmp_path, caps
     assert "saved at step 3 by grain" in out and "showing its last trained step 2" in out
     shown = sorted(int(i) for i in re.findall(r"position \d+ +sample (\d+)", out))
     assert shown == sorted(plan.global_batch(2).tolist())
+
+
+def test_grains_checkpoint_handler_saves_a_state_that_resumes_on_another_process_count(small_index, tmp_path):
+    """Grain's own Orbax handler (``grain.checkpoint.CheckpointHandler``, no Orbax needed to call it) saves the
+    iterator's state as ``process_0-of-1.json``; restored by the handler into a loader of 2 processes it is refused by
+    Grain; read for its step, it resumes 2 processes on the plan's global batches."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    it = iter(data_loader(source, 0, 1))
+    steps_of(it, plan, 0, 2)
+    handler = grain.checkpoint.CheckpointHandler()
+    handler.save(tmp_path, it)
+    saved = tmp_path / "process_0-of-1.json"
+    with pytest.raises(ValueError, match="Sampler in checkpoint does not match dataloader sampler"):
+        handler.restore(tmp_path, iter(data_loader(source, 0, 2)))
+    start = source.position_of_grain_state(saved.read_text())
+    assert start == {"step": 2, "samples_in_step": 0}
+    resumed = [steps_of(data_loader(source, rank, 2, start=start), plan.with_world(2), 2) for rank in range(2)]
+    for i, step in enumerate(range(2, NUM_STEPS)):
+        assert union(resumed, i) == sorted(plan.global_batch(step).tolist())
