@@ -5,7 +5,9 @@
   'detsampler[lightning]'``);
 - :mod:`~detsampler.integrations.torchtitan`: a torchtitan data loader (``pip install 'detsampler[torchtitan]'``);
 - :mod:`~detsampler.integrations.torchft`: each step's global batch split among the torchft replica groups alive at
-  its quorum (``pip install 'detsampler[torchft]'``).
+  its quorum (``pip install 'detsampler[torchft]'``);
+- :mod:`~detsampler.integrations.grain`: a Grain data source and index sampler of the plan's micro batches, for Grain
+  pipelines (torchtitan's main branch, JAX trainers) (``pip install 'detsampler[grain]'``).
 
 torchdata's ``StatefulDataLoader`` needs no integration: pass the sampler as its ``batch_sampler``
 (docs/integrations.md). Each integration resumes from the step the trainer already checkpoints, the same on every rank,
