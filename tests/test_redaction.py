@@ -278,3 +278,59 @@ def test_where_marks_the_reads_a_redaction_masks(capsys, cache_root, small_token
     assert {r["step"] >= 437 for r in got["reads"]} == {False, True}  # read before the redaction and after it
     for line, read in zip(lines, got["reads"]):
         assert line.endswith("  redacted") == (read["step"] >= 437)
+
+
+# -- verify --against: the proof that a redaction moved nothing else
+
+
+def _saved(step, index, layout, plan, directory):
+    directory.mkdir()
+    DataRecord.of(step, index, layout, plan, framework="train").save(directory)
+    return str(directory)
+
+
+def test_verify_against_the_checkpoint_before_the_redaction(capsys, small_index, tmp_path):
+    """``verify --checkpoint NEW --against OLD``: the data changes between the records (the resume rule's verdict) and
+    whether every step reads the samples OLD's plan reads there; exit 1 when the resume rule refuses the change."""
+    from detsampler.cli import main
+
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=7))
+    cut = dict(seed=3, global_batch_size=8, micro_batch_size=2, world_size=2)
+    old = _saved(8, small_index, layout, Plan(layout.num_samples, **cut), tmp_path / "old")
+    redacted = Plan(layout.num_samples, **cut, redactions=[Redaction([0, 5], 8)])
+    new = _saved(16, small_index, layout, redacted, tmp_path / "new")
+    assert main(["verify", "--checkpoint", new, "--against", old]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"against {old}: saved at step 8, data changes plan.redactions: '<absent>' -> [[8, [0, 5]]]" in out
+    assert "  accepted by the resume rule at step 8 (check_resume)" in out
+    assert "  steps 0..15: every step reads the samples its plan reads (16 steps, 128 samples)" in out
+    assert out[-1] == "OK: no duplicates, no gaps"
+    # a redaction before the older checkpoint's step: the same samples, but the past changed
+    early = Plan(layout.num_samples, **cut, redactions=[Redaction([0], 4)])
+    path = _saved(16, small_index, layout, early, tmp_path / "e")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  refused by the resume rule at step 8: redactions adds [[4, [0]]]") for line in out)
+    assert "  steps 0..15: every step reads the samples its plan reads (16 steps, 128 samples)" in out
+    assert out[-1] == "FAILED: the data changed before step 8"
+    # another plan seed moves every step
+    moved = Plan(layout.num_samples, **{**cut, "seed": 4})
+    path = _saved(16, small_index, layout, moved, tmp_path / "m")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    plain = Plan(layout.num_samples, **cut)
+    differ = [s for s in range(16) if sorted(moved.global_batch(s)) != sorted(plain.global_batch(s))]
+    shown = f"{differ[0]}, {differ[1]}, {differ[2]} ..."
+    assert f"  steps 0..15: {len(differ)} step(s) read other samples than its plan: {shown}" in out
+    assert out[-1] == "FAILED: the data changed before step 8"
+    # another layout: the samples are other samples, not compared
+    other = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=8))
+    path = _saved(16, small_index, other, Plan(other.num_samples, **cut), tmp_path / "l")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    refusal = "  refused by the resume rule at step 8: resuming at step 8 changes the layout"
+    assert any(line.startswith(refusal) for line in out)
+    assert "  samples not compared: the index or layout differs" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--steps", "0:4", "--against", old])
+    assert exc.value.code == 2 and "--against needs --checkpoint" in capsys.readouterr().err

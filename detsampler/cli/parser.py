@@ -275,6 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also check every chunk checksum and the sha256 of each index file (reads them all)",
     )
+    verify.add_argument(
+        "--against",
+        default=None,
+        metavar="CHECKPOINT",
+        help=(
+            "with --checkpoint: an older checkpoint of the run (any form --checkpoint takes); print the data changes"
+            " between the two records, the resume rule's verdict at its step, and whether every step reads the"
+            " samples its plan reads (fails when the change reaches before its step)"
+        ),
+    )
 
     where = sub.add_parser(
         "where",
