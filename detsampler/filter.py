@@ -59,6 +59,17 @@ class RepetitionFilter:
     def to_dict(self) -> dict:
         return {"max_period": self.max_period, "min_period": self.min_period, "max_count": self.max_count}
 
+    def describe(self) -> dict:
+        """What a data fingerprint records: ``{"kind": "repetition", **to_dict()}``."""
+        return {"kind": "repetition", **self.to_dict()}
+
+    @classmethod
+    def from_description(cls, described: dict) -> RepetitionFilter:
+        """The filter :meth:`describe` described (a fingerprint's ``instance_filter``)."""
+        if not isinstance(described, dict) or described.get("kind") != "repetition":
+            raise ValueError(f"not a RepetitionFilter description (kind 'repetition'): {described!r}")
+        return cls(**{k: v for k, v in described.items() if k != "kind"})
+
 
 def repetition_flags(
     tokens: np.ndarray,

@@ -190,3 +190,35 @@ def test_packed_mixture_dataset_through_a_dataloader(
                 own = packed[int(look.source[i])][int(look.source_sample[i])]
                 for key in ("input_ids", "labels", "position_ids", "document_ids"):
                     assert torch.equal(batch[key][i], own[key])
+
+
+def test_an_integration_records_the_instance_filter_its_datasets_read_through(
+    mixture_paths, mixture_layouts, small_tokenizer, cache_root
+):
+    """The integrations' data record names the datasets' instance filter (a resume through another is refused); a
+    mixture whose sources read through different filters is refused (one record, one filter)."""
+    from detsampler.filter import RepetitionFilter
+    from detsampler.integrations.checkpoint import CheckpointData
+    from detsampler.loader.dataset import PackedDataset
+    from detsampler.loader.mixture_dataset import MixtureDataset
+
+    indexes = [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False
+        ).index
+        for p in mixture_paths
+    ]
+    plan = _plan(mixture_layouts)
+    strict = RepetitionFilter(max_count=4)
+
+    def data(filters):
+        packed = [PackedDataset(i, lay, instance_filter=f) for i, lay, f in zip(indexes, mixture_layouts, filters)]
+        return CheckpointData(MixtureDataset(packed, plan.stream), plan, framework="hf")
+
+    saved = data([strict] * 3).record(2, plan)
+    assert saved.instance_filter() == strict
+    data([strict] * 3).check(saved.to_dict(), 2, "checkpoint-2")
+    with pytest.raises(ValueError, match="changes the instance filter"):
+        data([None] * 3).check(saved.to_dict(), 2, "checkpoint-2")
+    with pytest.raises(ValueError, match="sources read through different instance filters"):
+        data([strict, None, strict])

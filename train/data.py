@@ -150,17 +150,20 @@ class DataPipeline:
     def data_fingerprint(self) -> DataFingerprint:
         """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index
         provides its identity)."""
+        instance_filter = self.config.instance_filter
         if self.sources is None:
-            return DataFingerprint.of(self.index, self.layout, self.plan)
+            return DataFingerprint.of(self.index, self.layout, self.plan, instance_filter)
         return DataFingerprint.of(
-            [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan
+            [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan, instance_filter
         )
 
     def data_record(self, step: int) -> DataRecord:
         """The library's :class:`~detsampler.record.DataRecord` of this pipeline at ``step`` (what a checkpoint of the
         state before ``step`` saves: ``detsampler show|verify|stats --checkpoint`` reads it)."""
         if self.sources is None:
-            return DataRecord.of(step, self.index, self.layout, self.plan, framework="train")
+            return DataRecord.of(
+                step, self.index, self.layout, self.plan, framework="train", instance_filter=self.config.instance_filter
+            )
         return DataRecord.of(
             step,
             [index for index, _ in self.sources],
@@ -168,6 +171,7 @@ class DataPipeline:
             self.plan,
             framework="train",
             names=self.config.mixture_names or None,
+            instance_filter=self.config.instance_filter,
         )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:

@@ -307,7 +307,9 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
     except ValueError as exc:
         raise ValueError(f"checkpoint {where}: {exc}; the index or layout changed since it was saved") from None
     many = record.is_mixture
-    reopened = DataFingerprint.of(indexes if many else indexes[0], layouts if many else layouts[0], plan)
+    reopened = DataFingerprint.of(
+        indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()
+    )
     if reopened.hash != record.fingerprint.hash:
         changes = fingerprint_changes(record.fingerprint, reopened)
         raise ValueError(
