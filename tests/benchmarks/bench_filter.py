@@ -1,4 +1,4 @@
-"""Benchmark 17: the cost of the instance filter (OLMo-core's repetition filter) against ``PackedDataset.get_batch``.
+"""Benchmark 14: the cost of the instance filter (OLMo-core's repetition filter) against ``PackedDataset.get_batch``.
 
 Data: the first 300 files of the default corpus (the Python standard library's sources: indentation and repeated
 punctuation make real candidate rows for the filter's exact test), a 4,096-piece tokenizer trained on them, an index
@@ -6,7 +6,8 @@ with stored tokens, built once under ``.cache/bench/filter``. Micro batches of 8
 plan's first 200 micro batches of one rank, per layout (``concat``, ``bestfit``). Each micro batch is read by
 ``get_batch`` without the filter and with :class:`~detsampler.filter.RepetitionFilter` (OLMo-core's defaults: periods 1
 to 13, 32 repetitions), interleaved batch by batch, in turn first (pages warm after a first pass), in one process on
-one thread, so their ratio is the filter's cost; the filter alone (on the read block) is timed too. Then the loader's
+one thread, so their ratio is the filter's cost; the filter alone (on the read block) is timed too, and the former
+implementation (``tests/filter_reference.py``, the same flags) on the same block, in turn first. Then the loader's
 own path: ``DataLoader(batch_sampler=DeterministicBatchSampler, collate_fn=collate_micro_batch, num_workers=0)`` over
 the same micro batches, plain and filtered alternately, 3 passes each, best pass. Throughput: input tokens per second.
 Target (issue #24 item 3): filtering costs at most 5% of loader throughput.
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
     from detsampler.loader.sampler import DeterministicBatchSampler
     from detsampler.plan import Plan
     from detsampler.text.corpus import default_corpus, default_tokenizer
+    from tests.filter_reference import repetition_flags as former_flags
 
     parser = argparse.ArgumentParser(prog="bench_filter")
     parser.add_argument("--docs", type=int, default=300)
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         batches = [plan.micro_batch(step, 0, 0) for step in range(args.batches)]
         for ids in batches:  # warm the pages and the chunks' checks
             plain.get_batch(ids)
-        t_plain, t_filtered, t_alone, flagged = [], [], [], 0
+        t_plain, t_filtered, t_alone, t_former, flagged = [], [], [], [], 0
         for i, ids in enumerate(batches):
             times = {}
             for name in ("plain", "filtered") if i % 2 == 0 else ("filtered", "plain"):  # neither warms the other
@@ -68,9 +70,16 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 batch = (plain if name == "plain" else filtered).get_batch(ids)
                 times[name] = time.perf_counter() - t0
             lengths = (batch["document_ids"].numpy() >= 0).sum(axis=1) if kind != "concat" else None
-            t0 = time.perf_counter()  # the filter alone, as get_batch calls it (padding as each row's tail)
-            flags = config.flags(batch["input_ids"].numpy(), lengths=lengths)
-            t_alone.append(time.perf_counter() - t0)
+            block = batch["input_ids"].numpy()
+            for name in ("now", "former") if i % 2 == 0 else ("former", "now"):
+                t0 = time.perf_counter()  # the filter alone, as get_batch calls it (padding as each row's tail)
+                if name == "now":
+                    flags = config.flags(block, lengths=lengths)
+                    t_alone.append(time.perf_counter() - t0)
+                else:
+                    former = former_flags(block, config, lengths=lengths)
+                    t_former.append(time.perf_counter() - t0)
+            assert (flags == former).all(), "the filter flags other samples than its former implementation"
             t_plain.append(times["plain"])
             t_filtered.append(times["filtered"])
             flagged += int(flags.sum())
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 f"{filtered_s / plain_s:.3f}",
                 f"{cost * 100:.1f}%",
                 " / ".join(f"{t * 1e6:.0f}" for t in (statistics.median(t_alone), alone_mean, max(t_alone))),
+                " / ".join(f"{t * 1e6:.0f}" for t in (statistics.median(t_former), statistics.fmean(t_former))),
                 f"{plain_s * 1e6:.0f}",
                 f"{flagged} / {len(batches) * 8}",
                 f"{tokens / loader_plain / 1e6:.1f}M / {tokens / loader_filtered / 1e6:.1f}M",
@@ -113,6 +123,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             "time ratio",
             "throughput lost",
             "filter alone, µs: median / mean / max",
+            "former filter, µs: median / mean",
             "get_batch, µs",
             "samples flagged",
             "DataLoader tokens/s plain / filtered",
@@ -124,7 +135,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         "filtering costs <= 5% of loader throughput", worst <= 0.05, f"worst layout: {worst * 100:.1f}% lost"
     )
     return BenchResult(
-        99,
+        14,
         "Instance filter cost",
         __doc__.split("\n", 2)[2].strip(),
         [table],

@@ -64,6 +64,7 @@ ORDER = {
     "corpus_scale": 11,
     "shard_build": 12,
     "where": 13,
+    "filter": 14,
 }
 PACKAGES = (
     "numpy",
