@@ -22,7 +22,7 @@ from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
 from detsampler.record import DataRecord
-from detsampler.redaction import Redaction, documents_by_path
+from detsampler.redaction import Redaction, documents_by_content_hash, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
@@ -217,7 +217,8 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column (an error when it has none, or a path names no document)."""
+    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its text column (an error when it has
+    no such column, or a path or hash names no document)."""
     out = []
     for entry in config.redactions:
         documents = list(entry["documents"])
@@ -229,6 +230,14 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
                     " path column: give document ids"
                 )
             documents += documents_by_path(dataset["path"], entry["paths"])
+        if entry.get("sha256"):
+            column = getattr(dataset, "column_names", None) or []
+            if config.text_column not in column:
+                raise ValueError(
+                    f"DataConfig.redactions from step {entry['from_step']} names content hashes, but the index's"
+                    f" dataset has no text column {config.text_column!r}: give document ids"
+                )
+            documents += documents_by_content_hash(dataset[config.text_column], entry["sha256"])
         out.append(Redaction(sorted(set(documents)), entry["from_step"]))
     return out
 
