@@ -334,3 +334,28 @@ def test_verify_against_the_checkpoint_before_the_redaction(capsys, small_index,
     with pytest.raises(SystemExit) as exc:
         main(["verify", "--steps", "0:4", "--against", old])
     assert exc.value.code == 2 and "--against needs --checkpoint" in capsys.readouterr().err
+
+
+def test_where_finds_a_document_by_its_content_hash(capsys, cache_root, small_tokenizer, small_index):
+    """``where --sha256 HEX``: a contamination audit starts from a text (a benchmark's item), not from an id."""
+    import json
+
+    from detsampler.cli import main
+    from detsampler.redaction import content_hash
+    from detsampler.text.corpus import default_corpus
+
+    texts = default_corpus(max_documents=16)["text"]
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--kind", "document", "--seq-len", "64", "--global-batch-size", "8", "--steps", "0:300", "--json"]
+    assert main(["where", *base, *opts, "--doc", "5"]) == 0
+    by_id = json.loads(capsys.readouterr().out)
+    assert main(["where", *base, *opts, "--sha256", content_hash(texts[5]).upper()]) == 0
+    assert json.loads(capsys.readouterr().out) == by_id
+    for argv, message in [
+        (["--sha256", content_hash("not in the corpus")], "name no document"),
+        (["--sha256", "xyz"], "64 hexadecimal digits"),
+        (["--sha256", content_hash(texts[5]), "--doc", "5"], "where needs one of --doc ID, --path FILE or --sha256"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            main(["where", *base, *opts, *argv])
+        assert exc.value.code == 2 and message in capsys.readouterr().err, argv

@@ -301,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--path", default=None, help="the document whose path (a corpus of files) is PATH, or ends with /PATH"
     )
     where.add_argument(
+        "--sha256",
+        default=None,
+        metavar="HEX",
+        help="the document whose text has this sha256 (64 hex digits; detsampler.redaction.content_hash): what a"
+        " contamination audit starts from",
+    )
+    where.add_argument(
         "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"
     )
     where.add_argument(
