@@ -359,3 +359,21 @@ def test_where_finds_a_document_by_its_content_hash(capsys, cache_root, small_to
         with pytest.raises(SystemExit) as exc:
             main(["where", *base, *opts, *argv])
         assert exc.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_where_refuses_a_content_hash_of_several_documents(capsys, cache_root, small_tokenizer, tmp_path):
+    from detsampler.cli import main
+    from detsampler.redaction import content_hash
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in [("a.txt", "def f():\n    return 1\n"), ("b.txt", "x = 2\n"), ("c.txt", "x = 2\n")]:
+        (corpus / name).write_text(text)
+    argv = ["where", "--data", str(corpus), "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    argv += ["--seq-len", "16", "--steps", "0:4", "--quiet"]
+    assert main([*argv, "--sha256", content_hash("def f():\n    return 1\n")]) == 0
+    assert capsys.readouterr().out.startswith("doc 0: 11 tokens + EOS")
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--sha256", content_hash("x = 2\n")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "names 2 documents with equal text ([1, 2]): give --doc ID" in err
