@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsampler.layout import LayoutConfig
 from detsampler.loader.dataset import PackedDataset
@@ -377,3 +379,30 @@ def test_where_refuses_a_content_hash_of_several_documents(capsys, cache_root, s
         main([*argv, "--sha256", content_hash("x = 2\n")])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "names 2 documents with equal text ([1, 2]): give --doc ID" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**26), min_size=1, max_size=40, unique=True),
+    st.lists(st.integers(-1, 2**26 + 5), min_size=0, max_size=60),
+    st.integers(0, 3),
+)
+def test_the_blocklist_mask_is_isin(blocked, doc_ids, from_step):
+    """``Blocklist.mask`` (a lookup table while the largest redacted id is small, else ``np.isin``) and
+    ``redact_labels``' numpy path mark exactly ``np.isin(document_ids, redacted ids)``, padding (-1) never."""
+    blocklist = Blocklist([Redaction(blocked, from_step)])
+    ids = np.array(doc_ids + blocked[:3] + [-1], dtype=np.int64).reshape(1, -1)
+    for step in (from_step - 1, from_step, from_step + 5):
+        if step < 0:
+            continue
+        want = np.isin(ids, blocklist.at(step))
+        assert np.array_equal(blocklist.mask(ids, step), want)
+        assert np.array_equal(redaction_mask(ids, step, [Redaction(blocked, from_step)]), want)
+        labels = torch.arange(ids.size).reshape(ids.shape)
+        labels[0, 0] = -100
+        batch = {"document_ids": torch.from_numpy(ids.copy()), "labels": labels}
+        changed = redact_labels(batch, step, blocklist)
+        want_changed = want.copy()
+        want_changed[0, 0] = False
+        assert changed == int(want_changed.sum())
+        assert torch.equal(batch["labels"] == -100, torch.from_numpy(want) | (torch.arange(ids.size) == 0)[None, :])
