@@ -130,7 +130,7 @@ class Blocklist:
 
     def mask(self, document_ids: np.ndarray, step: int) -> np.ndarray:
         """Bool, shaped like ``document_ids``: True where the id is redacted at ``step`` (padding, -1, never); exactly
-        ``np.isin(document_ids, self.at(step))``, about 3x faster through the table."""
+        ``np.isin(document_ids, self.at(step))`` for any integer ids, about 3x faster through the table."""
         k = self._entry(step)
         ids, blocked = np.asarray(document_ids), self._ids[k]
         if not blocked.size:
@@ -142,7 +142,7 @@ class Blocklist:
             table[blocked] = True
             self._table = (k, table)
         table = self._table[1]
-        return table[np.minimum(ids, len(table) - 1)]
+        return table[np.clip(ids, -1, len(table) - 1)]  # -1 (padding) and any larger id land on the last, False
 
 
 def redacted_at(redactions: Sequence[Redaction] | Blocklist, step: int) -> np.ndarray:

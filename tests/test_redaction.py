@@ -384,12 +384,13 @@ def test_where_refuses_a_content_hash_of_several_documents(capsys, cache_root, s
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.integers(0, 2**26), min_size=1, max_size=40, unique=True),
-    st.lists(st.integers(-1, 2**26 + 5), min_size=0, max_size=60),
+    st.lists(st.integers(-3, 2**26 + 5), min_size=0, max_size=60),
     st.integers(0, 3),
 )
 def test_the_blocklist_mask_is_isin(blocked, doc_ids, from_step):
     """``Blocklist.mask`` (a lookup table while the largest redacted id is small, else ``np.isin``) and
-    ``redact_labels``' numpy path mark exactly ``np.isin(document_ids, redacted ids)``, padding (-1) never."""
+    ``redact_labels``' numpy path mark exactly ``np.isin(document_ids, redacted ids)``, padding (-1) and any other
+    negative id never."""
     blocklist = Blocklist([Redaction(blocked, from_step)])
     ids = np.array(doc_ids + blocked[:3] + [-1], dtype=np.int64).reshape(1, -1)
     for step in (from_step - 1, from_step, from_step + 5):
