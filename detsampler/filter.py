@@ -14,7 +14,10 @@ Nothing here changes which samples a step reads: a flagged sample is still read,
 (:class:`detsampler.loader.dataset.PackedDataset` sets its labels to -100). Pure in the tokens, the flag of a sample id
 is the same on every world size and worker count. numpy only; vectorized over the batch: one strided probe of all
 periods at once (a run of ``k`` equal pairs contains four consecutive multiples of ``k // 4``) picks candidate
-positions, and only the ``2k + 1`` positions around each get the exact run-length test, all in one block.
+positions, and only the ``2k + 1`` positions around each get the exact run-length test, all in one block. The
+common path (no candidate) is two gathers, one comparison, two ANDs (four hits by doubling) and an ``any``; the
+padding test compares in a 16-bit type; the period check and the exact test run on the candidates only
+(``tests/filter_reference.py``, the former implementation, flags the same: ``tests/test_filter.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ class RepetitionFilter:
     def to_dict(self) -> dict:
         return {"max_period": self.max_period, "min_period": self.min_period, "max_count": self.max_count}
 
+    def describe(self) -> dict:
+        """What a data fingerprint records: ``{"kind": "repetition", **to_dict()}``."""
+        return {"kind": "repetition", **self.to_dict()}
+
+    @classmethod
+    def from_description(cls, described: dict) -> RepetitionFilter:
+        """The filter :meth:`describe` described (a fingerprint's ``instance_filter``)."""
+        if not isinstance(described, dict) or described.get("kind") != "repetition":
+            raise ValueError(f"not a RepetitionFilter description (kind 'repetition'): {described!r}")
+        return cls(**{k: v for k, v in described.items() if k != "kind"})
+
 
 def repetition_flags(
     tokens: np.ndarray,
@@ -80,7 +94,7 @@ def repetition_flags(
         if valid.shape != x.shape:
             raise ValueError(f"valid must have the tokens' shape {x.shape}, got {valid.shape}")
     if lengths is not None:
-        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
+        lengths = np.minimum(np.asarray(lengths, dtype=np.int64).reshape(-1, 1), x.shape[1])  # beyond: no padding
         if len(lengths) != len(x):
             raise ValueError(f"lengths must have one entry per row ({len(x)}), got {len(lengths)}")
     rows, length = x.shape
@@ -95,15 +109,18 @@ def repetition_flags(
     if valid is not None:
         vflat = valid.reshape(-1)
         hit &= vflat[fat] & vflat[fback]
-    if lengths is not None:  # back < at: at inside means both are
-        hit &= at < lengths
-    n = hit.shape[1] - hits + 1
-    run = hit[:, :n] & same_period
-    for d in range(1, hits):
-        run &= hit[:, d : n + d]
+    if lengths is not None:  # back < at: at inside means both are (compared in at's small integer type)
+        hit &= at < lengths.astype(at.dtype, copy=False)
+    run = _all_hit(hit, hits)
     if not run.any():  # the common case, and far cheaper than nonzero
         return flagged
     cand_rows, cand_probes = np.nonzero(run)
+    # a window across two periods' probes is no candidate (checked here, on the few windows that all hit)
+    same = same_period[cand_probes]
+    if not same.all():
+        cand_rows, cand_probes = cand_rows[same], cand_probes[same]
+        if len(cand_rows) == 0:
+            return flagged
     # the exact test, around each candidate probe i only: a run of >= k equal pairs that holds i has >= k of them in
     # [i - k, i + k], and one found there is a run of the row
     count = max(config.max_count, 3)
@@ -113,17 +130,28 @@ def repetition_flags(
     offset = np.arange(width)[None, :]
     pos = at[cand_probes][:, None] - k + offset
     inside = (pos >= p) & (pos < (length if lengths is None else lengths[cand_rows])) & (offset <= 2 * k)
-    pos = np.where(inside, pos, p)
-    row = (cand_rows * length)[:, None]
-    eq = (flat[row + pos] == flat[row + pos - p]) & inside
+    at_pos = np.where(inside, pos, p) + (cand_rows * length)[:, None]
+    back_pos = at_pos - p
+    eq = flat[at_pos] == flat[back_pos]
+    eq &= inside
     if valid is not None:
-        eq &= vflat[row + pos] & vflat[row + pos - p]
-    runs = np.zeros((len(cand_rows), width + 1), dtype=np.int32)
-    np.cumsum(eq, axis=1, out=runs[:, 1:])
-    ahead = np.take_along_axis(runs, np.minimum(np.arange(width + 1)[None, :] + k, width), axis=1)
-    found = ((ahead - runs) == k).any(axis=1)
+        eq &= vflat[at_pos] & vflat[back_pos]
+    # the longest run of equal pairs in each window: at j, j minus the last unequal position up to j
+    last_unequal = np.maximum.accumulate(np.where(eq, -1, offset), axis=1)
+    found = (offset - last_unequal).max(axis=1) >= k[:, 0]
     flagged[cand_rows[found]] = True
     return flagged
+
+
+def _all_hit(hit: np.ndarray, hits: int) -> np.ndarray:
+    """Bool ``[B, m - hits + 1]``: whether probes ``j .. j + hits - 1`` all hit, by doubling (a window of ``2w`` is
+    two windows of ``w``): ``ceil(log2(hits))`` operations instead of ``hits - 1``."""
+    run, width = hit, 1
+    while width < hits:
+        shift = min(width, hits - width)  # windows of `width` at j and j + shift cover j .. j + width + shift - 1
+        run = run[:, : run.shape[1] - shift] & run[:, shift:]
+        width += shift
+    return run
 
 
 @lru_cache(maxsize=64)
@@ -152,7 +180,8 @@ def _probes(config: RepetitionFilter, length: int, rows: int) -> tuple[np.ndarra
     at_all, back_all, periods_of = np.concatenate(at), np.concatenate(back), np.concatenate(period)
     base = np.arange(0, rows * length, length, dtype=np.intp)[:, None]
     same = periods_of[hits - 1 :] == periods_of[: len(periods_of) - hits + 1]
-    arrays = (at_all, back_all, base + at_all, base + back_all, same, periods_of)
+    small = np.int16 if length <= np.iinfo(np.int16).max else np.int32  # the lengths test: ~3x faster than int64
+    arrays = (at_all.astype(small), back_all, base + at_all, base + back_all, same, periods_of)
     for a in arrays:
         a.setflags(write=False)
     return (*arrays, hits)

@@ -19,6 +19,7 @@ from typing import Any
 
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_int, check_positive_int
+from detsampler.filter import RepetitionFilter
 from detsampler.layout import LayoutConfig
 from detsampler.plan import Plan
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
@@ -97,13 +98,15 @@ class DataRecord:
         samples_in_step: int = 0,
         names: Any = None,
         extra: dict | None = None,
+        instance_filter: Any = None,
     ) -> DataRecord:
         """The record of ``plan`` over ``layout`` of ``index`` (for a mixture: lists of indexes and layouts, one per
-        source) at ``step``."""
+        source) at ``step``, read through ``instance_filter`` (a :class:`~detsampler.filter.RepetitionFilter`, or
+        None)."""
         many = isinstance(index, (list, tuple))
         return cls(
             step=int(step),
-            fingerprint=DataFingerprint.of(index, layout, plan),
+            fingerprint=DataFingerprint.of(index, layout, plan, instance_filter),
             indexes=tuple(index_location(i) for i in (index if many else [index])),
             world_size=plan.world_size,
             micro_batch_size=plan.micro_batch_size,
@@ -181,6 +184,11 @@ class DataRecord:
     @property
     def is_mixture(self) -> bool:
         return "mixture" in self.fingerprint.layout
+
+    def instance_filter(self) -> Any:
+        """The :class:`~detsampler.filter.RepetitionFilter` the run read through, or None."""
+        described = self.fingerprint.instance_filter
+        return None if described is None else RepetitionFilter.from_description(described)
 
     def layout_configs(self) -> list[LayoutConfig]:
         """The layout config of each index (one per mixture source)."""

@@ -1,14 +1,14 @@
 """Checking that a resumed run trains, before the resume step, on exactly what the checkpointed run trained on.
 
 What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture),
-the layout (its kind, ``seq_len``, seed, window and corpus counts) and the plan (mapping version, stream, seed, batch
-schedule, skip ranges). Save ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with
-it on resume.
+the layout (its kind, ``seq_len``, seed, window and corpus counts), the plan (mapping version, stream, seed, batch
+schedule, skip ranges, redactions) and the instance filter, when there is one. Save
+``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
 mixture schedule entries at or after the resume step, with new skip ranges that start at or after the data step the
 resume reads, and with redactions from the resume step on. Any other change (another index, another layout, another
-seed, batch sizes or weights before the resume, redactions before it) changes the past and is refused by
+seed, batch sizes or weights before the resume, redactions before it, another instance filter or none) is refused by
 :func:`check_resume` with a ValueError that says what changed.
 
 All steps of the batch-size schedule, of the mixture schedule and of the skip ranges are *data* steps; the past is the
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from detsampler.checks import check_int
+from detsampler.filter import RepetitionFilter
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 from detsampler.redaction import normalize_redactions
 
@@ -34,7 +35,9 @@ class DataFingerprint:
     """What fixes the data stream of every step: ``index`` (the index's identity string; for a mixture, its sources'
     identities joined by ``,``), ``layout`` (``Layout.describe()``; for a mixture ``{"mixture": [describe() per
     source]}``) and ``plan`` (``Plan.fingerprint()``, which holds the mapping version). None of them holds the number of
-    ranks, the micro batch size or the number of workers, which may change on resume.
+    ranks, the micro batch size or the number of workers, which may change on resume. ``instance_filter``: the
+    instance filter's ``{"kind": ..., fields}`` (:meth:`detsampler.filter.RepetitionFilter.describe`), or None (no
+    filter: then absent from the JSON form and the hash, which are those of fingerprints before filters existed).
 
     Invariant: two fingerprints have the same :attr:`hash` exactly when their JSON forms are equal.
     """
@@ -42,8 +45,12 @@ class DataFingerprint:
     index: str
     layout: dict
     plan: dict
+    instance_filter: dict | None = None
 
     def __post_init__(self) -> None:
+        if self.instance_filter is not None and not isinstance(self.instance_filter, dict):
+            got = type(self.instance_filter).__name__
+            raise ValueError(f"DataFingerprint.instance_filter must be a dict or None, got {got}")
         if not isinstance(self.index, str) or not self.index:
             raise ValueError(f"DataFingerprint.index must be a non-empty identity string, got {self.index!r}")
         for name in ("layout", "plan"):
@@ -52,19 +59,21 @@ class DataFingerprint:
         if "stream" not in self.plan:
             raise ValueError("DataFingerprint.plan must be a Plan.fingerprint() dict (it has no 'stream')")
         # JSON round trips turn tuples into lists: hold the JSON form, so that saved and current compare equal.
-        for name in ("layout", "plan"):
+        for name in ("layout", "plan", "instance_filter"):
             object.__setattr__(self, name, json.loads(json.dumps(getattr(self, name), sort_keys=True, default=str)))
 
     @classmethod
-    def of(cls, index: Any, layout: Any, plan: Plan) -> DataFingerprint:
-        """The fingerprint of ``plan`` over ``layout`` of ``index``.
+    def of(cls, index: Any, layout: Any, plan: Plan, instance_filter: Any = None) -> DataFingerprint:
+        """The fingerprint of ``plan`` over ``layout`` of ``index``, read through ``instance_filter``.
 
         ``index``: the index's identity (a string, or an object with a ``fingerprint`` string such as ``TokenIndex``),
-        or a
-        sequence of them for a mixture; ``layout``: a layout (with ``describe()``) or, for a mixture, one per source.
+        or a sequence of them for a mixture; ``layout``: a layout (with ``describe()``) or, for a mixture, one per
+        source; ``instance_filter``: the :class:`~detsampler.filter.RepetitionFilter` every source is read through,
+        or None.
         """
         if not isinstance(plan, Plan):
             raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
+        described = _describe_filter(instance_filter)
         if isinstance(index, (list, tuple)):
             layouts = list(layout) if isinstance(layout, (list, tuple)) else None
             if layouts is None or len(layouts) != len(index):
@@ -73,12 +82,19 @@ class DataFingerprint:
                 ",".join(_identity(i) for i in index),
                 {"mixture": [lay.describe() for lay in layouts]},
                 plan.fingerprint(),
+                described,
             )
-        return cls(_identity(index), layout.describe(), plan.fingerprint())
+        return cls(_identity(index), layout.describe(), plan.fingerprint(), described)
+
+    def _body(self) -> dict:
+        body = {"index": self.index, "layout": self.layout, "plan": self.plan}
+        if self.instance_filter is not None:
+            body["instance_filter"] = self.instance_filter
+        return body
 
     def to_dict(self) -> dict:
         """The JSON form, with the hash under ``"hash"`` (what a checkpoint saves)."""
-        return {"index": self.index, "layout": self.layout, "plan": self.plan, "hash": self.hash}
+        return {**self._body(), "hash": self.hash}
 
     @classmethod
     def from_dict(cls, saved: dict) -> DataFingerprint:
@@ -86,7 +102,7 @@ class DataFingerprint:
         if not isinstance(saved, dict) or not {"index", "layout", "plan"} <= set(saved):
             keys = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
             raise ValueError(f"a saved DataFingerprint needs the keys index, layout and plan, got {keys}")
-        fp = cls(saved["index"], saved["layout"], saved["plan"])
+        fp = cls(saved["index"], saved["layout"], saved["plan"], saved.get("instance_filter"))
         if "hash" in saved and saved["hash"] != fp.hash:
             raise ValueError(
                 f"the saved DataFingerprint's hash {saved['hash']!r} does not match its content ({fp.hash})"
@@ -95,8 +111,17 @@ class DataFingerprint:
 
     @property
     def hash(self) -> str:
-        body = json.dumps({"index": self.index, "layout": self.layout, "plan": self.plan}, sort_keys=True, default=str)
+        body = json.dumps(self._body(), sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _describe_filter(instance_filter: Any) -> dict | None:
+    if instance_filter is None:
+        return None
+    if not isinstance(instance_filter, RepetitionFilter):
+        got = type(instance_filter).__name__
+        raise ValueError(f"instance_filter must be a RepetitionFilter or None, got {got}")
+    return instance_filter.describe()
 
 
 def _identity(index: Any) -> str:
@@ -170,6 +195,12 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
                 f"resuming at step {resume_step} changes the {name}: {'; '.join(changes)}; this would change data"
                 " already trained on"
             )
+    if before.instance_filter != after.instance_filter:
+        changes = [c for c in fingerprint_changes(before, after) if c.startswith("instance_filter")]
+        raise ValueError(
+            f"resuming at step {resume_step} changes the instance filter: {'; '.join(changes)}; a run reads every step"
+            " through one filter (its record, stats and audits name it): keep the checkpoint's, or start a new run"
+        )
     _check_plan(before.plan, after.plan, int(resume_step))
 
 

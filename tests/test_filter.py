@@ -204,3 +204,33 @@ def test_stats_counts_what_the_filter_masks_by_value(capsys, cache_root, small_t
     assert main(["stats", *base, *opts, *flt]) == 0
     out = capsys.readouterr().out
     assert "concat: instance filter (max_period 4, min_period 1, max_count 3) over steps 2:12: " in out
+
+
+@st.composite
+def long_blocks(draw):
+    """Rows of 2,048 tokens (the benchmark's) with many repeated pairs, so that the probe finds candidates."""
+    b = draw(st.integers(1, 4))
+    block = np.stack([draw(rows(2048)) for _ in range(b)])
+    ends = draw(st.lists(st.integers(0, 2048), min_size=b, max_size=b))
+    return block, np.array(ends)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(blocks(), long_blocks()), configs | st.just(RepetitionFilter()))
+def test_flags_equal_the_former_implementation(block_valid, config):
+    """The faster probe (issue 24 item 3) flags exactly what the former one did (tests/filter_reference.py), with
+    padding given as a mask, as tail lengths, and not at all."""
+    from tests.filter_reference import repetition_flags as reference
+
+    block, valid = block_valid
+    assert np.array_equal(repetition_flags(block, config), reference(block, config))
+    if valid is None:
+        return
+    if valid.ndim == 1:  # tail lengths
+        lengths, valid = valid, np.arange(block.shape[1])[None, :] < valid[:, None]
+    else:
+        lengths = valid.sum(axis=1)
+    expected = reference(block, config, valid)
+    assert np.array_equal(reference(block, config, lengths=lengths), expected)
+    assert np.array_equal(repetition_flags(block, config, valid), expected)
+    assert np.array_equal(repetition_flags(block, config, lengths=lengths), expected)

@@ -190,3 +190,61 @@ def test_packed_mixture_dataset_through_a_dataloader(
                 own = packed[int(look.source[i])][int(look.source_sample[i])]
                 for key in ("input_ids", "labels", "position_ids", "document_ids"):
                     assert torch.equal(batch[key][i], own[key])
+
+
+def test_an_integration_records_the_instance_filter_its_datasets_read_through(
+    mixture_paths, mixture_layouts, small_tokenizer, cache_root
+):
+    """The integrations' data record names the datasets' instance filter (a resume through another is refused); a
+    mixture whose sources read through different filters is refused (one record, one filter)."""
+    from detsampler.filter import RepetitionFilter
+    from detsampler.integrations.checkpoint import CheckpointData
+    from detsampler.loader.dataset import PackedDataset
+    from detsampler.loader.mixture_dataset import MixtureDataset
+
+    indexes = [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False
+        ).index
+        for p in mixture_paths
+    ]
+    plan = _plan(mixture_layouts)
+    strict = RepetitionFilter(max_count=4)
+
+    def data(filters):
+        packed = [PackedDataset(i, lay, instance_filter=f) for i, lay, f in zip(indexes, mixture_layouts, filters)]
+        return CheckpointData(MixtureDataset(packed, plan.stream), plan, framework="hf")
+
+    saved = data([strict] * 3).record(2, plan)
+    assert saved.instance_filter() == strict
+    data([strict] * 3).check(saved.to_dict(), 2, "checkpoint-2")
+    with pytest.raises(ValueError, match="changes the instance filter"):
+        data([None] * 3).check(saved.to_dict(), 2, "checkpoint-2")
+    with pytest.raises(ValueError, match="sources read through different instance filters"):
+        data([strict, None, strict])
+
+
+def test_verify_against_an_earlier_mixture_checkpoint(
+    capsys, mixture_paths, mixture_layouts, small_tokenizer, cache_root, tmp_path
+):
+    """``verify --checkpoint NEW --against OLD`` over a mixture: a schedule entry added at OLD's step is accepted, and
+    the steps from it on are reported as reading other samples (an allowed change moves them); exit 0."""
+    from detsampler.record import DataRecord
+
+    indexes = [
+        prepare_index(
+            IndexConfig(data=p, tokenizer=small_tokenizer.path, cache_dir=str(cache_root)), progress=False
+        ).index
+        for p in mixture_paths
+    ]
+    old, new = _plan(mixture_layouts), _plan(mixture_layouts, [(4, [1, 1, 1])])
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    DataRecord.of(4, indexes, mixture_layouts, old).save(tmp_path / "old")
+    DataRecord.of(8, indexes, mixture_layouts, new).save(tmp_path / "new")
+    code, out = _run(capsys, ["verify", "--checkpoint", str(tmp_path / "new"), "--against", str(tmp_path / "old")])
+    moved = [s for s in range(8) if sorted(old.global_batch(s)) != sorted(new.global_batch(s))]
+    assert moved and min(moved) >= 4
+    assert code == 0 and "  accepted by the resume rule at step 4 (check_resume)" in out
+    assert f"  steps 0..7: {len(moved)} step(s) read other samples than its plan: {moved[0]}" in out
+    assert out.splitlines()[-1] == "OK: no duplicates, no gaps"

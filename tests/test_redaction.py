@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsampler.layout import LayoutConfig
 from detsampler.loader.dataset import PackedDataset
@@ -278,3 +280,130 @@ def test_where_marks_the_reads_a_redaction_masks(capsys, cache_root, small_token
     assert {r["step"] >= 437 for r in got["reads"]} == {False, True}  # read before the redaction and after it
     for line, read in zip(lines, got["reads"]):
         assert line.endswith("  redacted") == (read["step"] >= 437)
+
+
+# -- verify --against: the proof that a redaction moved nothing else
+
+
+def _saved(step, index, layout, plan, directory):
+    directory.mkdir()
+    DataRecord.of(step, index, layout, plan, framework="train").save(directory)
+    return str(directory)
+
+
+def test_verify_against_the_checkpoint_before_the_redaction(capsys, small_index, tmp_path):
+    """``verify --checkpoint NEW --against OLD``: the data changes between the records (the resume rule's verdict) and
+    whether every step reads the samples OLD's plan reads there; exit 1 when the resume rule refuses the change."""
+    from detsampler.cli import main
+
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=7))
+    cut = dict(seed=3, global_batch_size=8, micro_batch_size=2, world_size=2)
+    old = _saved(8, small_index, layout, Plan(layout.num_samples, **cut), tmp_path / "old")
+    redacted = Plan(layout.num_samples, **cut, redactions=[Redaction([0, 5], 8)])
+    new = _saved(16, small_index, layout, redacted, tmp_path / "new")
+    assert main(["verify", "--checkpoint", new, "--against", old]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"against {old}: saved at step 8, data changes plan.redactions: '<absent>' -> [[8, [0, 5]]]" in out
+    assert "  accepted by the resume rule at step 8 (check_resume)" in out
+    assert "  steps 0..15: every step reads the samples its plan reads (16 steps, 128 samples)" in out
+    assert out[-1] == "OK: no duplicates, no gaps"
+    # a redaction before the older checkpoint's step: the same samples, but the past changed
+    early = Plan(layout.num_samples, **cut, redactions=[Redaction([0], 4)])
+    path = _saved(16, small_index, layout, early, tmp_path / "e")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  refused by the resume rule at step 8: redactions adds [[4, [0]]]") for line in out)
+    assert "  steps 0..15: every step reads the samples its plan reads (16 steps, 128 samples)" in out
+    assert out[-1] == "FAILED: the data changed before step 8"
+    # another plan seed moves every step
+    moved = Plan(layout.num_samples, **{**cut, "seed": 4})
+    path = _saved(16, small_index, layout, moved, tmp_path / "m")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    plain = Plan(layout.num_samples, **cut)
+    differ = [s for s in range(16) if sorted(moved.global_batch(s)) != sorted(plain.global_batch(s))]
+    shown = f"{differ[0]}, {differ[1]}, {differ[2]} ..."
+    assert f"  steps 0..15: {len(differ)} step(s) read other samples than its plan: {shown}" in out
+    assert out[-1] == "FAILED: the data changed before step 8"
+    # another layout: the samples are other samples, not compared
+    other = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64, seed=8))
+    path = _saved(16, small_index, other, Plan(other.num_samples, **cut), tmp_path / "l")
+    assert main(["verify", "--checkpoint", path, "--against", old]) == 1
+    out = capsys.readouterr().out.splitlines()
+    refusal = "  refused by the resume rule at step 8: resuming at step 8 changes the layout"
+    assert any(line.startswith(refusal) for line in out)
+    assert "  samples not compared: the index or layout differs" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--steps", "0:4", "--against", old])
+    assert exc.value.code == 2 and "--against needs --checkpoint" in capsys.readouterr().err
+
+
+def test_where_finds_a_document_by_its_content_hash(capsys, cache_root, small_tokenizer, small_index):
+    """``where --sha256 HEX``: a contamination audit starts from a text (a benchmark's item), not from an id."""
+    import json
+
+    from detsampler.cli import main
+    from detsampler.redaction import content_hash
+    from detsampler.text.corpus import default_corpus
+
+    texts = default_corpus(max_documents=16)["text"]
+    base = ["--max-documents", "16", "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    opts = ["--kind", "document", "--seq-len", "64", "--global-batch-size", "8", "--steps", "0:300", "--json"]
+    assert main(["where", *base, *opts, "--doc", "5"]) == 0
+    by_id = json.loads(capsys.readouterr().out)
+    assert main(["where", *base, *opts, "--sha256", content_hash(texts[5]).upper()]) == 0
+    assert json.loads(capsys.readouterr().out) == by_id
+    for argv, message in [
+        (["--sha256", content_hash("not in the corpus")], "name no document"),
+        (["--sha256", "xyz"], "64 hexadecimal digits"),
+        (["--sha256", content_hash(texts[5]), "--doc", "5"], "where needs one of --doc ID, --path FILE or --sha256"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            main(["where", *base, *opts, *argv])
+        assert exc.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_where_refuses_a_content_hash_of_several_documents(capsys, cache_root, small_tokenizer, tmp_path):
+    from detsampler.cli import main
+    from detsampler.redaction import content_hash
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in [("a.txt", "def f():\n    return 1\n"), ("b.txt", "x = 2\n"), ("c.txt", "x = 2\n")]:
+        (corpus / name).write_text(text)
+    argv = ["where", "--data", str(corpus), "--tokenizer", small_tokenizer.path, "--cache-dir", str(cache_root)]
+    argv += ["--seq-len", "16", "--steps", "0:4", "--quiet"]
+    assert main([*argv, "--sha256", content_hash("def f():\n    return 1\n")]) == 0
+    assert capsys.readouterr().out.startswith("doc 0: 11 tokens + EOS")
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--sha256", content_hash("x = 2\n")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "names 2 documents with equal text ([1, 2]): give --doc ID" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**26), min_size=1, max_size=40, unique=True),
+    st.lists(st.integers(-3, 2**26 + 5), min_size=0, max_size=60),
+    st.integers(0, 3),
+)
+def test_the_blocklist_mask_is_isin(blocked, doc_ids, from_step):
+    """``Blocklist.mask`` (a lookup table while the largest redacted id is small, else ``np.isin``) and
+    ``redact_labels``' numpy path mark exactly ``np.isin(document_ids, redacted ids)``, padding (-1) and any other
+    negative id never."""
+    blocklist = Blocklist([Redaction(blocked, from_step)])
+    ids = np.array(doc_ids + blocked[:3] + [-1], dtype=np.int64).reshape(1, -1)
+    for step in (from_step - 1, from_step, from_step + 5):
+        if step < 0:
+            continue
+        want = np.isin(ids, blocklist.at(step))
+        assert np.array_equal(blocklist.mask(ids, step), want)
+        assert np.array_equal(redaction_mask(ids, step, [Redaction(blocked, from_step)]), want)
+        labels = torch.arange(ids.size).reshape(ids.shape)
+        labels[0, 0] = -100
+        batch = {"document_ids": torch.from_numpy(ids.copy()), "labels": labels}
+        changed = redact_labels(batch, step, blocklist)
+        want_changed = want.copy()
+        want_changed[0, 0] = False
+        assert changed == int(want_changed.sum())
+        assert torch.equal(batch["labels"] == -100, torch.from_numpy(want) | (torch.arange(ids.size) == 0)[None, :])

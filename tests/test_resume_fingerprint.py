@@ -61,3 +61,56 @@ def test_the_hash_is_the_trainers_historical_one():
     fp = _fingerprint()
     body = json.dumps({"index": fp.index, "layout": fp.layout, "plan": fp.plan}, sort_keys=True, default=str)
     assert fp.hash == hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+# -- the instance filter (issue 24): part of the data a run trains on
+
+
+def _filtered(instance_filter) -> DataFingerprint:
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=16, seed=0, window_docs=8), LENGTHS)
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=2)
+    return DataFingerprint.of("idx-a", layout, plan, instance_filter=instance_filter)
+
+
+def test_no_instance_filter_leaves_the_fingerprint_and_its_hash_as_they_were():
+    plain = _filtered(None)
+    assert plain == _fingerprint() and plain.hash == _fingerprint().hash
+    assert "instance_filter" not in plain.to_dict()
+
+
+def test_a_resume_with_another_instance_filter_or_none_is_refused():
+    from detsampler.filter import RepetitionFilter
+
+    on, strict = _filtered(RepetitionFilter()), _filtered(RepetitionFilter(max_count=8))
+    assert on.to_dict()["instance_filter"] == {"kind": "repetition", "max_period": 13, "min_period": 1, "max_count": 32}
+    assert len({on.hash, strict.hash, _filtered(None).hash}) == 3
+    saved = json.loads(json.dumps(on.to_dict()))  # as a checkpoint stores it
+    assert DataFingerprint.from_dict(saved) == on
+    check_resume(saved, _filtered(RepetitionFilter()), 3)
+    with pytest.raises(ValueError, match=r"changes the instance filter: instance_filter.max_count: 32 -> 8"):
+        check_resume(saved, strict, 3)
+    with pytest.raises(
+        ValueError, match=r"changes the instance filter: instance_filter.kind: 'repetition' -> '<absent>'"
+    ):
+        check_resume(saved, _filtered(None), 3)
+    with pytest.raises(
+        ValueError, match=r"changes the instance filter: instance_filter.kind: '<absent>' -> 'repetition'"
+    ):
+        check_resume(_filtered(None), on, 0)
+    with pytest.raises(ValueError, match="instance_filter must be a RepetitionFilter"):
+        _filtered("repetition")
+
+
+def test_a_record_with_an_instance_filter_is_audited(capsys, small_index, tmp_path):
+    """The record keeps the filter; ``--checkpoint`` reopens the data with it (its fingerprint matches)."""
+    from detsampler.cli import main
+    from detsampler.filter import RepetitionFilter
+    from detsampler.record import DataRecord
+
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=2)
+    record = DataRecord.of(4, small_index, layout, plan, instance_filter=RepetitionFilter(max_count=4))
+    record.save(tmp_path)
+    assert DataRecord.load(tmp_path).fingerprint.instance_filter["max_count"] == 4
+    assert main(["verify", "--checkpoint", str(tmp_path)]) == 0
+    assert "OK: no duplicates, no gaps" in capsys.readouterr().out

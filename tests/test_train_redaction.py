@@ -96,3 +96,15 @@ def test_a_redaction_before_the_resume_step_is_refused(runs, tmp_path, cache_dir
     result = _train(run, cache_dir, nproc=1, torchrun=False, expect_rc=2, **settings)
     assert "redactions adds" in result.output and f"redact from step >= {HALF}" in result.output, result.output[-2000:]
     assert read_metrics(run).steps == read_metrics(half).steps  # nothing was trained or logged
+
+
+def test_a_resume_with_another_instance_filter_is_refused(runs, tmp_path, cache_dir):
+    """The half run trained without an instance filter: resuming it with one is refused like any data change."""
+    _, half = runs
+    run = Path(shutil.copytree(half, tmp_path / "run"))
+    settings = {"schedule.steps": N, "data.instance_filter": "true"}
+    result = _train(run, cache_dir, nproc=1, torchrun=False, expect_rc=2, **settings)
+    assert "changes the instance filter: instance_filter.kind: '<absent>' -> 'repetition'" in result.output, (
+        result.output[-2000:]
+    )
+    assert read_metrics(run).steps == read_metrics(half).steps  # nothing was trained or logged

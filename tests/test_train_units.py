@@ -450,8 +450,8 @@ def test_redactions_map_one_to_one_and_are_checked() -> None:
     assert plan.redactions == (Redaction([4], 1), Redaction([2, 9], 5))
     assert plan.fingerprint()["redactions"] == [[1, [4]], [5, [2, 9]]]
     for bad, message in [
-        ("[{documents = [1]}]", "DataConfig.redactions[0]: a redaction is {documents = [ids], paths = [...], from"),
-        ("[{from_step = 1}]", "DataConfig.redactions[0] names no document: give documents = [ids] or paths"),
+        ("[{documents = [1]}]", "DataConfig.redactions[0]: a redaction is {documents = [ids], paths = [...], sha256"),
+        ("[{from_step = 1}]", "DataConfig.redactions[0] names no document: give documents = [ids], paths"),
         ("[{paths = [3], from_step = 1}]", "DataConfig.redactions[0].paths must be a list of strings, got [3]"),
         ("[{documents = [1.5], from_step = 0}]", "DataConfig.redactions: Redaction.documents must hold document ids"),
         ("[{documents = [1], from_step = -2}]", "DataConfig.redactions: Redaction.from_step must be an integer >= 0"),
@@ -489,6 +489,36 @@ def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
     check_redacted_documents(plan, 4)
     with pytest.raises(ValueError, match=r"from step 3 names documents \[3\]: the index holds documents 0 .. 2"):
         check_redacted_documents(plan, 3)
+
+
+def test_redaction_content_hashes_resolve_against_the_dataset_text() -> None:
+    """``sha256 = [...]`` entries (issue 24 item 5): the sha256 of a document's UTF-8 text names it, wherever it sits
+    in the corpus (a takedown names content, not ids); a hash naming no document, or not a sha256, is refused."""
+    import hashlib
+
+    import datasets
+
+    from detsampler.redaction import Redaction, content_hash, documents_by_content_hash
+    from train.data import resolve_redactions
+
+    texts = ["alpha", "beta", "alpha", "gamma é"]
+    ds = datasets.Dataset.from_dict({"text": texts, "path": ["a", "b", "c", "d"]})
+    h = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+    assert content_hash("gamma é") == h[3]
+    assert documents_by_content_hash(ds["text"], [h[0], h[3].upper()]) == [0, 2, 3]  # equal texts: both rows
+    missing = hashlib.sha256(b"delta").hexdigest()
+    with pytest.raises(ValueError, match=rf"content hashes \['{missing}'\] name no document"):
+        documents_by_content_hash(ds["text"], [h[1], missing])
+    with pytest.raises(ValueError, match="64 hexadecimal digits"):
+        documents_by_content_hash(ds["text"], ["abc"])
+    cfg = load_config(CONFIGS / "tiny.toml", [f'data.redactions=[{{sha256 = ["{h[1]}"], from_step = 2}}]'])
+    assert cfg.data.redactions == ({"documents": [], "from_step": 2, "sha256": [h[1]]},)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    assert resolve_redactions(cfg.data, ds) == [Redaction([1], 2)]
+    with pytest.raises(ValueError, match="has no text column 'text': give document ids"):
+        resolve_redactions(cfg.data, ds.remove_columns("text"))
+    with pytest.raises(ValueError, match=r"DataConfig.redactions\[0\].sha256 must be a list of sha256 hex digests"):
+        load_config(CONFIGS / "tiny.toml", ['data.redactions=[{sha256 = ["xyz"], from_step = 2}]'])
 
 
 def test_instance_filter_maps_one_to_one_and_reaches_the_dataset(small_index) -> None:

@@ -112,24 +112,32 @@ def check_fields(obj: Any) -> None:
 
 
 def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
-    """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], from_step = s}`` tables (at
-    least one of documents and paths), sorted by step; ids are checked (and duplicates across entries refused) here,
-    paths when the pipeline resolves them against the dataset's ``path`` column."""
+    """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], sha256 = [content hashes],
+    from_step = s}`` tables (at least one of the three), sorted by step; ids are checked (and duplicates across entries
+    refused) here, paths and content hashes when the pipeline resolves them against the dataset's ``path`` and text
+    columns."""
     from detsampler.redaction import Redaction, normalize_redactions
 
     out = []
     for i, entry in enumerate(entries):
         name = f"DataConfig.redactions[{i}]"
-        if not isinstance(entry, dict) or set(entry) - {"documents", "paths", "from_step"} or "from_step" not in entry:
+        allowed = {"documents", "paths", "sha256", "from_step"}
+        if not isinstance(entry, dict) or set(entry) - allowed or "from_step" not in entry:
             raise ValueError(
-                f"{name}: a redaction is {{documents = [ids], paths = [...], from_step = s}}, got {entry!r}"
+                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], from_step = s}}, got"
+                f" {entry!r}"
             )
         paths = entry.get("paths", [])
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
             raise ValueError(f"{name}.paths must be a list of strings, got {paths!r}")
+        hashes = entry.get("sha256", [])
+        if not isinstance(hashes, (list, tuple)) or not all(
+            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdefABCDEF" for c in h) for h in hashes
+        ):
+            raise ValueError(f"{name}.sha256 must be a list of sha256 hex digests (64 hex digits each), got {hashes!r}")
         documents = entry.get("documents", [])
-        if not documents and not paths:
-            raise ValueError(f"{name} names no document: give documents = [ids] or paths = [...]")
+        if not documents and not paths and not hashes:
+            raise ValueError(f"{name} names no document: give documents = [ids], paths = [...] or sha256 = [...]")
         try:
             ids = Redaction(documents, entry["from_step"]).documents if documents else ()
             Redaction([0], entry["from_step"])
@@ -138,6 +146,8 @@ def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
         row = {"documents": list(ids), "from_step": int(entry["from_step"])}
         if paths:
             row["paths"] = sorted(set(paths))
+        if hashes:
+            row["sha256"] = sorted({h.lower() for h in hashes})
         out.append(row)
     out.sort(key=lambda r: r["from_step"])
     try:
@@ -263,7 +273,8 @@ class DataConfig:
     never trained on (:class:`detsampler.plan.Plan`). ``instance_filter``: OLMo-core's repetition filter
     (:class:`detsampler.filter.RepetitionFilter`, a table of its fields, ``{}`` or ``true`` for its defaults; absent or
     ``false``: off); a flagged sample is still read, its labels are all -100 (its loss is masked, the stream
-    unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables, whose documents' labels are masked (-100)
+    unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables (or ``paths = [...]``, ``sha256 = [...]``
+    content hashes, resolved when the pipeline is built), whose documents' labels are masked (-100)
     from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`). A resume may add
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
@@ -294,7 +305,7 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
-    redactions: tuple[Any, ...] = ()  # {documents = [ids], from_step = s} tables: labels masked from step s on
+    redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
 

@@ -22,7 +22,7 @@ from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
 from detsampler.record import DataRecord
-from detsampler.redaction import Redaction, documents_by_path
+from detsampler.redaction import Redaction, documents_by_content_hash, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
@@ -150,17 +150,20 @@ class DataPipeline:
     def data_fingerprint(self) -> DataFingerprint:
         """The library's :class:`~detsampler.resume.DataFingerprint` of this pipeline (the index
         provides its identity)."""
+        instance_filter = self.config.instance_filter
         if self.sources is None:
-            return DataFingerprint.of(self.index, self.layout, self.plan)
+            return DataFingerprint.of(self.index, self.layout, self.plan, instance_filter)
         return DataFingerprint.of(
-            [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan
+            [index for index, _ in self.sources], [layout for _, layout in self.sources], self.plan, instance_filter
         )
 
     def data_record(self, step: int) -> DataRecord:
         """The library's :class:`~detsampler.record.DataRecord` of this pipeline at ``step`` (what a checkpoint of the
         state before ``step`` saves: ``detsampler show|verify|stats --checkpoint`` reads it)."""
         if self.sources is None:
-            return DataRecord.of(step, self.index, self.layout, self.plan, framework="train")
+            return DataRecord.of(
+                step, self.index, self.layout, self.plan, framework="train", instance_filter=self.config.instance_filter
+            )
         return DataRecord.of(
             step,
             [index for index, _ in self.sources],
@@ -168,6 +171,7 @@ class DataPipeline:
             self.plan,
             framework="train",
             names=self.config.mixture_names or None,
+            instance_filter=self.config.instance_filter,
         )
 
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
@@ -213,7 +217,8 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column (an error when it has none, or a path names no document)."""
+    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its text column (an error when it has
+    no such column, or a path or hash names no document)."""
     out = []
     for entry in config.redactions:
         documents = list(entry["documents"])
@@ -225,6 +230,14 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
                     " path column: give document ids"
                 )
             documents += documents_by_path(dataset["path"], entry["paths"])
+        if entry.get("sha256"):
+            column = getattr(dataset, "column_names", None) or []
+            if config.text_column not in column:
+                raise ValueError(
+                    f"DataConfig.redactions from step {entry['from_step']} names content hashes, but the index's"
+                    f" dataset has no text column {config.text_column!r}: give document ids"
+                )
+            documents += documents_by_content_hash(dataset[config.text_column], entry["sha256"])
         out.append(Redaction(sorted(set(documents)), entry["from_step"]))
     return out
 

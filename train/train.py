@@ -359,6 +359,9 @@ def _run(
         f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
         f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
     )
+    for r in data.plan.redactions or ():  # what the run masks, said once (its audit: detsampler stats --checkpoint)
+        shown = ", ".join(map(str, r.documents[:8])) + (" ..." if len(r.documents) > 8 else "")
+        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s) [{shown}] (labels masked)")
     log(
         rt,
         f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "

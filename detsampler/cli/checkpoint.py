@@ -28,7 +28,7 @@ from detsampler.record import DataRecord
 from detsampler.redaction import normalize_redactions
 from detsampler.resume import DataFingerprint, fingerprint_changes
 
-__all__ = ["Audit", "open_audit"]
+__all__ = ["Audit", "mixture_of", "open_audit"]
 
 # options that only say how to build an index: a checkpoint names its index, so they have no effect
 _UNUSED = ("vocab_size", "num_proc", "cache_dir")
@@ -192,7 +192,8 @@ def _open_indexes(record: DataRecord, where: str) -> list[Any]:
     return opened
 
 
-def _mixture(record: DataRecord, layouts: list[Layout]) -> Any:
+def mixture_of(record: DataRecord, layouts: list[Layout]) -> Any:
+    """The mixture ``record`` reads over ``layouts`` (one per source), rebuilt from its recorded stream."""
     stream = record.fingerprint.plan["stream"]
     schedule = stream["schedule"]
     config = MixtureConfig(
@@ -306,13 +307,15 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
     }
     try:
         if record.is_mixture:
-            plan = record.plan(source=_mixture(record, layouts), **cut)
+            plan = record.plan(source=mixture_of(record, layouts), **cut)
         else:
             plan = record.plan(layouts[0].num_samples, **cut)
     except ValueError as exc:
         raise ValueError(f"checkpoint {where}: {exc}; the index or layout changed since it was saved") from None
     many = record.is_mixture
-    reopened = DataFingerprint.of(indexes if many else indexes[0], layouts if many else layouts[0], plan)
+    reopened = DataFingerprint.of(
+        indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()
+    )
     if reopened.hash != record.fingerprint.hash:
         changes = fingerprint_changes(record.fingerprint, reopened)
         raise ValueError(

@@ -290,6 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also check every chunk checksum and the sha256 of each index file (reads them all)",
     )
+    verify.add_argument(
+        "--against",
+        default=None,
+        metavar="CHECKPOINT",
+        help=(
+            "with --checkpoint: an older checkpoint of the run (any form --checkpoint takes); print the data changes"
+            " between the two records, the resume rule's verdict at its step, and whether every step reads the"
+            " samples its plan reads (fails when the change reaches before its step)"
+        ),
+    )
 
     where = sub.add_parser(
         "where",
@@ -304,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--doc", type=non_negative_int, default=None, help="the document id (in its index)")
     where.add_argument(
         "--path", default=None, help="the document whose path (a corpus of files) is PATH, or ends with /PATH"
+    )
+    where.add_argument(
+        "--sha256",
+        default=None,
+        metavar="HEX",
+        help="the document whose text has this sha256 (64 hex digits; detsampler.redaction.content_hash): what a"
+        " contamination audit starts from",
     )
     where.add_argument(
         "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"

@@ -9,9 +9,11 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from detsampler.cli.against import report_against
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.record_files import find_record
 from detsampler.cli.redactions import print_redactions, redaction_rows
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -31,9 +33,15 @@ def _print_epochs(rows: list[dict[str, Any]], indent: str) -> None:
         )
 
 
-def _print_verdict(report: dict) -> int:
-    print("OK: no duplicates, no gaps" if report["ok"] else "FAILED: duplicates or gaps found")
-    return 0 if report["ok"] else 1
+def _print_verdict(report: dict, changed_before: int | None = None) -> int:
+    """The last line; ``changed_before``: the older checkpoint's step when ``--against`` found the past changed."""
+    if not report["ok"]:
+        print("FAILED: duplicates or gaps found")
+    elif changed_before is not None:
+        print(f"FAILED: the data changed before step {changed_before}")
+    else:
+        print("OK: no duplicates, no gaps")
+    return 0 if report["ok"] and changed_before is None else 1
 
 
 def _print_header(report: dict, plan: Plan, what: str) -> None:
@@ -56,6 +64,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify what ``--checkpoint`` records over ``--steps`` (default: every step it trained, ``0:STEP``)."""
     audit = open_audit(args)
     record, plan = audit.record, audit.plan
+    against = find_record(args.against) if args.against is not None else None  # refused before any output
     if args.steps is None and record.step == 0:
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
     a, b = (0, record.step) if args.steps is None else args.steps
@@ -77,10 +86,13 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
         _print_epochs(report["epochs"], "  ")
         print_redactions(redaction_rows(plan, layout, b), b)
-        return _print_verdict(report)
-    report = verify_mixture_plan(plan, a, b)
-    _print_mixture(report, plan, audit.layouts, audit.labels)
-    return _print_verdict(report)
+    else:
+        report = verify_mixture_plan(plan, a, b)
+        _print_mixture(report, plan, audit.layouts, audit.labels)
+    changed_before = None
+    if against is not None and not report_against(audit, against, a, b):
+        changed_before = against[0].step
+    return _print_verdict(report, changed_before)
 
 
 def _print_mixture(report: dict, plan: Plan, layouts: list, labels: Sequence[str]) -> None:
@@ -97,6 +109,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Verify ``--steps A:B`` and print the report; exit status 0 when it holds, 1 when not."""
     if args.checkpoint is not None:
         return _cmd_verify_checkpoint(args)
+    if args.against is not None:
+        raise ValueError(
+            "--against needs --checkpoint: it compares two checkpoints' records (--checkpoint NEW --against OLD)"
+        )
     if args.steps is None:
         raise ValueError("verify needs --steps A:B (or --checkpoint PATH, which verifies every step it trained)")
     config = mixture_config(args)

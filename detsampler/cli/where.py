@@ -1,5 +1,6 @@
-"""``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID`` or ``--path FILE``),
-with the token span each read: the reverse of ``show``, computed by :func:`detsampler.where.where` without a scan.
+"""``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID``, ``--path FILE`` or
+``--sha256 HEX``, the sha256 of its text), with the token span each read: the reverse of ``show``, computed by
+:func:`detsampler.where.where` without a scan.
 
 Invariant: every line printed is a (step, rank, micro step) that ``detsampler show`` prints the document for, with the
 same span (tests/test_where.py proves the library call equal to a scan of ``locate``).
@@ -24,10 +25,29 @@ def _paths(dataset: Any) -> list[str] | None:
     return [str(p) for p in dataset["path"]]
 
 
+def _by_content_hash(args: argparse.Namespace, prepared: Any) -> int:
+    """The document whose text has the sha256 ``--sha256`` (:func:`detsampler.redaction.content_hash`)."""
+    from detsampler.redaction import documents_by_content_hash
+
+    column = getattr(prepared.index, "text_column", None) or args.text_column
+    dataset = prepared.dataset
+    if dataset is None or column not in dataset.column_names:
+        raise ValueError(
+            "--sha256 needs the corpus's text (its text column): pass --data with the corpus the index was built from"
+        )
+    found = documents_by_content_hash(dataset[column], [args.sha256])
+    if len(found) > 1:
+        raise ValueError(f"--sha256 names {len(found)} documents with equal text ({found[:10]}): give --doc ID")
+    return found[0]
+
+
 def _document(args: argparse.Namespace, prepared: Any) -> int:
-    """``--doc``, or the document whose ``path`` is ``--path`` (exactly, else the one path ending with it)."""
+    """``--doc``, the document whose text has the sha256 ``--sha256``, or the document whose ``path`` is ``--path``
+    (exactly, else the one path ending with it)."""
     if args.doc is not None:
         return args.doc
+    if args.sha256 is not None:
+        return _by_content_hash(args, prepared)
     paths = _paths(prepared.dataset)
     if paths is None:
         raise ValueError("--path needs a corpus whose documents are files (a path column): pass --doc ID instead")
@@ -59,11 +79,11 @@ def cmd_where(args: argparse.Namespace) -> int:
     """Print (or ``--json``) every read of the document by ``--steps A:B``."""
     from detsampler.where import document_samples, where
 
-    if (args.doc is None) == (args.path is None):
-        raise ValueError("where needs one of --doc ID or --path FILE")
+    if sum(x is not None for x in (args.doc, args.path, args.sha256)) != 1:
+        raise ValueError("where needs one of --doc ID, --path FILE or --sha256 HEX")
     config = mixture_config(args) if args.checkpoint is None else None
     if args.checkpoint is not None:
-        audit = open_audit(args, corpus=args.path is not None)
+        audit = open_audit(args, corpus=args.path is not None or args.sha256 is not None)
         prepared, layouts, plan, labels = audit.prepared, audit.layouts, audit.plan, audit.labels
         if args.steps is None and audit.record.step == 0:
             raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")

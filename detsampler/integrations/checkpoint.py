@@ -42,6 +42,22 @@ def data_of(dataset: Any, index: Any = None, layout: Any = None) -> tuple[Any, A
     return None
 
 
+def instance_filter_of(dataset: Any) -> Any:
+    """The instance filter the dataset reads through (a PackedDataset's; a MixtureDataset's sources must agree on
+    theirs, since a data record names one), or None."""
+    if isinstance(dataset, PackedDataset):
+        return dataset.instance_filter
+    if isinstance(dataset, MixtureDataset):
+        found = {getattr(ds, "instance_filter", None) for ds in dataset.datasets}
+        if len(found) > 1:
+            raise ValueError(
+                f"the mixture's sources read through different instance filters ({sorted(map(str, found))}): a data"
+                " record names one; give every source's PackedDataset the same instance_filter"
+            )
+        return found.pop() if found else None
+    return None
+
+
 class CheckpointData:
     """The data record of one run: :meth:`record` what a checkpoint saves, :meth:`check` a saved record against this
     run (``framework`` names the integration in the record and in messages)."""
@@ -75,13 +91,14 @@ class CheckpointData:
             if not self.allow_data_change:
                 raise ValueError(message + " (or allow_data_change=True to save and check nothing)")
             warnings.warn(message + "; allow_data_change=True: checkpoints record no data", stacklevel=3)
-        self.fingerprint = DataFingerprint.of(*self.data, plan) if self.data is not None else None
+        self.instance_filter = instance_filter_of(dataset)
+        self.fingerprint = DataFingerprint.of(*self.data, plan, self.instance_filter) if self.data is not None else None
 
     def record(self, step: int, plan: Plan) -> DataRecord | None:
         """The record of a checkpoint whose next step is ``step``, for ``plan`` (this run's cut of the plan)."""
         if self.data is None:
             return None
-        return DataRecord.of(step, *self.data, plan, framework=self.framework)
+        return DataRecord.of(step, *self.data, plan, framework=self.framework, instance_filter=self.instance_filter)
 
     def check(self, saved: DataRecord | dict | None, step: int, where: str) -> None:
         """Raise ValueError (the library's message) unless this run resuming at ``step`` reads what the run that saved

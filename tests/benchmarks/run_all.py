@@ -65,6 +65,7 @@ ORDER = {
     "shard_build": 12,
     "where": 13,
     "sft_packing": 16,  # 14, 15: benchmarks of other branches
+    "filter": 14,
 }
 PACKAGES = (
     "numpy",
