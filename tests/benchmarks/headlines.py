@@ -384,6 +384,8 @@ def _sft_packing(md: str) -> list[Row]:
             )
         )
     return out
+
+
 def _filter(md: str) -> list[Row]:
     t = [x for x in parse_tables(md) if x.title.startswith("get_batch with and without")][-1]
 
