@@ -15,7 +15,7 @@ import numpy as np
 from detsampler.layout import Spans
 from detsampler.ranges import concat_ranges
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_mask", "pack_tokens"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
@@ -232,4 +232,33 @@ def pack_tokens(
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
     # no padding: the spans tile the flat grid
     _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
+    return out
+
+
+def pack_mask(
+    spans: Spans,
+    sample_len: int,
+    doc_starts: np.ndarray,
+    doc_lengths: np.ndarray,
+    read,
+    *,
+    eos_value: int,
+    eos_stored: bool,
+    out: np.ndarray,
+) -> np.ndarray:
+    """Write the per-position values of a flat array aligned with the tokens (a loss mask: ``read`` returns it) into
+    ``out`` (``[B, sample_len]``), laid out exactly as :func:`pack_tokens` / :func:`pack_fields` lay out the token ids:
+    a virtual EOS position reads ``eos_value``, padding cells 0.
+
+    Cost: as :func:`pack_tokens`, plus one fill of ``out``.
+    """
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
+    piece_len, _, real = _with_padding(spans, span_len, per_sample, sample_len)
+    grid_begin = span_begin if real is None else (np.cumsum(piece_len) - piece_len)[real]
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous: its rows are written through one flat view")
+    out.fill(0)
+    _write_tokens(out.reshape(-1), grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_value, eos_stored)
     return out
