@@ -14,6 +14,7 @@ from detsampler.checks import check_int, check_positive_int
 from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
+from detsampler.text.chat import ChatConfig
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
 from detsampler.text.load import load_tokenizer
 from detsampler.text.policy import SpecialTokens
@@ -34,7 +35,10 @@ class IndexConfig:
     takes its EOS, pad id and vocabulary size from it when given. ``add_bos`` / ``add_eos``: the BOS/EOS policy
     (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for text and ``"real"`` for a pre-tokenized source, whose
     stored tokens are read as they are). ``max_documents``: keep only the first N rows. ``cache_dir``: None for
-    ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
+    ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``. ``loss_policy``: chat or instruction data
+    (:class:`~detsampler.text.chat.ChatConfig`): ``text_column`` then holds each example's messages, rendered with the
+    tokenizer's chat template (``assistant``, ``last_turn``, ``all``), or with ``completion_column`` its prompt
+    (``completion``, ``all``); a loss mask is stored beside the tokens. None: plain text.
     """
 
     data: str | None = None
@@ -47,9 +51,14 @@ class IndexConfig:
     max_documents: int | None = None
     add_bos: bool = False
     add_eos: str | None = None
+    loss_policy: str | None = None
+    completion_column: str | None = None
 
     def __post_init__(self) -> None:
         _ = self.special_tokens  # validates add_bos / add_eos
+        if self.completion_column is not None and self.loss_policy is None:
+            raise ValueError("completion_column is for chat data: pass loss_policy too (completion or all)")
+        _ = self.chat  # validates loss_policy / completion_column
         if self.data is not None and not str(self.data).strip():  # Path("") is the current directory: never that
             raise ValueError(f"data: got an empty path {self.data!r}; pass a file, a directory of files or KIND:PATH")
         if not isinstance(self.text_column, str) or not self.text_column:
@@ -70,6 +79,13 @@ class IndexConfig:
     @property
     def special_tokens(self) -> SpecialTokens:
         return SpecialTokens(add_bos=self.add_bos, add_eos=self.add_eos or "virtual")
+
+    @property
+    def chat(self) -> ChatConfig | None:
+        """The chat configuration of ``loss_policy`` (None: plain text)."""
+        if self.loss_policy is None:
+            return None
+        return ChatConfig(column=self.text_column, completion_column=self.completion_column, policy=self.loss_policy)
 
     @property
     def cache_path(self) -> Path:
@@ -169,6 +185,7 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         store_tokens=config.store_tokens,
         progress=progress,
         special_tokens=config.special_tokens,
+        chat=config.chat,
     )
     return Prepared(config, dataset, tokenizer, index)
 

@@ -328,6 +328,20 @@ class TokenIndex:
 
         return open_layout(self, config, num_proc=num_proc, progress=progress)
 
+    def loss_mask_counts(self) -> dict | None:
+        """For a chat index, its positions (stored tokens, and a virtual EOS per document) whose token is a trained
+        target and the masked ones (the build's exact count), with the policy; None for plain text."""
+        chat = self.meta.get("chat")
+        if chat is None:
+            return None
+        virtual_eos = 0 if self.eos_stored else self.num_documents
+        trained = int(chat["num_trained_tokens"]) + (virtual_eos if self.chat.eos_trained else 0)
+        return {
+            "policy": chat["policy"],
+            "trained_tokens": trained,
+            "masked_tokens": self.num_tokens + virtual_eos - trained,
+        }
+
     def summary(self) -> dict:
         """Counts and identity, for ``detsampler build`` and logs."""
         return {
@@ -346,5 +360,6 @@ class TokenIndex:
             "pad_id": self.pad_id,
             "fingerprint": self.fingerprint,
             **({} if self.chat is None else {"chat": {k: v for k, v in self.meta["chat"].items() if k != "template"}}),
+            **({} if self.chat is None else {"loss_mask": self.loss_mask_counts()}),
             "build": self.meta.get("build", {}),
         }
