@@ -186,3 +186,21 @@ def test_parallel_build_equals_one_process(chat_tok, chat_rows, tmp_path):
     assert one.fingerprint == two.fingerprint
     for name in ("tokens.npy", "loss_mask.npy", "lengths.npy"):
         assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
+
+
+def test_the_benchmark_s_unmasked_reader_reads_the_same_samples(chat_tok, chat_rows, tmp_path):
+    """Benchmark 14 compares the loader with and without the mask over one index: the samples are the same, the labels
+    differ exactly where the mask takes them out."""
+    from tests.benchmarks.bench_sft_mask import _without_mask
+
+    index = build_index(chat_rows, chat_tok, cache_dir=tmp_path, progress=False, chat=ChatConfig())
+    for kind in LAYOUT_KINDS:
+        layout = index.layout(LayoutConfig(kind=kind, seq_len=64))
+        ids = np.arange(layout.num_samples)
+        masked, plain = (PackedDataset(i, layout).get_batch(ids) for i in (index, _without_mask(index)))
+        assert "loss_mask" not in plain
+        for name in ("input_ids", "position_ids", "document_ids"):
+            assert np.array_equal(masked[name].numpy(), plain[name].numpy())
+        keep = masked["loss_mask"].numpy()
+        assert np.array_equal(masked["labels"].numpy()[keep], plain["labels"].numpy()[keep])
+        assert (plain["labels"].numpy()[~keep] != -100).any()
