@@ -72,3 +72,11 @@ def test_a_policy_the_data_cannot_have_is_one_line(capsys, chat_files):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1
     assert "allowed policies for a messages column are assistant, last_turn, all" in err
+
+
+def test_a_sharded_build_of_chat_data_is_refused(capsys, chat_files):
+    with pytest.raises(SystemExit) as exc:
+        main(["build", *_args(chat_files), "--shard", "0", "--num-shards", "2"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--loss-policy (chat data) is not supported by a sharded build" in err
+    assert not list((chat_files / "cache").glob("sharded-*"))
