@@ -95,7 +95,9 @@ class PackedDataset(Dataset):
     Over a chat index (``index.chat``, see :mod:`detsampler.text.chat`) a batch also holds ``loss_mask`` (bool
     ``[B, seq_len]``): True exactly where the label at that position is a trained token; with ``output="fields"``
     ``labels`` are -100 wherever it is False (so ``loss_mask == (labels != -100)``), with ``output="tokens"`` it is the
-    mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly.
+    mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly; likewise
+    over a pre-tokenized source opened with its mask (``open_source(..., loss_mask=PATH)``: OLMo-core label masks,
+    datatrove ``.loss`` files).
     """
 
     def __init__(
@@ -195,7 +197,7 @@ class PackedDataset(Dataset):
         tokens = self.index.tokens
         if tokens is not None:
             read = getattr(tokens, "checked_ranges", None) or (lambda starts, stops: tokens)
-            mask = getattr(self.index, "loss_mask", None) if self._chat is not None else None
+            mask = getattr(self.index, "loss_mask", None)  # a chat index's, or a pre-tokenized source's
             read_mask = None if mask is None else getattr(mask, "checked_ranges", None) or (lambda a, b: mask)
             return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, read, read_mask
         unique, inverse = np.unique(doc_ids, return_inverse=True)
@@ -256,7 +258,7 @@ class PackedDataset(Dataset):
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
             mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.uint8)
-            eos_value = int(self._chat.eos_trained)
+            eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
         masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
         if self.output == "tokens":
             tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
@@ -273,7 +275,7 @@ class PackedDataset(Dataset):
             )
             out = {"tokens": tokens}
             if mask_grid is not None:
-                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:].astype(bool))
+                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
             if self.instance_filter is None:
                 return out
             flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
@@ -314,6 +316,7 @@ def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray) -> torch.Tensor:
     """``labels`` (``[B, seq_len]``) set to -100 where the token each one predicts is not trained (``mask_grid``:
     ``[B, sample_len]``, the positions' mask values (0 or 1) as laid out); returns the loss mask, ``labels != -100``."""
     seq_len = labels.shape[1]
+    np.minimum(mask_grid, 1, out=mask_grid)  # a foreign mask file may hold any nonzero byte for "trained"
     if mask_grid.shape[1] == seq_len + 1:  # one window shifted into inputs and labels
         trained = mask_grid[:, 1:]
     else:  # the label of a position is the next position's token; each span's last position is already -100
