@@ -152,6 +152,8 @@ def test_a_damaged_loss_mask_is_refused(chat_tok, chat_rows, tmp_path):
     ds = PackedDataset(index, index.layout(LayoutConfig(kind="document", seq_len=512)))
     with pytest.raises(ChecksumError, match="loss_mask"):
         ds.get_batch(np.arange(len(ds)))
+    with pytest.raises(ChecksumError, match="loss_mask"):  # the full check (verify --tokens) reads it too
+        TokenIndex.open(copy, verify_tokens=True)
     mask_file.write_bytes(bytes(data[:-1]))  # truncated: refused at open
     with pytest.raises(TokenIndexError, match="loss_mask.npy"):
         TokenIndex.open(copy)
