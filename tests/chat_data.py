@@ -95,7 +95,8 @@ def hand_rendered(tokenizer, dataset, config) -> list[tuple[np.ndarray, np.ndarr
             ids = tokenizer._tok(row[config.column] + row[config.completion_column], add_special_tokens=False)[
                 "input_ids"
             ]
-            mask = np.arange(len(ids)) >= len(prompt) if config.policy == "completion" else np.ones(len(ids), bool)
+            shared = next((i for i, (a, b) in enumerate(zip(ids, prompt)) if a != b), min(len(ids), len(prompt)))
+            mask = np.arange(len(ids)) >= shared if config.policy == "completion" else np.ones(len(ids), bool)
         out.append((np.array(ids + [eos], dtype=np.int64), np.append(mask, config.eos_trained)))
     return out
 

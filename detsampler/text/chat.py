@@ -10,7 +10,8 @@ assistant turn itself). Policies:
 - ``assistant``: the tokens the template marks with ``{% generation %}`` (transformers' ``assistant_masks``);
 - ``last_turn``: the last contiguous run of those tokens only;
 - ``completion``: ``prompt``/``completion`` data: the tokens past the prompt's (prompt and prompt + completion encoded
-  as TRL does, the mask starting at the prompt's length);
+  as TRL's ``SFTTrainer`` does, the mask starting where the two encodings first differ: a token merged across the
+  boundary is trained, as there);
 - ``all``: every token.
 
 The identity of a configuration (:meth:`ChatConfig.identity`) holds the policy, the columns and the sha256 of the chat
@@ -189,7 +190,14 @@ def _render_prompts(
     ids = [list(x) for x in tokenizer.encode_batch([p + c for p, c in zip(prompts, completions)])]
     if config.policy == "all":
         return ids, [np.ones(len(x), dtype=np.uint8) for x in ids]
-    return ids, [(np.arange(len(x)) >= len(p)).astype(np.uint8) for x, p in zip(ids, prompt_ids)]
+    return ids, [(np.arange(len(x)) >= _common_prefix(x, p)).astype(np.uint8) for x, p in zip(ids, prompt_ids)]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share (vectorized: one comparison per example, none per token in Python)."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 def render_examples(
