@@ -257,7 +257,7 @@ class PackedDataset(Dataset):
         doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
-            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.uint8)
+            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
             eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
         masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
         if self.output == "tokens":
@@ -298,7 +298,8 @@ class PackedDataset(Dataset):
         )
         batch = dict(zip(FIELDS, block.unbind(0)))
         if mask_grid is not None:
-            batch["loss_mask"] = _apply_loss_mask(block.numpy()[FIELDS.index("labels")], mask_grid)
+            labels = block.numpy()[FIELDS.index("labels")]
+            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid, clip=self._chat is None)
         if self.instance_filter is not None:
             fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
@@ -312,21 +313,20 @@ class PackedDataset(Dataset):
         return batch
 
 
-def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray) -> torch.Tensor:
-    """``labels`` (``[B, seq_len]``) set to -100 where the token each one predicts is not trained (``mask_grid``:
-    ``[B, sample_len]``, the positions' mask values (0 or 1) as laid out); returns the loss mask, ``labels != -100``."""
-    seq_len = labels.shape[1]
-    np.minimum(mask_grid, 1, out=mask_grid)  # a foreign mask file may hold any nonzero byte for "trained"
-    if mask_grid.shape[1] == seq_len + 1:  # one window shifted into inputs and labels
-        trained = mask_grid[:, 1:]
-    else:  # the label of a position is the next position's token; each span's last position is already -100
-        trained = np.empty(labels.shape, dtype=np.uint8)
-        trained.reshape(-1)[:-1] = mask_grid.reshape(-1)[1:]
-        trained[-1, -1] = 0
-    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place: 3x faster than a
-    # boolean-mask assignment
+def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
+    """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
+    (``mask_grid``: int64 ``[B, sample_len]``, the positions' mask values as laid out; ``clip``: values other than 0 and
+    1 may occur, a foreign file's, and count as 1); returns the loss mask, ``labels != -100``."""
+    if clip:
+        np.minimum(mask_grid, 1, out=mask_grid)
+    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place, in three int64
+    # passes: 3x faster than a boolean-mask assignment
     labels += -IGNORE_INDEX
-    labels *= trained
+    if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
+        labels *= mask_grid[:, 1:]
+    else:  # the label of a position is the next position's token; the last one is -100 already (0 here)
+        flat = labels.reshape(-1)
+        flat[:-1] *= mask_grid.reshape(-1)[1:]
     labels += IGNORE_INDEX
     return torch.from_numpy(labels != IGNORE_INDEX)
 
