@@ -206,3 +206,21 @@ def test_the_benchmark_s_unmasked_reader_reads_the_same_samples(chat_tok, chat_r
         keep = masked["loss_mask"].numpy()
         assert np.array_equal(masked["labels"].numpy()[keep], plain["labels"].numpy()[keep])
         assert (plain["labels"].numpy()[~keep] != -100).any()
+
+
+def test_the_hf_collator_keeps_the_mask_of_token_samples(chat_tok, chat_rows, tmp_path):
+    """``output="tokens"`` carries the mask beside the ids: the HF collator's labels from it equal those from the
+    fields (labels already -100 there), so masked tokens are not trained through either."""
+    import torch
+
+    from detsampler.integrations.hf import CausalLMCollator
+
+    index = build_index(chat_rows, chat_tok, cache_dir=tmp_path, progress=False, chat=ChatConfig())
+    layout = index.layout(LayoutConfig(kind="concat", seq_len=64))
+    ids = np.arange(layout.num_samples)
+    collate = CausalLMCollator()
+    from_fields = collate(PackedDataset(index, layout).__getitems__(ids))
+    from_tokens = collate(PackedDataset(index, layout, output="tokens").__getitems__(ids))
+    for name in ("input_ids", "labels", "shift_labels"):
+        assert torch.equal(from_fields[name], from_tokens[name]), name
+    assert (from_tokens["shift_labels"] == -100).any()
