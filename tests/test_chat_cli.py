@@ -80,3 +80,12 @@ def test_a_sharded_build_of_chat_data_is_refused(capsys, chat_files):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--loss-policy (chat data) is not supported by a sharded build" in err
     assert not list((chat_files / "cache").glob("sharded-*"))
+
+
+def test_a_loss_policy_over_a_pre_tokenized_source_is_refused(capsys, tmp_path):
+    np.array([5, 6, 7, 8, 7], dtype=np.uint32).tofile(tmp_path / "part.npy")
+    argv = ["stats", "--data", f"olmo:{tmp_path / 'part.npy'}", "--tokenizer", "unused", "--loss-policy", "all"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "is read as stored, not rendered from chat rows" in err

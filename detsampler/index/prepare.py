@@ -120,6 +120,8 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
     entries record the EOS and pad ids they are read with)."""
     from detsampler.index.sharded import TOKENIZED_KIND, ShardedIndex
 
+    if config.loss_policy is not None:
+        raise ValueError(f"loss_policy: {config.data!r} is a sharded index, which holds no loss mask")
     index = ShardedIndex.open(config.data)
     tokenized = sum(entry["kind"] == TOKENIZED_KIND for entry in index.meta["shards"])
     if config.tokenizer is None and tokenized:
@@ -138,6 +140,11 @@ def open_prepared_source(config: IndexConfig) -> Prepared:
     from detsampler.index.sources import no_tokenizer, open_source, parse_source_spec
 
     kind, path = parse_source_spec(str(config.data))
+    if config.loss_policy is not None:  # NOTE: it would be ignored: every token trained
+        raise ValueError(
+            f"loss_policy: the pre-tokenized source {config.data!r} is read as stored, not rendered from chat rows;"
+            " open its own mask with detsampler.index.sources.open_source(..., loss_mask=PATH)"
+        )
     if config.tokenizer is None:
         raise no_tokenizer(kind, path)
     if config.add_bos:
