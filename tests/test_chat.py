@@ -224,3 +224,25 @@ def test_the_hf_collator_keeps_the_mask_of_token_samples(chat_tok, chat_rows, tm
     for name in ("input_ids", "labels", "shift_labels"):
         assert torch.equal(from_fields[name], from_tokens[name]), name
     assert (from_tokens["shift_labels"] == -100).any()
+
+
+def test_a_mixture_of_chat_and_plain_text_has_a_loss_mask_for_every_row(chat_tok, chat_rows, tmp_path):
+    import datasets
+
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.mixture import Mixture
+
+    plain_rows = datasets.Dataset.from_dict({"text": [m[-1]["content"] * 3 for m in chat_rows["messages"]]})
+    chat = build_index(chat_rows, chat_tok, cache_dir=tmp_path, progress=False, chat=ChatConfig())
+    plain = build_index(plain_rows, chat_tok, cache_dir=tmp_path, progress=False)
+    config = LayoutConfig(kind="bestfit", seq_len=64)
+    layouts = [chat.layout(config), plain.layout(config)]
+    mixture = Mixture(layouts, [(0, [1, 1])], 0)
+    packed = [PackedDataset(chat, layouts[0]), PackedDataset(plain, layouts[1])]
+    ids = [0, mixture.offsets[1], 1, mixture.offsets[1] + 1]  # chat, plain, chat, plain
+    for order in (ids, ids[::-1]):  # whichever source comes first in the batch
+        batch = MixtureDataset(packed, mixture).__getitems__(order).batch
+        assert batch["loss_mask"].shape == batch["labels"].shape
+        assert bool((batch["loss_mask"] == (batch["labels"] != -100)).all())
+    one = {k: v[0] for k, v in packed[0].get_batch([0]).items()}
+    assert np.array_equal(batch["loss_mask"][3].numpy(), one["loss_mask"].numpy())  # ids[::-1][3] is chat sample 0
