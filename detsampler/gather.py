@@ -65,20 +65,37 @@ def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
         grid[i, max(int(first[i]), 0) :] = value
 
 
-def _fill_tokens(grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read) -> None:
+def _fill_tokens(
+    grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read, mask: tuple | None = None
+) -> None:
     """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
     ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)`` (an array, or anything that takes an
-    integer index array)."""
-    flat = read(src, src + reads)
-    if isinstance(flat, np.memmap):  # a plain view: slicing a memmap subclass costs a Python call per slice
-        flat = flat.view(np.ndarray)
+    integer index array). With ``mask = (mask_grid, mask_read)``, the same cells of ``mask_grid`` get the same ranges
+    of ``mask_read``'s array, in the same pass."""
+    flat = _plain(read(src, src + reads))
+    mask_grid, mask_flat = (None, None) if mask is None else (mask[0], _plain(mask[1](src, src + reads)))
     if isinstance(flat, np.ndarray) and reads.size * _FEW_SPANS <= grid.size:  # else one call (e.g. a sharded array)
-        for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
-            if m:
-                grid[g : g + m] = flat[a : a + m]
+        if mask_grid is None:
+            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
+                if m:
+                    grid[g : g + m] = flat[a : a + m]
+        else:
+            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
+                if m:
+                    to, of = slice(g, g + m), slice(a, a + m)
+                    grid[to] = flat[of]
+                    mask_grid[to] = mask_flat[of]
     elif reads.size:
         keep = reads > 0
-        grid[concat_ranges(grid_begin[keep], reads[keep])[0]] = flat[concat_ranges(src[keep], reads[keep])[0]]
+        cells, at = concat_ranges(grid_begin[keep], reads[keep])[0], concat_ranges(src[keep], reads[keep])[0]
+        grid[cells] = flat[at]
+        if mask_grid is not None:
+            mask_grid[cells] = mask_flat[at]
+
+
+def _plain(flat):
+    """A memory map as a plain view: slicing a memmap subclass costs a Python call per slice."""
+    return flat.view(np.ndarray) if isinstance(flat, np.memmap) else flat
 
 
 def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,13 +119,19 @@ def _write_tokens(
     read,
     eos_id: int,
     eos_stored: bool,
+    mask: tuple | None = None,
 ) -> None:
     """Span ``j``'s positions into ``tokens`` (flat) from cell ``grid_begin[j]``: its stored tokens, and at position
-    ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there."""
+    ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there. With
+    ``mask = (mask_grid, mask_read, mask_eos)``, the values of the array aligned with the tokens into the same cells of
+    ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS."""
     reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read)
+    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read, None if mask is None else mask[:2])
     if not eos_stored:
-        tokens[(grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]] = eos_id
+        eos_cells = (grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]
+        tokens[eos_cells] = eos_id
+        if mask is not None:
+            mask[0][eos_cells] = mask[2]
 
 
 def pack_fields(
@@ -125,12 +148,18 @@ def pack_fields(
     labels_cross_documents: bool,
     restart_position_ids: bool,
     out: np.ndarray,
+    mask_out: np.ndarray | None = None,
+    mask_read=None,
+    mask_eos: int = 0,
 ) -> np.ndarray:
     """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 ``[4, B, seq_len]``); the values
     are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields as the packed dataset
     defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts one window into inputs
     and labels; otherwise each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)``
     returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
+    With ``mask_out`` (C-contiguous ``[B, sample_len]``), the positions' values of the array ``mask_read`` returns (a
+    loss mask aligned with the tokens) are laid out there in the same pass, cell for cell as the tokens (a virtual EOS
+    reads ``mask_eos``, padding 0).
 
     Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
     fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
@@ -149,7 +178,8 @@ def pack_fields(
     input_ids, labels, position_ids, document_ids = out
     grid = _grid(out, num_samples, sample_len, labels_cross_documents)
     tokens = grid.reshape(-1)
-    _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
+    mask = _mask_args(mask_out, mask_read, mask_eos)
+    _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
     _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
         last = grid[:, L].copy()  # the grid may lie in the labels' memory: read it all before writing them
@@ -174,6 +204,16 @@ def pack_fields(
     if restart is None:
         position_ids[:] = np.arange(L, dtype=np.int64)
     return out
+
+
+def _mask_args(mask_out: np.ndarray | None, mask_read, mask_eos: int) -> tuple | None:
+    """``(flat mask grid zeroed, reader, EOS value)`` for :func:`_write_tokens`, or None without ``mask_out``."""
+    if mask_out is None:
+        return None
+    if not mask_out.flags.c_contiguous or mask_read is None:
+        raise ValueError("mask_out must be C-contiguous, and comes with mask_read")
+    mask_out.fill(0)
+    return mask_out.reshape(-1), mask_read, mask_eos
 
 
 def _fill_pieces(
@@ -210,6 +250,9 @@ def pack_tokens(
     eos_id: int,
     eos_stored: bool,
     out: np.ndarray,
+    mask_out: np.ndarray | None = None,
+    mask_read=None,
+    mask_eos: int = 0,
 ) -> np.ndarray:
     """Write the token ids of the samples of ``spans`` into ``out`` (``[B, sample_len]``, an integer dtype that holds
     every id): the positions :func:`pack_fields` lays out before it derives the fields (for ``concat`` its inputs are
@@ -217,7 +260,7 @@ def pack_tokens(
     sample always does): there is no padding to mark without the other fields.
 
     Cost: per span, one slice copy of its stored tokens (or one fancy-index gather, see :func:`pack_fields`); no
-    whole-grid pass.
+    whole-grid pass. ``mask_out`` / ``mask_read`` / ``mask_eos``: as for :func:`pack_fields`.
     """
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
@@ -231,5 +274,6 @@ def pack_tokens(
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
     # no padding: the spans tile the flat grid
-    _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored)
+    mask = _mask_args(mask_out, mask_read, mask_eos)
+    _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
     return out

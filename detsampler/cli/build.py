@@ -10,7 +10,7 @@ from typing import Any
 
 from detsampler.cli.inputs import prepare, show_progress
 from detsampler.cli.options import layout_config
-from detsampler.cli.report import fmt_int, print_rows, rel
+from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows, rel
 
 __all__ = ["cmd_build", "cmd_tokenizer_train"]
 
@@ -111,6 +111,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 summary["token_dtype"] + ("" if summary["store_tokens"] else " (not stored: tokenized on the fly)"),
             ),
             ("text column", summary["text_column"]),
+            *([("loss mask", fmt_loss_mask(summary["loss_mask"]))] if "loss_mask" in summary else []),
             ("dataset fingerprint", summary["dataset_fingerprint"]),
             (
                 "tokenizer",

@@ -108,6 +108,9 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
         values["add_bos"], values["add_eos"] = special.add_bos, special.add_eos
     if getattr(first, "text_column", None) is not None:
         values["text_column"] = first.text_column
+    chat = getattr(first, "chat", None)
+    if chat is not None:  # the chat columns and policy the index was built with
+        values["loss_policy"], values["completion_column"] = chat.policy, chat.completion_column
     if record.is_mixture:
         stream = plan["stream"]
         values["mixture_seed"] = stream["seed"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
+from detsampler.text.chat import CHAT_POLICIES
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "max_documents": ("IndexConfig", "max_documents"),
     "add_bos": ("IndexConfig", "add_bos"),
     "add_eos": ("IndexConfig", "add_eos"),
+    "loss_policy": ("IndexConfig", "loss_policy"),
+    "completion_column": ("IndexConfig", "completion_column"),
     "kind": ("LayoutConfig", "kind"),
     "seq_len": ("LayoutConfig", "seq_len"),
     "layout_seed": ("LayoutConfig", "seed"),
@@ -282,6 +285,21 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
             "the EOS after each document: virtual (read, never stored; the default for text) or real (stored; "
             "the default for a pre-tokenized source, read as stored)"
         ),
+    )
+    g.add_argument(
+        "--loss-policy",
+        choices=CHAT_POLICIES,
+        default=d.loss_policy,
+        help=(
+            "chat data: --text-column holds each example's messages (rendered with the --tokenizer directory's chat"
+            " template), or with --completion-column its prompt; the tokens trained: assistant turns, the last_turn,"
+            " the completion, or all; a loss mask is stored beside the tokens (default: plain text)"
+        ),
+    )
+    g.add_argument(
+        "--completion-column",
+        default=d.completion_column,
+        help="chat data as prompt/completion columns: the completion's column (--text-column is the prompt's)",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["fmt_int", "fmt_weights", "print_rows", "rel"]
+__all__ = ["fmt_int", "fmt_loss_mask", "fmt_weights", "print_rows", "rel"]
 
 
 def print_rows(rows: Sequence[tuple[str, Any]]) -> None:
@@ -35,3 +35,13 @@ def fmt_int(n: int) -> str:
 def fmt_weights(weights: Iterable[Any]) -> str:
     """Weights as ``w, w, ...`` (fractions print exactly)."""
     return ", ".join(str(w) for w in weights)
+
+
+def fmt_loss_mask(counts: dict[str, Any]) -> str:
+    """A chat index's loss-mask counts (``TokenIndex.loss_mask_counts``) as one line."""
+    total = counts["trained_tokens"] + counts["masked_tokens"]
+    share = 100 * counts["trained_tokens"] / max(total, 1)
+    return (
+        f"policy {counts['policy']}: {fmt_int(counts['trained_tokens'])} tokens trained ({share:.1f}%),"
+        f" {fmt_int(counts['masked_tokens'])} masked"
+    )

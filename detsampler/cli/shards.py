@@ -57,6 +57,12 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
     Pre-tokenized files (``--data KIND:PATH`` or ``--from KIND PATH``, alone or after the text files of ``--data``) are
     shards as they are: nothing is built for them."""
     from detsampler.index.format import default_cache_dir
+
+    if getattr(args, "loss_policy", None) is not None:  # NOTE: a shard would store no mask and train on every token
+        raise ValueError(
+            "--loss-policy (chat data) is not supported by a sharded build (--shard, --finalize, --sharded): build one"
+            " index (detsampler build without them)"
+        )
     from detsampler.index.shards import (
         build_shards,
         build_shards_ray,

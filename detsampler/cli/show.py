@@ -27,12 +27,50 @@ if TYPE_CHECKING:
 __all__ = ["cmd_show"]
 
 
+def _rendered_chat(prepared: Prepared, doc: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chat document ``doc`` rendered on the fly (an index without stored tokens): its stored ids and loss mask."""
+    from detsampler.text.chat import render_examples
+
+    index, chat = prepared.index, prepared.index.chat
+    rows = prepared.dataset.with_format(None).select_columns(list(chat.columns))[[int(doc)]]
+    ids, masks = render_examples(prepared.tokenizer, rows, int(doc), chat, chat.chat_template)
+    policy, tok = index.special_tokens, prepared.tokenizer
+    return policy.apply(ids, tok.bos_id, tok.eos_id)[1], policy.apply(masks, 0, int(chat.eos_trained), np.uint8)[1]
+
+
+def _span_mask(prepared: Prepared, doc: int, start: int, stop: int) -> np.ndarray | None:
+    """The loss mask of positions ``[start, stop)`` of chat document ``doc`` (1: that token is trained); None for plain
+    text."""
+    index = prepared.index
+    chat = getattr(index, "chat", None)
+    if chat is None:
+        return None
+    n, eos_stored = int(index.lengths[doc]), index.eos_stored
+    if index.loss_mask is not None:
+        base = int(index.offsets[doc])
+        values = np.asarray(index.loss_mask[base + start : base + min(stop, n + int(eos_stored))])
+    else:
+        values = _rendered_chat(prepared, doc)[1][start : min(stop, n + int(eos_stored))]
+    if stop > n and not eos_stored:
+        values = np.append(values, np.uint8(chat.eos_trained))
+    return values
+
+
+def _trained_ranges(mask: np.ndarray, start: int) -> str:
+    """``[a, b), ...``: the runs of trained positions of ``mask`` (positions from ``start``)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    runs = edges.reshape(-1, 2) + start
+    return ", ".join(f"[{a}, {b})" for a, b in runs.tolist()) or "none"
+
+
 def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: int) -> str:
     index = prepared.index
     n = int(index.lengths[doc])
     stop_tok = min(stop, n)
     if index.tokens is not None:
         ids = np.asarray(index.tokens[int(index.offsets[doc]) + start : int(index.offsets[doc]) + stop_tok]).tolist()
+    elif getattr(index, "chat", None) is not None:
+        ids = _rendered_chat(prepared, doc)[0][start:stop_tok].tolist()
     else:
         text = prepared.dataset[int(doc)][index.text_column]
         ids = prepared.tokenizer.encode_batch([text])[0][start:stop_tok]
@@ -100,6 +138,9 @@ def _print_micro_batch(
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
             print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
+            mask = _span_mask(src, doc, s, e)
+            if mask is not None:
+                print(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
             if args.decode:
                 print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
 

@@ -16,7 +16,7 @@ from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.redactions import print_redactions, redaction_rows
-from detsampler.cli.report import fmt_int, print_rows
+from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -130,6 +130,9 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
     trained/skipped split at ``--step`` when skip ranges lie before it); with ``--filter-steps``, what the instance
     filter masks over those steps (:func:`detsampler.loader.dataset.instance_filter_counts`, a full read)."""
     out = document_stats(index.lengths)
+    counts = index.loss_mask_counts() if hasattr(index, "loss_mask_counts") else None
+    if counts is not None:
+        out["loss_mask"] = counts
     out["layouts"] = {}
     steps = getattr(args, "filter_steps", None)
     config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
@@ -164,6 +167,7 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
                 f"{fmt_int(out['tokens'])} (+{fmt_int(out['documents'])} EOS = {fmt_int(out['tokens_with_eos'])})",
             ),
             ("tokens/document", f"min {dt['min']}, median {dt['median']:.0f}, mean {dt['mean']:.1f}, max {dt['max']}"),
+            *([("loss mask", fmt_loss_mask(out["loss_mask"]))] if "loss_mask" in out else []),
             ("seq_len", seq_len),
             ("global batch size", global_batch_size),
         ]

@@ -26,6 +26,7 @@ from detsampler.checks import check_positive_int
 from detsampler.index.checksums import write_checksums
 from detsampler.index.files import HEADER_BYTES, npy_header, save_npy
 from detsampler.index.format import (
+    CHAT_FORMAT_VERSION,
     INDEX_FORMAT_VERSION,
     INDEX_KIND,
     dataset_fingerprint,
@@ -36,6 +37,7 @@ from detsampler.index.format import (
 )
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import tokenize
+from detsampler.text.chat import ChatConfig, resolve_template
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
@@ -43,6 +45,26 @@ from detsampler.version import __version__
 __all__ = ["build_index"]
 
 logger = logging.getLogger("detsampler")
+
+
+class _NpyStream:
+    """An ``.npy`` file written in pieces: a blank header first, the real one (its length now known) last; fsynced."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.file, self.dtype, self.size = open(path, "wb"), np.dtype(dtype), 0
+        self.file.write(b"\0" * HEADER_BYTES)
+
+    def write(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.size += int(values.size)
+
+    def close(self, complete: bool) -> None:
+        if complete:
+            self.file.seek(0)
+            self.file.write(npy_header(self.dtype, self.size))
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        self.file.close()
 
 
 def _write_tokens(
@@ -55,30 +77,38 @@ def _write_tokens(
     store_tokens: bool,
     progress: bool,
     policy: SpecialTokens,
-) -> tuple[np.ndarray, int]:
+    chat: ChatConfig | None = None,
+    template: str | None = None,
+) -> tuple[np.ndarray, int, int]:
     """Tokenize ``dataset``, streaming the tokens to ``tmp/tokens.npy`` (with ``store_tokens``; its header written last,
-    the file fsynced); returns the documents' lengths and the number of tokens."""
+    the file fsynced) and, for chat data, their loss mask to ``tmp/loss_mask.npy``; returns the documents' lengths,
+    the number of tokens and the number of trained (mask 1) tokens."""
     lengths_parts: list[np.ndarray] = []
-    num_tokens = 0
-    tokens_file = open(tmp / "tokens.npy", "wb") if store_tokens else None
+    num_tokens = num_trained = 0
+    streams = {}
+    if store_tokens:
+        streams["tokens"] = _NpyStream(tmp / "tokens.npy", dtype)
+        if chat is not None:
+            streams["mask"] = _NpyStream(tmp / "loss_mask.npy", np.dtype(np.uint8))
+    complete = False
     try:
-        if tokens_file is not None:
-            tokens_file.write(b"\0" * HEADER_BYTES)
-        for lengths, flat in tokenize(dataset, tokenizer, text_column, num_proc, dtype, progress, policy):
+        for lengths, flat, mask in tokenize(
+            dataset, tokenizer, text_column, num_proc, dtype, progress, policy, chat, template
+        ):
             lengths_parts.append(lengths)
             num_tokens += int(flat.size)
-            if tokens_file is not None:
-                tokens_file.write(flat.tobytes())
-        if tokens_file is not None:
-            tokens_file.seek(0)
-            tokens_file.write(npy_header(dtype, num_tokens))
-            tokens_file.flush()
-            os.fsync(tokens_file.fileno())
+            if mask is not None:
+                num_trained += int(np.count_nonzero(mask))
+            if "tokens" in streams:
+                streams["tokens"].write(flat)
+            if "mask" in streams:
+                streams["mask"].write(mask)
+        complete = True
     finally:
-        if tokens_file is not None:
-            tokens_file.close()
+        for stream in streams.values():
+            stream.close(complete)
     lengths = np.concatenate(lengths_parts) if lengths_parts else np.zeros(0, np.int64)
-    return lengths, num_tokens
+    return lengths, num_tokens, num_trained
 
 
 def _write_meta(tmp: Path, meta: dict) -> None:
@@ -97,12 +127,14 @@ def _write_index(
     progress: bool,
     key: str,
     policy: SpecialTokens,
+    chat: ChatConfig | None = None,
+    template: str | None = None,
 ) -> dict:
     """Write the complete index of ``dataset`` into the directory ``tmp``; returns its meta."""
     dtype = token_dtype(tokenizer.vocab_size)
     start = time.perf_counter()
-    lengths, num_tokens = _write_tokens(
-        tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress, policy
+    lengths, num_tokens, num_trained = _write_tokens(
+        tmp, dataset, tokenizer, text_column, num_proc, dtype, store_tokens, progress, policy, chat, template
     )
     seconds = time.perf_counter() - start
     if lengths.size != len(dataset):  # pragma: no cover - guards the batching
@@ -112,10 +144,11 @@ def _write_index(
     save_npy(tmp / "lengths.npy", lengths)
     save_npy(tmp / "offsets.npy", offsets)
     names = ["lengths.npy", "offsets.npy"] + (["tokens.npy"] if store_tokens else [])
+    names += ["loss_mask.npy"] if store_tokens and chat is not None else []
     files = {name: write_checksums(tmp, name) for name in names}
     meta = {
         "kind": INDEX_KIND,
-        "format_version": INDEX_FORMAT_VERSION,
+        "format_version": INDEX_FORMAT_VERSION if chat is None else CHAT_FORMAT_VERSION,
         "detsampler_version": __version__,
         "cache_key": key,
         "dataset_fingerprint": dataset_fingerprint(dataset),
@@ -124,6 +157,7 @@ def _write_index(
         "store_tokens": store_tokens,
         "tokenizer": tokenizer.describe(),
         "special_tokens": policy.to_meta(),
+        **({} if chat is None else {"chat": {**chat.to_meta(template), "num_trained_tokens": num_trained}}),
         "token_dtype": dtype.name,
         "num_documents": int(lengths.size),
         "num_tokens": int(num_tokens),
@@ -147,12 +181,17 @@ def _write_index(
     return meta
 
 
-def _check_build_args(dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int) -> None:
-    """Raise a ValueError naming the parameter unless the text column exists, ``num_proc >= 1`` and ``tokenizer`` is
-    one."""
+def _check_build_args(
+    dataset: Any, tokenizer: TokenizerLike, text_column: str, num_proc: int, chat: ChatConfig | None
+) -> None:
+    """Raise a ValueError naming the parameter unless the text column (or the chat columns) exists, ``num_proc >= 1``
+    and ``tokenizer`` is one."""
     from detsampler.text.corpus import check_text_column
 
-    check_text_column(dataset, text_column)
+    if chat is not None and not isinstance(chat, ChatConfig):
+        raise TypeError(f"chat must be a ChatConfig or None, got {type(chat).__name__}")
+    for column in [text_column] if chat is None else chat.columns:
+        check_text_column(dataset, column)
     check_positive_int(num_proc, "num_proc")
     check_tokenizer_like(tokenizer)
 
@@ -166,6 +205,7 @@ def build_index(
     store_tokens: bool = True,
     progress: bool = True,
     special_tokens: SpecialTokens | None = None,
+    chat: ChatConfig | None = None,
 ) -> TokenIndex:
     """Open the cached index of ``dataset`` under ``tokenizer``, building it first if it does not
     exist.
@@ -183,14 +223,20 @@ def build_index(
         store_tokens: store the tokens (else only their counts: tokens are made on the fly).
         progress: show a progress bar and a summary line on stderr.
         special_tokens: the BOS/EOS policy (default: no BOS, a virtual EOS), recorded in the meta and the cache key.
+        chat: chat or instruction data (:class:`~detsampler.text.chat.ChatConfig`): its columns are rendered (chat
+            template, or prompt + completion) instead of ``text_column``, and a loss mask is stored beside the tokens
+            (``loss_mask.npy``); its template text and policy are recorded in the meta and the cache key.
 
     Returns:
         The opened :class:`~detsampler.index.reader.TokenIndex`, checked against ``dataset`` and ``tokenizer``.
     """
-    _check_build_args(dataset, tokenizer, text_column, num_proc)
+    _check_build_args(dataset, tokenizer, text_column, num_proc, chat)
     policy = SpecialTokens() if special_tokens is None else special_tokens
     policy.check(tokenizer)
-    key = index_cache_key(dataset, tokenizer, text_column, store_tokens, policy)
+    template = None
+    if chat is not None:
+        template, text_column = resolve_template(chat, tokenizer), chat.column
+    key = index_cache_key(dataset, tokenizer, text_column, store_tokens, policy, chat, template)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"index-{key}"
@@ -198,7 +244,8 @@ def build_index(
         final / "meta.json"
     ).is_file():  # complete by construction (renamed into place): no lock, a read-only cache works
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
-    return _build_locked(root, final, key, dataset, tokenizer, text_column, num_proc, store_tokens, progress, policy)
+    args = (dataset, tokenizer, text_column, num_proc, store_tokens, progress, policy, chat, template)
+    return _build_locked(root, final, key, *args)
 
 
 def _build_locked(
@@ -212,6 +259,8 @@ def _build_locked(
     store_tokens: bool,
     progress: bool,
     policy: SpecialTokens,
+    chat: ChatConfig | None,
+    template: str | None,
 ) -> TokenIndex:
     if (final / "meta.json").is_file():  # complete: open without the lock
         return TokenIndex.open(final, dataset=dataset, tokenizer=tokenizer)
@@ -223,7 +272,9 @@ def _build_locked(
         tmp = root / f".tmp-index-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            _write_index(tmp, dataset, tokenizer, text_column, num_proc, store_tokens, progress, key, policy)
+            _write_index(
+                tmp, dataset, tokenizer, text_column, num_proc, store_tokens, progress, key, policy, chat, template
+            )
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -2,8 +2,9 @@
 
 Invariant: an index's cache key is a function of the dataset fingerprint and row count, the tokenizer's sha256 (the hash
 of its files, wherever they are), the text column, ``store_tokens``, the BOS/EOS policy (with the BOS and EOS ids it
-inserts; the default policy adds nothing to the key, so indexes built before policies existed keep their names) and
-:data:`INDEX_FORMAT_VERSION` only: the same inputs always name the same directory.
+inserts; the default policy adds nothing to the key, so indexes built before policies existed keep their names), the
+chat configuration's identity (columns, loss-mask policy, template sha256; only for a chat index, keyed under
+:data:`CHAT_FORMAT_VERSION`) and :data:`INDEX_FORMAT_VERSION` only: the same inputs always name the same directory.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from detsampler.text.chat import ChatConfig
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = [
+    "CHAT_FORMAT_VERSION",
     "CHUNK_BYTES",
     "INDEX_FORMAT_VERSION",
     "INDEX_KIND",
@@ -41,7 +44,11 @@ INDEX_FORMAT_VERSION = 2
 #    no offsets.npy (nothing reads it): what ``detsampler.index.synthetic.write_lengths_index`` writes (4 bytes per
 #    document instead of 16). ``build_index`` still writes version 2; the reader reads both.
 LENGTHS_FORMAT_VERSION = 3
-READ_FORMAT_VERSIONS = (INDEX_FORMAT_VERSION, LENGTHS_FORMAT_VERSION)
+# 4: as 2, plus a chat configuration in meta.json (``chat``: columns, loss-mask policy, template text and sha256) and,
+#    when tokens are stored, loss_mask.npy (uint8, aligned with tokens.npy, checksummed like it). What ``build_index``
+#    writes for chat data (``chat=``): a reader that does not know masks must not open it and train on every token.
+CHAT_FORMAT_VERSION = 4
+READ_FORMAT_VERSIONS = (INDEX_FORMAT_VERSION, LENGTHS_FORMAT_VERSION, CHAT_FORMAT_VERSION)
 INDEX_KIND = "detsampler-token-index"
 
 
@@ -87,11 +94,13 @@ def index_cache_key(
     text_column: str = "text",
     store_tokens: bool = True,
     special_tokens: SpecialTokens | None = None,
+    chat: ChatConfig | None = None,
+    template: str | None = None,
 ) -> str:
-    """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options, the BOS/EOS policy and the
-    format version."""
+    """The cache name's hash: the dataset fingerprint, the tokenizer's sha256, the options, the BOS/EOS policy, the
+    chat configuration with its template (``template``: the text it renders with) and the format version."""
     fields = {
-        "format_version": INDEX_FORMAT_VERSION,
+        "format_version": INDEX_FORMAT_VERSION if chat is None else CHAT_FORMAT_VERSION,
         "dataset": dataset_fingerprint(dataset),
         "num_rows": len(dataset),
         "tokenizer": tokenizer.sha256,
@@ -100,6 +109,8 @@ def index_cache_key(
     }
     if special_tokens is not None and special_tokens != SpecialTokens():
         fields["special_tokens"] = {**special_tokens.to_meta(), "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    if chat is not None:
+        fields["chat"] = chat.identity(template)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
 
 

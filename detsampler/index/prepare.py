@@ -15,6 +15,7 @@ from detsampler.index.build import build_index
 from detsampler.index.format import default_cache_dir, index_cache_key
 from detsampler.index.reader import TokenIndex
 from detsampler.storage import is_remote
+from detsampler.text.chat import ChatConfig
 from detsampler.text.corpus import DEFAULT_VOCAB_SIZE, default_corpus, default_tokenizer, load_corpus
 from detsampler.text.load import load_tokenizer
 from detsampler.text.policy import SpecialTokens
@@ -35,7 +36,10 @@ class IndexConfig:
     takes its EOS, pad id and vocabulary size from it when given. ``add_bos`` / ``add_eos``: the BOS/EOS policy
     (:class:`SpecialTokens`; ``add_eos`` None is ``"virtual"`` for text and ``"real"`` for a pre-tokenized source, whose
     stored tokens are read as they are). ``max_documents``: keep only the first N rows. ``cache_dir``: None for
-    ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``.
+    ``$DETSAMPLER_CACHE`` or ``./.cache/detsampler``. ``loss_policy``: chat or instruction data
+    (:class:`~detsampler.text.chat.ChatConfig`): ``text_column`` then holds each example's messages, rendered with the
+    tokenizer's chat template (``assistant``, ``last_turn``, ``all``), or with ``completion_column`` its prompt
+    (``completion``, ``all``); a loss mask is stored beside the tokens. None: plain text.
     """
 
     data: str | None = None
@@ -48,9 +52,14 @@ class IndexConfig:
     max_documents: int | None = None
     add_bos: bool = False
     add_eos: str | None = None
+    loss_policy: str | None = None
+    completion_column: str | None = None
 
     def __post_init__(self) -> None:
         _ = self.special_tokens  # validates add_bos / add_eos
+        if self.completion_column is not None and self.loss_policy is None:
+            raise ValueError("completion_column is for chat data: pass loss_policy too (completion or all)")
+        _ = self.chat  # validates loss_policy / completion_column
         if self.data is not None and not str(self.data).strip():  # Path("") is the current directory: never that
             raise ValueError(f"data: got an empty path {self.data!r}; pass a file, a directory of files or KIND:PATH")
         if not isinstance(self.text_column, str) or not self.text_column:
@@ -76,6 +85,13 @@ class IndexConfig:
     @property
     def special_tokens(self) -> SpecialTokens:
         return SpecialTokens(add_bos=self.add_bos, add_eos=self.add_eos or "virtual")
+
+    @property
+    def chat(self) -> ChatConfig | None:
+        """The chat configuration of ``loss_policy`` (None: plain text)."""
+        if self.loss_policy is None:
+            return None
+        return ChatConfig(column=self.text_column, completion_column=self.completion_column, policy=self.loss_policy)
 
     @property
     def cache_path(self) -> Path:
@@ -114,6 +130,8 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
     entries record the EOS and pad ids they are read with)."""
     from detsampler.index.sharded import TOKENIZED_KIND, ShardedIndex
 
+    if config.loss_policy is not None:
+        raise ValueError(f"loss_policy: {config.data!r} is a sharded index, which holds no loss mask")
     index = ShardedIndex.open(config.data)
     tokenized = sum(entry["kind"] == TOKENIZED_KIND for entry in index.meta["shards"])
     if config.tokenizer is None and tokenized:
@@ -165,6 +183,11 @@ def open_prepared_source(config: IndexConfig) -> Prepared:
     from detsampler.index.sources import no_tokenizer, open_source, parse_source_spec
 
     kind, path = parse_source_spec(str(config.data))
+    if config.loss_policy is not None:  # NOTE: it would be ignored: every token trained
+        raise ValueError(
+            f"loss_policy: the pre-tokenized source {config.data!r} is read as stored, not rendered from chat rows;"
+            " open its own mask with detsampler.index.sources.open_source(..., loss_mask=PATH)"
+        )
     if config.tokenizer is None:
         raise no_tokenizer(kind, path)
     if config.add_bos:
@@ -216,6 +239,7 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         store_tokens=config.store_tokens,
         progress=progress,
         special_tokens=config.special_tokens,
+        chat=config.chat,
     )
     return Prepared(config, dataset, tokenizer, index)
 

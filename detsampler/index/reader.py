@@ -9,6 +9,9 @@ Layout of an index directory (all arrays ``.npy``, opened memory-mapped with ``a
                                              (offsets[d + 1] - offsets[d] = lengths[d] + 1 when the EOS is real, else
                                              lengths[d])
     tokens.npy uint16|uint32[num_tokens] document d is tokens[offsets[d] : offsets[d] + lengths[d]] (store_tokens only)
+    loss_mask.npy uint8[num_tokens]      format 4 (chat data, store_tokens): 1 where the token aligned with it is a
+                                         trained target (see :mod:`detsampler.text.chat`); a virtual EOS is
+                                         trained exactly under policies `all` and `completion`
     meta.json format version, dataset fingerprint, tokenizer sha256, options, counts, file sizes and sha256s
     *.sums.npy    CRC-32 of each 64 KiB chunk of the three arrays (checked the first time a process reads the chunk)
     layouts/      persisted layouts, one directory per layout config, MAPPING_VERSION and packing version
@@ -35,6 +38,7 @@ import numpy as np
 
 from detsampler.index.checksums import VerifiedArray, open_checked
 from detsampler.index.format import (
+    CHAT_FORMAT_VERSION,
     INDEX_KIND,
     LENGTHS_FORMAT_VERSION,
     READ_FORMAT_VERSIONS,
@@ -46,6 +50,7 @@ from detsampler.index.format import (
 )
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.storage import BlockCache, RemotePath, as_path
+from detsampler.text.chat import ChatConfig
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
@@ -111,7 +116,8 @@ def _verify_full(path: Path | RemotePath, files: dict, arrays: dict[str, Verifie
 
 class TokenIndex:
     """An opened index: ``lengths`` and ``offsets`` (int64 memory maps; format 3: ``lengths`` may be int32 and
-    ``offsets`` None when no tokens are stored), ``tokens`` (memory map, or None), and ``meta``.
+    ``offsets`` None when no tokens are stored), ``tokens`` (memory map, or None), ``loss_mask`` (format 4, chat data
+    with stored tokens: a uint8 memory map aligned with ``tokens``; else None), and ``meta``.
 
     Document ``d``'s tokens are ``tokens[offsets[d] : offsets[d] + lengths[d]]``; its EOS (``eos_id``) is virtual, at
     position ``lengths[d]``. Pickles as its path (workers reopen the memory maps; nothing is copied).
@@ -124,12 +130,14 @@ class TokenIndex:
         lengths: np.ndarray,
         offsets: np.ndarray | None,
         tokens: np.ndarray | None,
+        loss_mask: np.ndarray | None = None,
     ) -> None:
         self.path = as_path(path)
         self.meta = meta
         self.lengths = lengths
         self.offsets = offsets
         self.tokens = tokens
+        self.loss_mask = loss_mask
 
     # -- properties
     @property
@@ -162,6 +170,12 @@ class TokenIndex:
     def eos_stored(self) -> bool:
         """Whether each document's EOS position (``lengths[d]``) is a stored token (else it is virtual: ``eos_id``)."""
         return self.special_tokens.eos_stored
+
+    @property
+    def chat(self) -> ChatConfig | None:
+        """The chat configuration the index was rendered under (its template text included), or None (plain text)."""
+        record = self.meta.get("chat")
+        return None if record is None else ChatConfig.from_meta(record)
 
     @property
     def store_tokens(self) -> bool:
@@ -222,6 +236,12 @@ class TokenIndex:
             )
         if store:
             arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,), block_cache)
+        if meta["format_version"] == CHAT_FORMAT_VERSION and not isinstance(meta.get("chat"), dict):
+            raise TokenIndexError(f"index {str(path)!r}: format {CHAT_FORMAT_VERSION} but meta.json has no chat record")
+        if store and meta["format_version"] == CHAT_FORMAT_VERSION:
+            arrays["loss_mask.npy"] = open_checked(
+                path, files, "loss_mask.npy", np.dtype(np.uint8), (n_tok,), block_cache
+            )
         if verify_tokens:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays.get("offsets.npy"), arrays.get("tokens.npy")
@@ -229,7 +249,7 @@ class TokenIndex:
             raise TokenIndexError(
                 f"index {str(path)!r}: offsets/lengths are inconsistent with {n_tok} tokens; delete and rebuild"
             )
-        index = cls(path, meta, lengths, offsets, tokens)
+        index = cls(path, meta, lengths, offsets, tokens, arrays.get("loss_mask.npy"))
         if dataset is not None:
             index.check_dataset(dataset)
         if tokenizer is not None:
@@ -311,6 +331,8 @@ class TokenIndex:
             arrays["offsets.npy"] = self.offsets
         if self.tokens is not None:
             arrays["tokens.npy"] = self.tokens
+        if self.loss_mask is not None:
+            arrays["loss_mask.npy"] = self.loss_mask
         return arrays
 
     # -- reading
@@ -332,6 +354,20 @@ class TokenIndex:
 
         return open_layout(self, config, num_proc=num_proc, progress=progress)
 
+    def loss_mask_counts(self) -> dict | None:
+        """For a chat index, its positions (stored tokens, and a virtual EOS per document) whose token is a trained
+        target and the masked ones (the build's exact count), with the policy; None for plain text."""
+        chat = self.meta.get("chat")
+        if chat is None:
+            return None
+        virtual_eos = 0 if self.eos_stored else self.num_documents
+        trained = int(chat["num_trained_tokens"]) + (virtual_eos if self.chat.eos_trained else 0)
+        return {
+            "policy": chat["policy"],
+            "trained_tokens": trained,
+            "masked_tokens": self.num_tokens + virtual_eos - trained,
+        }
+
     def summary(self) -> dict:
         """Counts and identity, for ``detsampler build`` and logs."""
         return {
@@ -349,5 +385,7 @@ class TokenIndex:
             "eos_id": self.eos_id,
             "pad_id": self.pad_id,
             "fingerprint": self.fingerprint,
+            **({} if self.chat is None else {"chat": {k: v for k, v in self.meta["chat"].items() if k != "template"}}),
+            **({} if self.chat is None else {"loss_mask": self.loss_mask_counts()}),
             "build": self.meta.get("build", {}),
         }

@@ -129,6 +129,8 @@ class CausalLMCollator:
         if "tokens" in batch:
             tokens = batch["tokens"].long()
             input_ids, targets = tokens[:, :-1], tokens[:, 1:]
+            if "loss_mask" in batch:  # chat data: the targets the mask leaves out are not trained
+                targets = targets.masked_fill(~batch["loss_mask"], IGNORE_INDEX)
             positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")

@@ -45,12 +45,13 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from detsampler.filter import RepetitionFilter
-from detsampler.gather import FIELDS, pack_fields, pack_tokens
+from detsampler.gather import FIELDS, IGNORE_INDEX, pack_fields, pack_tokens
 from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.loader.token_cache import TokenCache
+from detsampler.text.chat import render_examples
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch", "instance_filter_counts"]
@@ -90,6 +91,13 @@ class PackedDataset(Dataset):
     When ``index.tokens`` is None (built with ``store_tokens=False``), ``dataset`` and ``tokenizer`` (the ones the index
     was built from, which is checked) supply the text and the tokenization. ``output`` is ``"fields"`` (the four int64
     fields) or ``"tokens"`` (``concat`` only: the ``seq_len + 1`` token ids in the index's stored dtype).
+
+    Over a chat index (``index.chat``, see :mod:`detsampler.text.chat`) a batch also holds ``loss_mask`` (bool
+    ``[B, seq_len]``): True exactly where the label at that position is a trained token; with ``output="fields"``
+    ``labels`` are -100 wherever it is False (so ``loss_mask == (labels != -100)``), with ``output="tokens"`` it is the
+    mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly; likewise
+    over a pre-tokenized source opened with its mask (``open_source(..., loss_mask=PATH)``: OLMo-core label masks,
+    datatrove ``.loss`` files).
     """
 
     def __init__(
@@ -141,9 +149,11 @@ class PackedDataset(Dataset):
         self._cache = TokenCache(self.cache_tokens)
         self._eos_stored = bool(getattr(index, "eos_stored", False))
         self._texts = None
+        self._chat = getattr(index, "chat", None)
         if dataset is not None:
-            index.check_dataset(dataset, text_column)
-            self._texts = dataset.with_format(None).select_columns([text_column])
+            columns = [text_column] if self._chat is None else list(self._chat.columns)
+            index.check_dataset(dataset, text_column if self._chat is None else None)
+            self._texts = dataset.with_format(None).select_columns(columns)
         if tokenizer is not None:
             index.check_tokenizer(tokenizer)
         if index.tokens is None and (dataset is None or tokenizer is None):
@@ -179,15 +189,17 @@ class PackedDataset(Dataset):
 
     # -- the batch read
 
-    def _token_source(self, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
-        """Per span: where its document's tokens start in the flat array, its length; and ``read(starts, stops)``, the
+    def _token_source(self, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any, Any]:
+        """Per span: where its document's tokens start in the flat array, its length; ``read(starts, stops)``, the
         flat array once the element ranges ``[starts[j], stops[j])`` are checked (stored tokens: their chunks' CRC-32;
-        on the fly: the array just tokenized)."""
+        on the fly: the array just tokenized); and for a chat index the same reader of the loss mask (else None)."""
         lengths = np.asarray(self.index.lengths[doc_ids], dtype=np.int64)
         tokens = self.index.tokens
         if tokens is not None:
             read = getattr(tokens, "checked_ranges", None) or (lambda starts, stops: tokens)
-            return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, read
+            mask = getattr(self.index, "loss_mask", None)  # a chat index's, or a pre-tokenized source's
+            read_mask = None if mask is None else getattr(mask, "checked_ranges", None) or (lambda a, b: mask)
+            return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, read, read_mask
         unique, inverse = np.unique(doc_ids, return_inverse=True)
         parts = self._cache.get_many(unique.tolist())
         missing = [i for i, part in enumerate(parts) if part is None]
@@ -195,21 +207,32 @@ class PackedDataset(Dataset):
             for i, part in zip(missing, self._tokenize(unique[missing])):
                 parts[i] = part
             self._cache.put_many(unique[missing].tolist(), [parts[i] for i in missing])
-        sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        sizes = np.fromiter((p.shape[-1] for p in parts), dtype=np.int64, count=len(parts))
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(sizes, out=starts[1:])
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return starts[inverse.reshape(-1)], lengths, lambda a, b: flat
+        shape = (0,) if self._chat is None else (2, 0)
+        flat = np.concatenate(parts, axis=-1) if parts else np.zeros(shape, dtype=np.int64)
+        if self._chat is None:
+            return starts[inverse.reshape(-1)], lengths, lambda a, b: flat, None
+        return starts[inverse.reshape(-1)], lengths, lambda a, b: flat[0], lambda a, b: flat[1]
 
     def _tokenize(self, docs: np.ndarray) -> list[np.ndarray]:
         """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each
-        checked against the index."""
-        texts = self._texts[docs.tolist()][self.text_column]
-        for i, text in enumerate(texts):  # per document, not per token: name the bad one
-            if not isinstance(text, str):
-                check_texts([text], int(docs[i]), self.text_column)
+        checked against the index; for a chat index, each a ``[2, n]`` array: the tokens and their loss mask."""
+        rows = self._texts[docs.tolist()]
         policy = self.index.special_tokens
-        got, flat = policy.apply(self.tokenizer.encode_batch(texts), self.tokenizer.bos_id, self.tokenizer.eos_id)
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        mask = None
+        if self._chat is None:
+            texts = rows[self.text_column]
+            for i, text in enumerate(texts):  # per document, not per token: name the bad one
+                if not isinstance(text, str):
+                    check_texts([text], int(docs[i]), self.text_column)
+            got, flat = policy.apply(self.tokenizer.encode_batch(texts), bos, eos)
+        else:
+            ids, masks = render_examples(self.tokenizer, rows, int(docs[0]), self._chat, self._chat.chat_template)
+            got, flat = policy.apply(ids, bos, eos)
+            _, mask = policy.apply(masks, 0, int(self._chat.eos_trained))
         want = np.asarray(self.index.lengths[docs], dtype=np.int64)
         if not np.array_equal(got, want):
             k = int(np.flatnonzero(got != want)[0])
@@ -219,7 +242,9 @@ class PackedDataset(Dataset):
                 " build the index again"
             )
         ends = np.cumsum(got + int(policy.eos_stored))
-        return np.split(flat, ends[:-1])
+        if mask is None:
+            return np.split(flat, ends[:-1])
+        return np.split(np.stack([flat, mask]), ends[:-1], axis=1)
 
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors, or with
@@ -229,7 +254,12 @@ class PackedDataset(Dataset):
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
         ids = raw.astype(np.int64, copy=False).reshape(-1)
         spans = self.layout.locate(ids)
-        doc_starts, doc_lengths, read = self._token_source(spans.doc_ids)
+        doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
+        mask_grid, eos_value = None, 0
+        if read_mask is not None:  # laid out in the same pass as the tokens
+            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
+            eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
+        masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
         if self.output == "tokens":
             tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
             pack_tokens(
@@ -241,11 +271,15 @@ class PackedDataset(Dataset):
                 eos_id=self.index.eos_id,
                 eos_stored=self._eos_stored,
                 out=tokens.numpy(),
+                **masking,
             )
+            out = {"tokens": tokens}
+            if mask_grid is not None:
+                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
             if self.instance_filter is None:
-                return {"tokens": tokens}
+                return out
             flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
-            return {"tokens": tokens, "instance_mask": torch.from_numpy(~flagged)}
+            return {**out, "instance_mask": torch.from_numpy(~flagged)}
         block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
@@ -260,17 +294,41 @@ class PackedDataset(Dataset):
             labels_cross_documents=self.layout.labels_cross_documents,
             restart_position_ids=self.restart_position_ids,
             out=block.numpy(),
+            **masking,
         )
         batch = dict(zip(FIELDS, block.unbind(0)))
+        if mask_grid is not None:
+            labels = block.numpy()[FIELDS.index("labels")]
+            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid, clip=self._chat is None)
         if self.instance_filter is not None:
             fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
             flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
             fields[FIELDS.index("labels")][flagged] = -100
+            if mask_grid is not None:
+                batch["loss_mask"][torch.from_numpy(flagged)] = False
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
         return batch
+
+
+def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
+    """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
+    (``mask_grid``: int64 ``[B, sample_len]``, the positions' mask values as laid out; ``clip``: values other than 0 and
+    1 may occur, a foreign file's, and count as 1); returns the loss mask, ``labels != -100``."""
+    if clip:
+        np.minimum(mask_grid, 1, out=mask_grid)
+    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place, in three int64
+    # passes: 3x faster than a boolean-mask assignment
+    labels += -IGNORE_INDEX
+    if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
+        labels *= mask_grid[:, 1:]
+    else:  # the label of a position is the next position's token; the last one is -100 already (0 here)
+        flat = labels.reshape(-1)
+        flat[:-1] *= mask_grid.reshape(-1)[1:]
+    labels += IGNORE_INDEX
+    return torch.from_numpy(labels != IGNORE_INDEX)
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:

@@ -70,13 +70,27 @@ class MixtureDataset(Dataset):
             from detsampler.loader.dataset import MicroBatch
 
             order = torch.as_tensor(np.argsort(np.concatenate(wheres), kind="stable"))
-            keys = parts[0].batch.keys()
-            return MicroBatch({key: torch.cat([p.batch[key] for p in parts])[order] for key in keys})
+            batches = _with_loss_masks([p.batch for p in parts])
+            return MicroBatch({key: torch.cat([b[key] for b in batches])[order] for key in batches[0]})
         out: list[Any] = [None] * len(indices)
         for where, items in zip(wheres, parts):
             for j, item in zip(where.tolist(), items):
                 out[j] = item
         return out
+
+
+def _with_loss_masks(batches: list[dict]) -> list[dict]:
+    """The sources' batches, each with a ``loss_mask`` when any has one (chat data mixed with plain text): a plain
+    source's trains every label it has (``labels != -100``; with ``output="tokens"``, every target)."""
+    if not any("loss_mask" in b for b in batches):
+        return batches
+    out = []
+    for b in batches:
+        if "loss_mask" not in b:
+            b = dict(b)
+            b["loss_mask"] = b["labels"] != -100 if "labels" in b else torch.ones_like(b["tokens"][:, 1:], dtype=bool)
+        out.append(b)
+    return out
 
 
 def _reads(dataset: Any, source: Any) -> bool:

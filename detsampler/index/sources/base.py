@@ -85,6 +85,7 @@ class TokenSource:
         reopen: tuple[Any, tuple, dict],
         scan: SourceScan | None = None,
         end_eos: bool = False,
+        loss_mask: str | os.PathLike | None = None,
     ) -> None:
         if eos not in EOS_SOURCE_MODES:
             raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
@@ -109,7 +110,13 @@ class TokenSource:
         if scan is not None:  # ids in the vocabulary, a plausible dtype, (end_eos) documents that end in the EOS
             check_scan(kind, as_path(path), scan, tokens, vocab_size, eos_id, end_eos and eos == "real")
         self.identity = identity
+        self.loss_mask, self.loss_mask_identity = None, None
+        if loss_mask is not None:
+            self.loss_mask = mask_memmap(Path(loss_mask), tokens.size, kind, Path(path))
+            self.loss_mask_identity = sampled_sha256([Path(loss_mask)])
         fn, args, format_options = reopen  # the reading options shared by every format are added here, once
+        if loss_mask is not None:
+            format_options = {**format_options, "loss_mask": str(loss_mask)}
         self._reopen = (fn, args, dict(eos=eos, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, **format_options))
 
     # -- what readers of an index use
@@ -131,9 +138,17 @@ class TokenSource:
         return SpecialTokens(add_eos="real" if self.eos_stored else "virtual")
 
     @property
+    def loss_mask_eos(self) -> bool:
+        """A virtual EOS read after a masked document is trained (as in pretraining); a stored one has its own value."""
+        return True
+
+    @property
     def fingerprint(self) -> str:
-        """The source's content identity with how it is read (EOS mode and id): what a plan over it depends on."""
+        """The source's content identity with how it is read (EOS mode and id, and its loss mask's identity when one is
+        given): what a plan over it depends on."""
         key = f"{self.kind}|{self.identity}|{self.eos}|{self.eos_id}|{self.pad_id}"
+        if self.loss_mask_identity is not None:  # absent: the fingerprints of sources opened without one stay the same
+            key += f"|loss_mask:{self.loss_mask_identity}"
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     def __repr__(self) -> str:
@@ -186,6 +201,7 @@ class TokenSource:
             "pad_id": self.pad_id,
             "identity": self.identity,
             "fingerprint": self.fingerprint,
+            **({} if self.loss_mask is None else {"loss_mask_identity": self.loss_mask_identity}),
         }
 
 
@@ -208,6 +224,21 @@ def token_memmap(path: Path | RemotePath, dtype: np.dtype, kind: str) -> np.ndar
     if isinstance(path, RemotePath):
         return RemoteArray(BlockedObject(path.url, size), dtype, size // dtype.itemsize, 0)
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def mask_memmap(path: Path, num_tokens: int, kind: str, token_path: Path) -> np.ndarray:
+    """A read-only memory map of a pre-tokenized corpus's per-token loss mask (one byte a token, nonzero: the token is
+    a trained target: OLMo-core's ``label_mask_paths`` arrays, datatrove's ``.loss`` files), checked to have one byte
+    per token of ``token_path``."""
+    if not path.is_file():
+        raise TokenIndexError(f"{kind} source {str(token_path)!r}: no loss mask file at {str(path)!r}")
+    size = path.stat().st_size
+    if size != num_tokens:
+        raise TokenIndexError(
+            f"{kind} source {str(token_path)!r}: its loss mask {str(path)!r} holds {size} bytes, not one per token"
+            f" ({num_tokens}): it belongs to another token file"
+        )
+    return np.zeros(0, dtype=np.uint8) if size == 0 else np.memmap(path, dtype=np.uint8, mode="r")
 
 
 _CHUNK = 1 << 16  # bytes per chunk whose min and max id a scan records (the index's checksum chunk)

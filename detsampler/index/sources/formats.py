@@ -162,9 +162,11 @@ def open_olmo(
     eos: str = "real",
     pad_id: int | None = None,
     vocab_size: int | None = None,
+    loss_mask: str | os.PathLike | None = None,
 ) -> TokenSource:
     """A raw ``.npy`` token array of ``dtype`` (OLMo-core writes no header). Documents: the ``.csv.gz`` metadata
-    beside it, else split after each ``eos_id`` (as ``iter_document_indices`` does from the array)."""
+    beside it, else split after each ``eos_id`` (as ``iter_document_indices`` does from the array). ``loss_mask``: its
+    label mask (OLMo-core's ``label_mask_paths``: a raw bool array, one byte per token)."""
     p = as_path(path)
     dt = np.dtype(dtype)
     tokens = token_memmap(p, dt, "olmo")
@@ -194,6 +196,7 @@ def open_olmo(
         pad_id=pad_id,
         vocab_size=vocab_size,
         reopen=(open_olmo, (str(p),), dict(dtype=dt.name)),
+        loss_mask=loss_mask,
     )
 
 
@@ -205,9 +208,11 @@ def open_datatrove(
     pad_id: int | None = None,
     vocab_size: int | None = None,
     token_size: int | None = None,
+    loss_mask: str | os.PathLike | None = None,
 ) -> TokenSource:
     """``NAME.ds`` (tokens, ``token_size`` bytes each: from ``NAME.ds.metadata``'s first line ``tokenizer|size``,
-    else 2) and ``NAME.ds.index`` (uint64 little-endian document ends, in tokens)."""
+    else 2) and ``NAME.ds.index`` (uint64 little-endian document ends, in tokens). ``loss_mask``: its loss values
+    (``NAME.ds.loss``, written by ``DocumentTokenizer(save_loss_metadata=True)``: one bool byte per token)."""
     p = as_path(path)
     index, meta = p.with_name(p.name + ".index"), p.with_name(p.name + ".metadata")
     if not index.is_file():
@@ -238,6 +243,7 @@ def open_datatrove(
         pad_id=pad_id,
         vocab_size=vocab_size,
         reopen=(open_datatrove, (str(p),), dict(token_size=token_size)),
+        loss_mask=loss_mask,
     )
 
 

@@ -1,0 +1,91 @@
+"""The CLI over chat data: ``build --loss-policy``, ``stats`` counting trained and masked tokens, ``show`` naming each
+span's trained tokens, stored or rendered on the fly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from detsampler.cli import main
+from tests.chat_data import conversations, make_chat_tokenizer
+
+
+@pytest.fixture(scope="module")
+def chat_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat-cli")
+    make_chat_tokenizer(root / "tok")
+    with open(root / "chat.jsonl", "w") as f:
+        for c in conversations(30, seed=3):
+            f.write(json.dumps({"messages": c}) + "\n")
+    return root
+
+
+def _args(root, *extra):
+    return [
+        "--data", str(root / "chat.jsonl"), "--text-column", "messages", "--tokenizer", str(root / "tok"),
+        "--loss-policy", "assistant", "--cache-dir", str(root / "cache"), "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def _run(capsys, argv) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_build_stats_and_show_count_the_trained_tokens(capsys, chat_files):
+    from detsampler.index import TokenIndex
+
+    summary = json.loads(_run(capsys, ["build", *_args(chat_files), "--json"]))
+    index = TokenIndex.open(summary["path"])
+    trained = int(np.asarray(index.loss_mask).sum())  # the EOS is not trained under "assistant"
+    assert summary["loss_mask"] == {
+        "policy": "assistant",
+        "trained_tokens": trained,
+        "masked_tokens": index.num_tokens + index.num_documents - trained,
+    }
+    layout = ["--kind", "bestfit", "--seq-len", "256", "--global-batch-size", "4", "--micro-batch-size", "2"]
+    stats = json.loads(_run(capsys, ["stats", *_args(chat_files, *layout[2:], "--kinds", "bestfit", "--json")]))
+    assert stats["loss_mask"] == summary["loss_mask"]
+    assert "loss mask            policy assistant: " in _run(capsys, ["build", *_args(chat_files)])
+    show = _run(capsys, ["show", *_args(chat_files, *layout, "--step", "0")])
+    lines = show.splitlines()
+    # each span line is followed by its trained ranges, equal to the stored mask over the span's positions
+    for i, line in enumerate(lines):
+        if line.startswith("    doc "):
+            doc = int(line.split()[1])
+            start, stop = (int(x) for x in line.split("tokens [")[1].split(")")[0].split(", "))
+            stop += "+ EOS" in line
+            mask = np.asarray(index.loss_mask[index.offsets[doc] + start : index.offsets[doc] + stop])
+            mask = np.pad(mask, (0, stop - start - mask.size))  # the virtual EOS: not trained
+            assert lines[i + 1].startswith(f"      trained {int(mask.sum())} of {stop - start} tokens: [")
+    on_the_fly = _run(capsys, ["show", *_args(chat_files, *layout, "--step", "0", "--decode", "--no-store-tokens")])
+    stored = _run(capsys, ["show", *_args(chat_files, *layout, "--step", "0", "--decode")])
+    assert on_the_fly == stored and "trained " in stored
+
+
+def test_a_policy_the_data_cannot_have_is_one_line(capsys, chat_files):
+    argv = ["build", *_args(chat_files), "--loss-policy", "completion"]  # the last --loss-policy wins
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert "allowed policies for a messages column are assistant, last_turn, all" in err
+
+
+def test_a_sharded_build_of_chat_data_is_refused(capsys, chat_files):
+    with pytest.raises(SystemExit) as exc:
+        main(["build", *_args(chat_files), "--shard", "0", "--num-shards", "2"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--loss-policy (chat data) is not supported by a sharded build" in err
+    assert not list((chat_files / "cache").glob("sharded-*"))
+
+
+def test_a_loss_policy_over_a_pre_tokenized_source_is_refused(capsys, tmp_path):
+    np.array([5, 6, 7, 8, 7], dtype=np.uint32).tofile(tmp_path / "part.npy")
+    argv = ["stats", "--data", f"olmo:{tmp_path / 'part.npy'}", "--tokenizer", "unused", "--loss-policy", "all"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "is read as stored, not rendered from chat rows" in err
