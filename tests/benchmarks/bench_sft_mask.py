@@ -1,4 +1,4 @@
-"""Benchmark 14: the stored loss mask's cost in the loader (issue 23's target: within 1.2x of the same loader without
+"""Benchmark 15: the stored loss mask's cost in the loader (issue 23's target: within 1.2x of the same loader without
 masks).
 
 Data: ``NUM_CONVERSATIONS`` synthetic chat conversations (``tests/chat_data.py``: an optional system turn, 1 to 3
@@ -197,7 +197,7 @@ def main() -> BenchResult:
         f"{build_s:.1f} s ({num_tokens / build_s:,.0f} tokens/s)."
     ]
     return BenchResult(
-        14,
+        15,
         "SFT: the stored loss mask in the loader",
         __doc__.split("\n", 2)[2].strip(),
         [table, tok_table],

@@ -64,8 +64,9 @@ ORDER = {
     "corpus_scale": 11,
     "shard_build": 12,
     "where": 13,
-    "sft_packing": 16,  # 14, 15: benchmarks of other branches
     "filter": 14,
+    "sft_mask": 15,
+    "sft_packing": 16,
 }
 PACKAGES = (
     "numpy",
