@@ -4,7 +4,8 @@ A layout sees only per-document token counts (documents in dataset order). Each 
 so document ``d`` owns ``lengths[d] + 1`` token positions: ``[0, lengths[d])`` are its tokens and position
 ``lengths[d]`` its EOS. A sample is a list of spans ``(doc_id, start, stop)`` over those positions (:class:`Spans`).
 Documents are visited in a seeded order (``document_order``), fixed for the whole run; the plan shuffles samples per
-epoch on top of it.
+epoch on top of it. With ``LayoutConfig(epoch_order=True)`` (concat and document) each epoch has its own order instead
+(:mod:`detsampler.epoch_order`: sample ids then carry their epoch).
 
 - ``concat``: the documents in that order, each with its EOS, form one token stream; sample ``c`` is the stream's tokens
   ``[c*L, c*L + L + 1)``: L inputs and the shifted label. The inputs of samples ``0 .. num_samples-1`` tile the stream's
@@ -28,15 +29,16 @@ For ``document`` and ``bestfit`` every position of every document lies in exactl
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from detsampler.keys import stable_hash64
+from detsampler.epoch_order import EpochOrderedLayout, document_order_key
 from detsampler.packing import Packed, pack_best_fit, pack_windows
 from detsampler.permutation import permute
 from detsampler.ranges import concat_ranges
+from detsampler.spans import Spans
 
 __all__ = [
     "LAYOUTS",
@@ -46,6 +48,7 @@ __all__ = [
     "BinPacking",
     "ConcatLayout",
     "DocumentLayout",
+    "EpochOrderedLayout",
     "Layout",
     "LayoutConfig",
     "LayoutKind",
@@ -78,6 +81,10 @@ class LayoutConfig:
     # EOS included, is never served) or left out ("drop"); counted in describe() (examples_truncated/dropped and
     # dropped_tokens)
     overlong: Overlong = "split"
+    # concat and document only: each epoch visits the documents in its own keyed order (keyed by seed and epoch; epoch
+    # 0's is the order without the option), so sample boundaries move from epoch to epoch; sample ids then carry their
+    # epoch (detsampler.epoch_order). False: one order for the whole run, as before this option existed
+    epoch_order: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
@@ -101,15 +108,26 @@ class LayoutConfig:
                 f"overlong={self.overlong!r} applies to the bestfit layout only (the {self.kind} layout packs no whole"
                 " examples); use kind='bestfit' or overlong='split'"
             )
+        if not isinstance(self.epoch_order, (bool, np.bool_)):
+            raise ValueError(f"epoch_order must be True or False, got {self.epoch_order!r}")
+        object.__setattr__(self, "epoch_order", bool(self.epoch_order))
+        if self.epoch_order and self.kind == "bestfit":
+            raise ValueError(
+                "epoch_order applies to the concat and document layouts: a bestfit layout packs its windows once, when"
+                " it is made (a packing per epoch is not implemented); use kind='concat' or 'document', or"
+                " epoch_order=False"
+            )
 
 
 def config_record(config: LayoutConfig) -> dict:
     """The config as recorded in identities (describe(), persisted layouts' keys and records, resume checks): its
-    fields, ``overlong`` left out when it is the default "split", so that every layout made before the option existed
-    keeps its identity."""
+    fields, ``overlong`` left out when it is the default "split" and ``epoch_order`` when False, so that every layout
+    made before these options existed keeps its identity."""
     record = asdict(config)
     if record["overlong"] == "split":
         del record["overlong"]
+    if not record["epoch_order"]:
+        del record["epoch_order"]
     return record
 
 
@@ -136,36 +154,6 @@ def overlong_counts(lengths: Any, config: LayoutConfig, chunk: int = 1 << 20) ->
         examples += len(over)
         lost += int(over.sum()) - (config.seq_len * len(over) if config.overlong == "truncate" else 0)
     return examples, lost
-
-
-@dataclass(frozen=True)
-class Spans:
-    """Token spans of a batch of samples, in CSR form: sample ``i`` covers spans ``offsets[i]:offsets[i+1]``.
-
-    A span ``(doc_ids[j], starts[j], stops[j])`` is the half-open range of token positions of one document, where
-    position
-    ``lengths[doc]`` is the document's EOS. Spans of a sample are in the order their tokens appear in the sample.
-    """
-
-    offsets: np.ndarray
-    doc_ids: np.ndarray
-    starts: np.ndarray
-    stops: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def num_tokens(self) -> np.ndarray:
-        """Tokens per sample (int64, one per sample)."""
-        return (
-            np.add.reduceat(self.stops - self.starts, self.offsets[:-1]) if self.doc_ids.size else np.zeros(0, np.int64)
-        )
-
-    def sample(self, i: int) -> list[tuple[int, int, int]]:
-        """The spans of sample ``i`` as ``(doc_id, start, stop)`` tuples."""
-        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        return list(zip(self.doc_ids[lo:hi].tolist(), self.starts[lo:hi].tolist(), self.stops[lo:hi].tolist()))
 
 
 class Layout(Protocol):
@@ -238,24 +226,23 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
     return raw.astype(np.int64, copy=False)
 
 
-def document_order(num_documents: int, seed: int) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+def document_order(num_documents: int, seed: int, epoch: int = 0) -> np.ndarray:
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation). ``epoch``:
+    that epoch's order under ``epoch_order`` (:func:`~detsampler.epoch_order.document_order_key`; 0: the one order
+    without it).
 
     Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan
     epochs, mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples
     are the same whatever version a plan reads it with (tests/test_pinned.py pins them once).
     """
-    return permute(
-        np.arange(num_documents, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1
-    )
+    return documents_at(np.arange(num_documents, dtype=np.int64), num_documents, seed, epoch)
 
 
-def documents_at(positions: np.ndarray, num_documents: int, seed: int) -> np.ndarray:
-    """``document_order(num_documents, seed)[positions]``, computed pointwise: O(len(positions)),
+def documents_at(positions: np.ndarray, num_documents: int, seed: int, epoch: int = 0) -> np.ndarray:
+    """``document_order(num_documents, seed, epoch)[positions]``, computed pointwise: O(len(positions)),
     whatever the corpus."""
-    return permute(
-        np.asarray(positions, dtype=np.int64), num_documents, stable_hash64("document-order", seed), version=1
-    )
+    key = document_order_key(seed, epoch)
+    return permute(np.asarray(positions, dtype=np.int64), num_documents, key, version=1)
 
 
 def _take(arr: Any, idx: np.ndarray) -> np.ndarray:
@@ -281,33 +268,36 @@ def _bounds(ends: Any, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class _Ordered:
     """What the layouts share: the config, the lengths, and the seeded document order: in RAM (built from lengths),
-    given (e.g. a persisted layout's checked memory map: nothing of size D is held), or else computed pointwise."""
+    given (e.g. a persisted layout's checked memory map: nothing of size D is held), or else computed pointwise.
+    ``epoch``: whose order (under ``epoch_order``; 0 otherwise)."""
 
     config: LayoutConfig
     lengths: Any
     num_documents: int
+    epoch: int
     _order: Any
 
-    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool, order: Any = None) -> None:
+    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool, order: Any = None, epoch: int = 0) -> None:
         self.config = config
+        self.epoch = int(epoch)
         self.lengths = _check_lengths(lengths) if in_ram else lengths
         self.num_documents = len(self.lengths)
         if order is not None and len(order) != self.num_documents:
             raise ValueError(f"a document order of {len(order)} documents, the lengths have {self.num_documents}")
-        self._order = document_order(self.num_documents, config.seed) if in_ram else order
+        self._order = document_order(self.num_documents, config.seed, self.epoch) if in_ram else order
 
     @property
     def order(self) -> np.ndarray:
         """The whole document order (O(D): for tests and tools; the layout reads it only at the positions it needs)."""
         if self._order is not None:
             return np.asarray(self._order, dtype=np.int64)
-        return document_order(self.num_documents, self.config.seed)
+        return document_order(self.num_documents, self.config.seed, self.epoch)
 
     def _docs(self, positions: np.ndarray) -> np.ndarray:
         """``order[positions]`` (int64): read from the order held or given, else computed pointwise."""
         if self._order is not None:
             return _take(self._order, positions)
-        return documents_at(positions, self.num_documents, self.config.seed)
+        return documents_at(positions, self.num_documents, self.config.seed, self.epoch)
 
     def _extents(self, docs: np.ndarray) -> np.ndarray:
         return _take(self.lengths, docs) + 1
@@ -323,8 +313,10 @@ class ConcatLayout(_Ordered):
 
     labels_cross_documents = True
 
-    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, order: Any = None) -> None:
-        self._init_lengths(config, lengths, in_ram=ends is None, order=order)
+    def __init__(
+        self, config: LayoutConfig, lengths: Any, ends: Any = None, order: Any = None, epoch: int = 0
+    ) -> None:
+        self._init_lengths(config, lengths, in_ram=ends is None, order=order, epoch=epoch)
         self.ends = np.cumsum(self.lengths[self._order] + 1) if ends is None else ends
         self.num_tokens = int(self.ends[-1])
         self.num_samples = (self.num_tokens - 1) // config.seq_len
@@ -378,9 +370,15 @@ class DocumentLayout(_Ordered):
     labels_cross_documents = False
 
     def __init__(
-        self, config: LayoutConfig, lengths: Any, ends: Any = None, num_tokens: int | None = None, order: Any = None
+        self,
+        config: LayoutConfig,
+        lengths: Any,
+        ends: Any = None,
+        num_tokens: int | None = None,
+        order: Any = None,
+        epoch: int = 0,
     ) -> None:
-        self._init_lengths(config, lengths, in_ram=ends is None, order=order)
+        self._init_lengths(config, lengths, in_ram=ends is None, order=order, epoch=epoch)
         if ends is None:
             extent = self.lengths[self._order] + 1
             ends, num_tokens = np.cumsum(-(-extent // config.seq_len)), int(extent.sum())
@@ -519,9 +517,22 @@ LAYOUTS: dict[str, type] = {"concat": ConcatLayout, "document": DocumentLayout, 
 LAYOUT_KINDS: tuple[str, ...] = tuple(LAYOUTS)
 
 
+class _EpochInRam:
+    """Epoch ``e``'s view of an ``epoch_order`` layout computed in RAM (O(D) per epoch opened); picklable."""
+
+    def __init__(self, config: LayoutConfig, lengths: np.ndarray) -> None:
+        self.config, self.lengths = replace(config, epoch_order=False), _check_lengths(lengths)
+
+    def __call__(self, epoch: int) -> Layout:
+        return LAYOUTS[self.config.kind](self.config, self.lengths, epoch=epoch)
+
+
 def make_layout(config: LayoutConfig, lengths: np.ndarray) -> Layout:
-    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted), computed in RAM (O(D)).
+    """The layout ``config.kind`` over documents of ``lengths`` tokens (EOS not counted), computed in RAM (O(D); with
+    ``epoch_order``, O(D) for each epoch opened, a few held at a time).
 
     For an index, ``index.layout(config)`` opens the persisted layout instead (memory maps, built once).
     """
+    if config.epoch_order:
+        return EpochOrderedLayout(config, _EpochInRam(config, lengths))
     return LAYOUTS[config.kind](config, lengths)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detsampler.layout import Layout, Spans
+from detsampler.layout import Layout
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.ranges import concat_ranges
+from detsampler.spans import Spans, merge_spans
 
 __all__ = ["Located", "check_compatible", "locate", "merge_spans"]
 
@@ -51,22 +51,6 @@ def _source_layouts(mixture: Mixture, layout: Layout | Sequence[Layout] | Mixtur
     return layouts
 
 
-def merge_spans(parts: Sequence[tuple[np.ndarray, Spans]], num_samples: int) -> Spans:
-    """One :class:`Spans` for ``num_samples`` samples from pieces: ``parts[j] = (indices, spans of those samples)``."""
-    counts = np.zeros(num_samples, dtype=np.int64)
-    for idx, spans in parts:
-        counts[idx] = np.diff(spans.offsets)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    total = int(offsets[-1])
-    doc_ids, starts, stops = (np.empty(total, dtype=np.int64) for _ in range(3))
-    for idx, spans in parts:
-        per = np.diff(spans.offsets)
-        # destination of each span: the sample's first slot plus its rank within the sample
-        dest = concat_ranges(offsets[idx], per)[0]
-        doc_ids[dest], starts[dest], stops[dest] = spans.doc_ids, spans.starts, spans.stops
-    return Spans(offsets, doc_ids, starts, stops)
-
-
 def check_compatible(plan: Plan, layout: Layout) -> None:
     """Raise unless ``plan`` draws from exactly the samples of ``layout`` (for a mixture: of the sources' layouts)."""
     if isinstance(plan.stream, Mixture):
@@ -76,6 +60,13 @@ def check_compatible(plan: Plan, layout: Layout) -> None:
         raise ValueError(
             f"the plan has {plan.stream.num_samples} samples per epoch but the layout has {layout.num_samples}: "
             "build the plan with num_samples=layout.num_samples"
+        )
+    ordered = bool(getattr(layout.config, "epoch_order", False))
+    if ordered != bool(getattr(plan.stream, "epoch_ids", False)):
+        raise ValueError(
+            f"the layout has epoch_order={ordered} (a new document order each epoch: its samples depend on the epoch)"
+            f" but the plan has epoch_ids={not ordered}: build the plan with epoch_ids={ordered}, so that its sample"
+            " ids carry their epoch exactly when the layout needs it"
         )
 
 

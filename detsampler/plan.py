@@ -82,16 +82,25 @@ class SampleStream(Protocol):
 
 @dataclass(frozen=True)
 class EpochStream:
-    """Epoch after epoch of ``num_samples`` samples, each epoch a fresh keyed permutation."""
+    """Epoch after epoch of ``num_samples`` samples, each epoch a fresh keyed permutation.
+
+    ``epoch_ids``: the ids carry their epoch, ``epoch * num_samples + sample`` (for a layout whose document order
+    changes each epoch, ``LayoutConfig(epoch_order=True)``, where a sample's tokens depend on its epoch); they stay
+    below ``2**63`` since positions are below ``2**62``. False: ids in ``[0, num_samples)``, as before the option.
+    """
 
     num_samples: int
     seed: int
     mapping_version: int = MAPPING_VERSION
+    epoch_ids: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.num_samples, "num_samples (int64 sample ids)", minimum=1, maximum=2**62)
         object.__setattr__(self, "seed", check_int(self.seed, "seed"))
         check_mapping_version(self.mapping_version)
+        if not isinstance(self.epoch_ids, (bool, np.bool_)):
+            raise ValueError(f"epoch_ids must be True or False, got {self.epoch_ids!r}")
+        object.__setattr__(self, "epoch_ids", bool(self.epoch_ids))
 
     @cached_property
     def base_key(self) -> int:
@@ -115,12 +124,18 @@ class EpochStream:
             if first == last and first >= 0:  # the usual case: one epoch, one key, indices within [0, n) already
                 within = positions.reshape(-1) - first * n
                 ids = permute_within(within, n, self._scalar_epoch_key(first), self.mapping_version)
+                if self.epoch_ids:
+                    ids += first * n
                 return ids.reshape(positions.shape)
         epochs = positions // n
-        return permute(positions - epochs * n, n, self.epoch_key(epochs), self.mapping_version)
+        ids = permute(positions - epochs * n, n, self.epoch_key(epochs), self.mapping_version)
+        return ids + epochs * n if self.epoch_ids else ids
 
     def describe(self) -> dict:
-        return {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
+        out = {"kind": "epochs", "num_samples": int(self.num_samples), "seed": self.seed}
+        if self.epoch_ids:  # only when set: plans without it keep their fingerprint
+            out["epoch_ids"] = True
+        return out
 
     def with_step_positions(self, consumed: Callable[[int], int]) -> EpochStream:
         return self
@@ -202,6 +217,10 @@ class Plan:
     held for the fingerprint and for :func:`~detsampler.redaction.redaction_mask`, which masks the redacted documents'
     labels at the steps they are in force.
 
+    ``epoch_ids`` (with ``num_samples``): sample ids carry their epoch, ``epoch * num_samples + sample``: set it when
+    the layout has ``epoch_order`` (its samples differ from epoch to epoch); :func:`~detsampler.locate.check_compatible`
+    refuses a plan and a layout that disagree. A mixture qualifies the ids of its own ``epoch_order`` sources.
+
     ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own
     seed),
     and :func:`~detsampler.resume.check_resume` lets a resume change it.
@@ -221,6 +240,7 @@ class Plan:
     source: SampleStream | None = field(default=None, kw_only=True)
     mapping_version: int = field(default=MAPPING_VERSION, kw_only=True)
     redactions: Sequence[Redaction] | None = field(default=None, kw_only=True)
+    epoch_ids: bool = field(default=False, kw_only=True)
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
@@ -261,9 +281,15 @@ class Plan:
                 )
             if self.num_samples is not None:
                 raise ValueError(f"give num_samples or source, not both (got num_samples={self.num_samples!r})")
+            if self.epoch_ids:
+                raise ValueError(
+                    "epoch_ids is for a plan over num_samples: a mixture qualifies the ids of its epoch_order sources"
+                    " itself (leave epoch_ids False)"
+                )
             return self.source.with_mapping_version(self.mapping_version)
         if self.num_samples is None or isinstance(self.num_samples, (bool, int, np.integer)):
-            return EpochStream(check_positive_int(self.num_samples, "num_samples"), self.seed, self.mapping_version)
+            n = check_positive_int(self.num_samples, "num_samples")
+            return EpochStream(n, self.seed, self.mapping_version, self.epoch_ids)
         raise ValueError(
             f"num_samples must be an integer >= 1, got {type(self.num_samples).__name__}; pass a stream such as a "
             "Mixture as Plan(source=..., ...)"

@@ -36,6 +36,11 @@ sample ``permute(p_k % N_k, N_k, key(seed, k, epoch))``; a source smaller than i
 ``k``,
 sample ``i``) is ``offset_k + i`` with ``offset_k`` the total ``num_samples`` of the sources before ``k``.
 
+Epoch-ordered sources. A source whose layout has ``epoch_order`` (a new document order each epoch: its samples depend
+on the epoch) is served with ids that carry its epoch ``e``: its sample ``i`` of epoch ``e`` is ``e * N_k + i`` within
+the source and ``e * M + offset_k + i`` globally (``M`` the total ``num_samples``): :meth:`Mixture.split_ids` inverts
+both. Other sources' ids are unchanged, and so is every id of a mixture without such a source.
+
 Schedules. ``weights`` may be a list of ``(first_step, weights)`` entries, steps of the data stream (the training steps
 when no skip range lies before them), strictly increasing from 0. A :class:`~detsampler.plan.Plan` places each entry at
 the global position where its step starts (:meth:`Mixture.with_step_positions`). At a boundary every source continues
@@ -170,6 +175,7 @@ class Mixture:
     schedule: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
     _trees: tuple[RouteNode, ...] = field(init=False, repr=False, compare=False)
     _starts: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    epoch_ordered: tuple[bool, ...] = field(init=False, repr=False, compare=False)  # per source: ids carry the epoch
 
     def __post_init__(self) -> None:
         sizes = _source_sizes(self.sources)
@@ -186,6 +192,8 @@ class Mixture:
         positions = _placed_positions(self.step_positions, len(schedule))
         object.__setattr__(self, "step_positions", positions)
         object.__setattr__(self, "_starts", _segment_starts(self._trees, positions, len(sizes)))
+        ordered = tuple(bool(getattr(getattr(src, "config", None), "epoch_order", False)) for src in self.sources)
+        object.__setattr__(self, "epoch_ordered", ordered)
 
     # -- the SampleStream protocol
     # ---------------------------------------------------------------------------------------
@@ -294,6 +302,16 @@ class Mixture:
             key = subkeys(self.source_key(int(k)), e)
             sample[sel] = permute(within, n, key if e.min() != e.max() else int(key.flat[0]), self.version)
         global_id = sample + np.asarray(self.offsets, dtype=np.int64)[source]
+        if any(self.epoch_ordered):
+            qualified = np.asarray(self.epoch_ordered, dtype=bool)[source]
+            e = np.where(qualified, epoch, 0)
+            if e.size and int(e.max()) >= ((1 << 63) - 1) // self.num_samples - 1:
+                raise ValueError(
+                    f"source epoch {int(e.max())} times the mixture's {self.num_samples} samples overflows int64"
+                    " sample ids (an epoch_order source's ids carry its epoch)"
+                )
+            global_id = global_id + e * self.num_samples
+            sample = sample + e * sizes[source]
         return MixtureLookup(source, pos, epoch, sample, global_id)
 
     def global_positions(self, source: int, source_positions: np.ndarray) -> np.ndarray:
@@ -324,15 +342,21 @@ class Mixture:
         return stable_hash64("mixture-source", int(self.seed), int(source))
 
     def split_ids(self, global_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source, sample within the source) of global sample ids."""
+        """(source, sample within the source) of global sample ids; for an epoch-ordered source the sample carries its
+        epoch (``e * N_k + i`` from ``e * M + offset_k + i``, module doc)."""
         ids = np.asarray(global_ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
-            raise ValueError(
-                f"global sample ids must be in [0, {self.num_samples}), got {int(ids.min())}..{int(ids.max())}"
-            )
+        m = self.num_samples
+        epoch, rest = np.divmod(ids, m)
         offsets = np.asarray(self.offsets, dtype=np.int64)
-        source = np.searchsorted(offsets, ids, side="right") - 1
-        return source, ids - offsets[source]
+        source = np.searchsorted(offsets, rest, side="right") - 1
+        plain = (epoch > 0) & ~np.asarray(self.epoch_ordered, dtype=bool)[source]
+        if ids.size and (ids.min() < 0 or plain.any()):
+            bad = int(ids[ids < 0][0]) if ids.min() < 0 else int(ids[plain][0])
+            raise ValueError(
+                f"Got global sample id {bad}, allowed global sample ids are in [0, {m})"
+                + (" (or e * M + offset_k + i for an epoch_order source k)" if any(self.epoch_ordered) else "")
+            )
+        return source, rest - offsets[source] + epoch * np.asarray(self.sizes, dtype=np.int64)[source]
 
     # -- reporting
     # -------------------------------------------------------------------------------------------------------
@@ -416,7 +440,8 @@ class Mixture:
         per_epoch = int(layout.tokens_per_epoch)
         total = full * per_epoch
         key = int(subkeys(self.source_key(k), full))
+        qualify = full * n if self.epoch_ordered[k] else 0  # the partial epoch's samples (module doc)
         for lo in range(0, rest, chunk):
             ids = permute(np.arange(lo, min(rest, lo + chunk), dtype=np.int64), n, key, self.version)
-            total += int(np.minimum(layout.locate(ids).num_tokens, seq_len).sum())
+            total += int(np.minimum(layout.locate(ids + qualify).num_tokens, seq_len).sum())
         return total
