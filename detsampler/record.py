@@ -220,6 +220,7 @@ class DataRecord:
             skip_steps=[tuple(r) for r in recorded.get("skip_steps", [])] or None,
             mapping_version=recorded["mapping_version"],
             redactions=recorded.get("redactions") or None,
+            epoch_ids=bool(recorded["stream"].get("epoch_ids", False)),
         )
         rebuilt = _jsonable(plan.fingerprint())
         if rebuilt != recorded:

@@ -20,6 +20,10 @@
    mod W M) // M``, row ``o mod M``. A data step inside a skip range is never trained on: those reads are left out. Any
    other data step ``d`` is training step ``d`` minus the skipped data steps before it.
 
+A layout with ``epoch_order`` (a new document order each epoch) is inverted epoch by epoch: step 1 in each epoch met,
+with that epoch's order (its key, and its view's ``ends``), and the sample ids carry the epoch (``e N + c``). Opening an
+epoch's view costs O(1) when its directory is there (the current and next epochs of a run), else its build, O(D).
+
 Cost: O(epochs met x pieces of the document) permutation inversions (plus, for bestfit, one read of the window's
 items), whatever the number of steps. Invariant (tests/test_where.py): the result equals, list for list, an exhaustive
 scan of :func:`~detsampler.locate.locate` over every step, rank and micro step.
@@ -33,7 +37,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from detsampler.keys import stable_hash64, subkeys
+from detsampler.epoch_order import document_order_key
+from detsampler.keys import subkeys
 from detsampler.layout import Layout
 from detsampler.locate import _source_layouts, check_compatible
 from detsampler.mixture import Mixture
@@ -82,17 +87,21 @@ def _ints(arr: Any, lo: int, hi: int) -> np.ndarray:
 def _order_position(layout: Any, doc: int) -> int:
     """The document's place in the layout's seeded order: the inverse of ``documents_at``, pointwise."""
     n = int(layout.num_documents)
-    pos = int(unpermute(doc, n, stable_hash64("document-order", layout.config.seed), version=1))
+    key = document_order_key(layout.config.seed, getattr(layout, "epoch", 0))
+    pos = int(unpermute(doc, n, key, version=1))
     order = getattr(layout, "_order", None)
     if order is not None and _int(order, pos) != doc:
         raise ValueError(f"the layout's stored order does not hold document {doc} at position {pos}: is it damaged?")
     return pos
 
 
-def document_samples(layout: Layout, doc: int) -> DocumentSamples:
-    """The samples of ``layout`` that hold document ``doc``, with its span and offset in each (module doc, step 1).
+def document_samples(layout: Layout, doc: int, epoch: int = 0) -> DocumentSamples:
+    """The samples of ``layout`` that hold document ``doc``, with its span and offset in each (module doc, step 1);
+    for a layout with ``epoch_order``, in epoch ``epoch`` (sample ids within the epoch, in ``[0, num_samples)``).
 
     A concat document that lies only in the corpus' dropped tail (after the last whole sample) is in none."""
+    if hasattr(layout, "epoch_view"):
+        layout = layout.epoch_view(epoch, ahead=False)
     inner: Any = getattr(layout, "inner", layout)  # a PersistedLayout: its arrays
     if isinstance(doc, bool) or not isinstance(doc, (int, np.integer)) or not 0 <= doc < inner.num_documents:
         raise ValueError(f"Got document {doc!r}, allowed documents are in [0, {inner.num_documents})")
@@ -202,7 +211,6 @@ def where(
     if mixture is None:
         if source is not None:
             raise ValueError("source= is for a plan over a mixture; this plan reads one layout")
-        pieces = document_samples(layout, doc)  # type: ignore[arg-type]
         n = int(plan.stream.num_samples)
         p_lo, p_hi = lo, hi
         key_of = plan.stream.epoch_key  # type: ignore[attr-defined]
@@ -211,21 +219,25 @@ def where(
         if source is None or not 0 <= int(source) < mixture.num_sources:
             raise ValueError(f"the plan reads a mixture: name the document's source, in [0, {mixture.num_sources})")
         k = int(source)
-        pieces = document_samples(_source_layouts(mixture, layout)[k], doc)
+        layout = _source_layouts(mixture, layout)[k]
         n = int(mixture.sizes[k])
         p_lo, p_hi = int(mixture.served(lo)[k]), int(mixture.served(hi)[k])
         base = mixture.source_key(k)
         key_of = lambda e: subkeys(base, e)
         version = mixture.version
-    if p_hi <= p_lo or not len(pieces.sample_ids):
+    if p_hi <= p_lo:
+        document_samples(layout, doc)  # type: ignore[arg-type]  # NOTE: a bad document id is refused all the same
         return []
     epochs = np.arange(p_lo // n, (p_hi - 1) // n + 1, dtype=np.int64)
-    which = np.tile(np.arange(len(pieces.sample_ids)), len(epochs))
-    epoch = np.repeat(epochs, len(pieces.sample_ids))
-    within = unpermute(pieces.sample_ids[which], n, key_of(epoch), version)
+    pieces, epoch = _pieces(layout, doc, epochs)
+    if not len(pieces.sample_ids):
+        return []
+    within = unpermute(pieces.sample_ids, n, key_of(epoch), version)
     at = epoch * n + within
     inside = (at >= p_lo) & (at < p_hi)
-    which, epoch, at = which[inside], epoch[inside], at[inside]
+    epoch, at = epoch[inside], at[inside]
+    starts, stops, offsets = pieces.starts[inside], pieces.stops[inside], pieces.offsets[inside]
+    ids = pieces.sample_ids[inside] + (epoch * n if hasattr(layout, "epoch_view") else 0)  # ids carry the epoch
     positions = at if mixture is None else mixture.global_positions(k, at)
     keep, step, micro, rank, row = _reads(plan, positions, first, stop)
     out = [
@@ -234,17 +246,30 @@ def where(
             int(micro[i]),
             int(rank[i]),
             int(row[i]),
-            int(pieces.starts[which[i]]),
-            int(pieces.stops[which[i]]),
-            int(pieces.offsets[which[i]]),
+            int(starts[i]),
+            int(stops[i]),
+            int(offsets[i]),
             int(positions[i]),
-            int(pieces.sample_ids[which[i]]),
+            int(ids[i]),
             int(epoch[i]),
         )
         for i in np.flatnonzero(keep).tolist()
     ]
     out.sort()
     return out
+
+
+def _pieces(layout: Any, doc: int, epochs: np.ndarray) -> tuple[DocumentSamples, np.ndarray]:
+    """The document's samples in each of ``epochs`` (one layout inverse for a layout without ``epoch_order``, repeated
+    per epoch; else one per epoch, with that epoch's order), and the epoch of each."""
+    if not hasattr(layout, "epoch_view"):
+        one = document_samples(layout, doc)
+        which = np.tile(np.arange(len(one.sample_ids)), len(epochs))
+        picked = [getattr(one, f)[which] for f in ("sample_ids", "starts", "stops", "offsets")]
+        return DocumentSamples(*picked), np.repeat(epochs, len(one.sample_ids))
+    per = [document_samples(layout, doc, int(e)) for e in epochs.tolist()]
+    fields = [np.concatenate([getattr(p, f) for p in per]) for f in ("sample_ids", "starts", "stops", "offsets")]
+    return DocumentSamples(*fields), np.repeat(epochs, [len(p.sample_ids) for p in per])
 
 
 def redaction_audit(plan: Plan, layout: Layout, stop: int | None = None) -> list[dict]:

@@ -292,6 +292,7 @@ class DataConfig:
     layout: str = "concat"
     seq_len: int = 256
     window_docs: int = 1024
+    epoch_order: bool = False  # concat, document: a new document order each epoch (LayoutConfig.epoch_order)
     seed: int = 0
     global_batch_size: int = 8
     micro_batch_size: int = 2
@@ -337,7 +338,13 @@ class DataConfig:
         for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
             _positive_int(self, name, 0 if name == "seed" else 1)
         try:
-            LayoutConfig(kind=self.layout, seq_len=self.seq_len, seed=self.seed, window_docs=self.window_docs)
+            LayoutConfig(
+                kind=self.layout,
+                seq_len=self.seq_len,
+                seed=self.seed,
+                window_docs=self.window_docs,
+                epoch_order=self.epoch_order,
+            )
         except ValueError as exc:
             raise ValueError(f"DataConfig: {exc}") from None
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):

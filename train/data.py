@@ -212,7 +212,13 @@ def index_config(config: DataConfig) -> Any:
 
 def _layout_config(config: DataConfig) -> LayoutConfig:
     """The layout of ``config`` (each mixture source gets the same one)."""
-    return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+    return LayoutConfig(
+        kind=config.layout,
+        seq_len=config.seq_len,
+        seed=config.seed,
+        window_docs=config.window_docs,
+        epoch_order=config.epoch_order,
+    )
 
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
@@ -269,6 +275,7 @@ def _plan(
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
         mapping_version=config.mapping_version or MAPPING_VERSION,
         redactions=resolve_redactions(config, dataset) or None,
+        epoch_ids=config.epoch_order and source is None,  # a mixture qualifies its epoch_order sources' ids itself
     )
 
 

@@ -139,6 +139,7 @@ _LAYOUT_OPTIONS = {
     "layout_seed": "--layout-seed",
     "window_docs": "--window-docs",
     "overlong": "--overlong",
+    "epoch_order": "--epoch-order",
 }
 
 

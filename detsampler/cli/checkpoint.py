@@ -85,6 +85,7 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
         "layout_seed": "seed",
         "window_docs": "window_docs",
         "overlong": "overlong",
+        "epoch_order": "epoch_order",
     }
     for dest, name in layout_fields.items():
         found = sorted({getattr(c, name) for c in configs}, key=str)

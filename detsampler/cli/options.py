@@ -54,6 +54,7 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "layout_seed": ("LayoutConfig", "seed"),
     "window_docs": ("LayoutConfig", "window_docs"),
     "overlong": ("LayoutConfig", "overlong"),
+    "epoch_order": ("LayoutConfig", "epoch_order"),  # and Plan.epoch_ids, which follows it (plan_from_args)
     "seed": ("Plan", "seed"),
     "global_batch_size": ("Plan", "global_batch_size"),
     "micro_batch_size": ("Plan", "micro_batch_size"),
@@ -327,6 +328,13 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
         help="bestfit: a document longer than --seq-len positions is split into pieces, truncated or dropped"
         " (default: %(default)s)",
     )
+    g.add_argument(
+        "--epoch-order",
+        action=argparse.BooleanOptionalAction,
+        default=d.epoch_order,
+        help="concat, document: a new document order each epoch (keyed by --layout-seed and the epoch), so sample"
+        " boundaries move from epoch to epoch; sample ids then carry their epoch (default: one order for the run)",
+    )
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -401,11 +409,22 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
         window_docs=args.window_docs,
         # NOTE: a command that goes through every kind (stats) applies --overlong to bestfit, the kind it shapes
         overlong="split" if kind not in (None, "bestfit") else args.overlong,
+        # NOTE: likewise --epoch-order applies to the kinds it shapes (concat, document); given with --kind bestfit it
+        # is refused (LayoutConfig)
+        epoch_order=bool(getattr(args, "epoch_order", False)) and kind in (None, "concat", "document"),
     )
 
 
-def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, source: Mixture | None = None) -> Plan:
-    """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture)."""
+def plan_from_args(
+    args: argparse.Namespace,
+    num_samples: int | None = None,
+    source: Mixture | None = None,
+    epoch_ids: bool | None = None,
+) -> Plan:
+    """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture).
+    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says)."""
+    if epoch_ids is None:
+        epoch_ids = bool(getattr(args, "epoch_order", False)) and source is None
     return Plan(
         num_samples,
         source=source,
@@ -417,6 +436,9 @@ def plan_from_args(args: argparse.Namespace, num_samples: int | None = None, sou
         skip_steps=args.skip_steps,
         mapping_version=args.mapping_version,
         redactions=getattr(args, "redactions", None),
+        # NOTE: the sample ids carry their epoch exactly when the layout reorders documents each epoch; a mixture
+        # qualifies its own epoch_order sources' ids
+        epoch_ids=epoch_ids,
     )
 
 

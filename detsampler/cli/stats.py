@@ -138,7 +138,7 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
     config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
     for k in kinds:
         layout = index.layout(layout_config(args, k))
-        plan = plan_from_args(args, layout.num_samples)
+        plan = plan_from_args(args, layout.num_samples, epoch_ids=layout.config.epoch_order)
         out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
         if config is not None:
             from detsampler.loader.dataset import instance_filter_counts
