@@ -105,7 +105,7 @@ class EpochOrderedLayout:
 
     def epoch_view(self, epoch: int, ahead: bool = True) -> Any:
         """The plain layout of epoch ``epoch``'s document order (opened once, kept while among the ``keep`` most
-        recently used). ``ahead``: also prepare epoch ``epoch + 1`` (:meth:`_prepare`) when this one is opened."""
+        recently used). ``ahead``: also prepare epoch ``epoch + 1`` (:meth:`_prepare`, which does it once)."""
         epoch = int(epoch)
         if epoch < 0:
             raise ValueError(f"Got epoch {epoch}, epochs are >= 0")
@@ -113,7 +113,10 @@ class EpochOrderedLayout:
             view = self._views.get(epoch)
             if view is not None:
                 self._views.move_to_end(epoch)
-                return view
+        if view is not None:
+            if ahead:
+                self._prepare(epoch + 1)
+            return view
         view = self._open_epoch(epoch)
         if int(view.num_samples) != self.num_samples:  # the order cannot change it (module doc): a damaged view
             raise ValueError(f"epoch {epoch} of the layout has {view.num_samples} samples, epoch 0 {self.num_samples}")
@@ -127,7 +130,8 @@ class EpochOrderedLayout:
         return view
 
     def _prepare(self, epoch: int) -> None:
-        """Make epoch ``epoch`` ready before it is read (here: nothing; a persisted layout builds it)."""
+        """Make epoch ``epoch`` ready before it is read, once (here: nothing; a persisted layout builds it). Called at
+        every read of the epoch before, so it must be cheap when already done."""
 
     @property
     def order(self) -> np.ndarray:

@@ -112,7 +112,8 @@ def cmd_where(args: argparse.Namespace) -> int:
         "path": paths[doc] if paths is not None else None,
         "source": None if labels is None else labels[k],
         "length": length,
-        "layout": {"kind": layout.config.kind, "seq_len": layout.config.seq_len},
+        "layout": {"kind": layout.config.kind, "seq_len": layout.config.seq_len}
+        | ({"epoch_order": True} if getattr(layout.config, "epoch_order", False) else {}),
         "samples": samples.sample_ids.tolist(),
         "steps": list(steps),
         "skip_steps": [list(r) for r in plan.skip_steps or ()],
@@ -129,7 +130,9 @@ def cmd_where(args: argparse.Namespace) -> int:
     held = ", ".join(map(str, out["samples"][:8])) + (" ..." if len(out["samples"]) > 8 else "")
     print(
         f"{name}: {length} tokens + EOS, in {len(out['samples'])} sample(s) of layout {layout.config.kind}"
-        f" seq_len={layout.config.seq_len}" + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
+        f" seq_len={layout.config.seq_len}"
+        + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
+        + (" in epoch 0 (a new document order each epoch: its samples move)" if "epoch_order" in out["layout"] else "")
     )
     skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
     if redacted_from is not None:

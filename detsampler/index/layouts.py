@@ -542,7 +542,7 @@ class PersistedEpochLayout(EpochOrderedLayout):
         self.index_fingerprint = index.fingerprint
         self._base = replace(config, epoch_order=False)
         self._num_proc, self._progress = num_proc, progress
-        self._ahead: dict[int, threading.Thread] = {}
+        self._ahead: dict[int, threading.Thread | None] = {}  # epochs prepared (None: found built)
         self._newest = 0
         super().__init__(config, self._open_view)
 
@@ -570,8 +570,11 @@ class PersistedEpochLayout(EpochOrderedLayout):
 
     def _prepare(self, epoch: int) -> None:
         """Build epoch ``epoch``'s directory in a background thread (once per process), unless it is there."""
+        if epoch in self._ahead:
+            return
         path = layout_dir(self.index, self._base, epoch)
-        if isinstance(path, RemotePath) or epoch in self._ahead or (path / "layout.json").is_file():
+        if isinstance(path, RemotePath) or (path / "layout.json").is_file():
+            self._ahead[epoch] = None
             return
         thread = threading.Thread(target=self._build_ahead, args=(epoch,), name=f"layout-epoch-{epoch}", daemon=True)
         self._ahead[epoch] = thread
@@ -586,7 +589,8 @@ class PersistedEpochLayout(EpochOrderedLayout):
     def wait_ahead(self) -> None:
         """Wait for the background builds started so far (tests, and a clean exit)."""
         for thread in list(self._ahead.values()):
-            thread.join()
+            if thread is not None:
+                thread.join()
 
     def __reduce__(self):
         return (PersistedEpochLayout, (self.index, self.config))
