@@ -227,9 +227,9 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def document_order(num_documents: int, seed: int, epoch: int = 0) -> np.ndarray:
-    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation). ``epoch``:
-    that epoch's order under ``epoch_order`` (:func:`~detsampler.epoch_order.document_order_key`; 0: the one order
-    without it).
+    """The seeded order in which a layout visits documents: ``order[i]`` is the i-th document (a permutation).
+    ``epoch``: that epoch's order under ``epoch_order`` (:func:`~detsampler.epoch_order.document_order_key`; 0: the one
+    order without it).
 
     Drawn from mapping version 1's permutation in every mapping version: version 2 changed the sample orders (plan
     epochs, mixture sources), not the layouts' cutting, so a layout, its cached bin counts and the tokens of its samples
@@ -277,7 +277,9 @@ class _Ordered:
     epoch: int
     _order: Any
 
-    def _init_lengths(self, config: LayoutConfig, lengths: Any, in_ram: bool, order: Any = None, epoch: int = 0) -> None:
+    def _init_lengths(
+        self, config: LayoutConfig, lengths: Any, in_ram: bool, order: Any = None, epoch: int = 0
+    ) -> None:
         self.config = config
         self.epoch = int(epoch)
         self.lengths = _check_lengths(lengths) if in_ram else lengths
@@ -313,9 +315,7 @@ class ConcatLayout(_Ordered):
 
     labels_cross_documents = True
 
-    def __init__(
-        self, config: LayoutConfig, lengths: Any, ends: Any = None, order: Any = None, epoch: int = 0
-    ) -> None:
+    def __init__(self, config: LayoutConfig, lengths: Any, ends: Any = None, order: Any = None, epoch: int = 0) -> None:
         self._init_lengths(config, lengths, in_ram=ends is None, order=order, epoch=epoch)
         self.ends = np.cumsum(self.lengths[self._order] + 1) if ends is None else ends
         self.num_tokens = int(self.ends[-1])

@@ -216,7 +216,9 @@ def test_persisted_epochs_equal_the_in_ram_ones_and_stay_bounded(tmp_path, kind)
     index = write_lengths_index(tmp_path, [lengths], len(lengths), {"test": "epoch-order", "kind": kind})
     config = LayoutConfig(kind=kind, seq_len=16, seed=9, epoch_order=True)
     layout, ram = index.layout(config), make_layout(config, lengths)
-    assert isinstance(layout, PersistedEpochLayout) and layout.path == layout_dir(index, replace(config, epoch_order=False))
+    assert isinstance(layout, PersistedEpochLayout) and layout.path == layout_dir(
+        index, replace(config, epoch_order=False)
+    )
     assert layout.describe() == ram.describe()
     n = layout.num_samples
     for epoch in range(6):

@@ -64,17 +64,17 @@ import numpy as np
 from filelock import FileLock
 
 from detsampler.atomic import fsync_dir, fsync_file
+from detsampler.epoch_order import EpochOrderedLayout
 from detsampler.index.checksums import ChecksumError, open_checked, write_checksums, write_fence
 from detsampler.index.files import HEADER_BYTES, npy_header
-from detsampler.epoch_order import EpochOrderedLayout
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.keys import stable_hash64
 from detsampler.layout import (
+    LAYOUTS,
     BestFitLayout,
     BinPacking,
     ConcatLayout,
     DocumentLayout,
-    LAYOUTS,
     Layout,
     LayoutConfig,
     config_record,
@@ -335,9 +335,7 @@ def _write_bestfit(
     return {"num_samples": bins, "num_items": items}
 
 
-def _write_layout(
-    tmp: Path, index: Index, config: LayoutConfig, num_proc: int, progress: bool, epoch: int = 0
-) -> None:
+def _write_layout(tmp: Path, index: Index, config: LayoutConfig, num_proc: int, progress: bool, epoch: int = 0) -> None:
     start = time.perf_counter()
     lengths = _readable_lengths(index)
     dtypes = _dtypes(index, config, epoch)
@@ -552,7 +550,9 @@ class PersistedEpochLayout(EpochOrderedLayout):
         except PermissionError as exc:
             if not epoch:
                 raise
-            log.warning("detsampler: cannot write epoch %d of the layout (%s): computing it in RAM", epoch, exc.strerror)
+            log.warning(
+                "detsampler: cannot write epoch %d of the layout (%s): computing it in RAM", epoch, exc.strerror
+            )
             return LAYOUTS[self._base.kind](self._base, self.index.lengths, epoch=epoch)
         if epoch > self._newest:
             self._newest = epoch
