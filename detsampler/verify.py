@@ -115,6 +115,8 @@ def _epoch_counts(plan: Plan, spans: list[list[int]], chunk: int) -> dict[int, n
     counts: dict[int, np.ndarray] = {}
     for positions in _chunks(spans, chunk):
         ids, epochs = plan.stream.sample_ids(positions), plan.stream.epochs(positions)
+        if getattr(plan.stream, "epoch_ids", False):  # ids carry their epoch (epoch_order): e * n + sample
+            ids = np.where(ids // n == epochs, ids - epochs * n, -1)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             lo, hi = int(ids.min()), int(ids.max())
             raise ValueError(f"the plan's stream yields sample ids outside [0, {n}): {lo} .. {hi}")
@@ -170,11 +172,16 @@ def _source_counts(mixture: Any, spans: list[list[int]], chunk: int) -> dict[tup
     counts: dict[tuple[int, int], np.ndarray] = {}
     for positions in _chunks(spans, chunk):
         look = mixture.lookup(positions)
+        samples = look.source_sample
+        if any(getattr(mixture, "epoch_ordered", ())):  # an epoch_order source's ids carry its epoch: e * N_k + i
+            ordered = np.asarray(mixture.epoch_ordered, dtype=bool)[look.source]
+            sizes = np.asarray(mixture.sizes, dtype=np.int64)[look.source]
+            samples = np.where(ordered, samples - look.source_epoch * sizes, samples)
         for k in np.unique(look.source).tolist():
             mine = look.source == k
             for e in np.unique(look.source_epoch[mine]).tolist():
                 c = counts.setdefault((k, e), np.zeros(mixture.sizes[k], dtype=np.int64))
-                c += np.bincount(look.source_sample[mine & (look.source_epoch == e)], minlength=mixture.sizes[k])
+                c += np.bincount(samples[mine & (look.source_epoch == e)], minlength=mixture.sizes[k])
     return counts
 
 

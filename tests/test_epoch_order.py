@@ -291,3 +291,17 @@ def test_a_mixture_dataset_serves_an_epoch_ordered_source_by_its_epoch(small_ind
         want = datasets[k].get_batch([int(loc.source_sample_ids[i])])["input_ids"][0]
         assert torch.equal(batch["input_ids"][i], want)
     assert (loc.epochs[loc.sources == 0] >= 1).any()
+
+
+def test_verify_reads_every_sample_once_per_epoch_with_ids_that_carry_it():
+    from detsampler.verify import verify_mixture_plan, verify_plan
+
+    layout = make_layout(LayoutConfig(seq_len=4, seed=1, epoch_order=True), np.array([5, 2, 8, 3, 6, 11]))
+    plan = Plan(layout.num_samples, seed=2, global_batch_size=3, micro_batch_size=1, world_size=3, epoch_ids=True)
+    stop = 3 * layout.num_samples // 3 + 1
+    report = verify_plan(plan, 0, stop)
+    assert report["ok"] and [row["epoch"] for row in report["epochs"]] == [0, 1, 2, 3]
+    other = make_layout(LayoutConfig(kind="document", seq_len=4, seed=2), np.arange(30) % 7)
+    mixed = Plan(source=Mixture([layout, other], [1, 1], seed=3), global_batch_size=4, micro_batch_size=2)
+    report = verify_mixture_plan(mixed, 0, 3 * layout.num_samples // 2)
+    assert report["ok"] and len(report["sources"][0]["epochs"]) >= 3
