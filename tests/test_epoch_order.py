@@ -305,3 +305,18 @@ def test_verify_reads_every_sample_once_per_epoch_with_ids_that_carry_it():
     mixed = Plan(source=Mixture([layout, other], [1, 1], seed=3), global_batch_size=4, micro_batch_size=2)
     report = verify_mixture_plan(mixed, 0, 3 * layout.num_samples // 2)
     assert report["ok"] and len(report["sources"][0]["epochs"]) >= 3
+
+
+def test_the_trainer_config_maps_the_option_onto_the_layout_and_the_plan():
+    from pathlib import Path
+
+    from train.config import load_config
+    from train.data import _layout_config, _plan
+
+    tiny = Path(__file__).resolve().parent.parent / "train" / "configs" / "tiny.toml"
+    config = load_config(tiny, ["data.epoch_order=true"]).data
+    assert config.epoch_order and _layout_config(config).epoch_order
+    assert _plan(config, 2, num_samples=100).stream.epoch_ids
+    assert not _plan(load_config(tiny).data, 2, num_samples=100).stream.epoch_ids
+    with pytest.raises(ValueError, match="DataConfig: epoch_order applies to the concat and document layouts"):
+        load_config(tiny, ["data.epoch_order=true", 'data.layout="bestfit"'])
