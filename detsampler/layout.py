@@ -180,7 +180,8 @@ class Layout(Protocol):
         """Token positions a full sample holds: ``seq_len + 1`` for concat (inputs and label), else ``seq_len``."""
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
-        """The spans of samples ``sample_ids`` (each in ``[0, num_samples)``)."""
+        """The spans of samples ``sample_ids`` (each in ``[0, num_samples)``; with ``epoch_order``, ids that carry their
+        epoch, ``epoch * num_samples + sample``)."""
 
     def describe(self) -> dict:
         """Counts and configuration, for summaries and fingerprints."""
