@@ -32,6 +32,7 @@ from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.locate import locate
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
+from detsampler.record import DataRecord
 from detsampler.resume import DataFingerprint, check_resume
 from detsampler.where import where
 from tests.strategies import doc_lengths, seeds
@@ -51,9 +52,9 @@ def _epoch(layout, epoch: int) -> list[list[tuple[int, int, int]]]:
 
 
 @st.composite
-def corpora(draw, kind: str | None = None):
+def corpora(draw, kind: str | None = None, max_docs: int = 30, max_len: int = 50):
     kind = kind or draw(st.sampled_from(KINDS))
-    lengths = draw(doc_lengths(max_docs=30, max_len=50))
+    lengths = draw(doc_lengths(max_docs=max_docs, max_len=max_len))
     seq_len = draw(st.integers(1 if kind == "concat" else 2, 16))
     if kind == "concat" and lengths.sum() + len(lengths) <= seq_len:
         lengths = np.append(lengths, seq_len)
@@ -150,18 +151,39 @@ def test_config_validation():
 # -- the plan's ids, where, show ---------------------------------------------------------------------------------------
 
 
-@given(corpus=corpora(), world=st.integers(1, 3), micro=st.integers(1, 2), seed=seeds, data=st.data())
+@given(
+    corpus=corpora(max_docs=12, max_len=20),
+    world=st.integers(1, 3),
+    micro=st.integers(1, 2),
+    seed=seeds,
+    data=st.data(),
+)
 def test_where_equals_the_scan_across_epochs(corpus, world, micro, seed, data):
     kind, lengths, seq_len, layout_seed = corpus
     layout = make_layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=layout_seed, epoch_order=True), lengths)
     batch = world * micro * data.draw(st.integers(1, 2), label="accumulation")
     plan = Plan(layout.num_samples, seed, batch, micro, world, epoch_ids=True)
-    stop = data.draw(st.integers(1, 3 * layout.num_samples // batch + 2), label="stop")  # about three epochs
-    first = data.draw(st.integers(0, stop), label="first")
+    past_epoch_0 = layout.num_samples // batch + 1  # a step of epoch 1 (or one straddling epochs 0 and 1) is in
+    stop = data.draw(st.integers(past_epoch_0, 3 * layout.num_samples // batch + 2), label="stop")  # 2 to 3 epochs
+    first = data.draw(st.integers(0, past_epoch_0 - 1), label="first")
     doc = data.draw(st.integers(0, len(lengths) - 1), label="doc")
     got = where(plan, layout, doc, range(first, stop))
     assert got == scan(plan, layout, doc, first, stop)
     assert {r.sample_id // layout.num_samples for r in got} == {r.epoch for r in got}  # ids carry their epoch
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_where_equals_the_scan_for_every_document_over_three_epochs(kind):
+    lengths = np.random.default_rng(8).integers(0, 30, size=20)
+    layout = make_layout(LayoutConfig(kind=kind, seq_len=8, seed=4, epoch_order=True), lengths)
+    plan = Plan(layout.num_samples, 5, 6, 1, 2, [(0, 2), (5, 6)], [(7, 8)], epoch_ids=True)  # a ramp, a skip range
+    stop = 3 * layout.num_samples // 6 + 2
+    epochs = set()
+    for doc in range(len(lengths)):
+        got = where(plan, layout, doc, range(stop))
+        assert got == scan(plan, layout, doc, 0, stop)
+        epochs |= {r.epoch for r in got}
+    assert epochs == {0, 1, 2, 3}
 
 
 def test_where_through_a_mixture_that_upsamples_an_epoch_ordered_source():
@@ -273,6 +295,8 @@ def test_a_resume_with_the_option_toggled_is_refused(tmp_path):
         with pytest.raises(ValueError, match=re.escape(f"changes the layout: layout.epoch_order: {change}")):
             check_resume(old, new, 3)
     check_resume(on, DataFingerprint.from_dict(json.loads(json.dumps(on.to_dict()))), 3)
+    record = DataRecord.from_json(DataRecord.of(3, index, layout, plan).to_json())  # what a checkpoint saves
+    assert record.layout_configs() == [layout.config] and record.plan(layout.num_samples).stream.epoch_ids
 
 
 def test_a_mixture_dataset_serves_an_epoch_ordered_source_by_its_epoch(small_index):
