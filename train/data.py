@@ -207,12 +207,20 @@ def index_config(config: DataConfig) -> Any:
         max_documents=config.max_documents or None,
         add_bos=config.add_bos,
         add_eos=config.add_eos or None,
+        loss_policy=config.loss_policy or None,
+        completion_column=config.completion_column or None,
     )
 
 
 def _layout_config(config: DataConfig) -> LayoutConfig:
     """The layout of ``config`` (each mixture source gets the same one)."""
-    return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+    return LayoutConfig(
+        kind=config.layout,
+        seq_len=config.seq_len,
+        seed=config.seed,
+        window_docs=config.window_docs,
+        overlong=config.overlong,
+    )
 
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
