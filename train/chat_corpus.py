@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     corpus, tokenizer_dir = write_chat_corpus(args.out, args.conversations, args.seed)
-    print(f"{args.conversations} conversations: {corpus}; tokenizer (chat template with generation marks): {tokenizer_dir}")
+    print(f"{args.conversations} conversations: {corpus}; tokenizer with a chat template: {tokenizer_dir}")
     return 0
 
 

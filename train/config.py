@@ -315,7 +315,9 @@ class DataConfig:
     redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
-    loss_policy: str = ""  # "": plain text; chat data: assistant, last_turn, all, or (with completion_column) completion
+    loss_policy: str = (
+        ""  # "": plain text; chat data: assistant, last_turn, all, or (with completion_column) completion
+    )
     completion_column: str = ""  # prompt/completion data: text_column holds the prompt, this column the completion
     overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
 
