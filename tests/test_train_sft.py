@@ -17,19 +17,17 @@ differ by 1.0e-3 .. 2.0e-3 and the parameters by 9.0e-3 after step 2: the test f
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from train.chat_corpus import write_chat_corpus
 from train.config import TrainConfig, load_config
 from train.data import build_pipeline, step_token_hashes
 from train.launch import run_training, train_command
 from train.metrics import read_metrics
-from train.model import Transformer
+from train.recompute import checkpoint_model, checkpoint_params, loss_means, masked_loss_sums, step_batches
 
 pytestmark = pytest.mark.slow
 
@@ -89,52 +87,11 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory, root: Path, two_ranks: Pa
     return run_dir
 
 
-def _params(run_dir: Path, step: int, tmp_path: Path) -> dict[str, torch.Tensor]:
-    """The model's full parameters in the checkpoint of ``step`` (DCP, read without a process group)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = tmp_path / f"{run_dir.name}-{step}.pt"
-    dcp_to_torch_save(run_dir / "checkpoints" / f"step_{step:08d}", out)
-    return torch.load(out, weights_only=False)["model"]
-
-
-def _step_batches(config: TrainConfig, world_size: int, step: int) -> list[list[dict[str, torch.Tensor]]]:
-    """Per rank, its micro batches of ``step``, read as the trainer reads them."""
-    data = build_pipeline(config.data, world_size)
-    out = []
-    for rank in range(world_size):
-        sampler = data.sampler(rank, step, step + 1)
-        ((_, micro_batches),) = list(sampler.steps(data.loader(sampler, pin_memory=False, persistent_workers=False)))
-        out.append(micro_batches)
-    return out
-
-
-def _loss_sums(model: Transformer, ranks: list[list[dict]]) -> list[list[tuple[float, int]]]:
-    """Per rank and micro batch: (sum of the token losses over the unmasked labels, their count)."""
-    out = []
-    with torch.no_grad():
-        for micro_batches in ranks:
-            row = []
-            for mb in micro_batches:
-                logits = model(mb["input_ids"], mb["position_ids"], mb["document_ids"])
-                loss = F.cross_entropy(logits.flatten(0, 1), mb["labels"].flatten(), ignore_index=-100, reduction="sum")
-                row.append((float(loss), int((mb["labels"] != -100).sum())))
-            out.append(row)
-    return out
-
-
-def _model(config: TrainConfig, vocab_size: int, params: dict[str, torch.Tensor] | None) -> Transformer:
-    torch.manual_seed(config.model.init_seed)  # what build_model does before sharding
-    model = Transformer(replace(config.model, vocab_size=vocab_size)).eval()
-    if params is not None:
-        model.load_state_dict(params)
-    return model
-
-
 def test_the_batches_hold_the_loss_mask_and_the_logged_counts_are_exact(config: TrainConfig, two_ranks: Path) -> None:
     logged = read_metrics(two_ranks).steps
+    data = build_pipeline(config.data, 2)
     for step in (0, N - 1):
-        batches = [mb for rank in _step_batches(config, 2, step) for mb in rank]
+        batches = [mb for rank in step_batches(data, step) for mb in rank]
         assert all(torch.equal(mb["labels"] != -100, mb["loss_mask"]) for mb in batches)
         trained = sum(int(mb["loss_mask"].sum()) for mb in batches)
         positions = sum(int((mb["document_ids"] >= 0).sum()) for mb in batches)
@@ -153,7 +110,7 @@ def test_the_tokens_hash_covers_the_loss_mask() -> None:
 
 
 def test_the_loss_is_normalised_over_the_global_unmasked_tokens_at_any_world_size(
-    config: TrainConfig, two_ranks: Path, one_rank: Path, tmp_path: Path
+    config: TrainConfig, two_ranks: Path, one_rank: Path
 ) -> None:
     two, one = read_metrics(two_ranks).steps, read_metrics(one_rank).steps
     assert [two[s]["world_size"] for s in range(N)] == [2] * N and [one[s]["world_size"] for s in range(N)] == [1] * N
@@ -161,28 +118,25 @@ def test_the_loss_is_normalised_over_the_global_unmasked_tokens_at_any_world_siz
         assert (one[s]["sample_hash"], one[s]["tokens"]) == (two[s]["sample_hash"], two[s]["tokens"]), s
         assert abs(one[s]["loss"] - two[s]["loss"]) <= LOSS_TOL, (s, one[s]["loss"], two[s]["loss"])
     for step in (2, N):  # the parameters after a step (and after N), at world size 1 and 2
-        a, b = _params(one_rank, step, tmp_path), _params(two_ranks, step, tmp_path)
+        a = checkpoint_params(one_rank / "checkpoints" / f"step_{step:08d}")
+        b = checkpoint_params(two_ranks / "checkpoints" / f"step_{step:08d}")
         assert a.keys() == b.keys()
         worst = max(float((a[k] - b[k]).abs().max()) for k in a)
         assert worst <= PARAM_TOL, (step, worst)
 
     # What the logged loss is: the model of checkpoint 2 on step 2's real batches, recomputed here.
-    vocab_size = int(build_pipeline(config.data, 1).vocab_size)
-    model = _model(config, vocab_size, _params(two_ranks, 2, tmp_path))
-    sums = _loss_sums(model, _step_batches(config, 2, 2))
-    total, count = sum(s for rank in sums for s, _ in rank), sum(n for rank in sums for _, n in rank)
-    assert count == two[2]["tokens"]
-    global_mean = total / count
-    assert abs(global_mean - two[2]["loss"]) <= LOSS_TOL and abs(global_mean - one[2]["loss"]) <= LOSS_TOL
+    data = build_pipeline(config.data, 2)
+    model = checkpoint_model(config, data.vocab_size, two_ranks / "checkpoints" / "step_00000002")
+    sums = masked_loss_sums(model, step_batches(data, 2), data.masked_attention)
+    means = loss_means(sums)
+    assert sum(means.counts) == two[2]["tokens"]
+    assert abs(means.global_mean - two[2]["loss"]) <= LOSS_TOL and abs(means.global_mean - one[2]["loss"]) <= LOSS_TOL
     # The test data can tell the normalisations apart: the ranks hold different numbers of unmasked labels, and a mean
     # per rank (what each rank dividing by its own count gives under FSDP's averaging) or per micro batch differs from
     # the global mean by far more than LOSS_TOL (observed: 3.4e-3 and 3.7e-3).
-    per_rank = [(sum(s for s, _ in rank), sum(n for _, n in rank)) for rank in sums]
-    assert per_rank[0][1] != per_rank[1][1]
-    rank_mean = sum(s / n for s, n in per_rank) / len(per_rank)
-    micro_mean = sum(s / n for rank in sums for s, n in rank) / sum(len(rank) for rank in sums)
-    assert abs(rank_mean - global_mean) > 100 * LOSS_TOL, (rank_mean, global_mean)
-    assert abs(micro_mean - global_mean) > 100 * LOSS_TOL, (micro_mean, global_mean)
+    assert means.counts[0] != means.counts[1]
+    assert abs(means.rank_mean - means.global_mean) > 100 * LOSS_TOL, means
+    assert abs(means.micro_mean - means.global_mean) > 100 * LOSS_TOL, means
 
 
 def test_sigkill_and_resume_trains_bit_identical_batches_and_losses(
