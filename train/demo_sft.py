@@ -41,7 +41,8 @@ def _run(label: str, args: list[str], kill_point: str | None = None, verbose: bo
 
 
 def _print_masks(a: RunMetrics, b: RunMetrics, steps: int) -> None:
-    """Per step: unmasked labels of the global batch, its document positions, the masked share, both runs' hashes."""
+    """Per step: the global batch's unmasked labels, its document positions, the share of those positions whose label is
+    -100 (masked by the policy, or an example's last token), and both runs' batch hashes."""
     head = f"{'step':>4}  {'trained':>7} / {'positions':<9} {'masked':>6}  {'batch hash A':>12}  {'batch hash B':>12}"
     print(f"      {head}")
     for s in range(steps):
@@ -102,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts, described = data.index.loss_mask_counts(), data.layout.describe()
     trained, masked = counts["trained_tokens"], counts["masked_tokens"]
     print(
-        f"      {data.index.num_documents} conversations, {data.index.num_tokens:,} tokens; loss mask (policy "
-        f"{counts['policy']}): {trained:,} trained, {masked:,} masked ({masked / (trained + masked):.1%}); "
+        f"      {data.index.num_documents} conversations, {trained + masked:,} tokens with their EOS; loss mask "
+        f"(policy {counts['policy']}): {trained:,} trained, {masked:,} masked ({masked / (trained + masked):.1%}); "
         f"{described['num_samples']} bestfit samples of {described['seq_len']} tokens, "
         f"{described.get('examples_truncated', 0)} over-long conversations truncated",
         flush=True,
@@ -128,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _print_masks(a, b, args.steps)
     cmp = compare_runs(a, b, args.steps)
     print_comparison(cmp, resumed)
+    print(
+        f"      run B: killed before step {args.kill_at}, resumed from the checkpoint of step"
+        f" {resumed[0] if resumed else '?'}; {b.superseded} logged steps of the killed attempt were trained again"
+    )
     at = resumed[0] if resumed else last
     same_loss = at in b.steps and _recompute(data, cfg, run_b, at, b.steps[at]["loss"])
     print(
