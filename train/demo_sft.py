@@ -25,9 +25,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.compare import compare_runs, print_comparison, run_logged
 from train.metrics import RunMetrics, read_metrics
+
+if TYPE_CHECKING:  # NOTE: the demo imports torch (via train.data) only once it has printed its first line
+    from train.config import TrainConfig
+    from train.data import DataPipeline
 
 __all__ = ["main"]
 
@@ -56,7 +61,7 @@ def _print_masks(a: RunMetrics, b: RunMetrics, steps: int) -> None:
         )
 
 
-def _recompute(data: object, cfg: object, run_dir: Path, step: int, logged: float) -> bool:
+def _recompute(data: DataPipeline, cfg: TrainConfig, run_dir: Path, step: int, logged: float) -> bool:
     """The loss of ``step`` from the checkpoint saved before it, over the global batch's unmasked labels."""
     from train.recompute import checkpoint_model, loss_means, masked_loss_sums, step_batches
 
