@@ -279,6 +279,13 @@ class DataConfig:
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
     new run on the current one.
+
+    Supervised fine-tuning (``train/configs/sft.toml``): ``loss_policy`` (:class:`detsampler.text.chat.ChatConfig`)
+    makes ``text_column`` a column of chat messages rendered with the tokenizer's chat template (a local transformers
+    tokenizer directory) and trains only the tokens the policy names (``assistant``, ``last_turn``, ``all``), or, with
+    ``completion_column``, a prompt column whose completion is trained (``completion``, ``all``); the index stores the
+    loss mask beside the tokens and masked labels are -100. ``overlong`` (:class:`detsampler.layout.LayoutConfig`,
+    bestfit only): an example longer than ``seq_len`` is ``split`` into pieces, ``truncate``d or ``drop``ped.
     """
 
     source: str = ""
@@ -308,9 +315,14 @@ class DataConfig:
     redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
+    loss_policy: str = (
+        ""  # "": plain text; chat data: assistant, last_turn, all, or (with completion_column) completion
+    )
+    completion_column: str = ""  # prompt/completion data: text_column holds the prompt, this column the completion
+    overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
 
     def __post_init__(self) -> None:
-        from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+        from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
         from detsampler.version import MAPPING_VERSIONS
 
         object.__setattr__(self, "source", _source_spec(self.source, "source"))
@@ -334,12 +346,21 @@ class DataConfig:
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"DataConfig.overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
             _positive_int(self, name, 0 if name == "seed" else 1)
         try:
-            LayoutConfig(kind=self.layout, seq_len=self.seq_len, seed=self.seed, window_docs=self.window_docs)
+            LayoutConfig(
+                kind=self.layout,
+                seq_len=self.seq_len,
+                seed=self.seed,
+                window_docs=self.window_docs,
+                overlong=self.overlong,
+            )
         except ValueError as exc:
             raise ValueError(f"DataConfig: {exc}") from None
+        self.chat_config()  # validates loss_policy and completion_column
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         from detsampler.plan import normalize_skip_steps
@@ -351,6 +372,29 @@ class DataConfig:
         if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:
             raise ValueError("DataConfig.mixture_weights, mixture_schedule and mixture_names need mixture_sources")
         self.mixture_config()  # validates the mixture: one weight per source, valid weights, increasing schedule steps
+
+    def chat_config(self) -> Any:
+        """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or
+        the prompt beside ``completion_column``), or None for plain text (``loss_policy`` empty)."""
+        from detsampler.text.chat import CHAT_POLICIES, ChatConfig
+
+        if not self.loss_policy:
+            if self.completion_column:
+                raise ValueError(
+                    f"DataConfig.completion_column ({self.completion_column!r}) is for prompt/completion data: set"
+                    " loss_policy too (completion or all)"
+                )
+            return None
+        if self.loss_policy not in CHAT_POLICIES:
+            raise ValueError(
+                f"DataConfig.loss_policy must be one of {CHAT_POLICIES} or empty (plain text), got {self.loss_policy!r}"
+            )
+        try:
+            return ChatConfig(
+                column=self.text_column, completion_column=self.completion_column or None, policy=self.loss_policy
+            )
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.loss_policy: {exc}") from None
 
     def mixture_config(self) -> Any:
         """The :class:`~detsampler.mixture.MixtureConfig` of the mixture fields, or None without ``mixture_sources``."""

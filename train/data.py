@@ -207,12 +207,20 @@ def index_config(config: DataConfig) -> Any:
         max_documents=config.max_documents or None,
         add_bos=config.add_bos,
         add_eos=config.add_eos or None,
+        loss_policy=config.loss_policy or None,
+        completion_column=config.completion_column or None,
     )
 
 
 def _layout_config(config: DataConfig) -> LayoutConfig:
     """The layout of ``config`` (each mixture source gets the same one)."""
-    return LayoutConfig(kind=config.layout, seq_len=config.seq_len, seed=config.seed, window_docs=config.window_docs)
+    return LayoutConfig(
+        kind=config.layout,
+        seq_len=config.seq_len,
+        seed=config.seed,
+        window_docs=config.window_docs,
+        overlong=config.overlong,
+    )
 
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
@@ -318,12 +326,14 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
 
 
 def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarray:
-    """Per-sample token hashes of this rank's micro batches of one step: uint64 [micro_steps, micro_batch_size]."""
+    """Per-sample token hashes of this rank's micro batches of one step: uint64 [micro_steps, micro_batch_size]. A row
+    hashes its input ids and labels, and its loss mask when the batch holds one (SFT data)."""
     from train.metrics import token_row_hashes
 
     rows = []
     for mb in micro_batches:
-        both = torch.cat([mb["input_ids"], mb["labels"]], dim=1).cpu().numpy()
+        parts = [mb["input_ids"], mb["labels"]] + ([mb["loss_mask"].to(torch.int64)] if "loss_mask" in mb else [])
+        both = torch.cat(parts, dim=1).cpu().numpy()
         rows.append(token_row_hashes(both))
     return np.stack(rows)
 
