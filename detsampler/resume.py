@@ -291,7 +291,7 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     if past_old_skips != past_new_skips:
         added = [r for r in past_new_skips if r not in past_old_skips]
         removed = [r for r in past_old_skips if r not in past_new_skips]
-        what = f"adds {added}" if added else f"removes {removed}"
+        what = " and ".join(([f"adds {added}"] if added else []) + ([f"removes {removed}"] if removed else []))
         raise ValueError(
             f"skip_steps {what}, which lies in the past of the resume: training step {resume_step} resumes at data step"
             f" {boundary}, so new ranges must start at data step >= {boundary} and earlier ranges must stay as trained"
@@ -308,7 +308,7 @@ def _check_redactions(old: list, new: list, resume_step: int) -> None:
     if past_old != past_new:
         added = [r for r in past_new if r not in past_old]
         removed = [r for r in past_old if r not in past_new]
-        what = f"adds {added}" if added else f"removes {removed}"
+        what = " and ".join(([f"adds {added}"] if added else []) + ([f"removes {removed}"] if removed else []))
         form = "[from_step, [documents], source]" if len((added or removed)[0]) == 3 else "[from_step, [documents]]"
         raise ValueError(
             f"redactions {what} (as {form}), before training step {resume_step} where the run"
