@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
-from detsampler.loader.redact import redact_labels
+from detsampler.loader.redact import redact_step
 from detsampler.redaction import Blocklist
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
@@ -361,7 +361,8 @@ def _run(
     )
     for r in data.plan.redactions or ():  # what the run masks, said once (its audit: detsampler stats --checkpoint)
         shown = ", ".join(map(str, r.documents[:8])) + (" ..." if len(r.documents) > 8 else "")
-        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s) [{shown}] (labels masked)")
+        of = "" if r.source is None else f" of source {cfg.data.mixture_config().labels[r.source]}"
+        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s){of} [{shown}] (labels masked)")
     log(
         rt,
         f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
@@ -387,8 +388,7 @@ def _run(
         ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
         if blocklist is not None:  # labels of redacted documents -> -100; inputs and every other label unchanged
-            for mb in micro_batches:
-                redact_labels(mb, step, blocklist)
+            redact_step(micro_batches, step, blocklist, data.plan, rt.rank)  # a mixture's rows: by their source
         tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
         global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
         scale = rt.world_size / global_tokens.clamp(min=1).to(torch.float32)
