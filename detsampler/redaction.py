@@ -75,7 +75,9 @@ class Redaction:
         object.__setattr__(self, "documents", tuple(sorted(out)))
 
     def _name(self) -> str:
-        return f"Redaction(from_step={self.from_step}" + ("" if self.source is None else f", source={self.source}") + ")"
+        return (
+            f"Redaction(from_step={self.from_step}" + ("" if self.source is None else f", source={self.source}") + ")"
+        )
 
     def to_list(self) -> list:
         """The fingerprint form ``[from_step, [documents...]]``, or ``[from_step, [documents...], source]``."""
@@ -119,7 +121,9 @@ def normalize_redactions(redactions: Any) -> tuple[Redaction, ...]:
     of = lambda r: "" if r.source is None else f" of source {r.source}"
     for a, b in zip(out, out[1:]):
         if (a.from_step, a.source) == (b.from_step, b.source):
-            raise ValueError(f"two redactions{of(a)} from step {a.from_step}: give each step once (merge their documents)")
+            raise ValueError(
+                f"two redactions{of(a)} from step {a.from_step}: give each step once (merge their documents)"
+            )
     seen: dict[tuple[int | None, int], int] = {}
     for r in out:
         for d in r.documents:
@@ -274,7 +278,9 @@ def redaction_mask(
     """Where the labels of a batch read at training step ``step`` are redacted: a bool array shaped like
     ``document_ids`` (the batch's field), True at every position whose input token is a redacted document's. Over a
     mixture, ``sources`` is the source of each row (:meth:`Blocklist.mask`)."""
-    return (redactions if isinstance(redactions, Blocklist) else Blocklist(redactions)).mask(document_ids, step, sources)
+    return (redactions if isinstance(redactions, Blocklist) else Blocklist(redactions)).mask(
+        document_ids, step, sources
+    )
 
 
 def documents_by_path(column: Sequence[str], paths: Sequence[str]) -> list[int]:

@@ -63,8 +63,12 @@ def test_a_plan_over_a_mixture_takes_redactions_of_its_sources_only():
     # a single-index plan's fingerprint and hash are those of the plan before sources existed
     single = Plan(100, seed=3, **cut, redactions=[Redaction([4], 3)])
     body = json.dumps(single.fingerprint(), sort_keys=True)
-    assert body.endswith('"redactions": [[3, [4]]], "seed": 3, "stream": {"kind": "epochs", "num_samples": 100, "seed": 3}}')
-    assert DataFingerprint("idx", {"kind": "concat"}, single.fingerprint()).hash == "0c65e0c4607e4f4f"  # computed by the code before sources
+    assert body.endswith(
+        '"redactions": [[3, [4]]], "seed": 3, "stream": {"kind": "epochs", "num_samples": 100, "seed": 3}}'
+    )
+    assert (
+        DataFingerprint("idx", {"kind": "concat"}, single.fingerprint()).hash == "0c65e0c4607e4f4f"
+    )  # computed by the code before sources
 
 
 def _fp(redactions, mixture=Mixture([50, 50, 20], [1, 1, 1], seed=1)):
@@ -76,9 +80,13 @@ def test_check_resume_allows_redactions_from_the_resume_step_on_per_source():
     past = Redaction([4], 3, 0)
     check_resume(_fp([past]), _fp([past, Redaction([4], 10, 1)]), 10)  # document 4 of another source, at the resume
     check_resume(_fp([past, Redaction([9], 12, 2)]).to_dict(), _fp([past]).to_dict(), 10)  # a future one removed
-    with pytest.raises(ValueError, match=r"redactions adds \[\[3, \[4\], 1\]\] \(as \[from_step, \[documents\], source\]"):
+    with pytest.raises(
+        ValueError, match=r"redactions adds \[\[3, \[4\], 1\]\] \(as \[from_step, \[documents\], source\]"
+    ):
         check_resume(_fp([past]), _fp([past, Redaction([4], 3, 1)]), 10)  # the same ids, another source, in the past
-    with pytest.raises(ValueError, match=r"adds \[\[3, \[4\], 2\]\] and removes \[\[3, \[4\], 0\]\].*redact from step >= 10"):
+    with pytest.raises(
+        ValueError, match=r"adds \[\[3, \[4\], 2\]\] and removes \[\[3, \[4\], 0\]\].*redact from step >= 10"
+    ):
         check_resume(_fp([past]), _fp([Redaction([4], 3, 2)]), 10)
 
 
@@ -180,7 +188,10 @@ def test_redaction_through_a_mixture_moves_nothing_else_across_a_resume(small_in
     masked = 0
     for rank in range(2):
         clean = _read(base, dataset, rank, 0, STOP)  # the run without redactions
-        resumed = {**_read(base, dataset, rank, 0, RESUME), **_read(redacted, dataset, rank, RESUME, STOP, Blocklist(redacted.redactions))}
+        resumed = {
+            **_read(base, dataset, rank, 0, RESUME),
+            **_read(redacted, dataset, rank, RESUME, STOP, Blocklist(redacted.redactions)),
+        }
         assert sorted(resumed) == sorted(clean) == list(range(STOP))
         for step in range(STOP):
             sources = step_sources(redacted, step, rank)
@@ -253,9 +264,7 @@ def test_stats_and_verify_print_the_audit_of_a_mixture_checkpoint(capsys, small_
         small_index.layout(LayoutConfig(kind="document", seq_len=64, seed=2)),
     ]
     redactions = [Redaction([0, 5], 4, source=1), Redaction([5], 6, source=0)]
-    plan = Plan(
-        source=Mixture(layouts, [1, 1], seed=3), global_batch_size=8, micro_batch_size=2, redactions=redactions
-    )
+    plan = Plan(source=Mixture(layouts, [1, 1], seed=3), global_batch_size=8, micro_batch_size=2, redactions=redactions)
     DataRecord.of(8, [small_index, small_index], layouts, plan, names=["web", "code"]).save(tmp_path)
     audit = redaction_audit(plan, layouts, stop=8)
     assert [(row["source"], row["document"]) for row in audit] == [(1, 0), (1, 5), (0, 5)]
@@ -277,4 +286,7 @@ def test_stats_and_verify_print_the_audit_of_a_mixture_checkpoint(capsys, small_
     assert exc.value.code == 2 and "contradicts the checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["verify", "--checkpoint", str(tmp_path), "--redact", "books:4:0"])
-    assert exc.value.code == 2 and "no source 'books': the mixture's sources are ['web', 'code']" in capsys.readouterr().err
+    assert (
+        exc.value.code == 2
+        and "no source 'books': the mixture's sources are ['web', 'code']" in capsys.readouterr().err
+    )

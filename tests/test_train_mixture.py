@@ -67,9 +67,11 @@ def _settings(root: Path, paths: list[str], schedule=None, skip=None, redactions
     if skip:
         settings["data.skip_steps"] = json.dumps(skip)
     if redactions:  # TOML inline tables
-        settings["data.redactions"] = "[" + ", ".join(
-            "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in r.items()) + "}" for r in redactions
-        ) + "]"
+        settings["data.redactions"] = (
+            "["
+            + ", ".join("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in r.items()) + "}" for r in redactions)
+            + "]"
+        )
     out = []
     for key, value in settings.items():
         out += ["--set", f"{key}={value}"]
@@ -241,7 +243,9 @@ def test_a_mixture_run_resumed_with_redactions_trains_the_same_but_the_masked_la
                 continue
             sources = plan.stream.split_ids(plan.micro_batch(s, a, 0))[0]
             for row, k in enumerate(sources.tolist()):
-                hit = np.isin(mb["document_ids"][row].numpy(), redacted.get(k, [])) & (mb["labels"][row] != -100).numpy()
+                hit = (
+                    np.isin(mb["document_ids"][row].numpy(), redacted.get(k, [])) & (mb["labels"][row] != -100).numpy()
+                )
                 mb["labels"][row][hit] = -100
                 masked += int(hit.sum())
         want = sample_hash(step_token_hashes(micro_batches).view(np.int64).reshape(-1))

@@ -500,7 +500,11 @@ def test_mixture_redactions_name_their_source() -> None:
     from detsampler.redaction import Redaction
     from train.data import _plan, check_redacted_documents, resolve_redactions
 
-    mix = ['data.mixture_sources=["a.txt", "b.txt"]', "data.mixture_weights=[1, 1]", 'data.mixture_names=["web", "code"]']
+    mix = [
+        'data.mixture_sources=["a.txt", "b.txt"]',
+        "data.mixture_weights=[1, 1]",
+        'data.mixture_names=["web", "code"]',
+    ]
     entries = '[{source = "code", paths = ["x.py"], from_step = 4}, {source = 0, documents = [3], from_step = 4}]'
     cfg = load_config(CONFIGS / "tiny.toml", [*mix, f"data.redactions={entries}"])
     assert cfg.data.redactions == (
@@ -514,10 +518,15 @@ def test_mixture_redactions_name_their_source() -> None:
     plan = _plan(cfg.data, 1, source=Mixture([10, 10], [1, 1], 0), dataset=[web, code])
     assert plan.fingerprint()["redactions"] == [[4, [3], 0], [4, [1], 1]]
     check_redacted_documents(plan, [4, 2], cfg.data)
-    with pytest.raises(ValueError, match=r"from step 4 \(source web\) names documents \[3\]: that source holds documents 0 .. 2"):
+    with pytest.raises(
+        ValueError, match=r"from step 4 \(source web\) names documents \[3\]: that source holds documents 0 .. 2"
+    ):
         check_redacted_documents(plan, [3, 2], cfg.data)
     for bad, message in [
-        ('[{source = "books", documents = [1], from_step = 1}]', "DataConfig.redactions[0].source 'books' is no source"),
+        (
+            '[{source = "books", documents = [1], from_step = 1}]',
+            "DataConfig.redactions[0].source 'books' is no source",
+        ),
         ("[{source = 2, documents = [1], from_step = 1}]", "DataConfig.redactions[0].source 2 is no source of the"),
         ("[{documents = [1], from_step = 1}]", "DataConfig.redactions[0] names no source: over a mixture each"),
         (

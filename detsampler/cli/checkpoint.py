@@ -19,8 +19,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from detsampler.cli.record_files import find_record
 from detsampler.cli.options import resolve_redaction_sources
+from detsampler.cli.record_files import find_record
 from detsampler.layout import Layout
 from detsampler.mixture import MixtureConfig
 from detsampler.mixture.weights import normalize_weights

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig

@@ -10,7 +10,7 @@ import torch
 
 from detsampler.mixture import Mixture
 from detsampler.plan import Plan
-from detsampler.redaction import Blocklist, Redaction, row_sources
+from detsampler.redaction import Blocklist, Redaction
 
 __all__ = ["device_mask", "redact_labels", "redact_step", "step_sources"]
 
@@ -75,9 +75,7 @@ def step_sources(plan: Plan, step: int, rank: int) -> np.ndarray | None:
     return plan.stream.split_ids(ids)[0]
 
 
-def redact_step(
-    micro_batches: Sequence[dict[str, Any]], step: int, blocklist: Blocklist, plan: Plan, rank: int
-) -> int:
+def redact_step(micro_batches: Sequence[dict[str, Any]], step: int, blocklist: Blocklist, plan: Plan, rank: int) -> int:
     """:func:`redact_labels` on each of ``rank``'s micro batches of ``step`` (in place), with each row's source from
     the plan when it reads a mixture; the micro batches are the step's last ones (all of them, or those left after a
     mid-step resume). Returns the number of labels masked."""
