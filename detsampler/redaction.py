@@ -204,6 +204,7 @@ class Blocklist:
         self.by_source = bool(self.redactions) and self.redactions[0].source is not None
         keys = sorted({r.source for r in self.redactions}, key=_source_key)
         self._parts = {k: _Entries([r for r in self.redactions if r.source == k]) for k in keys}
+        self._combined_at: tuple[Any, Any] = (None, None)
 
     def _check(self, step: int, source: int | None, what: str) -> int:
         step = check_int(step, "step", minimum=0)
@@ -245,13 +246,40 @@ class Blocklist:
         if rows is None:
             part = self._parts.get(None)
             return part.mask(ids, step) if part is not None else np.zeros(ids.shape, dtype=bool)
+        flat_ids = ids.reshape(rows.size, -1)
+        combined = self._combined(step)
+        if combined is not None:  # one lookup: each row's ids offset into its source's table
+            table, starts, lasts = combined
+            k = np.minimum(rows, len(starts) - 1)[:, None]  # a source without entries reads the last, empty table
+            # NOTE: -1 (padding) lands on the entry before the row's table: the previous table's last (False), or, for
+            # table 0, the very last entry (False)
+            return table[np.clip(flat_ids, -1, lasts[k]) + starts[k]].reshape(ids.shape)
         out = np.zeros(ids.shape, dtype=bool)
-        flat_ids, flat_out = ids.reshape(rows.size, -1), out.reshape(rows.size, -1)
+        flat_out = out.reshape(rows.size, -1)
         for k, _ in self.in_force(step):  # a loop over the sources, vectorized over each one's rows
             which = np.flatnonzero(rows == k)
             if which.size:
                 flat_out[which] = self._parts[k].mask(flat_ids[which], step)
         return out
+
+    def _combined(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The sources' lookup tables at ``step`` end to end (each ``largest id in force + 2`` long, its last entry
+        False; then one ``[False]`` table for any other source), with each table's start and last index; None when
+        they would exceed ``TABLE_LIMIT`` entries (then :meth:`mask` loops over the sources)."""
+        in_force = {k: ids for k, ids in self.in_force(step)}
+        key = tuple(len(ids) for ids in in_force.values()), tuple(in_force)
+        if self._combined_at[0] == key:
+            return self._combined_at[1]
+        sizes = [int(in_force[k][-1]) + 2 if k in in_force else 1 for k in range(max(self._parts) + 1)] + [1]
+        if sum(sizes) > TABLE_LIMIT:
+            return None
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        table = np.zeros(sum(sizes), dtype=bool)
+        for k, ids in in_force.items():
+            table[starts[k] + ids] = True
+        combined = (table, starts, np.asarray(sizes, dtype=np.int64) - 1)
+        self._combined_at = (key, combined)
+        return combined
 
 
 def row_sources(sources: Any, shape: tuple[int, ...]) -> np.ndarray:

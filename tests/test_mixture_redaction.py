@@ -136,6 +136,17 @@ def test_the_mask_needs_the_rows_sources_over_a_mixture():
         Blocklist([Redaction([1], 0)]).mask(ids, 0, np.array([0, 1]))
     assert blocklist.mask(ids, 0, np.array([0, 1])).tolist() == [[False, False], [True, False]]
     assert Blocklist([]).mask(ids, 0, np.array([0, 1])).tolist() == [[False, False], [False, False]]
+    # ids beyond one lookup table (2**24 entries in all): a loop over the sources, np.isin within each
+    big = Blocklist([Redaction([2**25, 1], 0, source=0), Redaction([2], 0, source=1)])
+    ids = np.array([[2**25, 1, 2, -1], [2**25, 1, 2, -1], [2**25, 1, 2, -1]])
+    want = [[True, True, False, False], [False, False, True, False], [False, False, False, False]]
+    assert big.mask(ids, 0, np.array([0, 1, 5])).tolist() == want
+    assert (
+        Blocklist([Redaction([2**20, 1], 0, source=0), Redaction([2], 0, source=1)])
+        .mask(ids.clip(max=2**20), 0, np.array([0, 1, 5]))
+        .tolist()
+        == want
+    )  # the same through the end-to-end tables
 
 
 # -- the invariant on real batches, across a resume
