@@ -248,7 +248,8 @@ class Plan:
         skips = normalize_skip_steps(self.skip_steps)
         object.__setattr__(self, "_skips", skips)
         object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
-        redactions = check_redaction_sources(normalize_redactions(self.redactions), self.stream)
+        redactions = normalize_redactions(self.redactions)
+        redactions = check_redaction_sources(redactions, self.stream)  # a mixture's entries name their source
         object.__setattr__(self, "redactions", redactions or None)
         object.__setattr__(self, "stream", self.stream.with_step_positions(self.data_consumed))
 
