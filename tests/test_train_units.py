@@ -551,6 +551,56 @@ def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
         check_redacted_documents(plan, 3)
 
 
+def test_mixture_redactions_name_their_source() -> None:
+    """Over a mixture each ``data.redactions`` entry names its source (a ``mixture_names`` entry or an index), kept as
+    the index; paths resolve against that source's dataset and ids are checked against that source's documents."""
+    import datasets
+
+    from detsampler.mixture import Mixture
+    from detsampler.redaction import Redaction
+    from train.data import _plan, check_redacted_documents, resolve_redactions
+
+    mix = [
+        'data.mixture_sources=["a.txt", "b.txt"]',
+        "data.mixture_weights=[1, 1]",
+        'data.mixture_names=["web", "code"]',
+    ]
+    entries = '[{source = "code", paths = ["x.py"], from_step = 4}, {source = 0, documents = [3], from_step = 4}]'
+    cfg = load_config(CONFIGS / "tiny.toml", [*mix, f"data.redactions={entries}"])
+    assert cfg.data.redactions == (
+        {"documents": [3], "from_step": 4, "source": 0},
+        {"documents": [], "from_step": 4, "source": 1, "paths": ["x.py"]},
+    )
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    web = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "path": ["x.py", "y.py", "z.py", "w.py"]})
+    code = datasets.Dataset.from_dict({"text": ["e", "f"], "path": ["y.py", "x.py"]})
+    assert resolve_redactions(cfg.data, [web, code]) == [Redaction([3], 4, 0), Redaction([1], 4, 1)]
+    plan = _plan(cfg.data, 1, source=Mixture([10, 10], [1, 1], 0), dataset=[web, code])
+    assert plan.fingerprint()["redactions"] == [[4, [3], 0], [4, [1], 1]]
+    check_redacted_documents(plan, [4, 2], cfg.data)
+    with pytest.raises(
+        ValueError, match=r"from step 4 \(source web\) names documents \[3\]: that source holds documents 0 .. 2"
+    ):
+        check_redacted_documents(plan, [3, 2], cfg.data)
+    for bad, message in [
+        (
+            '[{source = "books", documents = [1], from_step = 1}]',
+            "DataConfig.redactions[0].source 'books' is no source",
+        ),
+        ("[{source = 2, documents = [1], from_step = 1}]", "DataConfig.redactions[0].source 2 is no source of the"),
+        ("[{documents = [1], from_step = 1}]", "DataConfig.redactions[0] names no source: over a mixture each"),
+        (
+            '[{source = "web", documents = [1], from_step = 1}, {source = "web", documents = [2], from_step = 1}]',
+            "DataConfig.redactions: two redactions of source 0 from step 1",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            load_config(CONFIGS / "tiny.toml", [*mix, f"data.redactions={bad}"])
+        assert str(info.value).startswith(message), str(info.value)
+    with pytest.raises(ValueError, match=r"redactions\[0\].source is for a mixture \(mixture_sources\)"):
+        load_config(CONFIGS / "tiny.toml", ['data.redactions=[{source = "web", documents = [1], from_step = 1}]'])
+
+
 def test_redaction_content_hashes_resolve_against_the_dataset_text() -> None:
     """``sha256 = [...]`` entries (issue 24 item 5): the sha256 of a document's UTF-8 text names it, wherever it sits
     in the corpus (a takedown names content, not ids); a hash naming no document, or not a sha256, is refused."""

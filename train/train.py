@@ -48,7 +48,7 @@ from torch import Tensor
 
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
-from detsampler.loader.redact import redact_labels
+from detsampler.loader.redact import redact_step
 from detsampler.redaction import Blocklist
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
@@ -398,7 +398,8 @@ def _run(
     _log_loss_mask(rt, data)
     for r in data.plan.redactions or ():  # what the run masks, said once (its audit: detsampler stats --checkpoint)
         shown = ", ".join(map(str, r.documents[:8])) + (" ..." if len(r.documents) > 8 else "")
-        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s) [{shown}] (labels masked)")
+        of = "" if r.source is None else f" of source {cfg.data.mixture_config().labels[r.source]}"
+        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s){of} [{shown}] (labels masked)")
     log(
         rt,
         f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
@@ -424,8 +425,7 @@ def _run(
         ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
         if blocklist is not None:  # labels of redacted documents -> -100; inputs and every other label unchanged
-            for mb in micro_batches:
-                redact_labels(mb, step, blocklist)
+            redact_step(micro_batches, step, blocklist, data.plan, rt.rank)  # a mixture's rows: by their source
         global_tokens, global_positions = global_label_counts(micro_batches, rt)
         # NOTE: FSDP averages the gradients over the ranks, hence world_size / global_tokens: the gradient is that of
         # (sum of the token losses of the global batch) / global_tokens, however the masked tokens fall on the ranks.
