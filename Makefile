@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`. Both create .venv/ when it is missing.
+# The commands of the README: `make demo`, `make demo-sft` and `make test`. Both create .venv/ when it is missing.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: demo test bench venv clean format gpu-check
+.PHONY: demo demo-sft test bench venv clean format gpu-check
 
 # Rewrite the code in the house format (what `make test` checks).
 format: $(VENV)/.installed
@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
 	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
+	# Microsoft's Azure Storage emulator, for the az:// tests (tests/more_servers.py); skipped where npm is missing
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node "azurite@3.35.0"; \
+	else echo "npm not found: the az:// tests (azurite) will be skipped"; fi
 	touch $@
 
 venv: $(VENV)/.installed
@@ -34,6 +37,10 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m train.demo
+
+# Supervised fine-tuning (train/configs/sft.toml) on a local chat corpus: killed, resumed, compared (under a minute).
+demo-sft: $(VENV)/.installed
+	$(PY) -m train.demo_sft
 
 # The GPU check (issue 26), on a GPU machine with the packages of scripts/gpu_wheels.sh on PYTHONPATH (no .venv: the
 # machine's own python3 and torch); docs/usage.md, "The GPU check".

@@ -37,7 +37,7 @@ import numpy as np
 from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import check_mapping_version, permute, permute_within
-from detsampler.redaction import Redaction, normalize_redactions
+from detsampler.redaction import Redaction, check_redaction_sources, normalize_redactions
 from detsampler.schedule import parse_step_schedule
 from detsampler.version import MAPPING_VERSION
 
@@ -213,9 +213,9 @@ class Plan:
     batch-size schedule, a mixture's weight schedule and the skip ranges are all in data steps, which equal training
     steps before the first skip range.
 
-    ``redactions`` (:class:`~detsampler.redaction.Redaction` entries, in *training* steps) change no sample: they are
-    held for the fingerprint and for :func:`~detsampler.redaction.redaction_mask`, which masks the redacted documents'
-    labels at the steps they are in force.
+    ``redactions`` (:class:`~detsampler.redaction.Redaction` entries, in *training* steps; over a mixture each names
+    its ``source``) change no sample: they are held for the fingerprint and for
+    :func:`~detsampler.redaction.redaction_mask`, which masks the redacted documents' labels at the steps in force.
 
     ``epoch_ids`` (with ``num_samples``): sample ids carry their epoch, ``epoch * num_samples + sample``: set it when
     the layout has ``epoch_order`` (its samples differ from epoch to epoch); :func:`~detsampler.locate.check_compatible`
@@ -268,8 +268,8 @@ class Plan:
         object.__setattr__(self, "_skips", skips)
         object.__setattr__(self, "skip_steps", skips if self.skip_steps is not None else None)
         redactions = normalize_redactions(self.redactions)
-        if redactions and self.source is not None:
-            raise ValueError("redactions name document ids of one index: a plan over a mixture takes none (not yet)")
+        # NOTE: a mixture's document ids are per source: there each entry names its source, over one index none does
+        redactions = check_redaction_sources(redactions, self.stream)
         object.__setattr__(self, "redactions", redactions or None)
         object.__setattr__(self, "stream", self.stream.with_step_positions(self.data_consumed))
 

@@ -7,9 +7,9 @@ schedule, skip ranges, redactions) and the instance filter, when there is one. S
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
 mixture schedule entries at or after the resume step, with new skip ranges that start at or after the data step the
-resume reads, and with redactions from the resume step on. Any other change (another index, another layout, another
-seed, batch sizes or weights before the resume, redactions before it, another instance filter or none) is refused by
-:func:`check_resume` with a ValueError that says what changed.
+resume reads, and with redactions from the resume step on (per source, over a mixture). Any other change (another
+index, another layout, another seed, batch sizes or weights before the resume, redactions before it, another instance
+filter or none) is refused by :func:`check_resume` with a ValueError that says what changed.
 
 All steps of the batch-size schedule, of the mixture schedule and of the skip ranges are *data* steps; the past is the
 data steps before ``d(resume_step)`` of the checkpointed plan.
@@ -291,7 +291,7 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     if past_old_skips != past_new_skips:
         added = [r for r in past_new_skips if r not in past_old_skips]
         removed = [r for r in past_old_skips if r not in past_new_skips]
-        what = f"adds {added}" if added else f"removes {removed}"
+        what = " and ".join(([f"adds {added}"] if added else []) + ([f"removes {removed}"] if removed else []))
         raise ValueError(
             f"skip_steps {what}, which lies in the past of the resume: training step {resume_step} resumes at data step"
             f" {boundary}, so new ranges must start at data step >= {boundary} and earlier ranges must stay as trained"
@@ -301,14 +301,16 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
 
 def _check_redactions(old: list, new: list, resume_step: int) -> None:
     """Redactions are in training steps: those in force before ``resume_step`` masked what was trained, so they must
-    stay as they are; entries from ``resume_step`` on may be added, changed or removed (they change no sample)."""
+    stay as they are; entries from ``resume_step`` on may be added, changed or removed (they change no sample). Over a
+    mixture, entries are per source (``[from_step, [documents], source]``): the rule holds for each."""
     past_old = [r.to_list() for r in normalize_redactions(old) if r.from_step < resume_step]
     past_new = [r.to_list() for r in normalize_redactions(new) if r.from_step < resume_step]
     if past_old != past_new:
         added = [r for r in past_new if r not in past_old]
         removed = [r for r in past_old if r not in past_new]
-        what = f"adds {added}" if added else f"removes {removed}"
+        what = " and ".join(([f"adds {added}"] if added else []) + ([f"removes {removed}"] if removed else []))
+        form = "[from_step, [documents], source]" if len((added or removed)[0]) == 3 else "[from_step, [documents]]"
         raise ValueError(
-            f"redactions {what} (as [from_step, [documents]]), before training step {resume_step} where the run"
+            f"redactions {what} (as {form}), before training step {resume_step} where the run"
             f" resumes: those steps were trained without it; redact from step >= {resume_step}"
         )

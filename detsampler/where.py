@@ -272,23 +272,28 @@ def _pieces(layout: Any, doc: int, epochs: np.ndarray) -> tuple[DocumentSamples,
     return DocumentSamples(*fields), np.repeat(epochs, [len(p.sample_ids) for p in per])
 
 
-def redaction_audit(plan: Plan, layout: Layout, stop: int | None = None) -> list[dict]:
-    """The audit trail of ``plan.redactions``: per redacted document (in order of ``from_step``, then id), what the
-    steps before its redaction trained on, from :func:`where`.
+def redaction_audit(plan: Plan, layout: Layout | Sequence[Layout] | Mixture, stop: int | None = None) -> list[dict]:
+    """The audit trail of ``plan.redactions``: per redacted document (in order of ``from_step``, then source, then
+    id), what the steps before its redaction trained on, from :func:`where`.
 
     Each entry: ``document``, ``from_step``, ``steps`` (the sorted distinct training steps in ``[0, min(from_step,
     stop))`` that read it), ``reads`` (the number of (step, micro step, rank, row) spans) and ``tokens`` (the input
-    positions of those spans: the positions whose labels the redaction masks from ``from_step`` on). ``stop``: the
-    first step not trained (a checkpoint's step); None: up to ``from_step``.
+    positions of those spans: the positions whose labels the redaction masks from ``from_step`` on); over a mixture
+    (``layout``: the sources' layouts or the mixture) also ``source``, the document's source. ``stop``: the first step
+    not trained (a checkpoint's step); None: up to ``from_step``.
     """
-    seq_len = int(getattr(layout, "inner", layout).config.seq_len)
+    mixture = plan.stream if isinstance(plan.stream, Mixture) else None
+    layouts = _source_layouts(mixture, layout) if mixture is not None else [layout]
     out = []
     for redaction in plan.redactions or ():
         last = redaction.from_step if stop is None else min(redaction.from_step, int(stop))
+        source = redaction.source
+        seq_len = int(getattr(layouts[source or 0], "inner", layouts[source or 0]).config.seq_len)
         for doc in redaction.documents:
-            reads = where(plan, layout, doc, (0, last))
+            reads = where(plan, layout, doc, (0, last), source=source)
             tokens = sum(min(r.stop - r.start, seq_len - r.offset) for r in reads)
-            out.append(
+            row = {} if source is None else {"source": source}
+            row.update(
                 {
                     "document": doc,
                     "from_step": redaction.from_step,
@@ -297,4 +302,5 @@ def redaction_audit(plan: Plan, layout: Layout, stop: int | None = None) -> list
                     "tokens": int(tokens),
                 }
             )
+            out.append(row)
     return out

@@ -1,59 +1,27 @@
 """A local chat corpus and tokenizer for the SFT tests: a byte-level BPE trained on standard-library text, saved as a
 ``transformers`` directory whose chat template marks assistant turns with ``{% generation %}``; conversations built
-with ``datasets.Dataset.from_dict``. Nothing is downloaded."""
+with ``datasets.Dataset.from_dict``. Nothing is downloaded. The tokenizer and the conversations are the trainer's
+(``train/chat_corpus.py``: ``train/configs/sft.toml`` trains on the same kind of data)."""
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
-
 import numpy as np
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|begin_of_text|>assistant\n"
-    "{% generation %}{{ m['content'] }}<|endoftext|>{% endgeneration %}\n"
-    "{% else %}<|begin_of_text|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endif %}{% endfor %}"
-)
+from train.chat_corpus import CHAT_TEMPLATE, conversations, make_chat_tokenizer
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "PLAIN_TEMPLATE",
+    "chat_dataset",
+    "conversations",
+    "expected_sample",
+    "hand_rendered",
+    "make_chat_tokenizer",
+    "prompt_dataset",
+]
+
 # the same turns without the markers: what policy="all" accepts and "assistant" refuses
 PLAIN_TEMPLATE = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
-
-
-def _words() -> list[str]:
-    import os
-
-    text = Path(os.__file__).read_text()
-    return [w for w in text.split() if w.isalpha()][:3000]
-
-
-def make_chat_tokenizer(out_dir: Path, template: str = CHAT_TEMPLATE):
-    """A 400-piece BPE directory with ``template`` in its tokenizer_config.json, loaded as a TransformersTokenizer."""
-    from detsampler.text.hf import TransformersTokenizer, train_hf_bpe
-
-    words = _words()
-    train_hf_bpe([" ".join(words[i : i + 50]) for i in range(0, len(words), 50)], 400, out_dir)
-    config_path = Path(out_dir) / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = template
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    return TransformersTokenizer.load(out_dir)
-
-
-def conversations(num: int, seed: int = 0) -> list[list[dict]]:
-    """``num`` conversations: an optional system turn, then 1 to 3 user/assistant exchanges of 1 to 30 words."""
-    rng = random.Random(seed)
-    words = _words()
-
-    def say() -> str:
-        return " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
-
-    out = []
-    for _ in range(num):
-        turns = [{"role": "system", "content": say()}] if rng.random() < 0.3 else []
-        for _ in range(rng.randint(1, 3)):
-            turns += [{"role": "user", "content": say()}, {"role": "assistant", "content": say()}]
-        out.append(turns)
-    return out
 
 
 def chat_dataset(num: int, seed: int = 0):

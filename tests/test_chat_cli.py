@@ -89,3 +89,20 @@ def test_a_loss_policy_over_a_pre_tokenized_source_is_refused(capsys, tmp_path):
         main([*argv, "--cache-dir", str(tmp_path / "cache"), "--quiet"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "is read as stored, not rendered from chat rows" in err
+
+
+def test_a_chat_index_built_into_a_bucket_keeps_its_loss_mask_and_its_own_key(
+    capsys, chat_files, s3_bucket, tmp_path, monkeypatch
+):
+    """``build --cache-dir s3://`` of chat data pushes the index with its mask, under the chat key: the same key (and
+    the same mask) as the local build, never the plain-text index of the same rows."""
+    from detsampler.index import TokenIndex
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "staging"))
+    argv = [*_args(chat_files)[:-3], "--cache-dir", f"{s3_bucket}/cache", "--quiet", "--json"]
+    remote = json.loads(_run(capsys, ["build", *argv]))
+    local = json.loads(_run(capsys, ["build", *_args(chat_files), "--json"]))
+    assert remote["path"].rsplit("/", 1)[-1] == local["path"].rsplit("/", 1)[-1]
+    assert remote["loss_mask"] == local["loss_mask"]
+    mask = np.asarray(TokenIndex.open(remote["path"]).loss_mask)
+    assert np.array_equal(mask, np.asarray(TokenIndex.open(local["path"]).loss_mask))

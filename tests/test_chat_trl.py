@@ -12,26 +12,18 @@ import pytest
 from detsampler.index import build_index
 from detsampler.text.chat import ChatConfig
 from tests.chat_data import chat_dataset, make_chat_tokenizer, prompt_dataset
+from tests.tiny_llama import tiny_llama
 
 pytest.importorskip("trl")
 
 
 def _trl_prepared(dataset, tok_dir, tmp_path, **config):
     """TRL's preprocessed dataset (input_ids and labels per example), from its real SFTTrainer over a tiny Llama."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-        )
-    )
+    model = tiny_llama(len(tokenizer))
     cpu = dict(bf16=False, use_cpu=True)
     args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], max_length=None, **cpu, **config)
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)

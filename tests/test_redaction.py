@@ -258,7 +258,7 @@ def test_the_redact_option(capsys, cache_root, small_tokenizer, small_index, tmp
     assert exc.value.code == 2 and "--redact [[2,[7]]] contradicts the checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["verify", *base, "--steps", "0:4", "--redact", "3"])
-    assert exc.value.code == 2 and "expected FROM_STEP:DOC[,DOC...]" in capsys.readouterr().err
+    assert exc.value.code == 2 and "expected [SOURCE:]FROM_STEP:DOC[,DOC...]" in capsys.readouterr().err
 
 
 def test_where_marks_the_reads_a_redaction_masks(capsys, cache_root, small_tokenizer, small_index):

@@ -44,7 +44,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return root, paths
 
 
-def _settings(root: Path, paths: list[str], schedule=None, skip=None) -> list[str]:
+def _settings(root: Path, paths: list[str], schedule=None, skip=None, redactions=None) -> list[str]:
     settings = {
         "data.cache_dir": f'"{root / "cache"}"',
         "data.tokenizer": f'"{root / "tok.model"}"',
@@ -66,6 +66,12 @@ def _settings(root: Path, paths: list[str], schedule=None, skip=None) -> list[st
         settings["data.mixture_schedule"] = json.dumps(schedule)
     if skip:
         settings["data.skip_steps"] = json.dumps(skip)
+    if redactions:  # TOML inline tables
+        settings["data.redactions"] = (
+            "["
+            + ", ".join("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in r.items()) + "}" for r in redactions)
+            + "]"
+        )
     out = []
     for key, value in settings.items():
         out += ["--set", f"{key}={value}"]
@@ -94,16 +100,24 @@ def _plan(root: Path, paths: list[str], schedule=None) -> Plan:
     )
 
 
-def test_trainer_on_a_three_source_mixture_and_stats_report_the_shares(setup, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def runs(setup, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A run stopped at step 4 (``past``, its copy) and resumed there with an annealing entry written at the resume
+    step (allowed) to step 8 (``run``)."""
     root, paths = setup
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("mixture-runs") / "run"
     first = _train(run, root, paths, stop_at=4)
     assert first.returncode == 0, first.output[-4000:]
-    past = shutil.copytree(run, tmp_path / "past")
-
-    # resume at step 4 with an annealing entry written at the resume step: allowed
+    past = Path(shutil.copytree(run, run.parent / "past"))
     resumed = _train(run, root, paths, schedule=[ANNEAL])
     assert resumed.returncode == 0, resumed.output[-4000:]
+    return run, past
+
+
+def test_trainer_on_a_three_source_mixture_and_stats_report_the_shares(setup, runs, tmp_path, capsys):
+    root, paths = setup
+    run, past = runs
+    past = shutil.copytree(past, tmp_path / "past")
     plan = _plan(root, paths, [ANNEAL])
     metrics = read_metrics(run)
     assert sorted(metrics.steps) == list(range(8))
@@ -183,3 +197,62 @@ def _check_resume_in_process(root: Path, paths: list[str], run: Path) -> None:
         check(schedule=[(3, [1, 1, 1])])
     with pytest.raises(ckpt.DataFingerprintError, match="different data stream"):
         check("data.seq_len=32")  # another layout: not a change the plan can absorb
+
+
+# documents of two sources, redacted from the resume step: every document id 0, 2, ... of "code", 0 and 1 of "text"
+REDACTIONS = [
+    {"source": "code", "documents": list(range(0, 24, 2)), "from_step": 4},
+    {"source": "text", "documents": [0, 1], "from_step": 4},
+]
+
+
+def test_a_mixture_run_resumed_with_redactions_trains_the_same_but_the_masked_labels(setup, runs, tmp_path):
+    """The run stopped at step 4, resumed with ``data.redactions`` of two sources from step 4: every step reads the
+    samples of the run resumed without them, and its inputs and labels (the step's ``tokens_hash``) are those of that
+    run's batches with exactly the labels of the redacted (source, document) pairs set to -100 from step 4 on."""
+    import numpy as np
+
+    from detsampler.index.sharded import open_index
+    from detsampler.loader.dataset import PackedDataset
+    from detsampler.loader.mixture_dataset import MixtureDataset
+    from detsampler.record import DataRecord
+    from train.data import step_token_hashes
+
+    root, paths = setup
+    reference, past = runs
+    run = Path(shutil.copytree(past, tmp_path / "run"))
+    result = _train(run, root, paths, schedule=[ANNEAL], redactions=REDACTIONS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "data: redacted from step 4: 12 document(s) of source code [0, 2, 4, 6, 8, 10, 12, 14 ...]" in result.output
+    ref, got = read_metrics(reference).steps, read_metrics(run).steps
+    assert sorted(got) == list(range(8))
+
+    record = DataRecord.load(run / "checkpoints" / f"step_{8:08d}")
+    assert record.fingerprint.plan["redactions"] == [[4, REDACTIONS[0]["documents"], 0], [4, [0, 1], 2]]
+    indexes = [open_index(i["path"]) for i in record.indexes]
+    layouts = [index.layout(config) for index, config in zip(indexes, record.layout_configs())]
+    plan = _plan(root, paths, [ANNEAL])
+    dataset = MixtureDataset([PackedDataset(i, lay) for i, lay in zip(indexes, layouts)], plan.stream)
+    redacted = {0: REDACTIONS[0]["documents"], 2: [0, 1]}
+    masked_total = 0
+    for s in range(8):
+        micro_batches = [dataset.__getitems__(plan.micro_batch(s, a, 0).tolist()).batch for a in range(4)]
+        masked = 0
+        for a, mb in enumerate(micro_batches):  # the redaction by hand: each row against its source's documents
+            if s < 4:
+                continue
+            sources = plan.stream.split_ids(plan.micro_batch(s, a, 0))[0]
+            for row, k in enumerate(sources.tolist()):
+                hit = (
+                    np.isin(mb["document_ids"][row].numpy(), redacted.get(k, [])) & (mb["labels"][row] != -100).numpy()
+                )
+                mb["labels"][row][hit] = -100
+                masked += int(hit.sum())
+        want = sample_hash(step_token_hashes(micro_batches).view(np.int64).reshape(-1))
+        assert got[s]["sample_hash"] == ref[s]["sample_hash"], s  # the same samples at every step
+        assert got[s]["tokens_hash"] == want, s  # the same inputs and labels, less exactly the redacted ones
+        assert got[s]["tokens"] == ref[s]["tokens"] - masked, s
+        if s < 4:
+            assert (got[s]["loss"], got[s]["tokens_hash"]) == (ref[s]["loss"], ref[s]["tokens_hash"]), s
+        masked_total += masked
+    assert masked_total > 0

@@ -48,7 +48,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "train" / "configs"
 # -----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tiny.toml", "gpu.toml"])
+@pytest.mark.parametrize("name", ["tiny.toml", "gpu.toml", "sft.toml"])
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(CONFIGS / name)
     assert isinstance(cfg, TrainConfig)
@@ -369,7 +369,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, 
 def test_the_wrong_type_test_covers_every_field() -> None:
     covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
     every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
-    assert covered == every and len(every) == 59
+    assert covered == every and len(every) == 62
 
 
 @pytest.mark.parametrize(
@@ -394,6 +394,66 @@ def test_the_coercions_of_issue_21_are_refused(override: str, message: str) -> N
     with pytest.raises(ValueError) as info:
         load_config(CONFIGS / "tiny.toml", [override])
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.loss_policy=assistnat"],
+            "DataConfig.loss_policy must be one of ('assistant', 'last_turn', 'completion', 'all') or empty (plain"
+            " text), got 'assistnat'",
+        ),
+        (
+            ["data.loss_policy=completion"],
+            "DataConfig.loss_policy: Got policy 'completion', allowed policies for a messages column are assistant,"
+            " last_turn, all",
+        ),
+        (
+            ["data.text_column=prompt", "data.completion_column=completion", "data.loss_policy=assistant"],
+            "DataConfig.loss_policy: Got policy 'assistant', allowed policies for prompt/completion columns are"
+            " completion, all",
+        ),
+        (
+            ["data.completion_column=completion"],
+            "DataConfig.completion_column ('completion') is for prompt/completion data: set loss_policy too"
+            " (completion or all)",
+        ),
+        (["data.overlong=cut"], "DataConfig.overlong must be one of ('split', 'truncate', 'drop'), got 'cut'"),
+        (
+            ["data.layout=concat", "data.overlong=drop"],
+            "DataConfig: overlong='drop' applies to the bestfit layout only (the concat layout packs no whole"
+            " examples); use kind='bestfit' or overlong='split'",
+        ),
+    ],
+)
+def test_sft_fields_are_validated_strictly(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(CONFIGS / "sft.toml", ["data.loss_policy=''", *overrides])
+    assert str(info.value) == message
+
+
+def test_sft_fields_map_onto_the_index_and_layout_configs() -> None:
+    from train.data import _layout_config, index_config
+
+    cfg = load_config(CONFIGS / "sft.toml").data
+    assert (cfg.text_column, cfg.loss_policy, cfg.completion_column, cfg.overlong) == (
+        "messages",
+        "assistant",
+        "",
+        "truncate",
+    )
+    index = index_config(cfg)
+    assert (index.text_column, index.loss_policy, index.completion_column) == ("messages", "assistant", None)
+    assert _layout_config(cfg).overlong == "truncate" and _layout_config(cfg).kind == "bestfit"
+    plain = load_config(CONFIGS / "tiny.toml").data
+    assert index_config(plain).loss_policy is None and index_config(plain).chat is None
+    assert _layout_config(plain).overlong == "split"
+    prompts = load_config(
+        CONFIGS / "sft.toml",
+        ["data.text_column=prompt", "data.completion_column=completion", "data.loss_policy=completion"],
+    ).data
+    assert index_config(prompts).chat.columns == ("prompt", "completion")
 
 
 def test_toml_values_of_the_declared_types_are_taken() -> None:
@@ -489,6 +549,56 @@ def test_redaction_paths_resolve_against_the_dataset_path_column() -> None:
     check_redacted_documents(plan, 4)
     with pytest.raises(ValueError, match=r"from step 3 names documents \[3\]: the index holds documents 0 .. 2"):
         check_redacted_documents(plan, 3)
+
+
+def test_mixture_redactions_name_their_source() -> None:
+    """Over a mixture each ``data.redactions`` entry names its source (a ``mixture_names`` entry or an index), kept as
+    the index; paths resolve against that source's dataset and ids are checked against that source's documents."""
+    import datasets
+
+    from detsampler.mixture import Mixture
+    from detsampler.redaction import Redaction
+    from train.data import _plan, check_redacted_documents, resolve_redactions
+
+    mix = [
+        'data.mixture_sources=["a.txt", "b.txt"]',
+        "data.mixture_weights=[1, 1]",
+        'data.mixture_names=["web", "code"]',
+    ]
+    entries = '[{source = "code", paths = ["x.py"], from_step = 4}, {source = 0, documents = [3], from_step = 4}]'
+    cfg = load_config(CONFIGS / "tiny.toml", [*mix, f"data.redactions={entries}"])
+    assert cfg.data.redactions == (
+        {"documents": [3], "from_step": 4, "source": 0},
+        {"documents": [], "from_step": 4, "source": 1, "paths": ["x.py"]},
+    )
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    web = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "path": ["x.py", "y.py", "z.py", "w.py"]})
+    code = datasets.Dataset.from_dict({"text": ["e", "f"], "path": ["y.py", "x.py"]})
+    assert resolve_redactions(cfg.data, [web, code]) == [Redaction([3], 4, 0), Redaction([1], 4, 1)]
+    plan = _plan(cfg.data, 1, source=Mixture([10, 10], [1, 1], 0), dataset=[web, code])
+    assert plan.fingerprint()["redactions"] == [[4, [3], 0], [4, [1], 1]]
+    check_redacted_documents(plan, [4, 2], cfg.data)
+    with pytest.raises(
+        ValueError, match=r"from step 4 \(source web\) names documents \[3\]: that source holds documents 0 .. 2"
+    ):
+        check_redacted_documents(plan, [3, 2], cfg.data)
+    for bad, message in [
+        (
+            '[{source = "books", documents = [1], from_step = 1}]',
+            "DataConfig.redactions[0].source 'books' is no source",
+        ),
+        ("[{source = 2, documents = [1], from_step = 1}]", "DataConfig.redactions[0].source 2 is no source of the"),
+        ("[{documents = [1], from_step = 1}]", "DataConfig.redactions[0] names no source: over a mixture each"),
+        (
+            '[{source = "web", documents = [1], from_step = 1}, {source = "web", documents = [2], from_step = 1}]',
+            "DataConfig.redactions: two redactions of source 0 from step 1",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            load_config(CONFIGS / "tiny.toml", [*mix, f"data.redactions={bad}"])
+        assert str(info.value).startswith(message), str(info.value)
+    with pytest.raises(ValueError, match=r"redactions\[0\].source is for a mixture \(mixture_sources\)"):
+        load_config(CONFIGS / "tiny.toml", ['data.redactions=[{source = "web", documents = [1], from_step = 1}]'])
 
 
 def test_redaction_content_hashes_resolve_against_the_dataset_text() -> None:

@@ -111,9 +111,33 @@ def check_fields(obj: Any) -> None:
         object.__setattr__(obj, f.name, value)
 
 
-def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
+def _redaction_source(entry: dict, name: str, labels: tuple[str, ...] | None) -> int | None:
+    """The source index an entry names (``source = "NAME"``, one of the mixture's labels, or its index), None for one
+    index; refused: a source over one index, none (or an unknown one) over a mixture."""
+    if "source" not in entry:
+        if labels is not None:
+            raise ValueError(
+                f"{name} names no source: over a mixture each redaction names the source whose documents it lists,"
+                f" source = NAME (one of {list(labels)}) or its index"
+            )
+        return None
+    source = entry["source"]
+    if labels is None:
+        raise ValueError(f"{name}.source is for a mixture (mixture_sources): over one index give no source")
+    if isinstance(source, str) and source in labels:
+        return labels.index(source)
+    if is_int(source) and 0 <= source < len(labels):
+        return int(source)
+    raise ValueError(
+        f"{name}.source {source!r} is no source of the mixture: its sources are {list(labels)} (or 0 .."
+        f" {len(labels) - 1})"
+    )
+
+
+def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[dict, ...]:
     """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], sha256 = [content hashes],
-    from_step = s}`` tables (at least one of the three), sorted by step; ids are checked (and duplicates across entries
+    from_step = s}`` tables (at least one of the three), sorted by step (then source); over a mixture (``labels``: its
+    source names) each names ``source``, kept as the source's index. Ids are checked (and duplicates across entries
     refused) here, paths and content hashes when the pipeline resolves them against the dataset's ``path`` and text
     columns."""
     from detsampler.redaction import Redaction, normalize_redactions
@@ -121,12 +145,13 @@ def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
     out = []
     for i, entry in enumerate(entries):
         name = f"DataConfig.redactions[{i}]"
-        allowed = {"documents", "paths", "sha256", "from_step"}
+        allowed = {"documents", "paths", "sha256", "from_step", "source"}
         if not isinstance(entry, dict) or set(entry) - allowed or "from_step" not in entry:
             raise ValueError(
-                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], from_step = s}}, got"
-                f" {entry!r}"
+                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], from_step = s}} (and"
+                f" source = NAME over a mixture), got {entry!r}"
             )
+        source = _redaction_source(entry, name, labels)
         paths = entry.get("paths", [])
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
             raise ValueError(f"{name}.paths must be a list of strings, got {paths!r}")
@@ -143,22 +168,25 @@ def _redaction_entries(entries: Any, mixture: bool) -> tuple[dict, ...]:
             Redaction([0], entry["from_step"])
         except ValueError as exc:
             raise ValueError(f"DataConfig.redactions: {exc}") from None
-        row = {"documents": list(ids), "from_step": int(entry["from_step"])}
+        row: dict[str, Any] = {"documents": list(ids), "from_step": int(entry["from_step"])}
+        if source is not None:
+            row["source"] = source
         if paths:
             row["paths"] = sorted(set(paths))
         if hashes:
             row["sha256"] = sorted({h.lower() for h in hashes})
         out.append(row)
-    out.sort(key=lambda r: r["from_step"])
+    out.sort(key=lambda r: (r["from_step"], r.get("source", -1)))
     try:
-        normalize_redactions([Redaction(r["documents"], r["from_step"]) for r in out if r["documents"]])
+        normalize_redactions(
+            [Redaction(r["documents"], r["from_step"], r.get("source")) for r in out if r["documents"]]
+        )
         for a, b in zip(out, out[1:]):
-            if a["from_step"] == b["from_step"]:
-                raise ValueError(f"two redactions from step {a['from_step']}: give each step once")
+            if (a["from_step"], a.get("source")) == (b["from_step"], b.get("source")):
+                of = "" if labels is None else f" of source {labels[a['source']]}"
+                raise ValueError(f"two redactions{of} from step {a['from_step']}: give each step once")
     except ValueError as exc:
         raise ValueError(f"DataConfig.redactions: {exc}") from None
-    if out and mixture:
-        raise ValueError("DataConfig.redactions name document ids of one index: a mixture takes none (not yet)")
     return tuple(out)
 
 
@@ -275,10 +303,19 @@ class DataConfig:
     ``false``: off); a flagged sample is still read, its labels are all -100 (its loss is masked, the stream
     unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables (or ``paths = [...]``, ``sha256 = [...]``
     content hashes, resolved when the pipeline is built), whose documents' labels are masked (-100)
-    from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`). A resume may add
+    from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`); over a mixture
+    each names ``source = "NAME"`` (a ``mixture_names`` entry, else a ``mixture_sources`` one, or the source's index),
+    whose document ids (paths, texts) it lists. A resume may add
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
     new run on the current one.
+
+    Supervised fine-tuning (``train/configs/sft.toml``): ``loss_policy`` (:class:`detsampler.text.chat.ChatConfig`)
+    makes ``text_column`` a column of chat messages rendered with the tokenizer's chat template (a local transformers
+    tokenizer directory) and trains only the tokens the policy names (``assistant``, ``last_turn``, ``all``), or, with
+    ``completion_column``, a prompt column whose completion is trained (``completion``, ``all``); the index stores the
+    loss mask beside the tokens and masked labels are -100. ``overlong`` (:class:`detsampler.layout.LayoutConfig`,
+    bestfit only): an example longer than ``seq_len`` is ``split`` into pieces, ``truncate``d or ``drop``ped.
     """
 
     source: str = ""
@@ -309,9 +346,14 @@ class DataConfig:
     redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
+    loss_policy: str = (
+        ""  # "": plain text; chat data: assistant, last_turn, all, or (with completion_column) completion
+    )
+    completion_column: str = ""  # prompt/completion data: text_column holds the prompt, this column the completion
+    overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
 
     def __post_init__(self) -> None:
-        from detsampler.layout import LAYOUT_KINDS, LayoutConfig
+        from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
         from detsampler.version import MAPPING_VERSIONS
 
         object.__setattr__(self, "source", _source_spec(self.source, "source"))
@@ -335,6 +377,8 @@ class DataConfig:
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"DataConfig.overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
             _positive_int(self, name, 0 if name == "seed" else 1)
         try:
@@ -343,21 +387,47 @@ class DataConfig:
                 seq_len=self.seq_len,
                 seed=self.seed,
                 window_docs=self.window_docs,
+                overlong=self.overlong,
                 epoch_order=self.epoch_order,
             )
         except ValueError as exc:
             raise ValueError(f"DataConfig: {exc}") from None
+        self.chat_config()  # validates loss_policy and completion_column
         for name in ("max_documents", "num_workers", "prefetch_batches", "vocab_size"):
             _positive_int(self, name, 0)
         from detsampler.plan import normalize_skip_steps
 
         object.__setattr__(self, "skip_steps", normalize_skip_steps(list(self.skip_steps)))
-        object.__setattr__(self, "redactions", _redaction_entries(self.redactions, bool(self.mixture_sources)))
         if self.mixture_sources and self.source:
             raise ValueError("DataConfig: give either source (one corpus) or mixture_sources (a mixture), not both")
         if (self.mixture_weights or self.mixture_schedule or self.mixture_names) and not self.mixture_sources:
             raise ValueError("DataConfig.mixture_weights, mixture_schedule and mixture_names need mixture_sources")
-        self.mixture_config()  # validates the mixture: one weight per source, valid weights, increasing schedule steps
+        mixture = self.mixture_config()  # validates the mixture: one weight per source, weights, schedule steps
+        labels = None if mixture is None else tuple(mixture.labels)
+        object.__setattr__(self, "redactions", _redaction_entries(self.redactions, labels))
+
+    def chat_config(self) -> Any:
+        """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or
+        the prompt beside ``completion_column``), or None for plain text (``loss_policy`` empty)."""
+        from detsampler.text.chat import CHAT_POLICIES, ChatConfig
+
+        if not self.loss_policy:
+            if self.completion_column:
+                raise ValueError(
+                    f"DataConfig.completion_column ({self.completion_column!r}) is for prompt/completion data: set"
+                    " loss_policy too (completion or all)"
+                )
+            return None
+        if self.loss_policy not in CHAT_POLICIES:
+            raise ValueError(
+                f"DataConfig.loss_policy must be one of {CHAT_POLICIES} or empty (plain text), got {self.loss_policy!r}"
+            )
+        try:
+            return ChatConfig(
+                column=self.text_column, completion_column=self.completion_column or None, policy=self.loss_policy
+            )
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.loss_policy: {exc}") from None
 
     def mixture_config(self) -> Any:
         """The :class:`~detsampler.mixture.MixtureConfig` of the mixture fields, or None without ``mixture_sources``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +207,8 @@ def index_config(config: DataConfig) -> Any:
         max_documents=config.max_documents or None,
         add_bos=config.add_bos,
         add_eos=config.add_eos or None,
+        loss_policy=config.loss_policy or None,
+        completion_column=config.completion_column or None,
     )
 
 
@@ -217,6 +219,7 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
         seq_len=config.seq_len,
         seed=config.seed,
         window_docs=config.window_docs,
+        overlong=config.overlong,
         epoch_order=config.epoch_order,
     )
 
@@ -224,38 +227,49 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
     against ``dataset``'s ``path`` column and ``sha256`` content hashes against its text column (an error when it has
-    no such column, or a path or hash names no document)."""
+    no such column, or a path or hash names no document). Over a mixture ``dataset`` is the list of the sources'
+    datasets, and each entry resolves against its source's."""
     out = []
     for entry in config.redactions:
+        source = entry.get("source")
+        own = dataset[source] if source is not None else dataset
+        where = f"DataConfig.redactions from step {entry['from_step']}" + (
+            "" if source is None else f" (source {_source_label(config, source)})"
+        )
         documents = list(entry["documents"])
         if entry.get("paths"):
-            column = getattr(dataset, "column_names", None) or []
+            column = getattr(own, "column_names", None) or []
             if "path" not in column:
-                raise ValueError(
-                    f"DataConfig.redactions from step {entry['from_step']} names paths, but the index's dataset has no"
-                    " path column: give document ids"
-                )
-            documents += documents_by_path(dataset["path"], entry["paths"])
+                raise ValueError(f"{where} names paths, but the index's dataset has no path column: give document ids")
+            documents += documents_by_path(own["path"], entry["paths"])
         if entry.get("sha256"):
-            column = getattr(dataset, "column_names", None) or []
+            column = getattr(own, "column_names", None) or []
             if config.text_column not in column:
                 raise ValueError(
-                    f"DataConfig.redactions from step {entry['from_step']} names content hashes, but the index's"
-                    f" dataset has no text column {config.text_column!r}: give document ids"
+                    f"{where} names content hashes, but the index's dataset has no text column {config.text_column!r}:"
+                    " give document ids"
                 )
-            documents += documents_by_content_hash(dataset[config.text_column], entry["sha256"])
-        out.append(Redaction(sorted(set(documents)), entry["from_step"]))
+            documents += documents_by_content_hash(own[config.text_column], entry["sha256"])
+        out.append(Redaction(sorted(set(documents)), entry["from_step"], source))
     return out
 
 
-def check_redacted_documents(plan: Plan, num_documents: int) -> None:
-    """Refuse redactions naming documents the index does not hold (a typo must not redact nothing silently)."""
+def _source_label(config: DataConfig, source: int) -> str:
+    return str(config.mixture_config().labels[source])
+
+
+def check_redacted_documents(plan: Plan, num_documents: int | Sequence[int], config: DataConfig | None = None) -> None:
+    """Refuse redactions naming documents the index (over a mixture: their source's index, ``num_documents`` one
+    count per source) does not hold (a typo must not redact nothing silently)."""
     for r in plan.redactions or ():
-        if r.documents[-1] >= num_documents:
-            bad = [d for d in r.documents if d >= num_documents]
+        held = num_documents if r.source is None else num_documents[r.source]  # type: ignore[index]
+        if r.documents[-1] >= held:
+            bad = [d for d in r.documents if d >= held]
+            of = "the index holds" if r.source is None else "that source holds"
+            label = "" if r.source is None or config is None else f" (source {_source_label(config, r.source)})"
             raise ValueError(
-                f"DataConfig.redactions from step {r.from_step} names documents {bad}: the index holds documents 0 .."
-                f" {num_documents - 1}"
+                f"DataConfig.redactions from step {r.from_step}{label} names documents {bad}: {of} documents 0 .."
+                f" {held - 1}"
             )
 
 
@@ -263,7 +277,7 @@ def _plan(
     config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None, dataset: Any = None
 ) -> Plan:
     """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture); ``dataset``
-    resolves the redactions' paths."""
+    (a mixture: one per source) resolves the redactions' paths and content hashes."""
     return Plan(
         num_samples=num_samples,
         source=source,
@@ -325,12 +339,14 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
 
 
 def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarray:
-    """Per-sample token hashes of this rank's micro batches of one step: uint64 [micro_steps, micro_batch_size]."""
+    """Per-sample token hashes of this rank's micro batches of one step: uint64 [micro_steps, micro_batch_size]. A row
+    hashes its input ids and labels, and its loss mask when the batch holds one (SFT data)."""
     from train.metrics import token_row_hashes
 
     rows = []
     for mb in micro_batches:
-        both = torch.cat([mb["input_ids"], mb["labels"]], dim=1).cpu().numpy()
+        parts = [mb["input_ids"], mb["labels"]] + ([mb["loss_mask"].to(torch.int64)] if "loss_mask" in mb else [])
+        both = torch.cat(parts, dim=1).cpu().numpy()
         rows.append(token_row_hashes(both))
     return np.stack(rows)
 
@@ -346,7 +362,8 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
         _verify_once(p.index)
     layouts = [p.index.layout(_layout_config(config)) for p in prepared]
     mixture = config.mixture_config().build(layouts)
-    plan = _plan(config, world_size, source=mixture)
+    plan = _plan(config, world_size, source=mixture, dataset=[p.dataset for p in prepared])
+    check_redacted_documents(plan, [p.index.num_documents for p in prepared], config)
     datasets = [
         _packed_dataset(p, lay, config.text_column, config.instance_filter) for p, lay in zip(prepared, layouts)
     ]

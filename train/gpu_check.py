@@ -265,6 +265,79 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(f"gpu_check: terminated by signal {signum} (the timeout of scripts/gpu_check.sh?)")
 
 
+def _config_report(config: Path, overrides: list[str], args: argparse.Namespace, cfg: Any, bf16: bool) -> dict:
+    """What the report says of the configuration the two runs train with."""
+    return {
+        "path": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+        "overrides": overrides,
+        "nproc": args.nproc,
+        "steps": args.steps,
+        "checkpoint_every": args.every,
+        "kill_at": args.kill_at,
+        "deterministic": cfg.runtime.deterministic,
+        "strict_determinism": cfg.runtime.strict_determinism,
+        "precision": "bf16" if bf16 else "fp32",
+        "compile": False,  # train.train has no torch.compile option
+        "seq_len": cfg.data.seq_len,
+        "global_batch_size": cfg.data.global_batch_size,
+        "micro_batch_size": cfg.data.micro_batch_size,
+        "num_workers": cfg.data.num_workers,
+        "layout": cfg.data.layout,
+    }
+
+
+def _peak_flops(peak_tflops: float | None, device_name: str) -> tuple[float | None, str]:
+    """A GPU's dense bf16 peak (FLOP/s) and where it comes from: ``--peak-tflops``, else the datasheet of the device
+    named, else None ("unknown device")."""
+    if peak_tflops:
+        return peak_tflops * 1e12, "--peak-tflops"
+    match = [k for k in PEAK_BF16_FLOPS if k in device_name]
+    if not match:
+        return None, "unknown device: pass --peak-tflops"
+    return PEAK_BF16_FLOPS[match[0]], f"datasheet dense bf16 of the {match[0]}"
+
+
+def _comparison_report(cmp: Any, steps: int, tolerance: float, resumed: list[int], retrained: Any) -> dict:
+    """The counts of the step-by-step comparison of the two runs."""
+    return {
+        "steps": steps,
+        "sample_hashes_equal": cmp.count(3),
+        "tokens_equal": cmp.count(4),
+        "losses_equal": cmp.count(5),
+        "loss_tolerance": tolerance,
+        "max_abs_loss_diff": cmp.max_loss_diff,
+        "bad_steps": cmp.bad,
+        "resumed_at": resumed,
+        "retrained_steps": retrained,
+    }
+
+
+def _step_rows(cmp: Any) -> list[dict]:
+    """Per step: both runs' sample hash and loss, and whether they agree."""
+    return [
+        {
+            "step": step,
+            "sample_hash": [None if ra is None else ra["sample_hash"], None if rb is None else rb["sample_hash"]],
+            "loss": [None if ra is None else ra["loss"], None if rb is None else rb["loss"]],
+            "same": bool(s and t and loss),
+        }
+        for step, ra, rb, s, t, loss in cmp.rows
+    ]
+
+
+def _write_report(report: dict[str, Any], json_path: Path, runs: dict[str, Path]) -> str:
+    """Write the report (JSON, its text summary beside it, each run's metrics.jsonl copied as metrics_<run>.jsonl);
+    returns the summary."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+    text = _summary(report)
+    json_path.with_suffix(".txt").write_text(text + "\n")
+    for name, run_dir in runs.items():
+        if (run_dir / "metrics.jsonl").exists():
+            shutil.copyfile(run_dir / "metrics.jsonl", json_path.parent / f"metrics_{name}.jsonl")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     args = _parse(argv)
@@ -307,23 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(config, overrides)
         precision = cfg.runtime.mixed_precision
         bf16 = precision == "bf16" or (precision == "auto" and args.device == "cuda")
-        report["config"] = {
-            "path": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-            "overrides": overrides,
-            "nproc": args.nproc,
-            "steps": args.steps,
-            "checkpoint_every": args.every,
-            "kill_at": args.kill_at,
-            "deterministic": cfg.runtime.deterministic,
-            "strict_determinism": cfg.runtime.strict_determinism,
-            "precision": "bf16" if bf16 else "fp32",
-            "compile": False,  # train.train has no torch.compile option
-            "seq_len": cfg.data.seq_len,
-            "global_batch_size": cfg.data.global_batch_size,
-            "micro_batch_size": cfg.data.micro_batch_size,
-            "num_workers": cfg.data.num_workers,
-            "layout": cfg.data.layout,
-        }
+        report["config"] = _config_report(config, overrides, args, cfg, bf16)
         print(f"[1/4] tokenizer and token index ({config.name}; cached after the first time)", flush=True)
         t0 = time.monotonic()
         data = build_pipeline(cfg.data, world_size=args.nproc)
@@ -340,13 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["model"] = flops
         peak = None
         if args.device == "cuda" and bf16:
-            if args.peak_tflops:
-                peak, source = args.peak_tflops * 1e12, "--peak-tflops"
-            else:
-                name = report["device"]["name"]
-                match = [k for k in PEAK_BF16_FLOPS if k in name]
-                peak = PEAK_BF16_FLOPS[match[0]] if match else None
-                source = f"datasheet dense bf16 of the {match[0]}" if match else "unknown device: pass --peak-tflops"
+            peak, source = _peak_flops(args.peak_tflops, report["device"]["name"])
             report["peak_flops_per_gpu"] = {"value": peak, "source": source}
 
         tolerance = args.loss_tolerance
@@ -412,26 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         resumed = [int(e["step"]) for e in b.resumes]
         cmp = compare_runs(a, b, args.steps, tolerance)
         print_comparison(cmp, resumed)
-        report["comparison"] = {
-            "steps": args.steps,
-            "sample_hashes_equal": cmp.count(3),
-            "tokens_equal": cmp.count(4),
-            "losses_equal": cmp.count(5),
-            "loss_tolerance": tolerance,
-            "max_abs_loss_diff": cmp.max_loss_diff,
-            "bad_steps": cmp.bad,
-            "resumed_at": resumed,
-            "retrained_steps": b.superseded,
-        }
-        report["steps"] = [
-            {
-                "step": step,
-                "sample_hash": [None if ra is None else ra["sample_hash"], None if rb is None else rb["sample_hash"]],
-                "loss": [None if ra is None else ra["loss"], None if rb is None else rb["loss"]],
-                "same": bool(s and t and loss),
-            }
-            for step, ra, rb, s, t, loss in cmp.rows
-        ]
+        report["comparison"] = _comparison_report(cmp, args.steps, tolerance, resumed, b.superseded)
+        report["steps"] = _step_rows(cmp)
         positions = cfg.data.global_batch_size * cfg.data.seq_len
         report["speed"] = {key: _speed(m, positions, flops, peak, args.nproc) for key, m in (("A", a), ("B", b))}
         report["data_wait_ms"] = {"prefetch_0": summarize_wait(a), "prefetch_2": summarize_wait(b)}
@@ -453,13 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {w.strip() for w in warnings if any(k in w for k in NONDETERMINISTIC)}
     )[:10]
     times["total"] = time.monotonic() - t_start
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-    text = _summary(report)
-    json_path.with_suffix(".txt").write_text(text + "\n")
-    for name, run_dir in (("metrics_A.jsonl", run_a), ("metrics_B.jsonl", run_b)):
-        if (run_dir / "metrics.jsonl").exists():
-            shutil.copyfile(run_dir / "metrics.jsonl", json_path.parent / name)
+    text = _write_report(report, json_path, {"A": run_a, "B": run_b})
     print(text, flush=True)
     print(f"      report: {json_path}", flush=True)
     signal.signal(signal.SIGTERM, previous)

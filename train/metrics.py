@@ -2,7 +2,7 @@
 
 Records have an ``event``: ``"start"`` (a fresh run), ``"resumed_from"`` (a resume: ``step`` is the checkpoint's step,
 the first step trained again) and ``"step"`` (step, loss, lr, tokens_per_s, data_wait_ms, sample_hash, tokens_hash,
-...).
+tokens: the global batch's labels that count in the loss, positions: its positions that hold a document token, ...).
 A killed run may have logged steps past its last checkpoint; after a resume they are trained again and logged again.
 :func:`read_metrics` resolves this explicitly: a ``resumed_from`` marker at step s discards every earlier record of
 steps

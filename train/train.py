@@ -17,7 +17,8 @@ The data of step s is a pure function of the plan, so resuming at checkpoint ste
 nothing else: with the same number of ranks, on CPU with deterministic algorithms, every later loss is bit-identical to
 the one of an uninterrupted run. With another number of ranks (same global batch) the step's samples are the same and
 the losses agree up to float reduction order. The loss of a step is the token-mean over the whole global batch (sum over
-ranks and micro steps, divided by the global number of label tokens), so it does not depend on how the batch is split.
+ranks and micro steps, divided by the global number of label tokens that are not -100: with an SFT loss mask, the
+unmasked ones), so it does not depend on how the batch is split (:func:`global_label_counts`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor
 
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
-from detsampler.loader.redact import redact_labels
+from detsampler.loader.redact import redact_step
 from detsampler.redaction import Blocklist
 from detsampler.version import MAPPING_VERSION
 from train import checkpoint as ckpt
@@ -56,7 +58,7 @@ from train.metrics import MetricsLog, sample_hash
 from train.model import Transformer
 from train.rundir import ResumeChoice, RunDirLocked, RunLock, choose_checkpoint, settle
 
-__all__ = ["Runtime", "main", "parse_args", "train"]
+__all__ = ["Runtime", "global_label_counts", "main", "parse_args", "train"]
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,23 @@ def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def global_label_counts(micro_batches: Sequence[dict[str, torch.Tensor]], rt: Runtime) -> tuple[Tensor, Tensor]:
+    """``(tokens, positions)`` of the step's whole global batch (every rank, every micro batch), float64 scalars:
+    ``tokens`` the labels that count in the loss (not -100: neither masked by a loss mask, nor at an example's end, nor
+    on padding), ``positions`` the positions that hold a document token (``document_ids >= 0``). One all-reduce of
+    both, before any backward pass: every rank divides its loss sum by the same global ``tokens``, so the step's loss
+    and gradient do not depend on the world size or on how the masked tokens fall on the ranks (a mean per rank or per
+    micro batch would weight a token by its rank's or micro batch's count)."""
+    local = torch.stack(
+        [
+            torch.stack([(mb["labels"] != -100).sum(), (mb["document_ids"] >= 0).sum()]).to(torch.float64)
+            for mb in micro_batches
+        ]
+    ).sum(dim=0)
+    counts = _all_reduce_sum(local.to(rt.device))
+    return counts[0], counts[1]
+
+
 def _global_token_hash(local: np.ndarray, rt: Runtime) -> str:
     """Hash of the per-sample token hashes of the whole step, in global position order (micro step, rank, row)."""
     t = torch.from_numpy(local.view(np.int64).copy())
@@ -280,6 +299,23 @@ def train(
             lock.release()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _log_loss_mask(rt: Runtime, data: DataPipeline) -> None:
+    """SFT data: the share of the index's tokens its loss mask trains, and what the layout did to over-long examples."""
+    counts = data.index.loss_mask_counts() if data.sources is None and getattr(data.index, "chat", None) else None
+    if counts is None:
+        return
+    trained, masked = counts["trained_tokens"], counts["masked_tokens"]
+    described = data.layout.describe()
+    overlong = described.get("overlong", "split")
+    cut = {k: v for k, v in described.items() if k in ("examples_truncated", "examples_dropped")}
+    log(
+        rt,
+        f"data: loss mask (policy {counts['policy']}): {trained:,} of {trained + masked:,} tokens trained "
+        f"({trained / max(1, trained + masked):.1%}), the other labels -100 | overlong {overlong}"
+        + "".join(f", {v} {k.replace('_', ' ')}" for k, v in cut.items()),
+    )
 
 
 def _lock_run_dir(rt: Runtime, run_dir: Path, ckpt_dir: Path) -> RunLock | None:
@@ -359,9 +395,11 @@ def _run(
         f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
         f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
     )
+    _log_loss_mask(rt, data)
     for r in data.plan.redactions or ():  # what the run masks, said once (its audit: detsampler stats --checkpoint)
         shown = ", ".join(map(str, r.documents[:8])) + (" ..." if len(r.documents) > 8 else "")
-        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s) [{shown}] (labels masked)")
+        of = "" if r.source is None else f" of source {cfg.data.mixture_config().labels[r.source]}"
+        log(rt, f"data: redacted from step {r.from_step}: {len(r.documents)} document(s){of} [{shown}] (labels masked)")
     log(
         rt,
         f"{'resuming from ' + str(resume_path) + ' at' if resume_path else 'starting at'} step {start_step}, "
@@ -387,10 +425,10 @@ def _run(
         ckpt.kill_point("before_step", step)
         micro_batches = [{k: v.to(rt.device, non_blocking=True) for k, v in mb.items()} for mb in micro_batches]
         if blocklist is not None:  # labels of redacted documents -> -100; inputs and every other label unchanged
-            for mb in micro_batches:
-                redact_labels(mb, step, blocklist)
-        tokens = torch.stack([(mb["labels"] != -100).sum() for mb in micro_batches]).sum().to(torch.float64)
-        global_tokens = _all_reduce_sum(tokens.clone().to(rt.device))
+            redact_step(micro_batches, step, blocklist, data.plan, rt.rank)  # a mixture's rows: by their source
+        global_tokens, global_positions = global_label_counts(micro_batches, rt)
+        # NOTE: FSDP averages the gradients over the ranks, hence world_size / global_tokens: the gradient is that of
+        # (sum of the token losses of the global batch) / global_tokens, however the masked tokens fall on the ranks.
         scale = rt.world_size / global_tokens.clamp(min=1).to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
         for a, mb in enumerate(micro_batches):
@@ -424,6 +462,7 @@ def _run(
             "data_wait_ms": 1000 * waited,
             "step_ms": 1000 * elapsed,
             "tokens": int(global_tokens),
+            "positions": int(global_positions),
             "sample_hash": sample_hash(data.plan.global_batch(step)),
             "tokens_hash": token_hash,
             "grad_norm": None if grad_norm is None else float(grad_norm),

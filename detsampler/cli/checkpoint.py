@@ -19,6 +19,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from detsampler.cli.options import resolve_redaction_sources
 from detsampler.cli.record_files import find_record
 from detsampler.layout import Layout
 from detsampler.mixture import MixtureConfig
@@ -97,7 +98,7 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
             "global_batch_size": schedule[-1][1],
             "batch_size_schedule": schedule,
             "skip_steps": [list(r) for r in plan.get("skip_steps", [])],
-            "redactions": [[r[0], list(r[1])] for r in plan.get("redactions", [])],
+            "redactions": [[r[0], list(r[1]), *r[2:]] for r in plan.get("redactions", [])],
             "mapping_version": plan["mapping_version"],
         }
     )
@@ -129,7 +130,7 @@ def _normalized_given(dest: str, value: Any, record: DataRecord) -> Any:
     if dest == "skip_steps":
         return [list(r) for r in normalize_skip_steps([tuple(r) for r in value or []])]
     if dest == "redactions":
-        return [r.to_list() for r in normalize_redactions(value or [])]
+        return [r.to_list() for r in normalize_redactions(resolve_redaction_sources(value, _labels(record)) or [])]
     if dest == "mixture_weights":
         return _fractions(value, len(record.indexes))
     if dest == "mixture_schedule":
@@ -338,5 +339,11 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
             )
         tokenizer = _tokenizer(args, explicit, index, needed=decode)
         prepared.append(Opened(index=index, dataset=dataset, tokenizer=tokenizer))
-    labels = (record.names or tuple(f"source{k}" for k in range(len(indexes)))) if record.is_mixture else None
-    return Audit(where, record, prepared, layouts, plan, labels)
+    return Audit(where, record, prepared, layouts, plan, _labels(record))
+
+
+def _labels(record: DataRecord) -> tuple[str, ...] | None:
+    """A mixture record's source names (``source0, source1, ...`` when it records none); None for one index."""
+    if not record.is_mixture:
+        return None
+    return record.names or tuple(f"source{k}" for k in range(len(record.indexes)))

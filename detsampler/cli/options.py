@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
@@ -107,16 +108,52 @@ def _skip_ranges(text: str) -> list[tuple[int, int]]:
 
 
 def _redaction(text: str) -> list:
-    """``FROM_STEP:DOC[,DOC...]``: the documents redacted from training step FROM_STEP on, as ``[from_step, docs]``."""
-    expected = "FROM_STEP:DOC[,DOC...] (document ids, masked from training step FROM_STEP on), e.g. 40:4,10"
-    step, sep, docs = text.partition(":")
+    """``[SOURCE:]FROM_STEP:DOC[,DOC...]``: the documents (of mixture source SOURCE, a name or an index) redacted from
+    training step FROM_STEP on, as ``[from_step, docs]`` or ``[from_step, docs, SOURCE]`` (the source resolved by
+    :func:`resolve_redaction_sources`)."""
+    expected = (
+        "[SOURCE:]FROM_STEP:DOC[,DOC...] (document ids, masked from training step FROM_STEP on; over a mixture the"
+        " source's name or index first), e.g. 40:4,10 or code:40:4,10"
+    )
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    *source, step, docs = parts
     try:
         entry = [int(step), [int(d) for d in docs.split(",") if d.strip()]]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not sep or not entry[1]:
+    if not entry[1]:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return entry
+    return entry + [source[0].strip()] if source else entry
+
+
+def resolve_redaction_sources(entries: Any, labels: Sequence[str] | None) -> list | None:
+    """``--redact`` entries with their source names turned into source indexes: ``labels`` are the mixture's source
+    names (None: one index, whose entries name no source; a mixture's entries each name one)."""
+    if not entries:
+        return None
+    out = []
+    for entry in entries:
+        if len(entry) == 2 or not isinstance(entry[2], str):
+            if labels is not None and len(entry) == 2:
+                raise ValueError(
+                    f"--redact {entry[0]}:{','.join(map(str, entry[1]))}: over a mixture, name the documents' source"
+                    f" first (SOURCE:FROM_STEP:DOCS, SOURCE one of {list(labels)} or an index)"
+                )
+            out.append(list(entry))
+            continue
+        if labels is None:
+            raise ValueError(f"--redact {entry[2]}:...: a source is for a mixture (--mixture-data), this is one index")
+        name = entry[2]
+        if name in labels:
+            k = list(labels).index(name)
+        elif name.isdigit() and int(name) < len(labels):
+            k = int(name)
+        else:
+            raise ValueError(f"--redact {name}:...: no source {name!r}: the mixture's sources are {list(labels)}")
+        out.append([entry[0], entry[1], k])
+    return out
 
 
 def mapping_version(text: str) -> int:
@@ -371,10 +408,11 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         type=_redaction,
         action="append",
         default=None,
-        metavar="S:DOC[,DOC...]",
+        metavar="[SOURCE:]S:DOC[,DOC...]",
         help=(
             "Plan.redactions: mask the labels of these documents from training step S on (repeat for other steps); no"
-            " sample moves. stats and verify print what each trained before S"
+            " sample moves. Over a mixture, the documents' source (name or index) first. stats and verify print what"
+            " each trained before S"
         ),
     )
     g.add_argument(
@@ -435,7 +473,9 @@ def plan_from_args(
         batch_size_schedule=args.batch_size_schedule,
         skip_steps=args.skip_steps,
         mapping_version=args.mapping_version,
-        redactions=getattr(args, "redactions", None),
+        redactions=resolve_redaction_sources(
+            getattr(args, "redactions", None), None if source is None else mixture_config(args).labels
+        ),
         # NOTE: the sample ids carry their epoch exactly when the layout reorders documents each epoch; a mixture
         # qualifies its own epoch_order sources' ids
         epoch_ids=epoch_ids,

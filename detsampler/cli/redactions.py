@@ -3,6 +3,7 @@ trained on it before its redaction step (:func:`detsampler.where.redaction_audit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from detsampler.plan import Plan
@@ -12,8 +13,8 @@ __all__ = ["print_redactions", "redaction_rows"]
 
 
 def redaction_rows(plan: Plan, layout: Any, stop: int | None) -> list[dict]:
-    """:func:`~detsampler.where.redaction_audit` of ``plan`` over ``layout``, counted to step ``stop`` (the
-    checkpoint's step; None: to each redaction step). Empty without redactions."""
+    """:func:`~detsampler.where.redaction_audit` of ``plan`` over ``layout`` (over a mixture: the sources' layouts),
+    counted to step ``stop`` (the checkpoint's step; None: to each redaction step). Empty without redactions."""
     return redaction_audit(plan, layout, stop) if plan.redactions else []
 
 
@@ -29,13 +30,15 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def print_redactions(rows: list[dict], stop: int | None) -> None:
-    """One line per redacted document: ``doc D: trained at steps [...] before step s (N tokens, R reads)``."""
+def print_redactions(rows: list[dict], stop: int | None, labels: Sequence[str] | None = None) -> None:
+    """One line per redacted document: ``doc D: trained at steps [...] before step s (N tokens, R reads)``; over a
+    mixture ``doc D of source NAME: ...`` (``labels``: the sources' names)."""
     for row in rows:
+        source = "" if "source" not in row else f" of source {labels[row['source']] if labels else row['source']}"
         s = row["from_step"]
         counted = f"; counted to step {stop}, where the run stops" if stop is not None and stop < s else ""
         trained = f"trained at steps [{_ranges(row['steps'])}]" if row["steps"] else "trained at no step"
         print(
-            f"redacted doc {row['document']}: {trained} before step {s} ({row['tokens']:,} tokens,"
+            f"redacted doc {row['document']}{source}: {trained} before step {s} ({row['tokens']:,} tokens,"
             f" {row['reads']} read{'' if row['reads'] == 1 else 's'}){counted}"
         )

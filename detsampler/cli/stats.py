@@ -54,6 +54,9 @@ def _report_mixture(
         for row, part in zip(out["sources"], out["split"]["sources"]):
             row.update(part)
     out.update(extra or {})
+    redactions = redaction_rows(plan, list(layouts), step)
+    if redactions:
+        out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
@@ -83,6 +86,7 @@ def _report_mixture(
         print(line)
     if "split" in out:
         _print_split(out["split"])
+    print_redactions(redactions, step, labels)
     return 0
 
 

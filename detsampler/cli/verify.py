@@ -89,6 +89,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     else:
         report = verify_mixture_plan(plan, a, b)
         _print_mixture(report, plan, audit.layouts, audit.labels)
+        print_redactions(redaction_rows(plan, audit.layouts, b), b, audit.labels)
     changed_before = None
     if against is not None and not report_against(audit, against, a, b):
         changed_before = against[0].step
@@ -140,4 +141,5 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, layouts, config.labels)
+    print_redactions(redaction_rows(plan, layouts, b), b, config.labels)
     return _print_verdict(report)

@@ -119,7 +119,7 @@ def cmd_where(args: argparse.Namespace) -> int:
         "skip_steps": [list(r) for r in plan.skip_steps or ()],
         "reads": [r._asdict() for r in reads],
     }
-    redacted_from = next((r.from_step for r in plan.redactions or () if doc in r.documents), None)
+    redacted_from = next((r.from_step for r in plan.redactions or () if doc in r.documents and r.source == k), None)
     if redacted_from is not None:  # its labels are masked at the reads from that step on (nothing else moves)
         out["redacted_from"] = redacted_from
     if args.json:

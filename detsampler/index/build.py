@@ -42,7 +42,7 @@ from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
 
-__all__ = ["build_index"]
+__all__ = ["build_index", "build_key"]
 
 logger = logging.getLogger("detsampler")
 
@@ -196,6 +196,26 @@ def _check_build_args(
     check_tokenizer_like(tokenizer)
 
 
+def build_key(
+    dataset: Any,
+    tokenizer: TokenizerLike,
+    text_column: str = "text",
+    store_tokens: bool = True,
+    special_tokens: SpecialTokens | None = None,
+    chat: ChatConfig | None = None,
+) -> str:
+    """The cache key :func:`build_index` gives the index of these arguments (its directory is ``index-<key>``, on disk
+    or in a bucket): chat data's template text and policy included."""
+    template, column = _rendered(chat, tokenizer, text_column)
+    policy = SpecialTokens() if special_tokens is None else special_tokens
+    return index_cache_key(dataset, tokenizer, column, store_tokens, policy, chat, template)
+
+
+def _rendered(chat: ChatConfig | None, tokenizer: TokenizerLike, text_column: str) -> tuple[str | None, str]:
+    """The chat template text chat data is rendered with (None: plain text) and the column the index reads."""
+    return (None, text_column) if chat is None else (resolve_template(chat, tokenizer), chat.column)
+
+
 def build_index(
     dataset: Any,
     tokenizer: TokenizerLike,
@@ -233,9 +253,7 @@ def build_index(
     _check_build_args(dataset, tokenizer, text_column, num_proc, chat)
     policy = SpecialTokens() if special_tokens is None else special_tokens
     policy.check(tokenizer)
-    template = None
-    if chat is not None:
-        template, text_column = resolve_template(chat, tokenizer), chat.column
+    template, text_column = _rendered(chat, tokenizer, text_column)
     key = index_cache_key(dataset, tokenizer, text_column, store_tokens, policy, chat, template)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from detsampler.checks import check_int, check_positive_int
-from detsampler.index.build import build_index
-from detsampler.index.format import default_cache_dir, index_cache_key
+from detsampler.index.build import build_index, build_key
+from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
 from detsampler.storage import is_remote
 from detsampler.text.chat import ChatConfig
@@ -230,7 +230,12 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         )
     if config.cache_dir is not None and _in_object_store(str(config.cache_dir)):
         return Prepared(config, dataset, tokenizer, _index_in_bucket(config, dataset, tokenizer, progress))
-    index = build_index(
+    return Prepared(config, dataset, tokenizer, _build_local(config, dataset, tokenizer, progress))
+
+
+def _build_local(config: IndexConfig, dataset: Any, tokenizer: TokenizerLike, progress: bool) -> TokenIndex:
+    """The index of ``dataset`` in the local cache ``config.cache_path``: opened when built before, else built."""
+    return build_index(
         dataset,
         tokenizer,
         text_column=config.text_column,
@@ -241,7 +246,6 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
         special_tokens=config.special_tokens,
         chat=config.chat,
     )
-    return Prepared(config, dataset, tokenizer, index)
 
 
 def _index_in_bucket(config: IndexConfig, dataset: Any, tokenizer: TokenizerLike, progress: bool) -> TokenIndex:
@@ -251,20 +255,10 @@ def _index_in_bucket(config: IndexConfig, dataset: Any, tokenizer: TokenizerLike
     from detsampler.index.push import push_index
     from detsampler.storage import as_path, join
 
-    key = index_cache_key(dataset, tokenizer, config.text_column, config.store_tokens, config.special_tokens)
+    key = build_key(dataset, tokenizer, config.text_column, config.store_tokens, config.special_tokens, config.chat)
     url = join(str(config.cache_dir), f"index-{key}")
     if not (as_path(url) / "meta.json").is_file():
-        local = build_index(
-            dataset,
-            tokenizer,
-            text_column=config.text_column,
-            cache_dir=config.cache_path,
-            num_proc=config.num_proc,
-            store_tokens=config.store_tokens,
-            progress=progress,
-            special_tokens=config.special_tokens,
-        )
-        push_index(local.path, url)
+        push_index(_build_local(config, dataset, tokenizer, progress).path, url)
     return TokenIndex.open(url, dataset=dataset, tokenizer=tokenizer)
 
 

@@ -55,14 +55,15 @@ SOURCE_SUFFIXES = {"megatron": ".idx", "olmo": ".npy", "datatrove": ".ds", "nano
 def input_files(data: str | os.PathLike) -> list[Path]:
     """The files of ``data`` (a file or a directory of text/json/jsonl/parquet files), sorted: shard ``j`` is file
     ``j``."""
-    from detsampler.text.corpus import _EXTENSIONS, corpus_files
+    from detsampler.text.corpus import corpus_files
+    from detsampler.text.file_kinds import EXTENSIONS
 
     p = Path(data)
     if not p.exists():
         raise ValueError(f"data: {str(p)!r} does not exist")
     files = corpus_files(p)
     if not files:
-        raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
+        raise ValueError(f"data: no {sorted(EXTENSIONS)} files under {str(p)!r}")
     return files
 
 

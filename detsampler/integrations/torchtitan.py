@@ -39,7 +39,7 @@ from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
 from detsampler.index.sharded import open_index  # noqa: E402
 from detsampler.index.sources import is_source_spec, open_source, parse_source_spec  # noqa: E402
-from detsampler.layout import LayoutConfig  # noqa: E402
+from detsampler.layout import OVERLONG_POLICIES, LayoutConfig  # noqa: E402
 from detsampler.loader.dataset import PackedDataset, collate_micro_batch  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
@@ -109,6 +109,10 @@ class DetsamplerDataLoader(BaseDataLoader):
         window_docs: int = 1024
         """LayoutConfig.window_docs: documents packed together (bestfit)."""
 
+        overlong: str = "split"
+        """LayoutConfig.overlong (bestfit only): an example longer than seq_len is ``split`` into pieces, ``truncate``d
+        to its first seq_len tokens or ``drop``ped (SFT: whole examples only)."""
+
         restart_positions: bool | None = None
         """``positions`` restart at 0 at each document start (torchtitan's document masking then keeps documents
         apart). None: as the layout's labels do (document and bestfit restart; concat, whose labels cross documents,
@@ -152,9 +156,7 @@ class DetsamplerDataLoader(BaseDataLoader):
         global_batch_size = config.global_batch_size
         if global_batch_size <= 0:
             global_batch_size = local_batch_size * dp_world_size
-        layout_config = LayoutConfig(
-            kind=config.layout, seq_len=seq_len, seed=config.layout_seed, window_docs=config.window_docs
-        )
+        layout_config = _layout_config(config, seq_len)
         indexes = [_open(spec, config) for spec in _checked_paths(config)]
         layouts = [index.layout(layout_config) for index in indexes]
         schedule = _batch_size_schedule(config, global_batch_size)
@@ -246,6 +248,25 @@ class DetsamplerDataLoader(BaseDataLoader):
                 )
             record.check_resume(self.fingerprint, step)
         self.sampler.load_state_dict(state)
+
+
+def _layout_config(config: DetsamplerDataLoader.Config, seq_len: int) -> LayoutConfig:
+    """The layout of ``config`` at torchtitan's ``seq_len``; a bad ``layout`` / ``overlong`` is a ValueError naming
+    the Config field."""
+    if not isinstance(config.overlong, str) or config.overlong not in OVERLONG_POLICIES:
+        raise ValueError(
+            f"DetsamplerDataLoader.Config.overlong must be one of {OVERLONG_POLICIES}, got {config.overlong!r}"
+        )
+    try:
+        return LayoutConfig(
+            kind=config.layout,
+            seq_len=seq_len,
+            seed=config.layout_seed,
+            window_docs=config.window_docs,
+            overlong=config.overlong,
+        )
+    except ValueError as exc:
+        raise ValueError(f"DetsamplerDataLoader.Config: {exc}") from None
 
 
 def _checked_paths(config: DetsamplerDataLoader.Config) -> list[str]:

@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_local_path
+from detsampler.text.file_kinds import EXTENSIONS, corpus_kind
 from detsampler.text.fingerprint import content_fingerprint
 from detsampler.text.tokenizer import Tokenizer, train_tokenizer
 
@@ -39,8 +40,6 @@ __all__ = [
 logger = logging.getLogger("detsampler")
 
 DEFAULT_VOCAB_SIZE = 8000
-
-_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
@@ -110,21 +109,6 @@ def load_corpus(
     return ds
 
 
-_COMPRESSIONS = (".gz", ".bz2", ".xz")  # what Hugging Face's loaders decompress by themselves (standard library codecs)
-
-
-def corpus_kind(path: Path) -> str | None:
-    """The loader kind of a corpus file by its name (``text``, ``json`` or ``parquet``), whatever the case of its
-    suffix and under one compression suffix of :data:`_COMPRESSIONS`; None for any other file."""
-    name = path.name.lower()
-    for compression in _COMPRESSIONS:
-        if name.endswith(compression):
-            name = name[: -len(compression)]
-            break
-    kind = _EXTENSIONS.get(Path(name).suffix)
-    return None if kind == "parquet" and name != path.name.lower() else kind  # a compressed parquet file: unreadable
-
-
 def corpus_files(p: Path) -> list[Path]:
     """The corpus files of ``p``: ``[p]`` for a file; for a directory, every file under it (sorted; hidden files and
     directories, whose names start with ``.``, left out, as Hugging Face does), each of a readable kind (else a
@@ -140,7 +124,7 @@ def corpus_files(p: Path) -> list[Path]:
         more = f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
         raise ValueError(
             f"data: {str(p)!r} holds {len(unreadable)} file(s) of no readable kind: {names}{more} (readable:"
-            f" {', '.join(sorted(_EXTENSIONS))}, any case, compressed with .bz2, .gz or .xz); move them out or pass"
+            f" {', '.join(sorted(EXTENSIONS))}, any case, compressed with .bz2, .gz or .xz); move them out or pass"
             " the files to read"
         )
     return files
@@ -164,11 +148,11 @@ def _local_files(p: Path) -> tuple[str, list[Path]]:
         return "save_to_disk", sorted(f for f in p.rglob("*") if f.is_file())
     files = corpus_files(p)
     if not files:
-        raise ValueError(f"data: no {sorted(_EXTENSIONS)} files under {str(p)!r}")
+        raise ValueError(f"data: no {sorted(EXTENSIONS)} files under {str(p)!r}")
     kinds = {corpus_kind(f) for f in files}
     if None in kinds or len(kinds) != 1:
         raise ValueError(
-            f"data: {str(p)!r} must hold files of one kind among {sorted(_EXTENSIONS)}, got suffixes "
+            f"data: {str(p)!r} must hold files of one kind among {sorted(EXTENSIONS)}, got suffixes "
             f"{sorted({''.join(f.suffixes[-2:]) for f in files})}"
         )
     return kinds.pop(), files

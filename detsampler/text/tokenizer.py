@@ -18,6 +18,7 @@ import sentencepiece as spm
 
 from detsampler.atomic import atomic_write
 from detsampler.checks import check_int
+from detsampler.text.file_kinds import corpus_kind
 from detsampler.text.protocol import describe_tokenizer
 
 __all__ = ["Tokenizer", "iter_training_lines", "read_inputs", "read_training_texts", "train_tokenizer"]
@@ -160,8 +161,6 @@ def read_training_texts(
     import gzip
     import json
     import lzma
-
-    from detsampler.text.corpus import corpus_kind
 
     files = _input_files(inputs)
     openers = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.benchmarks.common import BenchResult, Table, Verdict, fmt_rate
+from tests.tiny_llama import tiny_llama
 
 __all__ = ["main"]
 
@@ -93,17 +94,14 @@ def _trl_seconds(data, tok_dir: Path, out: Path) -> float:
     """Seconds TRL's SFTTrainer takes to prepare ``data`` (its construction over ``data`` minus over one row)."""
     import logging
 
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
     from trl import SFTConfig, SFTTrainer
 
     logging.getLogger("trl").setLevel(logging.ERROR)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
-    shape = dict(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
-    )
     times = []
     for rows in (data.select([0]), data):
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **shape))
+        model = tiny_llama(len(tokenizer))
         args = SFTConfig(output_dir=str(out), report_to=[], max_length=None, bf16=False, use_cpu=True,
                          assistant_only_loss=True, disable_tqdm=True)  # fmt: skip
         t0 = time.perf_counter()

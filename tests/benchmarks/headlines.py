@@ -417,6 +417,20 @@ def _filter(md: str) -> list[Row]:
     ]
 
 
+def _sft_open(md: str) -> list[Row]:
+    t = _table(md, "An SFT index")
+    r = t.rows[-1]
+    return [
+        (
+            f"open an SFT index of {r['examples']} examples, fresh process (benchmark 18)",
+            f"open {r['open']}, RSS +{r['RSS after open']}; first micro batch {r['first micro batch']}, own memory"
+            f" +{r['own / page cache mapped'].split(' / ')[0]} (target < 100 ms, < 100 MB:"
+            f" {_verdict(md, 'SFT index of')})",
+            "no peer measured (TRL and Axolotl load and tokenize the dataset at start)",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "resume": _resume,
     "memory": _memory,
@@ -433,6 +447,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "where": _where,
     "sft_packing": _sft_packing,
     "filter": _filter,
+    "sft_open": _sft_open,
 }
 
 

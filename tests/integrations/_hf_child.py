@@ -17,12 +17,13 @@ import sys
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 
 from detsampler import DeterministicBatchSampler
 from detsampler.integrations.hf import CausalLMCollator, DetsamplerTrainer
 from tests.integrations._packed import SEQ_LEN, data, plan_of
 from tests.integrations.launch import exit_without_teardown
+from tests.tiny_llama import tiny_llama
 
 MAX_STEPS = 6
 SEED = 1
@@ -82,15 +83,6 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     dataset = data(index_dir)
-    config = LlamaConfig(
-        vocab_size=dataset.index.vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ_LEN,
-    )
     args = TrainingArguments(
         output_dir=out,
         max_steps=MAX_STEPS,
@@ -107,7 +99,7 @@ def main() -> None:
         learning_rate=1e-3,
     )
     trainer = Recording(
-        model=LlamaForCausalLM(config),
+        model=tiny_llama(dataset.index.vocab_size, max_position_embeddings=SEQ_LEN),
         args=args,
         train_dataset=dataset,
         data_collator=TaggingCollator(position_ids=True),

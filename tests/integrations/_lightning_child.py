@@ -17,11 +17,12 @@ import sys
 import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from detsampler.integrations.lightning import DetsamplerDataModule
 from tests.integrations._packed import SEQ_LEN, data, plan_of
 from tests.integrations.launch import exit_without_teardown
+from tests.tiny_llama import tiny_llama
 
 MAX_STEPS = 6
 SEED = 2
@@ -43,17 +44,8 @@ class LitLM(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ_LEN,
-    )
-    return LlamaForCausalLM(config)
+def llama(vocab_size: int) -> LlamaForCausalLM:
+    return tiny_llama(vocab_size, max_position_embeddings=SEQ_LEN)
 
 
 class Recording(LitLM):
@@ -98,7 +90,7 @@ def main() -> None:
         callbacks=[checkpoints] + ([KillAfterStep()] if mode == "kill" else []),
     )
     trainer.fit(
-        Recording(tiny_llama(dataset.index.vocab_size), os.path.join(out, f"ids-{world}-{rank}.jsonl")),
+        Recording(llama(dataset.index.vocab_size), os.path.join(out, f"ids-{world}-{rank}.jsonl")),
         datamodule=DetsamplerDataModule(dataset, plan_of(dataset, seed, micro_batch_size=8)),
         ckpt_path=ckpt,
     )

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments  # noqa: E402
+from transformers import LlamaForCausalLM, TrainingArguments  # noqa: E402
 
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
 from detsampler.integrations.hf import (  # noqa: E402
@@ -28,22 +28,13 @@ from detsampler.integrations.hf import (  # noqa: E402
 from detsampler.layout import make_layout  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.record import RECORD_FILE, DataRecord  # noqa: E402
+from tests.tiny_llama import tiny_llama  # noqa: E402
 
 SEQ_LEN = 32
 
 
-def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ_LEN,
-    )
-    return LlamaForCausalLM(config)
+def llama(vocab_size: int) -> LlamaForCausalLM:
+    return tiny_llama(vocab_size, hidden_size=32, num_hidden_layers=2, seed=0, max_position_embeddings=SEQ_LEN)
 
 
 def dataset(index, kind: str, **kwargs) -> PackedDataset:
@@ -93,7 +84,7 @@ def hand_loss(model, ds: PackedDataset, micro_batches: list[list[int]]) -> tuple
 @pytest.mark.parametrize("kind", ["concat", "bestfit"])
 def test_the_models_loss_through_the_collator_is_the_next_token_cross_entropy(small_index, kind):
     ds = dataset(small_index, kind)
-    model = tiny_llama(small_index.vocab_size).eval()
+    model = llama(small_index.vocab_size).eval()
     ids = some_samples(ds)
     targets = hand_targets(ds, ids)
     assert torch.equal(targets, ds.get_batch(ids)["labels"])  # the layout masks exactly there
@@ -117,7 +108,7 @@ def test_the_models_loss_through_the_collator_is_the_next_token_cross_entropy(sm
 
 def test_labels_in_transformers_convention_alone_give_the_same_targets_but_the_last(small_index):
     ds = dataset(small_index, "concat")
-    model = tiny_llama(small_index.vocab_size).eval()
+    model = llama(small_index.vocab_size).eval()
     ids = [5, 6]
     full = CausalLMCollator(shift_labels=True)(ds.__getitems__(ids))
     plain = CausalLMCollator(shift_labels=False)(ds.__getitems__(ids))
@@ -137,7 +128,7 @@ def test_accelerate_prepared_loader_gives_the_same_loss(small_index):
     from accelerate import Accelerator
 
     ds = dataset(small_index, "bestfit")
-    model = tiny_llama(small_index.vocab_size).eval()
+    model = llama(small_index.vocab_size).eval()
     plan = Plan(len(ds), seed=4, global_batch_size=4, micro_batch_size=2)
     accelerator = Accelerator(cpu=True)
     loader = torch.utils.data.DataLoader(
@@ -214,7 +205,7 @@ def trainer(tmp_path, ds, model, plan, kind="Trainer"):
 @pytest.mark.parametrize("kind", ["concat", "bestfit"])
 def test_a_trainer_step_computes_the_next_token_cross_entropy_of_its_samples(small_index, tmp_path, kind, trainer_kind):
     ds = dataset(small_index, kind)
-    model = tiny_llama(small_index.vocab_size)
+    model = llama(small_index.vocab_size)
     plan = Plan(len(ds), seed=4, global_batch_size=4, micro_batch_size=2)
     want, count = hand_loss(model.eval(), ds, [plan.micro_batch(0, a, 0).tolist() for a in range(2)])
     model.train()
@@ -240,7 +231,7 @@ def test_resume_checks_the_checkpoints_data_record(small_index, tmp_path):
     checkpoint.mkdir()
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
     DataRecord.of(3, ds.index, ds.layout, plan.with_world(2, 1), framework="hf").save(checkpoint)
-    model = tiny_llama(small_index.vocab_size)
+    model = llama(small_index.vocab_size)
 
     def check(ds, plan, **kwargs):
         run = _Recording(
@@ -271,7 +262,7 @@ def test_a_dataset_whose_data_is_unknown_needs_the_index_and_layout(small_index,
     plain = torch.utils.data.TensorDataset(torch.zeros(len(ds), SEQ_LEN, dtype=torch.long))
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to=[])
     plan = Plan(len(ds), seed=0, global_batch_size=8, micro_batch_size=8)
-    model = tiny_llama(small_index.vocab_size)
+    model = llama(small_index.vocab_size)
     with pytest.raises(ValueError, match="pass index= and layout="):
         DetsamplerTrainer(model=model, args=args, train_dataset=plain, plan=plan)
     run = DetsamplerTrainer(model=model, args=args, train_dataset=plain, plan=plan, index=ds.index, layout=ds.layout)

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 trl_sft = pytest.importorskip("trl.trainer.sft_trainer")
 
 import datasets  # noqa: E402
-from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import DataCollatorWithFlattening, LlamaForCausalLM  # noqa: E402
 from trl.data_utils import pack_dataset  # noqa: E402
 
 from detsampler import LayoutConfig, PackedDataset  # noqa: E402
@@ -22,6 +22,7 @@ from detsampler.boundaries import sequence_boundaries  # noqa: E402
 from detsampler.index import build_index  # noqa: E402
 from detsampler.integrations.hf import CausalLMCollator, FlatteningCollator  # noqa: E402
 from detsampler.layout import make_layout  # noqa: E402
+from tests.tiny_llama import tiny_llama  # noqa: E402
 
 SEQ_LEN = 64
 PROMPT = 5  # positions of each example whose label does not count, in the loss-mask tests
@@ -65,20 +66,17 @@ def prompt_masked_labels(tokens: list[int]) -> list[int]:
     return [-100] * min(PROMPT + 1, len(tokens)) + tokens[PROMPT + 1 :]
 
 
-def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+def peaked_llama(vocab_size: int) -> LlamaForCausalLM:
+    """Peaked attention (large initial weights): what a token attends to shows in the loss."""
+    return tiny_llama(
+        vocab_size,
         hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        seed=0,
         max_position_embeddings=SEQ_LEN,
         attn_implementation="sdpa",
-        initializer_range=0.5,  # peaked attention: what a token attends to shows in the loss
-    )
-    return LlamaForCausalLM(config).eval()
+        initializer_range=0.5,
+    ).eval()
 
 
 def loss(model, batch: dict) -> float:
@@ -151,7 +149,7 @@ def test_flattening_equals_trl_padding_free_collator(sft_index, mask):
 def test_a_tiny_llama_gives_the_same_loss_packed_and_flattened_and_another_when_contaminated(sft_index, mask):
     ds = packed(sft_index)
     ids = some_ids(ds)
-    model = tiny_llama(sft_index.vocab_size)
+    model = peaked_llama(sft_index.vocab_size)
     batch = ds.get_batch(ids)
     contaminated = packed(sft_index, restart_position_ids=False).get_batch(ids)  # positions 0..L-1 over each row
     if mask:
@@ -171,7 +169,7 @@ def test_trl_packing_and_padding_free_give_our_loss_on_the_same_examples(sft_ind
     padding-free collator: the same examples, packed in another order, give our loss."""
     ds = packed(sft_index)
     ids = some_ids(ds)
-    model = tiny_llama(sft_index.vocab_size)
+    model = peaked_llama(sft_index.vocab_size)
     rows = pack_dataset(
         datasets.Dataset.from_dict({"input_ids": examples(ds, ids)}), seq_length=SEQ_LEN, strategy="bfd"
     )
@@ -236,7 +234,7 @@ def sft_step(tmp_path, ds: PackedDataset, collator, plan) -> tuple[float, list[i
         disable_tqdm=True,
         dataset_kwargs={"skip_prepare_dataset": True},
     )
-    model = tiny_llama(ds.index.vocab_size).train()
+    model = peaked_llama(ds.index.vocab_size).train()
     run = DetsamplerSFTTrainer(
         model=model,
         args=args,
@@ -282,7 +280,7 @@ def test_the_padded_collator_hands_the_boundaries_of_the_flattened_batch(sft_ind
     lengths = padded["cu_seq_lens_q"].diff()
     pad = [int((row < 0).sum()) for row in batch["document_ids"]]
     assert sorted(lengths.tolist()) == sorted(flat["cu_seq_lens_q"].diff().tolist() + [p for p in pad if p])
-    model = tiny_llama(sft_index.vocab_size)
+    model = peaked_llama(sft_index.vocab_size)
     assert loss(model, padded) == pytest.approx(loss(model, CausalLMCollator()(batch)), rel=1e-6)
     concat = PackedDataset(sft_index, make_layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN), sft_index.lengths))
     rows = CausalLMCollator(flash_attn_kwargs=True)(

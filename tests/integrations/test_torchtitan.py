@@ -311,7 +311,31 @@ def test_torchtitans_command_line_sets_every_field():
     from torchtitan.config.manager import custom_registry
 
     args = "--index-paths a b --weights 0.7 0.3 --mixture-schedule 100 0.5 0.5 --skip-steps 5 6 9 9"
-    args += " --batch-size-schedule 0 256 1000 512 --layout bestfit --seed 3"
+    args += " --batch-size-schedule 0 256 1000 512 --layout bestfit --overlong truncate --seed 3"
     config = tyro.cli(DetsamplerDataLoader.Config, args=args.split(), registry=custom_registry)
     assert config.mixture_schedule == [(100, [0.5, 0.5])] and config.skip_steps == [(5, 6), (9, 9)]
     assert config.batch_size_schedule == [(0, 256), (1000, 512)] and config.index_paths == ["a", "b"]
+    assert (config.layout, config.overlong) == ("bestfit", "truncate")
+
+
+def test_overlong_examples_are_truncated_or_refused_as_configured(small_index):
+    """``overlong`` reaches the layout (SFT: whole examples): every document of the small corpus is longer than
+    SEQ_LEN, so under ``truncate`` each sample is one document's first SEQ_LEN tokens, positions 0 .. SEQ_LEN-1."""
+    loader = build([small_index.path], 1, 0, layout="bestfit", overlong="truncate")
+    described = loader.layouts[0].describe()
+    assert (described["overlong"], described["examples_truncated"], described["num_samples"]) == ("truncate", 16, 16)
+    (inputs, labels), *_ = draw([loader], 1)[0][0]
+    assert torch.equal(inputs["positions"], torch.arange(SEQ_LEN).expand(LOCAL_BATCH, SEQ_LEN))
+    assert (labels[:, :-1] != IGNORE_INDEX).all() and (labels[:, -1] == IGNORE_INDEX).all()
+    assert torch.equal(labels[:, :-1], inputs["input"][:, 1:])
+    with pytest.raises(ValueError) as info:
+        build([small_index.path], 1, 0, layout="bestfit", overlong="cut")
+    assert str(info.value) == (
+        "DetsamplerDataLoader.Config.overlong must be one of ('split', 'truncate', 'drop'), got 'cut'"
+    )
+    with pytest.raises(ValueError) as info:
+        build([small_index.path], 1, 0, layout="concat", overlong="drop")
+    assert str(info.value) == (
+        "DetsamplerDataLoader.Config: overlong='drop' applies to the bestfit layout only (the concat layout packs no"
+        " whole examples); use kind='bestfit' or overlong='split'"
+    )

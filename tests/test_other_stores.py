@@ -1,0 +1,80 @@
+"""Indexes in Azure Blob storage (``az://``, against Microsoft's azurite emulator on loopback) and behind HTTP
+(``http(s)://``, a range-serving HTTP server on loopback) read the local batches byte for byte, and a tampered object is
+refused by its chunk checksum, as over S3 (tests/test_remote_index.py): the storage layer is one code path for every
+object store ``obstore`` reaches."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from detsampler.index import TokenIndex
+from detsampler.index.checksums import ChecksumError
+from detsampler.index.format import TokenIndexError
+from detsampler.index.push import push_index
+from detsampler.layout import LayoutConfig
+from detsampler.loader import PackedDataset
+from detsampler.storage import store_for
+from tests.more_servers import AZURITE_BIN, azurite, create_container, range_http_server
+
+CONFIGS = [LayoutConfig(kind="concat", seq_len=64, seed=1), LayoutConfig(kind="bestfit", seq_len=128, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def local(small_index, tmp_path_factory) -> TokenIndex:
+    """A copy of the small index with the layouts of CONFIGS persisted beside it."""
+    dest = tmp_path_factory.mktemp("stores") / small_index.path.name
+    shutil.copytree(small_index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
+    index = TokenIndex.open(dest)
+    for config in CONFIGS:
+        index.layout(config)
+    return index
+
+
+@pytest.fixture(scope="module")
+def container():
+    if not AZURITE_BIN.exists():
+        pytest.skip(f"azurite is not installed at {AZURITE_BIN}: `make venv` installs it where npm is on the machine")
+    with azurite() as endpoint:
+        yield create_container(endpoint, "detsampler")
+
+
+def assert_same_batches(local: TokenIndex, remote: TokenIndex) -> None:
+    for config in CONFIGS:
+        want_ds, got_ds = PackedDataset(local, local.layout(config)), PackedDataset(remote, remote.layout(config))
+        assert str(got_ds.layout.path).startswith(str(remote.path))  # the pushed layout, not one computed in RAM
+        ids = np.random.default_rng(0).permutation(len(want_ds))[:32]
+        for chunk in np.array_split(ids, 2):
+            want, got = want_ds.get_batch(chunk), got_ds.get_batch(chunk)
+            assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_an_index_pushed_to_azure_blob_storage_reads_the_local_batches(local, container):
+    url = f"{container}/runs/{local.path.name}"
+    push_index(local.path, url)
+    remote = TokenIndex.open(url)
+    assert str(remote.path) == url and remote.fingerprint == local.fingerprint and not remote.tokens.memory_mapped
+    assert_same_batches(local, remote)
+
+
+def test_a_tampered_azure_blob_is_refused_by_its_chunk_checksum(local, container):
+    url = f"{container}/tampered/{local.path.name}"
+    push_index(local.path, url)
+    raw = bytearray((local.path / "tokens.npy").read_bytes())
+    raw[200_000] ^= 1  # one bit in chunk 3
+    store_for(url).put(f"{url}/tokens.npy", bytes(raw))
+    with pytest.raises(ChecksumError, match=r"tokens\.npy chunk 3 \(bytes 196608\.\.262143\) fails its checksum"):
+        np.asarray(TokenIndex.open(url).tokens)
+
+
+def test_an_index_served_over_http_reads_the_local_batches_and_a_missing_one_is_named(local):
+    with range_http_server(local.path.parent) as server:
+        url = f"{server}/{local.path.name}"
+        remote = TokenIndex.open(url)
+        assert str(remote.path) == url and remote.fingerprint == local.fingerprint
+        assert_same_batches(local, remote)
+        with pytest.raises(TokenIndexError, match=f"no index at '{server}/nothing-here' \\(no meta.json"):
+            TokenIndex.open(f"{server}/nothing-here")
