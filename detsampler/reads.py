@@ -36,8 +36,9 @@ class MicroBatchReads:
     ``positions[i]`` is micro batch ``i``'s ``(step, micro_step)`` and ``sample_ids[i]`` its samples; ``spans`` holds
     the spans of all ``k * micro_batch_size`` samples in that order, and per span ``doc_starts`` (where its document's
     tokens start in the flat array), ``doc_lengths`` and the range ``[starts, stops)`` of the flat array it reads
-    (empty for a virtual EOS alone). ``span_offsets[i]:span_offsets[i + 1]`` are micro batch ``i``'s spans. ``next_position`` is the
-    worker's micro batch after the last one, or None when the plan ends (``stop_step``) before it."""
+    (empty for a virtual EOS alone). ``span_offsets[i]:span_offsets[i + 1]`` are micro batch ``i``'s spans.
+    ``next_position`` is the worker's micro batch after the last one, or None when the plan ends (``stop_step``) before
+    it."""
 
     positions: list[tuple[int, int]]
     sample_ids: np.ndarray
