@@ -67,6 +67,7 @@ ORDER = {
     "filter": 14,
     "sft_mask": 15,
     "sft_packing": 16,
+    "remote": 17,
 }
 PACKAGES = (
     "numpy",
