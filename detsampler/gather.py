@@ -15,7 +15,7 @@ import numpy as np
 from detsampler.layout import Spans
 from detsampler.ranges import concat_ranges
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens", "token_ranges"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
@@ -109,6 +109,16 @@ def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple
     return span_len, cum[:-1], per_sample
 
 
+def token_ranges(
+    spans: Spans, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """What a batch reads of the flat token array: span ``j`` reads elements ``[src[j], src[j] + reads[j])`` (int64;
+    ``reads[j]`` may be 0: a span of a virtual EOS alone). Exactly the reads :func:`pack_fields` and :func:`pack_tokens`
+    make (they call this), so an exact prefetcher (:mod:`detsampler.reads`) knows them beforehand."""
+    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
+    return doc_starts + spans.starts, reads.astype(np.int64, copy=False)
+
+
 def _write_tokens(
     tokens: np.ndarray,
     grid_begin: np.ndarray,
@@ -125,8 +135,8 @@ def _write_tokens(
     ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there. With
     ``mask = (mask_grid, mask_read, mask_eos)``, the values of the array aligned with the tokens into the same cells of
     ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS."""
-    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    _fill_tokens(tokens, grid_begin, reads, doc_starts + spans.starts, read, None if mask is None else mask[:2])
+    src, reads = token_ranges(spans, doc_starts, doc_lengths, eos_stored)
+    _fill_tokens(tokens, grid_begin, reads, src, read, None if mask is None else mask[:2])
     if not eos_stored:
         eos_cells = (grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]
         tokens[eos_cells] = eos_id

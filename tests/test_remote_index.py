@@ -124,7 +124,9 @@ def test_opening_a_remote_index_reads_its_small_files_only(s3_bucket, tmp_path, 
     requests = []
     for name in ("size", "read_ranges", "read_head", "list"):  # count the real store's requests
         real = getattr(ObjectStore, name)
-        monkeypatch.setattr(ObjectStore, name, lambda self, *a, _r=real, _n=name: requests.append(_n) or _r(self, *a))
+        monkeypatch.setattr(
+            ObjectStore, name, lambda self, *a, _r=real, _n=name, **kw: requests.append(_n) or _r(self, *a, **kw)
+        )
     remote = TokenIndex.open(url)
     assert requests == ["read_head"] * 3  # meta.json; lengths.npy's first block with its size; its checksums
     source = remote.lengths._array.source

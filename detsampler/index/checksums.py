@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
-from detsampler.index.remote import first_block, open_remote
+from detsampler.index.remote import first_block, open_remote, reblocked
 from detsampler.ranges import concat_ranges
 from detsampler.storage import BlockCache, RemoteArray, RemotePath
 
@@ -296,6 +296,19 @@ class VerifiedArray:
         """For an array in an object store, the ``(url, block)`` keys a read of the element ranges
         ``[starts[j], stops[j])`` fetches (:meth:`detsampler.storage.RemoteArray.block_keys`); a local one: none."""
         return self._array.block_keys(starts, stops) if self._raw is None else []
+
+    @property
+    def in_object_store(self) -> bool:
+        """Whether the elements are read from an object store (by blocks), not from a local file."""
+        return self._raw is None and isinstance(self._array, RemoteArray)
+
+    def reblocked(self, block_bytes: int, cache: BlockCache | None) -> VerifiedArray | None:
+        """For an array in an object store, the same array read by blocks of ``block_bytes`` through ``cache`` (each
+        block checked against the same chunk sums on arrival); a local one: None (it is memory-mapped)."""
+        if not self.in_object_store:
+            return None
+        array = reblocked(self._array, self._sums, self._what, block_bytes, cache)
+        return VerifiedArray(self.path, array, self._sums, self._what, self._fence)
 
     @property
     def fence_every(self) -> int:

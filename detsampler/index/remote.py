@@ -28,7 +28,7 @@ from detsampler.storage import (
     store_for,
 )
 
-__all__ = ["block_check", "first_block", "open_remote"]
+__all__ = ["block_check", "first_block", "open_remote", "reblocked"]
 
 
 def first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[bytes | None, int | None]:
@@ -88,3 +88,14 @@ def open_remote(
             raise
         why = " ".join(str(exc).split())
         raise TokenIndexError(f"{what}: {f.name} is not a readable .npy object ({type(exc).__name__}: {why})") from None
+
+
+def reblocked(
+    array: RemoteArray, sums: np.ndarray, what: str, block_bytes: int, cache: BlockCache | None
+) -> RemoteArray:
+    """The same remote array read by blocks of ``block_bytes`` (a multiple of the chunk) through ``cache``, each block
+    checked against ``sums`` as it arrives: what a prefetcher reads through (it fetches and caches at its own grain)."""
+    old = array.source
+    check = block_check(old.url, sums, what, block_bytes)
+    source = BlockedObject(old.url, old.size, block_bytes=block_bytes, check=check, cache=cache, reader=old._reader)
+    return RemoteArray(source, array.dtype, len(array), array.offset)

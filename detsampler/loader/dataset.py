@@ -35,6 +35,7 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from collections.abc import Sequence as SequenceABC
 from typing import Any
@@ -50,7 +51,9 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats
 from detsampler.loader.token_cache import TokenCache
+from detsampler.plan import Plan
 from detsampler.text.chat import render_examples
 from detsampler.text.protocol import TokenizerLike
 
@@ -98,6 +101,11 @@ class PackedDataset(Dataset):
     mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly; likewise
     over a pre-tokenized source opened with its mask (``open_source(..., loss_mask=PATH)``: OLMo-core label masks,
     datatrove ``.loss`` files).
+
+    With ``prefetch=PrefetchConfig(...)`` and the ``plan`` the batch sampler reads, an index in an object store is read
+    ahead: each process (each DataLoader worker) fetches the blocks of the micro batches it reads next into a bounded
+    cache that evicts by next use (:mod:`detsampler.loader.prefetch`); the batches are the same, byte for byte.
+    :meth:`prefetch_stats` says what this process fetched; a local index is read from its memory map as always.
     """
 
     def __init__(
@@ -113,8 +121,11 @@ class PackedDataset(Dataset):
         output: str = "fields",
         instance_filter: RepetitionFilter | None = None,
         instance_mask: bool = False,
+        prefetch: PrefetchConfig | None = None,
+        plan: Plan | None = None,
     ) -> None:
         _check_output(output, layout)
+        _check_prefetch(prefetch, plan, layout)
         if instance_filter is not None and not isinstance(instance_filter, RepetitionFilter):
             raise TypeError(f"instance_filter must be a RepetitionFilter or None, got {type(instance_filter).__name__}")
         if not isinstance(instance_mask, (bool, np.bool_)):
@@ -150,6 +161,8 @@ class PackedDataset(Dataset):
         self._eos_stored = bool(getattr(index, "eos_stored", False))
         self._texts = None
         self._chat = getattr(index, "chat", None)
+        self.prefetch, self.plan = prefetch, plan
+        self._prefetcher: tuple[int, Prefetcher | None] | None = None  # (pid, its prefetcher): made in each process
         if dataset is not None:
             columns = [text_column] if self._chat is None else list(self._chat.columns)
             index.check_dataset(dataset, text_column if self._chat is None else None)
@@ -175,6 +188,8 @@ class PackedDataset(Dataset):
             output=self.output,
             instance_filter=self.instance_filter,
             instance_mask=self.instance_mask and self.output == "fields",
+            prefetch=self.prefetch,
+            plan=self.plan,
         )
         return (_rebuild, (self.index, layout, kwargs))
 
@@ -246,6 +261,41 @@ class PackedDataset(Dataset):
             return np.split(flat, ends[:-1])
         return np.split(np.stack([flat, mask]), ends[:-1], axis=1)
 
+    # -- prefetch
+    def _lookahead(self) -> Prefetcher | None:
+        """This process's prefetcher (made on its first batch: a DataLoader worker makes its own), or None."""
+        if self.prefetch is None:
+            return None
+        if self._prefetcher is None or self._prefetcher[0] != os.getpid() or getattr(self._prefetcher[1], "closed", 0):
+            arrays = [a for a in (self.index.tokens, getattr(self.index, "loss_mask", None)) if a is not None]
+            made = None
+            if arrays and all(getattr(a, "in_object_store", False) for a in arrays):
+                info = get_worker_info()
+                made = Prefetcher(
+                    arrays,
+                    self.index.offsets,
+                    self.index.lengths,
+                    self.layout,
+                    self.plan,
+                    self.prefetch,
+                    eos_stored=self._eos_stored,
+                    worker=0 if info is None else info.id,
+                    num_workers=1 if info is None else info.num_workers,
+                )
+            self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
+        return self._prefetcher[1]
+
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """What this process's prefetcher did, or did until :meth:`close` (None without prefetch, before the first
+        batch, or for an index that is not in an object store)."""
+        made = self._prefetcher[1] if self._prefetcher and self._prefetcher[0] == os.getpid() else None
+        return None if made is None else made.summary()
+
+    def close(self) -> None:
+        """Stop this process's prefetcher (its threads, after the fetches under way); a later batch makes a new one."""
+        if self._prefetcher and self._prefetcher[0] == os.getpid() and self._prefetcher[1] is not None:
+            self._prefetcher[1].close()
+
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors, or with
         ``output="tokens"`` ``{"tokens": [len(sample_ids), seq_len + 1]}`` in the stored dtype (see the module doc)."""
@@ -253,8 +303,22 @@ class PackedDataset(Dataset):
         if raw.size and raw.dtype.kind not in "iu":
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
         ids = raw.astype(np.int64, copy=False).reshape(-1)
-        spans = self.layout.locate(ids)
-        doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
+        lookahead = self._lookahead()
+        planned = None if lookahead is None else lookahead.take(sample_ids)
+        try:
+            return self._read_batch(ids, lookahead, planned)
+        finally:
+            if planned is not None:
+                lookahead.done(planned)
+
+    def _read_batch(self, ids: np.ndarray, lookahead: Prefetcher | None, planned: Any) -> dict[str, torch.Tensor]:
+        if planned is None:
+            spans = self.layout.locate(ids)
+            doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
+        else:  # the spans planned ahead, the tokens through the prefetcher's cache
+            spans, doc_starts, doc_lengths = planned.reads
+            arrays = lookahead.arrays
+            read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
             mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
@@ -340,6 +404,23 @@ def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=proto.dtype)
     storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
     return proto.new(storage).view(shape)
+
+
+def _check_prefetch(prefetch: PrefetchConfig | None, plan: Plan | None, layout: Layout) -> None:
+    if prefetch is None:
+        return
+    if not isinstance(prefetch, PrefetchConfig):
+        raise TypeError(f"prefetch must be a PrefetchConfig or None, got {type(prefetch).__name__}")
+    if not isinstance(plan, Plan):
+        raise ValueError(
+            f"prefetch reads ahead the micro batches of the plan: pass plan= (the Plan the batch sampler reads), got"
+            f" {type(plan).__name__}"
+        )
+    if plan.stream.num_samples != layout.num_samples:
+        raise ValueError(
+            f"the plan draws from {plan.stream.num_samples} samples, the layout has {layout.num_samples}: prefetch"
+            " needs the plan over this dataset's layout"
+        )
 
 
 def _check_output(output: str, layout: Layout) -> None:

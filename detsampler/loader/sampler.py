@@ -13,11 +13,25 @@ from torch.utils.data import DataLoader, Sampler
 
 from detsampler.plan import Plan, _check_step
 
-__all__ = ["DeterministicBatchSampler"]
+__all__ = ["DeterministicBatchSampler", "PlannedIds"]
 
 _STATE_KEYS = ("step", "samples_in_step")
 _AHEAD_SAMPLES = 512  # sample ids planned per stream call (a chunk of micro batches): bounds the sampler's memory
 _AHEAD_MICRO_BATCHES = 64
+
+
+class PlannedIds(list):
+    """A micro batch's sample ids (a ``list``, as every batch sampler yields) that also says where the plan puts it:
+    ``step``, ``micro_step``, ``rank``, and the ``stop_step`` of the sampler that yielded it (None: endless). It
+    travels to the DataLoader worker that reads it, where a prefetching :class:`~detsampler.loader.PackedDataset` knows
+    from it the micro batches that worker reads next (:mod:`detsampler.reads`). Equal to the plain list of its ids."""
+
+    def __init__(self, ids: list[int], step: int, micro_step: int, rank: int, stop_step: int | None) -> None:
+        super().__init__(ids)
+        self.step, self.micro_step, self.rank, self.stop_step = step, micro_step, rank, stop_step
+
+    def __reduce__(self):
+        return (PlannedIds, (list(self), self.step, self.micro_step, self.rank, self.stop_step))
 
 
 class DeterministicBatchSampler(Sampler[list[int]]):
@@ -236,7 +250,11 @@ class _MicroBatches:
             return
         count = max(1, min(_AHEAD_MICRO_BATCHES, _AHEAD_SAMPLES // sampler.plan.micro_batch_size))
         ids, where = sampler.plan.micro_batches_from(step, micro_step, sampler.rank, count, sampler.stop_step)
-        self._ahead, self._ahead_at = ids.tolist()[::-1], where[::-1]
+        rows = [
+            PlannedIds(row, step, micro, sampler.rank, sampler.stop_step)
+            for row, (step, micro) in zip(ids.tolist(), where)
+        ]
+        self._ahead, self._ahead_at = rows[::-1], where[::-1]
 
     def state_dict(self) -> dict[str, int]:
         return self._sampler._state(self._position)

@@ -7,12 +7,16 @@ when it arrives, by the ``check`` its owner gives (the chunk CRC-32s: :mod:`dets
 Invariants: every byte :meth:`BlockedObject.read` returns comes from a block that passed ``check`` in this process (a
 block met in a shared :class:`BlockCache` that this object did not put there is checked on first use); without a
 cache, at most ``recent_blocks`` blocks are kept (the most recently used), so memory is bounded whatever the object's
-size or the number of reads; all blocks one read lacks are fetched in one :meth:`RangeReader.read_ranges` call (the
-store coalesces neighbours and runs them in parallel).
+size or the number of reads; all blocks one read lacks are fetched in one :meth:`RangeReader.read_ranges` call, each
+run of adjacent blocks as one range (the store runs the ranges in parallel, and is asked not to merge ranges that are
+not adjacent: no byte between them is fetched). The object is safe to read from several threads (a prefetcher's and the
+reader's): its bookkeeping is under a lock, made anew in a forked child (a parent's thread may hold the parent's).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
@@ -65,18 +69,28 @@ class BlockedObject:
         self._recent: OrderedDict[int, bytes] = OrderedDict()
         self._recent_cap = recent_blocks
         self._from_cache_ok = np.zeros(self.num_blocks, dtype=bool)  # 1 byte per block: bounded by the object
+        self._lock_pid, self._lock_obj = -1, threading.Lock()
+        self._held: dict[int, bytes] = {}  # blocks one read of many pieces holds (hold), served before the cache
         self.fetched_bytes = 0
         self.requests = 0
+
+    @property
+    def _lock(self) -> threading.Lock:
+        # NOTE: a forked DataLoader worker inherits the parent's lock in whatever state a parent thread left it
+        if self._lock_pid != os.getpid():
+            self._lock_pid, self._lock_obj = os.getpid(), threading.Lock()
+        return self._lock_obj
 
     def seed(self, block: int, data: bytes) -> None:
         """Take ``block``'s bytes fetched by the caller (e.g. with the object's size, in one request): checked, then
         kept as if this object had fetched them."""
         if len(data) != self.block_range(block)[1] - self.block_range(block)[0]:
             raise ValueError(f"{self.url}: block {block} is {len(data)} bytes, not {self.block_range(block)}")
-        self.fetched_bytes += len(data)
         if self._check is not None:
             self._check(block, data)
-        self._keep(block, data)
+        with self._lock:
+            self.fetched_bytes += len(data)
+            self._keep(block, data)
 
     def block_range(self, block: int) -> tuple[int, int]:
         """The byte range ``[start, end)`` of ``block``."""
@@ -90,21 +104,55 @@ class BlockedObject:
             raise IndexError(f"{self.url}: Got block {bad}, allowed blocks are in [0, {self.num_blocks})")
         out: dict[int, bytes] = {}
         missing: list[int] = []
-        for b in want:
-            data = self._lookup(b)
-            if data is None:
-                missing.append(b)
-            else:
-                out[b] = data
+        with self._lock:
+            for b in want:
+                data = self._lookup(b)
+                if data is None:
+                    missing.append(b)
+                else:
+                    out[b] = data
+        if self._cache is not None:  # a block another reader put in the shared cache is checked on first use
+            for b in [b for b in out if not self._from_cache_ok[b]]:
+                self._check_block(b, out[b])
         if missing:
-            got = self._reader.read_ranges(self.url, [self.block_range(b) for b in missing])
+            out.update(self.fetch(missing))
+        return out
+
+    def hold(self, numbers: Iterable[int]) -> None:
+        """Get blocks ``numbers`` now (once each: from the cache, else fetched) and serve them from this object until
+        :meth:`release`: a read of many pieces (a micro batch's spans) then asks the cache once per block."""
+        got = self.blocks(numbers)
+        with self._lock:
+            self._held = got
+
+    def release(self) -> None:
+        with self._lock:
+            self._held = {}
+
+    def fetch(self, numbers: Iterable[int]) -> dict[int, bytes]:
+        """Fetch blocks ``numbers`` now (whatever is kept), in one :meth:`RangeReader.read_ranges` call, each run of
+        adjacent blocks as one range; check each, keep it (in the cache when there is one, else among the recent
+        blocks) and return them. A prefetcher calls this ahead of the read that will want them."""
+        want = sorted(set(numbers))
+        if not want:
+            return {}
+        runs = _runs(want)
+        ranges = [(self.block_range(a)[0], self.block_range(b)[1]) for a, b in runs]
+        got = self._reader.read_ranges(self.url, ranges, coalesce_bytes=0)
+        out: dict[int, bytes] = {}
+        for (a, b), data in zip(runs, got):
+            view, base = memoryview(data), self.block_range(a)[0]
+            for block in range(a, b + 1):
+                lo, hi = self.block_range(block)
+                out[block] = bytes(view[lo - base : hi - base]) if a != b else bytes(data)
+        for block, data in out.items():
+            if self._check is not None:
+                self._check(block, data)
+        with self._lock:
             self.requests += 1
-            for b, data in zip(missing, got):
-                self.fetched_bytes += len(data)
-                if self._check is not None:
-                    self._check(b, data)
-                out[b] = data
-                self._keep(b, data)
+            self.fetched_bytes += sum(len(d) for d in out.values())
+            for block, data in out.items():
+                self._keep(block, data)
         return out
 
     def read(self, start: int, end: int) -> bytes:
@@ -120,18 +168,22 @@ class BlockedObject:
         return joined[start - base : end - base]
 
     def _lookup(self, b: int) -> bytes | None:
+        """Block ``b`` if kept (called with the lock held; a shared cache's block is checked by the caller)."""
+        data = self._held.get(b)
+        if data is not None:
+            return data
         data = self._recent.get(b)
         if data is not None:
             self._recent.move_to_end(b)
             return data
         if self._cache is None:
             return None
-        data = self._cache.get((self.url, b))
-        if data is not None and not self._from_cache_ok[b]:
-            if self._check is not None:
-                self._check(b, data)
-            self._from_cache_ok[b] = True
-        return data
+        return self._cache.get((self.url, b))
+
+    def _check_block(self, b: int, data: bytes) -> None:
+        if self._check is not None:
+            self._check(b, data)
+        self._from_cache_ok[b] = True
 
     def _keep(self, b: int, data: bytes) -> None:
         if self._cache is not None:
@@ -142,3 +194,12 @@ class BlockedObject:
         self._recent.move_to_end(b)
         while len(self._recent) > self._recent_cap:
             self._recent.popitem(last=False)
+
+
+def _runs(blocks: list[int]) -> list[tuple[int, int]]:
+    """The runs ``(first, last)`` of adjacent numbers of sorted, distinct ``blocks``."""
+    arr = np.asarray(blocks, dtype=np.int64)
+    cut = np.flatnonzero(np.diff(arr) != 1) + 1
+    firsts = arr[np.concatenate([[0], cut])]
+    lasts = arr[np.concatenate([cut - 1, [len(arr) - 1]])]
+    return list(zip(firsts.tolist(), lasts.tolist()))

@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 
+COALESCE_BYTES = 1 << 20  # a remote store merges ranges closer than this into one request (0: only what is asked)
+
+
 class StorageError(OSError):
     """A read or write of an object that failed (after its retries, for a remote one); the message names it."""
 
@@ -48,7 +51,9 @@ class RangeReader(Protocol):
 
     def size(self, url: str) -> int: ...
 
-    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
+    def read_ranges(
+        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+    ) -> list[bytes]: ...
 
 
 @runtime_checkable
@@ -86,7 +91,9 @@ class LocalStore:
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{url}: does not exist") from None
 
-    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_ranges(
+        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+    ) -> list[bytes]:
         ranges = _check_ranges(url, ranges)
         try:
             with open(self._path(url), "rb") as f:
@@ -168,12 +175,32 @@ class RetryPolicy:
         }
 
 
+_RUNTIME_PID: int | None = None  # the process whose obstore client started obstore's runtime
+
+
 def _obstore() -> Any:
     try:
         import obstore
     except ImportError:  # pragma: no cover - the extra is installed in the test environment
         raise ImportError("reading or writing object storage needs obstore: pip install 'detsampler[remote]'") from None
     return obstore
+
+
+def _check_not_forked(url: str) -> None:
+    """Refuse to use obstore in a process forked after its parent used it.
+
+    NOTE: obstore's runtime (tokio's threads, its I/O driver) does not survive ``fork``: a forked child's first request
+    waits forever (tests/test_prefetch.py). A DataLoader worker started by ``forkserver`` or ``spawn`` starts its own.
+    """
+    global _RUNTIME_PID
+    if _RUNTIME_PID is None:
+        _RUNTIME_PID = os.getpid()
+    elif os.getpid() != _RUNTIME_PID:
+        raise StorageError(
+            f"{url}: this process was forked from process {_RUNTIME_PID} after that one read or wrote object storage,"
+            " and the client's runtime does not survive a fork (its requests would wait forever): start DataLoader"
+            " workers with multiprocessing_context='forkserver' (or 'spawn'), or open the index in the workers only"
+        )
 
 
 class ObjectStore:
@@ -186,6 +213,7 @@ class ObjectStore:
         self._clients: dict[tuple[int, str, str, str], Any] = {}
 
     def _client(self, loc: Location) -> Any:
+        _check_not_forked(str(loc))
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
         key = (os.getpid(), loc.scheme, loc.bucket, endpoint)  # a changed endpoint is another server: a new client
         client = self._clients.get(key)
@@ -201,6 +229,8 @@ class ObjectStore:
         return client
 
     def _fail(self, url: str, what: str, exc: BaseException) -> StorageError:
+        if isinstance(exc, StorageError):  # refused before any request (a forked process)
+            return exc
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{url}: does not exist ({what})")
         why = " ".join(str(exc).split("\n\nDebug source")[0].split())
@@ -216,14 +246,22 @@ class ObjectStore:
         except Exception as exc:
             raise self._fail(url, "HEAD", exc) from None
 
-    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_ranges(
+        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+    ) -> list[bytes]:
+        """The bytes of each range, in order; ranges closer than ``coalesce_bytes`` are fetched in one request (the
+        bytes between them too), the requests of one call run in parallel (up to 10)."""
         ranges = _check_ranges(url, ranges)
         loc = parse_location(url)
         nonempty = [(a, b) for a, b in ranges if b > a]
         try:
             got = (
                 _obstore().get_ranges(
-                    self._client(loc), loc.key, starts=[a for a, _ in nonempty], ends=[b for _, b in nonempty]
+                    self._client(loc),
+                    loc.key,
+                    starts=[a for a, _ in nonempty],
+                    ends=[b for _, b in nonempty],
+                    coalesce=int(coalesce_bytes),
                 )
                 if nonempty
                 else []

@@ -431,6 +431,27 @@ def _sft_open(md: str) -> list[Row]:
     ]
 
 
+def _remote(md: str) -> list[Row]:
+    rows = {r["reader"]: r for r in _table(md, "The tiny training loop").rows}
+    on, off = (
+        rows["S3 +50 ms, prefetch on, 1 worker"],
+        rows["S3 +50 ms, prefetch off (1 MiB blocks on demand), 1 worker"],
+    )
+    hits = {r["cache"]: r["hit rate"] for r in _table(md, "Cache hit rates").rows}
+    peers = _table(md, "Peers' S3 readers").rows
+    return [
+        (
+            "a tiny training loop reading from S3 at +50 ms per request, 8 x 2,048 tokens, 1 worker (benchmark 17)",
+            f"prefetch on: {on['tokens/s']} tokens/s ({on['vs local']} local disk), data wait {on['wait share']} of"
+            f" the step (targets: {_verdict(md, 'data wait')}, {_verdict(md, 'tokens/s')}); Belady hit rate"
+            f" {hits['Belady, exact prefetch ahead (live run)']}, LRU of the same size"
+            f" {hits['LRU, on demand only (same trace)']} ({_verdict(md, 'hit rate')})",
+            "; ".join(f"{r['reader']}: {r['tokens/s']} tokens/s" for r in peers)
+            + f"; ours with prefetch off: {off['tokens/s']} tokens/s",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "resume": _resume,
     "memory": _memory,
@@ -448,6 +469,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "sft_packing": _sft_packing,
     "filter": _filter,
     "sft_open": _sft_open,
+    "remote": _remote,
 }
 
 

@@ -67,7 +67,8 @@ ORDER = {
     "filter": 14,
     "sft_mask": 15,
     "sft_packing": 16,
-    "sft_open": 18,  # 17: the remote-storage benchmark
+    "remote": 17,
+    "sft_open": 18,
 }
 PACKAGES = (
     "numpy",
