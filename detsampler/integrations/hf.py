@@ -266,6 +266,22 @@ def sample_id_dataset(dataset: Any) -> Any:
     return datasets.Dataset.from_dict({"sample_id": np.arange(len(dataset), dtype=np.int64)})
 
 
+class SampleIdRows(torch.utils.data.Dataset):
+    """Row ``i`` is ``{"sample_id": i}`` for every integer ``i``: what :func:`sample_id_dataset` holds, without its
+    length, so that ids carrying their epoch (``epoch * N + sample``, a plan with ``epoch_ids``) are rows too."""
+
+    def __getitem__(self, index: int) -> dict[str, int]:
+        return {"sample_id": int(index)}
+
+    def __getitems__(self, indices: Any) -> list[dict[str, int]]:
+        return [{"sample_id": int(i)} for i in indices]
+
+
+def _holds_sample_ids(dataset: Any) -> bool:
+    """Whether ``dataset`` is a table of :func:`sample_id_dataset`'s rows (its one column ``sample_id``)."""
+    return list(getattr(dataset, "column_names", None) or ()) == ["sample_id"]
+
+
 def unshard(prepared: DataLoader) -> DataLoader:
     """Make accelerate's sharding wrapper around a :class:`DeterministicBatchSampler` a pass-through (in place)."""
     if isinstance(prepared, DataLoaderDispatcher):
@@ -377,8 +393,11 @@ class DetsamplerTrainerMixin:
         collate = self.data_collator
         if not isinstance(collate, (CausalLMCollator, FlatteningCollator)):  # they pick their fields; others: removal
             collate = self._get_collator_with_removed_columns(collate, description="training")
+        rows = self.train_dataset
+        if getattr(collate, "reader", None) is not None and _holds_sample_ids(rows):
+            rows = SampleIdRows()  # the sampler's ids themselves: an epoch-ordered plan's reach past len(rows)
         loader = DataLoader(
-            self.train_dataset,
+            rows,
             batch_sampler=self.detsampler_sampler,
             collate_fn=collate,
             num_workers=args.dataloader_num_workers,

@@ -267,3 +267,28 @@ def test_a_dataset_whose_data_is_unknown_needs_the_index_and_layout(small_index,
         DetsamplerTrainer(model=model, args=args, train_dataset=plain, plan=plan)
     run = DetsamplerTrainer(model=model, args=args, train_dataset=plain, plan=plan, index=ds.index, layout=ds.layout)
     assert run.detsampler_data.fingerprint.index == small_index.fingerprint
+
+
+@pytest.mark.parametrize("trainer_kind", ["Trainer", "SFTTrainer"])
+def test_an_epoch_order_plan_reads_past_the_first_epoch_through_the_trainers_loader(
+    small_index, tmp_path, trainer_kind
+):
+    """With ``epoch_order`` the plan's sample ids carry their epoch (``epoch * N + sample``): the Trainer's DataLoader
+    (over the PackedDataset, or over TRL's rows of sample ids) yields, past the first epoch, the batches that
+    ``get_batch`` gives those ids."""
+    ds = PackedDataset(small_index, make_layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN, epoch_order=True),
+                                                small_index.lengths))  # fmt: skip
+    plan = Plan(len(ds), seed=3, global_batch_size=4, micro_batch_size=2, epoch_ids=True)
+    run = trainer(tmp_path, ds, llama(small_index.vocab_size), plan, kind=trainer_kind)
+    sampler_steps = -(-len(ds) // 4) + 2  # into epoch 1
+    loader = run.get_train_dataloader()
+    want = iter(DeterministicBatchSampler(run.detsampler_plan(), rank=0))
+    seen_epoch_1 = False
+    for i, batch in enumerate(loader):
+        ids = next(want)
+        seen_epoch_1 |= min(ids) >= len(ds)
+        ref = ds.get_batch(ids)
+        assert torch.equal(batch["input_ids"], ref["input_ids"])
+        if i >= 2 * sampler_steps:
+            break
+    assert seen_epoch_1
