@@ -113,6 +113,10 @@ class DetsamplerDataLoader(BaseDataLoader):
         """LayoutConfig.overlong (bestfit only): an example longer than seq_len is ``split`` into pieces, ``truncate``d
         to its first seq_len tokens or ``drop``ped (SFT: whole examples only)."""
 
+        epoch_order: bool = False
+        """LayoutConfig.epoch_order (concat and document layouts): a new document order each epoch; the plan's sample
+        ids then carry their epoch (Plan.epoch_ids)."""
+
         restart_positions: bool | None = None
         """``positions`` restart at 0 at each document start (torchtitan's document masking then keeps documents
         apart). None: as the layout's labels do (document and bestfit restart; concat, whose labels cross documents,
@@ -173,7 +177,7 @@ class DetsamplerDataLoader(BaseDataLoader):
         datasets = [PackedDataset(i, lay, restart_position_ids=restart) for i, lay in zip(indexes, layouts)]
         if len(indexes) == 1 and not config.weights:
             _refuse_mixture_fields(config)
-            self.plan = Plan(layouts[0].num_samples, **plan_args)
+            self.plan = Plan(layouts[0].num_samples, epoch_ids=layout_config.epoch_order, **plan_args)
             self.dataset: Dataset = datasets[0]
             recorded_index, recorded_layout, names = indexes[0], layouts[0], None
         else:
@@ -257,6 +261,8 @@ def _layout_config(config: DetsamplerDataLoader.Config, seq_len: int) -> LayoutC
         raise ValueError(
             f"DetsamplerDataLoader.Config.overlong must be one of {OVERLONG_POLICIES}, got {config.overlong!r}"
         )
+    if not isinstance(config.epoch_order, bool):
+        raise ValueError(f"DetsamplerDataLoader.Config.epoch_order must be True or False, got {config.epoch_order!r}")
     try:
         return LayoutConfig(
             kind=config.layout,
@@ -264,6 +270,7 @@ def _layout_config(config: DetsamplerDataLoader.Config, seq_len: int) -> LayoutC
             seed=config.layout_seed,
             window_docs=config.window_docs,
             overlong=config.overlong,
+            epoch_order=config.epoch_order,
         )
     except ValueError as exc:
         raise ValueError(f"DetsamplerDataLoader.Config: {exc}") from None

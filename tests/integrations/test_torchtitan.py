@@ -339,3 +339,22 @@ def test_overlong_examples_are_truncated_or_refused_as_configured(small_index):
         "DetsamplerDataLoader.Config: overlong='drop' applies to the bestfit layout only (the concat layout packs no"
         " whole examples); use kind='bestfit' or overlong='split'"
     )
+
+
+def test_epoch_order_reads_each_epoch_in_its_own_document_order(small_index):
+    """``epoch_order`` reaches the layout and the plan (ids carry their epoch): past the first epoch the loader reads
+    the plan's epoch-1 samples, other sample boundaries than epoch 0's; a bad value is refused naming the field."""
+    loader = build([small_index.path], 1, 0, epoch_order=True)
+    assert loader.layouts[0].config.epoch_order and loader.plan.epoch_ids
+    n = loader.layouts[0].num_samples
+    steps = -(-n // GLOBAL_BATCH) + 1  # one step into epoch 1
+    drawn = draw([loader], steps)
+    ds = PackedDataset(small_index, loader.layouts[0])
+    for step, ranks in enumerate(drawn):
+        ids = loader.plan.global_batch(step)
+        got = torch.cat([inputs["input"] for inputs, _ in ranks[0]])
+        assert torch.equal(got, ds.get_batch(ids)["input_ids"])
+    assert int(loader.plan.global_batch(steps - 1).min()) >= n  # the last step read epoch 1's ids
+    with pytest.raises(ValueError) as info:
+        build([small_index.path], 1, 0, epoch_order="yes")
+    assert str(info.value) == "DetsamplerDataLoader.Config.epoch_order must be True or False, got 'yes'"
