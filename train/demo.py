@@ -38,24 +38,34 @@ def _run(label: str, args: list[str], kill_point: str | None = None, verbose: bo
     return run_logged(label, args, nproc=2, kill_point=kill_point, verbose=verbose, what="demo")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m train.demo", description="interrupted+resumed vs uninterrupted training"
-    )
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--every", type=int, default=10, help="checkpoint every this many steps")
-    p.add_argument("--kill-at", type=int, default=35, help="SIGKILL run B just before this step")
-    p.add_argument("--out", default=str(ROOT / "runs" / "demo"))
+def parse_demo_args(
+    argv: Sequence[str] | None, prog: str, description: str, steps: int, every: int, kill_at: int, out: str
+) -> tuple[argparse.Namespace, Path, Path]:
+    """A demo's arguments (the defaults given) and its two run directories, emptied: run A (uninterrupted) and run B
+    (killed before ``--kill-at``, after its first checkpoint, then resumed)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--every", type=int, default=every, help="checkpoint every this many steps")
+    p.add_argument("--kill-at", type=int, default=kill_at, help="SIGKILL run B just before this step")
+    p.add_argument("--out", default=out)
     p.add_argument("--verbose", action="store_true", help="show all of the runs' output")
     args = p.parse_args(argv)
     if not 0 < args.kill_at < args.steps:
         p.error(f"--kill-at must be in (0, {args.steps}), got {args.kill_at}")
     if args.kill_at < args.every:
         p.error(f"--kill-at ({args.kill_at}) must come after the first checkpoint (step {args.every})")
-    out = Path(args.out)
-    run_a, run_b = out / "uninterrupted", out / "interrupted"
+    run_a, run_b = Path(args.out) / "uninterrupted", Path(args.out) / "interrupted"
     for d in (run_a, run_b):
         shutil.rmtree(d, ignore_errors=True)
+    return args, run_a, run_b
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, run_a, run_b = parse_demo_args(
+        argv, "python -m train.demo", "interrupted+resumed vs uninterrupted training", 60, 10, 35,
+        str(ROOT / "runs" / "demo"),
+    )  # fmt: skip
+    out = Path(args.out)
     common = [
         "--config",
         str(CONFIG),

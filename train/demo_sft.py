@@ -19,8 +19,6 @@ uninterrupted one, and the step's loss recomputed over the unmasked tokens.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from train.compare import compare_runs, print_comparison, run_logged
+from train.demo import parse_demo_args
 from train.metrics import RunMetrics, read_metrics
 
 if TYPE_CHECKING:  # NOTE: the demo imports torch (via train.data) only once it has printed its first line
@@ -76,23 +75,10 @@ def _recompute(data: DataPipeline, cfg: TrainConfig, run_dir: Path, step: int, l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m train.demo_sft", description="SFT: interrupted+resumed vs uninterrupted"
-    )
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--every", type=int, default=4, help="checkpoint every this many steps")
-    p.add_argument("--kill-at", type=int, default=10, help="SIGKILL run B just before this step")
-    p.add_argument("--out", default=str(ROOT / "runs" / "demo-sft"))
-    p.add_argument("--verbose", action="store_true", help="show all of the runs' output")
-    args = p.parse_args(argv)
-    if not 0 < args.kill_at < args.steps:
-        p.error(f"--kill-at must be in (0, {args.steps}), got {args.kill_at}")
-    if args.kill_at < args.every:
-        p.error(f"--kill-at ({args.kill_at}) must come after the first checkpoint (step {args.every})")
-    out = Path(args.out)
-    run_a, run_b = out / "uninterrupted", out / "interrupted"
-    for d in (run_a, run_b):
-        shutil.rmtree(d, ignore_errors=True)
+    args, run_a, run_b = parse_demo_args(
+        argv, "python -m train.demo_sft", "SFT: interrupted+resumed vs uninterrupted", 12, 4, 10,
+        str(ROOT / "runs" / "demo-sft"),
+    )  # fmt: skip
     settings = [f"schedule.steps={args.steps}", f"checkpoint.every={args.every}", "runtime.log_every=4"]
     common = ["--config", str(CONFIG)] + [x for item in settings for x in ("--set", item)]
     t_start = time.monotonic()
