@@ -76,6 +76,14 @@ def _child(url: str) -> dict:
     spans = layout.locate(ids)
     t_locate = time.perf_counter()
     after, peak = _status_kb("VmRSS"), _status_kb("VmHWM")
+    seen = json.loads(json.dumps(counts))  # what the open and the locate fetched, before the probe below
+    probe = {}  # the server's cost of one 64 KiB ranged GET, by the size of the object it is cut from
+    store = ObjectStore()
+    for name in ("lengths.sums.npy", "lengths.npy", f"{str(layout.path)[len(url) + 1 :]}/ends.npy"):
+        size = store.size(f"{url}/{name}")
+        t = time.perf_counter()
+        store.read_ranges(f"{url}/{name}", [(size // 2, min(size, size // 2 + (1 << 16)))])
+        probe[name.rsplit("/", 1)[-1]] = {"object_bytes": size, "seconds": time.perf_counter() - t}
     return {
         "url": url,
         "num_documents": index.num_documents,
@@ -88,13 +96,27 @@ def _child(url: str) -> dict:
         "layout_s": t_layout - t_open,
         "locate_s": t_locate - t_layout,
         "total_s": t_locate - t0,
-        "requests": counts["requests"],
-        "calls": counts["calls"],
-        "fetched_bytes": counts["bytes"],
-        "fetched_by_object": counts["objects"],
+        "requests": seen["requests"],
+        "calls": seen["calls"],
+        "fetched_bytes": seen["bytes"],
+        "fetched_by_object": seen["objects"],
         "rss_growth_bytes": (after - before) * 1024,
         "peak_growth_bytes": (peak - before) * 1024,
+        "one_ranged_get": probe,
     }
+
+
+def _run_child(url: str) -> dict:
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.remote_open_scale", "--child", url],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode:
+        raise SystemExit(f"the child failed:\n{child.stderr[-4000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def _sizes(directory: Path) -> int:
@@ -115,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     from detsampler.index.push import push_index
     from detsampler.index.synthetic import synthetic_index
     from detsampler.layout import LayoutConfig
+    from tests.more_servers import range_http_server
     from tests.s3_server import create_bucket, moto_server
 
     work = Path(args.work) / f"docs-{args.documents}"
@@ -129,17 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
         url = f"{bucket}/scale/{index.path.name}"
         pushed = push_index(index.path, url)
         t_push = time.perf_counter()
-        env = dict(os.environ)
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.benchmarks.remote_open_scale", "--child", url],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if child.returncode:
-        raise SystemExit(f"the child failed:\n{child.stderr[-4000:]}")
-    result = json.loads(child.stdout.strip().splitlines()[-1])
+        result = _run_child(url)
+    with range_http_server(work) as http:  # the same files, served by ranges read from disk: O(range) per request
+        result["http_range_server"] = _run_child(f"{http}/{index.path.name}")
     result.update(
         index_bytes=_sizes(index.path),
         pushed_objects=pushed.objects,
