@@ -255,6 +255,11 @@ class DataPipeline:
             return "data: prefetch is on, but the index is local (memory-mapped): it is read as always, nothing fetched"
         if prefetch is None:
             return f"data: from {self.index.path}, blocks read on demand by {where}{started} (prefetch off)"
+        if not getattr(self.index.tokens, "in_object_store", False):  # a sharded index, a pre-tokenized source
+            return (
+                f"data: from {self.index.path}, blocks read on demand by {where}{started}: prefetch reads ahead an"
+                f" index's own tokens, and a {type(self.index).__name__} has none in an object store"
+            )
         return (
             f"data: from {self.index.path}, prefetch on in {where}{started}: budget {prefetch.budget_bytes:,} bytes,"
             f" cache {prefetch.cache_bytes:,} bytes, {prefetch.threads} threads, blocks of {prefetch.block_bytes:,}"
