@@ -405,7 +405,9 @@ def test_the_trainer_prefetches_from_the_bucket_in_a_forkserver_worker_and_train
         " cache 524,288 bytes, 4 threads, blocks of 65,536 bytes\n" in run.output
     )
     assert "prefetch: rank 0 worker 0 of 1 starts at step 0 micro step 0 (cache 524288 bytes, none held;" in run.output
-    assert "prefetch: rank 0 worker 0 of 1 read its first micro batch (step 0, micro step 0) after fetching" in run.output
+    assert (
+        "prefetch: rank 0 worker 0 of 1 read its first micro batch (step 0, micro step 0) after fetching" in run.output
+    )
     got = {s: (r["sample_hash"], r["tokens_hash"]) for s, r in read_metrics(tmp_path / "run").steps.items()}
 
     on_disk = tmp_path / "local.toml"  # the same data from the local index, in this process, as the trainer hashes it
@@ -415,7 +417,10 @@ def test_the_trainer_prefetches_from_the_bucket_in_a_forkserver_worker_and_train
     sampler = pipe.sampler(0, 0, steps)
     loader = pipe.loader(sampler, pin_memory=False, persistent_workers=False)
     want = {
-        step: (sample_hash(pipe.plan.global_batch(step)), sample_hash(step_token_hashes(mbs).view(np.int64).reshape(-1)))
+        step: (
+            sample_hash(pipe.plan.global_batch(step)),
+            sample_hash(step_token_hashes(mbs).view(np.int64).reshape(-1)),
+        )
         for step, mbs in sampler.steps(loader)
     }
     assert got == want and sorted(got) == list(range(steps))

@@ -678,7 +678,9 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         CONFIGS / "tiny.toml",
         ["data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072}"],
     )
-    assert cfg.data.prefetch == PrefetchConfig(budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17)
+    assert cfg.data.prefetch == PrefetchConfig(
+        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17
+    )
     assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
     assert data("data.worker_start_method=spawn").worker_start_method == "spawn"
     for override, message in [
@@ -736,7 +738,10 @@ def test_prefetch_over_a_local_index_reads_the_same_batches_and_fetches_nothing(
     cfg = load_config(CONFIGS / "tiny.toml", ["data.prefetch=true", "data.seq_len=64"]).data
     plan = _plan(cfg, 1, num_samples=layout.num_samples)
     prepared = SimpleNamespace(index=small_index)
-    on, off = _packed_dataset(prepared, layout, "text", None, cfg.prefetch, plan), _packed_dataset(prepared, layout, "text")
+    on, off = (
+        _packed_dataset(prepared, layout, "text", None, cfg.prefetch, plan),
+        _packed_dataset(prepared, layout, "text"),
+    )
     pipes = [
         DataPipeline(config=c, index=small_index, tokenizer=small_tokenizer, layout=layout, plan=plan, dataset=ds)
         for c, ds in ((cfg, on), (dataclasses.replace(cfg, prefetch=None), off))

@@ -455,8 +455,8 @@ class DataConfig:
         object.__setattr__(self, "redactions", _redaction_entries(self.redactions, labels))
         if self.prefetch is not None and self.mixture_sources:
             raise ValueError(
-                "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from several"
-                " (mixture_sources): remove prefetch (each source is read on demand)"
+                "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from"
+                " several (mixture_sources): remove prefetch (each source is read on demand)"
             )
 
     def chat_config(self) -> Any:
