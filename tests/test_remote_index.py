@@ -363,6 +363,92 @@ def test_the_trainer_config_reads_a_pushed_index_and_a_megatron_source_from_the_
     ):
         (got, pipe), (want, _) = batches(remote), batches(on_disk)
         assert str(pipe.index.path).startswith("s3://") and all(torch.equal(a, b) for a, b in zip(got, want))
+    # prefetch over a pre-tokenized source in the bucket: read on demand, and the log says so
+    got, pipe = batches(f'source = "megatron:{s3_bucket}/megatron/corpus_text_document"\nprefetch = true')
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and pipe.prefetch_summary() is None
+    assert pipe.reads_line() == (
+        f"data: from {s3_bucket}/megatron/corpus_text_document, blocks read on demand by the training process:"
+        " prefetch reads ahead an index's own tokens, and a TokenSource has none in an object store"
+    )
+
+
+def _data_lines(source: str, tmp_path, tokenizer, extra: str = "") -> str:
+    return (
+        f'[data]\nseq_len = 64\nglobal_batch_size = 4\nmicro_batch_size = 2\ncache_dir = "{tmp_path}"\n{source}\n'
+        f'tokenizer = "{tokenizer.path}"\n{extra}'
+    )
+
+
+def test_the_trainer_prefetches_from_the_bucket_in_a_forkserver_worker_and_trains_on_the_local_batches(
+    pushed, small_tokenizer, s3_bucket, tmp_path
+):
+    from detsampler.hashing import sample_hash
+    from train.config import load_config
+    from train.data import build_pipeline, step_token_hashes
+    from train.launch import run_training, train_command
+    from train.metrics import read_metrics
+
+    local, url = pushed
+    steps = 3
+    config = tmp_path / "remote.toml"
+    prefetch = "prefetch = {budget_bytes = 262_144, cache_bytes = 524_288, threads = 4}\nnum_workers = 1\n"
+    config.write_text(
+        _data_lines(f'source = "{url}"', tmp_path, small_tokenizer, prefetch)
+        + f"[schedule]\nsteps = {steps}\nwarmup_steps = 1\n[checkpoint]\nsave_final = false\n[runtime]\nthreads = 1\n"
+    )
+    run = run_training(
+        train_command(1, ["--config", str(config), "--run-dir", str(tmp_path / "run")], torchrun=False), timeout=300
+    )
+    assert run.returncode == 0, run.output[-4000:]
+    assert (
+        f"data: from {url}, prefetch on in each of 1 DataLoader workers, started by forkserver: budget 262,144 bytes,"
+        " cache 524,288 bytes, 4 threads, blocks of 65,536 bytes\n" in run.output
+    )
+    assert "prefetch: rank 0 worker 0 of 1 starts at step 0 micro step 0 (cache 524288 bytes, none held;" in run.output
+    assert (
+        "prefetch: rank 0 worker 0 of 1 read its first micro batch (step 0, micro step 0) after fetching" in run.output
+    )
+    got = {s: (r["sample_hash"], r["tokens_hash"]) for s, r in read_metrics(tmp_path / "run").steps.items()}
+
+    on_disk = tmp_path / "local.toml"  # the same data from the local index, in this process, as the trainer hashes it
+    on_disk.write_text(_data_lines("max_documents = 16", tmp_path, small_tokenizer))
+    pipe = build_pipeline(load_config(on_disk).data, world_size=1)
+    assert pipe.index.fingerprint == local.fingerprint and not pipe.in_object_store
+    sampler = pipe.sampler(0, 0, steps)
+    loader = pipe.loader(sampler, pin_memory=False, persistent_workers=False)
+    want = {
+        step: (
+            sample_hash(pipe.plan.global_batch(step)),
+            sample_hash(step_token_hashes(mbs).view(np.int64).reshape(-1)),
+        )
+        for step, mbs in sampler.steps(loader)
+    }
+    assert got == want and sorted(got) == list(range(steps))
+
+
+def test_the_trainer_starts_workers_over_a_bucket_by_forkserver_and_refuses_fork(pushed, small_tokenizer, tmp_path):
+    from train.config import load_config
+    from train.data import build_pipeline
+
+    _, url = pushed
+    cfg = tmp_path / "c.toml"
+
+    def pipeline(extra: str):
+        cfg.write_text(_data_lines(f'source = "{url}"', tmp_path, small_tokenizer, extra))
+        return build_pipeline(load_config(cfg).data, world_size=1)
+
+    assert pipeline("num_workers = 1\n").worker_start_method == "forkserver"
+    assert pipeline('num_workers = 1\nworker_start_method = "spawn"\n').worker_start_method == "spawn"
+    with pytest.raises(ValueError) as info:
+        pipeline('num_workers = 2\nworker_start_method = "fork"\n')
+    assert str(info.value) == (
+        f"DataConfig.worker_start_method = 'fork' with num_workers = 2 over an index in an object store ({url}): the"
+        " store's client does not survive a fork once this process used it; use forkserver or spawn, or leave"
+        " worker_start_method empty (forkserver)"
+    )
+    assert pipeline('worker_start_method = "fork"\n').reads_line() == (
+        f"data: from {url}, blocks read on demand by the training process (prefetch off)"
+    )  # no workers: nothing is forked
 
 
 def test_every_kind_of_index_on_disk_or_in_a_bucket_is_an_index(pushed, tmp_path):

@@ -309,9 +309,18 @@ SECTION_CLASSES = {
 A_SOURCE = 'must be a path or a table {kind = "megatron", path = "..."}'
 
 
-def _wrong_values(annotation: object, string: str) -> list[tuple[str, str, str]]:
-    """``(--set text, where in the value, the rest of the message)``: values of the wrong type for a field declared
-    ``annotation`` (``string``: what the message says a string field must be)."""
+TABLES = {  # the fields declared Any: a table of a library dataclass's fields, true or false
+    "instance_filter": "must be a table {max_period = 13, min_period = 1, max_count = 32}, true or false",
+    "prefetch": (
+        "must be a table {budget_bytes = 67108864, cache_bytes = 134217728, threads = 8, block_bytes = 65536}, true or"
+        " false"
+    ),
+}
+
+
+def _wrong_values(annotation: object, string: str, name: str = "") -> list[tuple[str, str, str]]:
+    """``(--set text, where in the value, the rest of the message)``: values of the wrong type for a field ``name``
+    declared ``annotation`` (``string``: what the message says a string field must be)."""
     if annotation is bool:  # --set x=False is no TOML boolean: it is the string 'False', which used to be truthy
         return [
             ("False", "", "must be true or false, got 'False' (str)"),
@@ -333,8 +342,8 @@ def _wrong_values(annotation: object, string: str) -> list[tuple[str, str, str]]
         ]
     if annotation is str:
         return [("5", "", f"{string}, got 5 (int)"), ("[1]", "", f"{string}, got [1] (list)")]
-    if annotation is typing.Any:  # data.instance_filter: a table, true or false
-        table = "must be a table {max_period = 13, min_period = 1, max_count = 32}, true or false"
+    if annotation is typing.Any:  # data.instance_filter, data.prefetch: a table, true or false
+        table = TABLES[name]
         return [("5", "", f"{table}, got 5 (int)"), ('"x"', "", f"{table}, got 'x' (str)")]
     assert typing.get_origin(annotation) is tuple, f"no wrong values for {annotation!r}"
     out = [("5", "", "must be a list, got 5 (int)")]
@@ -354,7 +363,7 @@ def _every_wrong_value() -> list[tuple[str, str, str, str]]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             string = A_SOURCE if f.name in ("source", "mixture_sources") else "must be a string"
-            for text, where, message in _wrong_values(hints[f.name], string):
+            for text, where, message in _wrong_values(hints[f.name], string, f.name):
                 cases.append((section, f.name, text, f"{cls.__name__}.{f.name}{where} {message}"))
     return cases
 
@@ -369,7 +378,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, 
 def test_the_wrong_type_test_covers_every_field() -> None:
     covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
     every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
-    assert covered == every and len(every) == 62
+    assert covered == every and len(every) == 64
 
 
 @pytest.mark.parametrize(
@@ -654,6 +663,99 @@ def test_instance_filter_maps_one_to_one_and_reaches_the_dataset(small_index) ->
     batch = ds.get_batch(range(400))
     masked = (batch["labels"] == -100).all(1)
     assert ds.instance_filter == cfg.data.instance_filter and 0 < int(masked.sum()) < 400
+
+
+def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> None:
+    from detsampler.loader import PrefetchConfig
+
+    def data(*overrides: str) -> DataConfig:
+        return load_config(CONFIGS / "tiny.toml", list(overrides)).data
+
+    assert data().prefetch is None and data().worker_start_method == ""  # off, the start method chosen by the index
+    assert data("data.prefetch=true").prefetch == PrefetchConfig() == data("data.prefetch={}").prefetch
+    assert data("data.prefetch=false").prefetch is None
+    cfg = load_config(
+        CONFIGS / "tiny.toml",
+        ["data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072}"],
+    )
+    assert cfg.data.prefetch == PrefetchConfig(
+        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17
+    )
+    assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
+    assert data("data.worker_start_method=spawn").worker_start_method == "spawn"
+    for override, message in [
+        (
+            "data.prefetch={budget_mb = 64}",
+            "DataConfig.prefetch: unknown key(s) ['budget_mb']; allowed keys are ['block_bytes', 'budget_bytes',"
+            " 'cache_bytes', 'threads']",
+        ),
+        ("data.prefetch={threads = 0}", "DataConfig.prefetch: PrefetchConfig.threads must be an integer >= 1, got 0"),
+        (
+            "data.prefetch={threads = 2.5}",
+            "DataConfig.prefetch: PrefetchConfig.threads must be an integer >= 1, got 2.5",
+        ),
+        (
+            "data.prefetch={threads = true}",
+            "DataConfig.prefetch: PrefetchConfig.threads must be an integer >= 1, got True",
+        ),
+        (
+            'data.prefetch={budget_bytes = "64"}',
+            "DataConfig.prefetch: PrefetchConfig.budget_bytes must be an integer >= 1, got '64'",
+        ),
+        (
+            "data.prefetch={block_bytes = 1000}",
+            "DataConfig.prefetch: PrefetchConfig.block_bytes must be a multiple of 65536, got 1000",
+        ),
+        (
+            "data.prefetch={budget_bytes = 2048, cache_bytes = 1024}",
+            "DataConfig.prefetch: PrefetchConfig.cache_bytes (1024) must be >= budget_bytes (2048): the cache holds"
+            " what is fetched ahead",
+        ),
+        (
+            "data.worker_start_method=thread",
+            "DataConfig.worker_start_method must be one of ('', 'fork', 'forkserver', 'spawn') (empty: forkserver over"
+            " an index in an object store, else the platform's default), got 'thread'",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            data(override)
+        assert str(info.value) == message, override
+    with pytest.raises(ValueError) as info:
+        data("data.prefetch=true", "data.mixture_sources=['a.txt', 'b.txt']", "data.mixture_weights=[1, 1]")
+    assert str(info.value) == (
+        "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from several"
+        " (mixture_sources): remove prefetch (each source is read on demand)"
+    )
+
+
+def test_prefetch_over_a_local_index_reads_the_same_batches_and_fetches_nothing(small_index, small_tokenizer) -> None:
+    from types import SimpleNamespace
+
+    from detsampler.layout import LayoutConfig
+    from train.data import DataPipeline, _packed_dataset, _plan
+
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    cfg = load_config(CONFIGS / "tiny.toml", ["data.prefetch=true", "data.seq_len=64"]).data
+    plan = _plan(cfg, 1, num_samples=layout.num_samples)
+    prepared = SimpleNamespace(index=small_index)
+    on, off = (
+        _packed_dataset(prepared, layout, "text", None, cfg.prefetch, plan),
+        _packed_dataset(prepared, layout, "text"),
+    )
+    pipes = [
+        DataPipeline(config=c, index=small_index, tokenizer=small_tokenizer, layout=layout, plan=plan, dataset=ds)
+        for c, ds in ((cfg, on), (dataclasses.replace(cfg, prefetch=None), off))
+    ]
+    got, want = (list(p.loader(p.sampler(0, 0, 3), pin_memory=False, persistent_workers=False)) for p in pipes)
+    assert len(got) == len(want) == 12 and all(torch.equal(a[k], b[k]) for a, b in zip(got, want) for k in b)
+    assert on.prefetch == cfg.prefetch and on.prefetch_stats() is None  # a memory map: no prefetcher was made
+    assert pipes[0].reads_line() == (
+        "data: prefetch is on, but the index is local (memory-mapped): it is read as always, nothing fetched"
+    )
+    assert pipes[1].reads_line() is None and pipes[0].prefetch_summary() is None
+    assert pipes[0].worker_start_method is None  # a local index: the platform's default start method
+    spawned = dataclasses.replace(pipes[0], config=dataclasses.replace(cfg, worker_start_method="spawn"))
+    assert spawned.worker_start_method == "spawn"
 
 
 def test_a_masked_sample_leaves_the_per_token_mean_of_the_others() -> None:

@@ -279,6 +279,35 @@ def _instance_filter(value: Any) -> Any:
     )
 
 
+def _prefetch(value: Any) -> Any:
+    """``data.prefetch`` as a :class:`detsampler.loader.PrefetchConfig` or None (off): a table of its fields
+    (``{}``: its defaults), ``true`` (the defaults), ``false`` or absent (off)."""
+    from detsampler.loader.prefetch import PrefetchConfig
+
+    if value is None or value is False:
+        return None
+    if value is True:
+        return PrefetchConfig()
+    if isinstance(value, PrefetchConfig):
+        return value
+    if isinstance(value, dict):
+        allowed = {f.name for f in fields(PrefetchConfig)}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(f"DataConfig.prefetch: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}")
+        try:
+            return PrefetchConfig(**value)
+        except ValueError as exc:
+            raise ValueError(f"DataConfig.prefetch: {exc}") from None
+    raise ValueError(
+        "DataConfig.prefetch must be a table {budget_bytes = 67108864, cache_bytes = 134217728, threads = 8,"
+        f" block_bytes = 65536}}, true or false, {_got(value)}"
+    )
+
+
+WORKER_START_METHODS = ("", "fork", "forkserver", "spawn")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """What the data stream is (source, tokenizer, layout, seed, batch schedule) and how it is loaded (workers).
@@ -305,7 +334,18 @@ class DataConfig:
     content hashes, resolved when the pipeline is built), whose documents' labels are masked (-100)
     from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`); over a mixture
     each names ``source = "NAME"`` (a ``mixture_names`` entry, else a ``mixture_sources`` one, or the source's index),
-    whose document ids (paths, texts) it lists. A resume may add
+    whose document ids (paths, texts) it lists.
+
+    Reading from a bucket (an index at an ``s3://``, ``gs://``, ``az://`` or ``https://`` URL, as ``source`` or found
+    in a ``cache_dir`` URL): ``prefetch`` turns on the exact lookahead prefetcher
+    (:class:`detsampler.loader.PrefetchConfig`, a table of its fields ``budget_bytes``, ``cache_bytes``, ``threads``,
+    ``block_bytes``; ``{}`` or ``true`` for its defaults; absent or ``false``: off): each process that reads batches
+    (the training process, or each DataLoader worker) fetches the blocks of its next micro batches ahead into a
+    bounded cache; the batches are the same, byte for byte. Over a local index (memory-mapped) it does nothing, and
+    says so once; a mixture is refused (one plan per prefetched index). ``worker_start_method``: how DataLoader
+    workers start (``num_workers > 0``); empty: ``forkserver`` when an index is in an object store (its client does
+    not survive a fork once the training process used it), else the platform's default; ``fork`` over an index in an
+    object store is refused. A resume may add
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
     new run on the current one.
@@ -351,6 +391,8 @@ class DataConfig:
     )
     completion_column: str = ""  # prompt/completion data: text_column holds the prompt, this column the completion
     overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
+    prefetch: Any = None  # a PrefetchConfig table ({} or true: its defaults), or false/absent (off)
+    worker_start_method: str = ""  # "": forkserver over an index in an object store, else the platform's default
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
@@ -363,6 +405,7 @@ class DataConfig:
         if isinstance(self.mixture_schedule, (list, tuple)):
             object.__setattr__(self, "mixture_schedule", tuple(_schedule_entry(e) for e in self.mixture_schedule))
         object.__setattr__(self, "instance_filter", _instance_filter(self.instance_filter))
+        object.__setattr__(self, "prefetch", _prefetch(self.prefetch))
         check_fields(self)
         if self.mapping_version != 0 and self.mapping_version not in MAPPING_VERSIONS:
             raise ValueError(
@@ -377,6 +420,11 @@ class DataConfig:
 
         if self.layout not in LAYOUT_KINDS:
             raise ValueError(f"DataConfig.layout must be one of {LAYOUT_KINDS}, got {self.layout!r}")
+        if self.worker_start_method not in WORKER_START_METHODS:
+            raise ValueError(
+                f"DataConfig.worker_start_method must be one of {WORKER_START_METHODS} (empty: forkserver over an index"
+                f" in an object store, else the platform's default), got {self.worker_start_method!r}"
+            )
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"DataConfig.overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         for name in ("seq_len", "window_docs", "global_batch_size", "micro_batch_size", "num_proc", "seed"):
@@ -405,6 +453,11 @@ class DataConfig:
         mixture = self.mixture_config()  # validates the mixture: one weight per source, weights, schedule steps
         labels = None if mixture is None else tuple(mixture.labels)
         object.__setattr__(self, "redactions", _redaction_entries(self.redactions, labels))
+        if self.prefetch is not None and self.mixture_sources:
+            raise ValueError(
+                "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from"
+                " several (mixture_sources): remove prefetch (each source is read on demand)"
+            )
 
     def chat_config(self) -> Any:
         """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or

@@ -8,6 +8,9 @@ the number of workers, which may change on resume). The DataLoader's only state 
 
 from __future__ import annotations
 
+import functools
+import logging
+import multiprocessing
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +27,7 @@ from detsampler.plan import Plan
 from detsampler.record import DataRecord
 from detsampler.redaction import Redaction, documents_by_content_hash, documents_by_path
 from detsampler.resume import DataFingerprint
+from detsampler.storage.urls import is_remote
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
@@ -33,6 +37,7 @@ __all__ = [
     "TimedIterator",
     "build_pipeline",
     "check_redacted_documents",
+    "check_worker_start",
     "index_config",
     "resolve_redactions",
 ]
@@ -120,6 +125,25 @@ class _Raised:
     error: BaseException
 
 
+def _show_worker_log(level: int, worker_id: int) -> None:
+    """A spawned or forkserver DataLoader worker's init: the library's log on stderr at the parent's level."""
+    from detsampler.cli import show_library_log
+
+    show_library_log(level)
+
+
+def check_worker_start(pipeline: DataPipeline) -> None:
+    """Refuse ``worker_start_method = "fork"`` with DataLoader workers over an index in an object store: this process
+    has read it, and the store's client does not survive a fork (a forked worker's first request would be refused)."""
+    config = pipeline.config
+    if config.num_workers > 0 and config.worker_start_method == "fork" and pipeline.in_object_store:
+        raise ValueError(
+            f"DataConfig.worker_start_method = 'fork' with num_workers = {config.num_workers} over an index in an"
+            f" object store ({pipeline.index.path}): the store's client does not survive a fork once this process used"
+            " it; use forkserver or spawn, or leave worker_start_method empty (forkserver)"
+        )
+
+
 @dataclass
 class DataPipeline:
     """What the training loop needs of the data: the index, layout and plan, and how to make a loader from a step."""
@@ -177,10 +201,37 @@ class DataPipeline:
     def sampler(self, rank: int, start_step: int, stop_step: int) -> DeterministicBatchSampler:
         return DeterministicBatchSampler(self.plan, rank, start_step=start_step, stop_step=stop_step)
 
+    @property
+    def in_object_store(self) -> bool:
+        """Whether an index (a source of a mixture, a shard of a sharded index) is read from an object store."""
+        indexes = [self.index] if self.sources is None else [index for index, _ in self.sources]
+        return any(is_remote(str(part.path)) for index in indexes for part in getattr(index, "shards", [index]))
+
+    @property
+    def worker_start_method(self) -> str | None:
+        """How the DataLoader's workers start (None: the platform's default): ``data.worker_start_method``, else
+        ``forkserver`` (``spawn`` where there is none) when an index is in an object store."""
+        if self.config.worker_start_method:
+            return self.config.worker_start_method
+        if not self.in_object_store:
+            return None
+        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
     def loader(self, sampler: DeterministicBatchSampler, pin_memory: bool, persistent_workers: bool) -> DataLoader:
         from detsampler.loader.dataset import collate_micro_batch
 
         workers = self.config.num_workers
+        context, init = None, None
+        if workers > 0:
+            context = self.worker_start_method
+            if context is not None and context not in multiprocessing.get_all_start_methods():
+                raise ValueError(
+                    f"DataConfig.worker_start_method {context!r} is not available here: this platform has"
+                    f" {multiprocessing.get_all_start_methods()}"
+                )
+            if self.config.prefetch is not None and context not in (None, "fork"):
+                # a worker that was not forked has no log handler: it shows its prefetcher's lines like the parent
+                init = functools.partial(_show_worker_log, logging.getLogger("detsampler").getEffectiveLevel())
         return DataLoader(
             self.dataset,
             batch_sampler=sampler,
@@ -188,7 +239,54 @@ class DataPipeline:
             pin_memory=pin_memory,
             persistent_workers=persistent_workers and workers > 0,
             collate_fn=collate_micro_batch,
+            multiprocessing_context=context,
+            worker_init_fn=init,
         )
+
+    def reads_line(self) -> str | None:
+        """One line on how the index is read when that is not a local memory map (an object store, prefetch, how the
+        DataLoader's workers start), or None."""
+        prefetch, workers = self.config.prefetch, self.config.num_workers
+        where = "the training process" if workers == 0 else f"each of {workers} DataLoader workers"
+        started = "" if workers == 0 else f", started by {self.worker_start_method or 'the platform default'}"
+        if not self.in_object_store:
+            if prefetch is None:
+                return None
+            return "data: prefetch is on, but the index is local (memory-mapped): it is read as always, nothing fetched"
+        if prefetch is None:
+            return f"data: from {self.index.path}, blocks read on demand by {where}{started} (prefetch off)"
+        if not getattr(self.index.tokens, "in_object_store", False):  # a sharded index, a pre-tokenized source
+            return (
+                f"data: from {self.index.path}, blocks read on demand by {where}{started}: prefetch reads ahead an"
+                f" index's own tokens, and a {type(self.index).__name__} has none in an object store"
+            )
+        return (
+            f"data: from {self.index.path}, prefetch on in {where}{started}: budget {prefetch.budget_bytes:,} bytes,"
+            f" cache {prefetch.cache_bytes:,} bytes, {prefetch.threads} threads, blocks of {prefetch.block_bytes:,}"
+            " bytes"
+        )
+
+    def prefetch_summary(self) -> str | None:
+        """One line on what this process's prefetcher did (None when none ran here: prefetch off, a local index, or
+        DataLoader workers, whose prefetchers log their own lines)."""
+        stats_of = getattr(self.dataset, "prefetch_stats", None)
+        stats = stats_of() if stats_of is not None else None
+        if stats is None:
+            return None
+        cache = stats.cache
+        return (
+            f"data: prefetch read {stats.served} micro batch(es) as planned, {stats.unplanned} on demand; fetched"
+            f" {stats.fetched_bytes:,} bytes in {stats.requests} ranged reads for {stats.used_bytes:,} bytes used;"
+            f" cache {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses, peak"
+            f" {cache.get('peak_bytes', 0):,} of {cache.get('cap_bytes', 0):,} bytes; waited"
+            f" {stats.wait_s * 1e3:.1f} ms for blocks"
+        )
+
+    def close(self) -> None:
+        """Stop this process's prefetcher, if one runs (its threads)."""
+        close = getattr(self.dataset, "close", None)
+        if close is not None:
+            close()
 
 
 def index_config(config: DataConfig) -> Any:
@@ -293,11 +391,20 @@ def _plan(
     )
 
 
-def _packed_dataset(prepared: Any, layout: Layout, text_column: str, instance_filter: Any = None) -> Any:
+def _packed_dataset(
+    prepared: Any,
+    layout: Layout,
+    text_column: str,
+    instance_filter: Any = None,
+    prefetch: Any = None,
+    plan: Plan | None = None,
+) -> Any:
     """The PackedDataset of a prepared index; when its tokens are not stored, it tokenizes each batch's documents on the
-    fly. ``instance_filter`` (``data.instance_filter``): a flagged sample's labels are all -100."""
+    fly. ``instance_filter`` (``data.instance_filter``): a flagged sample's labels are all -100. ``prefetch``
+    (``data.prefetch``, a PrefetchConfig) with ``plan``: an index in an object store is read ahead by the plan."""
     from detsampler.loader.dataset import PackedDataset
 
+    ahead = {} if prefetch is None else {"prefetch": prefetch, "plan": plan}
     if prepared.index.tokens is None:
         return PackedDataset(
             prepared.index,
@@ -306,8 +413,9 @@ def _packed_dataset(prepared: Any, layout: Layout, text_column: str, instance_fi
             tokenizer=prepared.tokenizer,
             text_column=text_column,
             instance_filter=instance_filter,
+            **ahead,
         )
-    return PackedDataset(prepared.index, layout, instance_filter=instance_filter)
+    return PackedDataset(prepared.index, layout, instance_filter=instance_filter, **ahead)
 
 
 def _verify_once(index: Any) -> None:
@@ -334,8 +442,10 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     layout = index.layout(_layout_config(config))
     plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
     check_redacted_documents(plan, index.num_documents)
-    dataset = _packed_dataset(prepared, layout, config.text_column, config.instance_filter)
-    return DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
+    dataset = _packed_dataset(prepared, layout, config.text_column, config.instance_filter, config.prefetch, plan)
+    pipeline = DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)
+    check_worker_start(pipeline)
+    return pipeline
 
 
 def step_token_hashes(micro_batches: list[dict[str, torch.Tensor]]) -> np.ndarray:
@@ -367,7 +477,7 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     datasets = [
         _packed_dataset(p, lay, config.text_column, config.instance_filter) for p, lay in zip(prepared, layouts)
     ]
-    return DataPipeline(
+    pipeline = DataPipeline(
         config=config,
         index=prepared[0].index,
         tokenizer=prepared[0].tokenizer,
@@ -376,3 +486,5 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
         dataset=MixtureDataset(datasets, plan.stream),
         sources=[(p.index, lay) for p, lay in zip(prepared, layouts)],
     )
+    check_worker_start(pipeline)
+    return pipeline

@@ -395,6 +395,9 @@ def _run(
         f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
         f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
     )
+    reads = data.reads_line()
+    if reads is not None:
+        log(rt, reads)
     _log_loss_mask(rt, data)
     for r in data.plan.redactions or ():  # what the run masks, said once (its audit: detsampler stats --checkpoint)
         shown = ", ".join(map(str, r.documents[:8])) + (" ..." if len(r.documents) > 8 else "")
@@ -494,6 +497,10 @@ def _run(
             t_last = time.perf_counter()
     if prefetch is not None:
         prefetch.close()
+    summary = data.prefetch_summary()
+    if summary is not None:
+        log(rt, summary)
+    data.close()
     metrics.close()
     log(rt, f"done at step {end_step}")
 
