@@ -251,58 +251,43 @@ def _schedule_entry(value: Any) -> Any:
     return value
 
 
-def _instance_filter(value: Any) -> Any:
-    """``data.instance_filter`` as a :class:`detsampler.filter.RepetitionFilter` or None (off): a table of its fields
-    (``{}``: OLMo-core's defaults), ``true`` (the defaults), ``false`` or absent (off)."""
-    from detsampler.filter import RepetitionFilter
-
+def _options_table(value: Any, cls: type, name: str, shape: str) -> Any:
+    """``data.<name>``, options of the dataclass ``cls``, as an instance or None (off): a table of its fields (``{}``:
+    its defaults), ``true`` (the defaults), ``false`` or absent (off). Unknown keys, and values ``cls`` refuses, are a
+    ValueError naming ``DataConfig.<name>``; ``shape`` is the table shown in the error for any other value."""
     if value is None or value is False:
         return None
     if value is True:
-        return RepetitionFilter()
-    if isinstance(value, RepetitionFilter):
+        return cls()
+    if isinstance(value, cls):
         return value
     if isinstance(value, dict):
-        allowed = {f.name for f in fields(RepetitionFilter)}
+        allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - allowed)
         if unknown:
-            raise ValueError(
-                f"DataConfig.instance_filter: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}"
-            )
+            raise ValueError(f"DataConfig.{name}: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}")
         try:
-            return RepetitionFilter(**value)
+            return cls(**value)
         except ValueError as exc:
-            raise ValueError(f"DataConfig.instance_filter: {exc}") from None
-    raise ValueError(
-        f"DataConfig.instance_filter must be a table {{max_period = 13, min_period = 1, max_count = 32}}, true or"
-        f" false, {_got(value)}"
+            raise ValueError(f"DataConfig.{name}: {exc}") from None
+    raise ValueError(f"DataConfig.{name} must be a table {shape}, true or false, {_got(value)}")
+
+
+def _instance_filter(value: Any) -> Any:
+    """``data.instance_filter`` as a :class:`detsampler.filter.RepetitionFilter` or None (off)."""
+    from detsampler.filter import RepetitionFilter
+
+    return _options_table(
+        value, RepetitionFilter, "instance_filter", "{max_period = 13, min_period = 1, max_count = 32}"
     )
 
 
 def _prefetch(value: Any) -> Any:
-    """``data.prefetch`` as a :class:`detsampler.loader.PrefetchConfig` or None (off): a table of its fields
-    (``{}``: its defaults), ``true`` (the defaults), ``false`` or absent (off)."""
+    """``data.prefetch`` as a :class:`detsampler.loader.PrefetchConfig` or None (off)."""
     from detsampler.loader.prefetch import PrefetchConfig
 
-    if value is None or value is False:
-        return None
-    if value is True:
-        return PrefetchConfig()
-    if isinstance(value, PrefetchConfig):
-        return value
-    if isinstance(value, dict):
-        allowed = {f.name for f in fields(PrefetchConfig)}
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise ValueError(f"DataConfig.prefetch: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}")
-        try:
-            return PrefetchConfig(**value)
-        except ValueError as exc:
-            raise ValueError(f"DataConfig.prefetch: {exc}") from None
-    raise ValueError(
-        "DataConfig.prefetch must be a table {budget_bytes = 67108864, cache_bytes = 134217728, threads = 8,"
-        f" block_bytes = 65536}}, true or false, {_got(value)}"
-    )
+    shape = "{budget_bytes = 67108864, cache_bytes = 134217728, threads = 8, block_bytes = 65536}"
+    return _options_table(value, PrefetchConfig, "prefetch", shape)
 
 
 WORKER_START_METHODS = ("", "fork", "forkserver", "spawn")
