@@ -5,8 +5,6 @@ object store ``obstore`` reaches."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 import torch
@@ -18,6 +16,7 @@ from detsampler.index.push import push_index
 from detsampler.layout import LayoutConfig
 from detsampler.loader import PackedDataset
 from detsampler.storage import store_for
+from tests.index_copies import copy_with_layouts
 from tests.more_servers import AZURITE_BIN, azurite, create_container, range_http_server
 
 CONFIGS = [LayoutConfig(kind="concat", seq_len=64, seed=1), LayoutConfig(kind="bestfit", seq_len=128, seed=3)]
@@ -26,12 +25,7 @@ CONFIGS = [LayoutConfig(kind="concat", seq_len=64, seed=1), LayoutConfig(kind="b
 @pytest.fixture(scope="module")
 def local(small_index, tmp_path_factory) -> TokenIndex:
     """A copy of the small index with the layouts of CONFIGS persisted beside it."""
-    dest = tmp_path_factory.mktemp("stores") / small_index.path.name
-    shutil.copytree(small_index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
-    index = TokenIndex.open(dest)
-    for config in CONFIGS:
-        index.layout(config)
-    return index
+    return copy_with_layouts(small_index, tmp_path_factory.mktemp("stores"), CONFIGS)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from detsampler.plan import Plan
 from detsampler.reads import range_blocks, worker_reads, worker_start
 from detsampler.storage import BlockedObject, StorageError, open_npy
 from detsampler.storage.caches import NEVER, BeladyCache, LRUCache
+from tests.index_copies import copy_with_layouts
 from tests.s3_server import create_bucket, moto_server
 
 KIB = 1024
@@ -243,13 +244,9 @@ def test_a_belady_cache_takes_uses_in_order_and_time_forward():
 @pytest.fixture(scope="module")
 def pushed(small_index, s3_bucket, tmp_path_factory):
     """``(local, url)``: a copy of the small index with its concat and bestfit layouts persisted, pushed."""
-    dest = tmp_path_factory.mktemp("prefetch") / small_index.path.name
-    shutil.copytree(small_index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
-    local = TokenIndex.open(dest)
-    for config in CONFIGS:
-        local.layout(config)
-    url = f"{s3_bucket}/prefetch/{dest.name}"
-    push_index(dest, url)
+    local = copy_with_layouts(small_index, tmp_path_factory.mktemp("prefetch"), CONFIGS)
+    url = f"{s3_bucket}/prefetch/{local.path.name}"
+    push_index(local.path, url)
     return local, url
 
 

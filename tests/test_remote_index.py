@@ -29,6 +29,7 @@ from detsampler.layout import LayoutConfig
 from detsampler.loader import PackedDataset
 from detsampler.record import index_location
 from detsampler.storage import StorageError, store_for
+from tests.index_copies import copy_with_layouts
 from tests.s3_server import create_bucket, moto_server
 
 CONFIGS = [
@@ -41,13 +42,9 @@ CONFIGS = [
 @pytest.fixture(scope="module")
 def pushed(small_index, s3_bucket, tmp_path_factory):
     """``(local, url)``: a copy of the small index with the three layouts persisted, pushed to the session bucket."""
-    dest = tmp_path_factory.mktemp("pushed") / small_index.path.name
-    shutil.copytree(small_index.path, dest, ignore=shutil.ignore_patterns("layouts", "*.lock"))
-    local = TokenIndex.open(dest)
-    for config in CONFIGS:
-        local.layout(config)
-    url = f"{s3_bucket}/runs/{dest.name}"
-    push_index(dest, url)
+    local = copy_with_layouts(small_index, tmp_path_factory.mktemp("pushed"), CONFIGS)
+    url = f"{s3_bucket}/runs/{local.path.name}"
+    push_index(local.path, url)
     return local, url
 
 
