@@ -234,7 +234,7 @@ class Blocklist:
     def in_force(self, step: int) -> list[tuple[int | None, np.ndarray]]:
         """``(source, ids)`` of every source (None: the one index) with documents redacted at ``step``."""
         step = check_int(step, "step", minimum=0)
-        return [(k, part.at(step)) for k, part in self._parts.items() if part.at(step).size]
+        return [(k, ids) for k, ids in ((k, part.at(step)) for k, part in self._parts.items()) if ids.size]
 
     def mask(self, document_ids: np.ndarray, step: int, sources: Any = None) -> np.ndarray:
         """Bool, shaped like ``document_ids``: True where the id is redacted at ``step`` (padding, -1, never); exactly
