@@ -28,7 +28,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "23": ("chat data and loss masks", ("23",)),
     "24": ("a new document order each epoch", ("24",)),
     "25": ("the Grain and torchft integrations", ("25",)),
-    "31": ("the surfaces of issues 22 to 25 reviewed: checkpoint records, prefetch, pushes, hand-over, chat labels", ("31",)),
+    "31": ("the surfaces added by issues 22 to 25, reviewed (issue 31)", ("31",)),
 }
 
 
