@@ -133,8 +133,9 @@ def _write_tokens(
 ) -> None:
     """Span ``j``'s positions into ``tokens`` (flat) from cell ``grid_begin[j]``: its stored tokens, and at position
     ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there. With
-    ``mask = (mask_grid, mask_read, mask_eos)``, the values of the array aligned with the tokens into the same cells of
-    ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS."""
+    ``mask = (mask_grid, mask_read, mask_eos, mask_examples)``, the values of the array aligned with the tokens into
+    the same cells of ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS, and with
+    ``mask_examples`` 0 at each document's first position."""
     src, reads = token_ranges(spans, doc_starts, doc_lengths, eos_stored)
     _fill_tokens(tokens, grid_begin, reads, src, read, None if mask is None else mask[:2])
     if not eos_stored:
@@ -142,6 +143,10 @@ def _write_tokens(
         tokens[eos_cells] = eos_id
         if mask is not None:
             mask[0][eos_cells] = mask[2]
+    if mask is not None and mask[3]:
+        # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
+        # predicted from another example (concat's label at the previous example's EOS), so it is never trained
+        mask[0][grid_begin[(spans.starts == 0) & (span_len > 0)]] = 0
 
 
 def pack_fields(
@@ -161,6 +166,7 @@ def pack_fields(
     mask_out: np.ndarray | None = None,
     mask_read=None,
     mask_eos: int = 0,
+    mask_examples: bool = False,
 ) -> np.ndarray:
     """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 ``[4, B, seq_len]``); the values
     are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields as the packed dataset
@@ -169,7 +175,9 @@ def pack_fields(
     returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
     With ``mask_out`` (C-contiguous ``[B, sample_len]``), the positions' values of the array ``mask_read`` returns (a
     loss mask aligned with the tokens) are laid out there in the same pass, cell for cell as the tokens (a virtual EOS
-    reads ``mask_eos``, padding 0).
+    reads ``mask_eos``, padding 0). With ``mask_examples`` (each document is an example: chat data), a document's first
+    position reads 0 there: no label that the mask keeps predicts an example's first token, so none crosses from one
+    example into the next, whatever the layout (``concat`` included).
 
     Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
     fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
@@ -188,7 +196,7 @@ def pack_fields(
     input_ids, labels, position_ids, document_ids = out
     grid = _grid(out, num_samples, sample_len, labels_cross_documents)
     tokens = grid.reshape(-1)
-    mask = _mask_args(mask_out, mask_read, mask_eos)
+    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
     _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
     _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
@@ -216,14 +224,15 @@ def pack_fields(
     return out
 
 
-def _mask_args(mask_out: np.ndarray | None, mask_read, mask_eos: int) -> tuple | None:
-    """``(flat mask grid zeroed, reader, EOS value)`` for :func:`_write_tokens`, or None without ``mask_out``."""
+def _mask_args(mask_out: np.ndarray | None, mask_read, mask_eos: int, mask_examples: bool) -> tuple | None:
+    """``(flat mask grid zeroed, reader, EOS value, examples)`` for :func:`_write_tokens`, or None without
+    ``mask_out``."""
     if mask_out is None:
         return None
     if not mask_out.flags.c_contiguous or mask_read is None:
         raise ValueError("mask_out must be C-contiguous, and comes with mask_read")
     mask_out.fill(0)
-    return mask_out.reshape(-1), mask_read, mask_eos
+    return mask_out.reshape(-1), mask_read, mask_eos, bool(mask_examples)
 
 
 def _fill_pieces(
@@ -263,6 +272,7 @@ def pack_tokens(
     mask_out: np.ndarray | None = None,
     mask_read=None,
     mask_eos: int = 0,
+    mask_examples: bool = False,
 ) -> np.ndarray:
     """Write the token ids of the samples of ``spans`` into ``out`` (``[B, sample_len]``, an integer dtype that holds
     every id): the positions :func:`pack_fields` lays out before it derives the fields (for ``concat`` its inputs are
@@ -270,7 +280,7 @@ def pack_tokens(
     sample always does): there is no padding to mark without the other fields.
 
     Cost: per span, one slice copy of its stored tokens (or one fancy-index gather, see :func:`pack_fields`); no
-    whole-grid pass. ``mask_out`` / ``mask_read`` / ``mask_eos``: as for :func:`pack_fields`.
+    whole-grid pass. ``mask_out`` / ``mask_read`` / ``mask_eos`` / ``mask_examples``: as for :func:`pack_fields`.
     """
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
@@ -284,6 +294,6 @@ def pack_tokens(
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
     # no padding: the spans tile the flat grid
-    mask = _mask_args(mask_out, mask_read, mask_eos)
+    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
     _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
     return out

@@ -465,6 +465,41 @@ def test_sft_fields_map_onto_the_index_and_layout_configs() -> None:
     assert index_config(prompts).chat.columns == ("prompt", "completion")
 
 
+@pytest.mark.parametrize("store_tokens", [True, False], ids=["stored", "on-the-fly"])
+def test_the_sft_path_trains_no_label_across_conversations_under_concat(tmp_path: Path, store_tokens: bool) -> None:
+    """Issue 31 item 6 through the trainer's own data path (``build_pipeline``, its DataLoader and ``steps()``):
+    ``sft.toml`` with ``layout = "concat"`` and ``loss_policy = "all"`` trained the label at each conversation's EOS,
+    the next conversation's first token; now every trained label's target is of its position's example."""
+    from tests.chat_data import crossing_labels
+    from train.chat_corpus import write_chat_corpus
+    from train.data import build_pipeline
+    from train.recompute import step_batches
+
+    corpus, tokenizer = write_chat_corpus(tmp_path / "chat", num_conversations=60)
+    settings = {
+        "data.source": f'"{corpus}"',
+        "data.tokenizer": f'"{tokenizer}"',
+        "data.cache_dir": f'"{tmp_path / "cache"}"',
+        "data.layout": '"concat"',
+        "data.overlong": '"split"',
+        "data.loss_policy": '"all"',
+        "data.seq_len": 64,
+        "data.store_tokens": str(store_tokens).lower(),
+    }
+    cfg = load_config(CONFIGS / "sft.toml", [f"{k}={v}" for k, v in settings.items()])
+    pipeline = build_pipeline(cfg.data, world_size=2)
+    trained = 0
+    for step in range(3):
+        for rank, micro_batches in enumerate(step_batches(pipeline, step)):
+            for micro_step, mb in enumerate(micro_batches):
+                ids = pipeline.plan.micro_batch(step, micro_step, rank)
+                spans = pipeline.layout.locate(ids)
+                assert crossing_labels(spans, pipeline.layout.sample_len, mb["loss_mask"].numpy()) == 0
+                assert torch.equal(mb["loss_mask"], mb["labels"] != -100)
+                trained += int(mb["loss_mask"].sum())
+    assert trained > 0
+
+
 def test_toml_values_of_the_declared_types_are_taken() -> None:
     cfg = load_config(
         None,

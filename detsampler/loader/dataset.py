@@ -3,7 +3,8 @@
 Per sample (all int64 tensors of length ``seq_len``):
 
 - ``input_ids``: tokens; ``pad_id`` on padding.
-- ``labels``: the next token. ``concat``: the stream's next token everywhere (a sample reads ``seq_len + 1`` positions).
+- ``labels``: the next token. ``concat``: the stream's next token everywhere (a sample reads ``seq_len + 1`` positions;
+  over a chat index, -100 at each example's EOS: no label crosses from one example into the next).
   ``document`` / ``bestfit``: the next token within the same piece of a document, ``-100`` at each piece's last position
   and on padding (no label ever crosses a document boundary).
 - ``position_ids``: with ``restart_position_ids`` (the default for ``document`` and ``bestfit``), the position within
@@ -98,9 +99,12 @@ class PackedDataset(Dataset):
     Over a chat index (``index.chat``, see :mod:`detsampler.text.chat`) a batch also holds ``loss_mask`` (bool
     ``[B, seq_len]``): True exactly where the label at that position is a trained token; with ``output="fields"``
     ``labels`` are -100 wherever it is False (so ``loss_mask == (labels != -100)``), with ``output="tokens"`` it is the
-    mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly; likewise
-    over a pre-tokenized source opened with its mask (``open_source(..., loss_mask=PATH)``: OLMo-core label masks,
-    datatrove ``.loss`` files).
+    mask of ``tokens[:, 1:]``. Read from ``loss_mask.npy`` beside the tokens, or rendered with them on the fly;
+    likewise over a pre-tokenized source opened with its mask (``open_source(..., loss_mask=PATH)``: OLMo-core label
+    masks, datatrove ``.loss`` files). Each example of a chat index is one document, and no trained label crosses from
+    one into the next in any layout: the label at an example's last position (its EOS) is -100, ``concat`` included,
+    as TRL's padding-free collator makes it (an example's first token is no target: nothing of its example precedes
+    it). A pre-tokenized source's mask is laid out as its peer reads it (their ``concat`` windows cross documents).
 
     With ``prefetch=PrefetchConfig(...)`` and the ``plan`` the batch sampler reads, an index in an object store is read
     ahead: each process (each DataLoader worker) fetches the blocks of the micro batches it reads next into a bounded
@@ -324,6 +328,7 @@ class PackedDataset(Dataset):
             mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
             eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
         masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
+        masking["mask_examples"] = self._chat is not None  # chat: no trained label crosses from one example to the next
         if self.output == "tokens":
             tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
             pack_tokens(
