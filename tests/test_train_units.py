@@ -675,6 +675,38 @@ def test_redaction_content_hashes_resolve_against_the_dataset_text() -> None:
         load_config(CONFIGS / "tiny.toml", ['data.redactions=[{sha256 = ["xyz"], from_step = 2}]'])
 
 
+def test_redaction_content_hashes_resolve_against_chat_rows() -> None:
+    """Issue 31: ``sha256 = [...]`` over a ``messages`` corpus (``sft.toml``) raised ``AttributeError: 'list' object has
+    no attribute 'encode'``. A chat row's hash is the sha256 of the canonical JSON of its rendered columns
+    (``detsampler.content``), over a mixture of chat sources too; a text's hash would name no row, and says so."""
+    import hashlib
+
+    import datasets
+
+    from detsampler.redaction import Redaction
+    from train.chat_corpus import conversations
+    from train.data import resolve_redactions
+
+    def row_hash(row: dict) -> str:
+        text = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    convs = conversations(6, seed=2)
+    ds = datasets.Dataset.from_dict({"messages": convs, "id": list(range(6))})
+    h = row_hash({"messages": convs[4]})
+    cfg = load_config(CONFIGS / "sft.toml", [f'data.redactions=[{{sha256 = ["{h}"], from_step = 2}}]'])
+    assert resolve_redactions(cfg.data, ds) == [Redaction([4], 2)]
+    prompts = datasets.Dataset.from_dict({"prompt": ["p1", "p2"], "completion": ["c1", "c2"]})
+    h = row_hash({"prompt": "p2", "completion": "c2"})
+    pc = ["data.text_column=prompt", "data.completion_column=completion", "data.loss_policy=completion"]
+    cfg = load_config(CONFIGS / "sft.toml", [*pc, f'data.redactions=[{{sha256 = ["{h}"], from_step = 1}}]'])
+    assert resolve_redactions(cfg.data, prompts) == [Redaction([1], 1)]
+    text = hashlib.sha256(convs[4][0]["content"].encode()).hexdigest()
+    cfg = load_config(CONFIGS / "sft.toml", [f'data.redactions=[{{sha256 = ["{text}"], from_step = 2}}]'])
+    with pytest.raises(ValueError, match=r"name no document .* canonical JSON of its columns \['messages'\]"):
+        resolve_redactions(cfg.data, ds)
+
+
 def test_instance_filter_maps_one_to_one_and_reaches_the_dataset(small_index) -> None:
     from types import SimpleNamespace
 

@@ -319,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sha256",
         default=None,
         metavar="HEX",
-        help="the document whose text has this sha256 (64 hex digits; detsampler.redaction.content_hash): what a"
-        " contamination audit starts from",
+        help="the document whose content has this sha256 (64 hex digits: of its UTF-8 text, or of a chat row's"
+        " canonical JSON; detsampler.content.content_hash): what a contamination audit starts from",
     )
     where.add_argument(
         "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"

@@ -1,6 +1,6 @@
 """``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID``, ``--path FILE`` or
-``--sha256 HEX``, the sha256 of its text), with the token span each read: the reverse of ``show``, computed by
-:func:`detsampler.where.where` without a scan.
+``--sha256 HEX``, the sha256 of its text or chat row), with the token span each read: the reverse of ``show``,
+computed by :func:`detsampler.where.where` without a scan.
 
 Invariant: every line printed is a (step, rank, micro step) that ``detsampler show`` prints the document for, with the
 same span (tests/test_where.py proves the library call equal to a scan of ``locate``).
@@ -26,18 +26,22 @@ def _paths(dataset: Any) -> list[str] | None:
 
 
 def _by_content_hash(args: argparse.Namespace, prepared: Any) -> int:
-    """The document whose text has the sha256 ``--sha256`` (:func:`detsampler.redaction.content_hash`)."""
-    from detsampler.redaction import documents_by_content_hash
+    """The document whose content has the sha256 ``--sha256`` (:mod:`detsampler.content`: a text's, or a chat row's
+    canonical JSON)."""
+    from detsampler.content import content_columns, documents_by_content
 
-    column = getattr(prepared.index, "text_column", None) or args.text_column
+    index = prepared.index
+    column = getattr(index, "text_column", None) or args.text_column
     dataset = prepared.dataset
-    if dataset is None or column not in dataset.column_names:
+    if dataset is None:
         raise ValueError(
             "--sha256 needs the corpus's text (its text column): pass --data with the corpus the index was built from"
         )
-    found = documents_by_content_hash(dataset[column], [args.sha256])
+    columns = content_columns(column, getattr(index, "chat", None))
+    found = documents_by_content(dataset, [args.sha256], columns)
     if len(found) > 1:
-        raise ValueError(f"--sha256 names {len(found)} documents with equal text ({found[:10]}): give --doc ID")
+        equal = "text" if isinstance(columns, str) else "rows"
+        raise ValueError(f"--sha256 names {len(found)} documents with equal {equal} ({found[:10]}): give --doc ID")
     return found[0]
 
 
