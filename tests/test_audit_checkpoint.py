@@ -329,6 +329,18 @@ def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, s
     assert code == 0
 
 
+def test_a_record_saved_before_seals_is_audited_with_one_warning_line(capsys, small_record, tmp_path):
+    record, _, plan = small_record
+    saved = {k: v for k, v in record.to_dict().items() if k != "record_sha256"}
+    (tmp_path / RECORD_FILE).write_text(json.dumps(saved))
+    code, out, err = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
+    assert code == 0 and f"sample hash {sample_hash(plan.global_batch(3))}," in out
+    assert err == (
+        f"detsampler: warning: {tmp_path / RECORD_FILE}: the data record carries no seal (record_sha256; saved by a"
+        " detsampler before records were sealed): read as written, its content unchecked\n"
+    )
+
+
 @pytest.mark.slow
 def test_a_trainer_checkpoints_record_edited_replaced_or_uncovered_is_refused(capsys, trained, tmp_path):
     """Issue 31, the trainer's checkpoints: COMPLETE holds the sha256 of every file, the record among them, and its

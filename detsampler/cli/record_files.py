@@ -18,6 +18,7 @@ ValueError naming the path and what was expected.
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,17 @@ _COMPLETE = "COMPLETE"
 
 
 def find_record(path: str | Path) -> tuple[DataRecord, str]:
-    """The data record of the checkpoint at ``path`` and where it was read (a path, and how)."""
-    p = Path(path)
+    """The data record of the checkpoint at ``path`` and where it was read (a path, and how). A warning of the read (a
+    record saved before seals) is one ``detsampler: warning: ...`` line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        found = _find_record(Path(path))
+    for warning in caught:
+        print(f"detsampler: warning: {warning.message}", file=sys.stderr)
+    return found
+
+
+def _find_record(p: Path) -> tuple[DataRecord, str]:
     if not p.exists():
         raise ValueError(f"--checkpoint: no such file or directory: {str(p)!r}")
     if p.is_file():
