@@ -344,16 +344,14 @@ class _StartAtGlobalStep(transformers.TrainerCallback):
 
 class DetsamplerDataRecord(transformers.TrainerCallback, ExportableState):
     """Names, in each checkpoint's ``trainer_state.json`` (``stateful_callbacks``), the sha256 of the data record saved
-    beside it: the Trainer's own state covers the record, so a reader refuses one edited or copied in."""
+    beside it: the Trainer's own state covers the record, so a reader refuses one edited or copied in. NOTE: the Trainer
+    keys the state by the class name, which is :data:`detsampler.record.HF_STATE_KEY` (what readers look up)."""
 
     def __init__(self, sha256: str = "") -> None:
         self.sha256 = sha256
 
     def state(self) -> dict:
         return {"args": {"sha256": self.sha256}, "attributes": {}}
-
-
-assert DetsamplerDataRecord.__name__ == HF_STATE_KEY  # the key readers look up (detsampler.record)
 
 
 class DetsamplerTrainerMixin:

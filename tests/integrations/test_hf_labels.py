@@ -23,6 +23,7 @@ from transformers import LlamaForCausalLM, TrainingArguments  # noqa: E402
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
 from detsampler.integrations.hf import (  # noqa: E402
     CausalLMCollator,
+    DetsamplerDataRecord,
     DetsamplerTrainer,
     causal_lm_collator,
     prepare_data_loader,
@@ -291,6 +292,7 @@ def test_a_checkpoint_record_edited_copied_or_out_of_step_is_refused(small_index
     state = json.loads((saved / "trainer_state.json").read_text())
     original = (saved / RECORD_FILE).read_bytes()
     assert state["stateful_callbacks"][HF_STATE_KEY]["args"]["sha256"] == record_sha256(original)
+    assert DetsamplerDataRecord.__name__ == HF_STATE_KEY  # the Trainer keys the state by the callback's class name
     run(tmp_path / "other", seed=9)
     resealed = dataclasses.replace(DataRecord.load(saved), step=5).to_json().encode()
     named = "its sha256 is not the one trainer_state.json records"
