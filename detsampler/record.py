@@ -64,6 +64,7 @@ _TRAINER_DIR = re.compile(r"^step_(\d{8,})$")
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE = "COMPLETE"
 _TRAINER_STATE = "trainer_state.json"
+_SMALL_FILE_BYTES = 64 << 20  # the files of a checkpoint an audit hashes besides the record (not DCP's shards)
 
 
 def index_location(index: Any) -> dict[str, Any]:
@@ -398,6 +399,7 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
             )
         steps[_COMPLETE] = complete["step"]
         covered_by = (_COMPLETE, str(entry["sha256"]))
+        _check_small_files(directory, complete["files"], where)
     elif _TRAINER_DIR.match(directory.name) and (directory / "data_fingerprint.json").is_file():
         raise ValueError(
             f"{where}: its trainer checkpoint has no {_COMPLETE} marker (a partial copy, or a save that did not"
@@ -410,6 +412,23 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
         named = _entry(state, "stateful_callbacks", HF_STATE_KEY, "args", "sha256")
         covered_by = (_TRAINER_STATE, named if isinstance(named, str) and named else None)
     return steps, covered_by
+
+
+def _check_small_files(directory: Path, files: dict, where: str) -> None:
+    """The files ``COMPLETE`` lists beside the record, but DCP's shards (``*.distcp``, the bulk of a checkpoint: hashed
+    only by the trainer's full check before a resume), must be the ones it records: DCP's ``.metadata`` names a save id
+    of its own, so a record copied in together with another checkpoint's ``COMPLETE`` is refused."""
+    for name, want in sorted(files.items()):
+        if name == RECORD_FILE or name.endswith(".distcp") or not isinstance(want, dict):
+            continue
+        path = directory / name
+        if not path.is_file() or path.stat().st_size > _SMALL_FILE_BYTES:
+            continue  # missing, or too large to hash for an audit: the trainer's full check names it
+        if record_sha256(path.read_bytes()) != want.get("sha256"):
+            raise ValueError(
+                f"{where}: the checkpoint's {name} is not the one its {_COMPLETE} records (sha256 differs): the record"
+                f" and {_COMPLETE} are another checkpoint's"
+            )
 
 
 def _entry(value: Any, *keys: str) -> Any:

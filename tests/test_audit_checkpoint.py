@@ -346,7 +346,8 @@ def test_a_trainer_checkpoints_record_edited_replaced_or_uncovered_is_refused(ca
     """Issue 31, the trainer's checkpoints: COMPLETE holds the sha256 of every file, the record among them, and its
     step; each audit command reads the record only when it is the one COMPLETE names and its step is the checkpoint's:
     a hand edit (step 6 -> 7), another checkpoint's record copied in, a re-sealed record of step 9 with COMPLETE
-    rewritten to cover it, and a record COMPLETE does not list are each refused naming the file."""
+    rewritten to cover it, a record COMPLETE does not list, and another run's record of the same step copied in with
+    its COMPLETE are each refused naming the file."""
     run_dir, _ = trained
     source = run_dir / "checkpoints"
     ckpt = tmp_path / "checkpoints" / "step_00000006"
@@ -362,6 +363,17 @@ def test_a_trainer_checkpoints_record_edited_replaced_or_uncovered_is_refused(ca
             files[RECORD_FILE] = {"size": len(text.encode()), "sha256": record_sha256(text)}
         (ckpt / "COMPLETE").write_text(json.dumps({**complete, "files": files}))
 
+    from train.launch import run_training, train_command
+
+    other = tmp_path / "other"  # another run (plan and layout seed 99), its checkpoint of the same step 6
+    args = [*_train_args(run_dir.parent, other, "none"), "--set", "data.seed=99"]
+    assert run_training(train_command(1, args, torchrun=False), timeout=300).returncode == 0
+    copied_run = other / "checkpoints" / "step_00000006"
+    theirs = DataRecord.load(copied_run)
+    assert (
+        theirs.step == 6
+        and theirs.fingerprint.plan["seed"] == 99 != DataRecord.from_json(original).fingerprint.plan["seed"]
+    )
     faults = {
         "edited": (original.replace('"step": 6', '"step": 7'), False, "its sha256 is not the one COMPLETE records"),
         "copied": ((source / "step_00000003" / RECORD_FILE).read_text(), False, "its sha256 is not the one COMPLETE"),
@@ -371,18 +383,24 @@ def test_a_trainer_checkpoints_record_edited_replaced_or_uncovered_is_refused(ca
             "the record's step 9 is not this checkpoint's step 6 (its directory name step_00000006)",
         ),
         "uncovered": (original, None, "the checkpoint's COMPLETE does not cover it"),
+        "another run": (
+            (copied_run / RECORD_FILE).read_text(),
+            "COMPLETE",
+            "the checkpoint's .metadata is not the one its COMPLETE records (sha256 differs)",
+        ),
     }
     for name, (text, covered, message) in faults.items():
         path.write_text(text)
-        cover(text if covered else (None if covered is None else original))
+        if covered == "COMPLETE":  # the other run's record with its COMPLETE
+            shutil.copy(copied_run / "COMPLETE", ckpt / "COMPLETE")
+        else:
+            cover(text if covered else (None if covered is None else original))
         for command in (["show"], ["stats"], ["verify"], ["where", "--doc", "0"]):
             err = _refused(capsys, [command[0], "--checkpoint", str(ckpt), *command[1:]])
             assert f"{path}: {message}" in err, (name, command, err)
         err = _refused(capsys, ["show", "--checkpoint", str(tmp_path)])  # the run directory: its newest checkpoint
         assert f"{path}: {message}" in err, name
     # the trainer's resume reads the record the same way: the re-sealed, covered record is refused before training
-    from train.launch import run_training, train_command
-
     text, _, message = faults["re-sealed"]
     path.write_text(text)
     cover(text)
