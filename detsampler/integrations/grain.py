@@ -42,7 +42,6 @@ grain = require("grain", "grain")
 
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
-from detsampler.record import DataRecord  # noqa: E402
 
 __all__ = ["PlanSampler", "PlanSource", "data_loader", "map_dataset"]
 
@@ -164,8 +163,7 @@ class PlanSource:
         if not isinstance(state, Mapping) or "step" not in state:
             raise ValueError(f"a PlanSource state is {{'step': s, 'data_record': ...}}, got {state!r}")
         step, samples = int(state["step"]), int(state.get("samples_in_step", 0))
-        saved = state.get("data_record")
-        self.checkpoint.check(DataRecord.from_json(saved) if saved is not None else None, step, "the Grain state")
+        self.checkpoint.check(state.get("data_record"), step, "the Grain state", samples_in_step=samples)
         return step, samples
 
     def position_of_grain_state(self, state: bytes | str) -> dict[str, int]:

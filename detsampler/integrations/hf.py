@@ -28,7 +28,10 @@ restart. ``DetsamplerTrainer`` uses it by default for a PackedDataset (or a Mixt
 
 Data record: every checkpoint gets ``checkpoint-N/detsampler_data.json`` (:class:`~detsampler.record.DataRecord`,
 written by the main process before the Trainer's own files), and ``train(resume_from_checkpoint=...)`` checks it
-against the resuming run before anything loads (:class:`~detsampler.integrations.checkpoint.CheckpointData`).
+against the resuming run before anything loads (:class:`~detsampler.integrations.checkpoint.CheckpointData`). The
+checkpoint's ``trainer_state.json`` names the sha256 of that file (``stateful_callbacks["DetsamplerDataRecord"]``, a
+:class:`DetsamplerDataRecord` callback's state), so a record edited or copied in from another checkpoint or run is
+refused by every reader, and its step must be the state's ``global_step`` (:func:`~detsampler.record.read_record`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from accelerate.data_loader import DataLoaderDispatcher  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data._utils.collate import default_collate  # noqa: E402
 from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
+from transformers.trainer_callback import ExportableState  # noqa: E402
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
 from detsampler.boundaries import flatten, sequence_boundaries  # noqa: E402
@@ -57,10 +61,11 @@ from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
-from detsampler.record import RECORD_FILE, DataRecord  # noqa: E402
+from detsampler.record import HF_STATE_KEY, RECORD_FILE, DataRecord, record_sha256  # noqa: E402
 
 __all__ = [
     "CausalLMCollator",
+    "DetsamplerDataRecord",
     "DetsamplerTrainer",
     "DetsamplerTrainerMixin",
     "FlatteningCollator",
@@ -337,6 +342,18 @@ class _StartAtGlobalStep(transformers.TrainerCallback):
         self.trainer.detsampler_sampler.load_state_dict({"step": state.global_step})
 
 
+class DetsamplerDataRecord(transformers.TrainerCallback, ExportableState):
+    """Names, in each checkpoint's ``trainer_state.json`` (``stateful_callbacks``), the sha256 of the data record saved
+    beside it: the Trainer's own state covers the record, so a reader refuses one edited or copied in. NOTE: the Trainer
+    keys the state by the class name, which is :data:`detsampler.record.HF_STATE_KEY` (what readers look up)."""
+
+    def __init__(self, sha256: str = "") -> None:
+        self.sha256 = sha256
+
+    def state(self) -> dict:
+        return {"args": {"sha256": self.sha256}, "attributes": {}}
+
+
 class DetsamplerTrainerMixin:
     """Put before ``transformers.Trainer`` (or a subclass) in the bases; adds the keyword arguments ``plan``, ``index``,
     ``layout`` and ``allow_data_change``.
@@ -381,6 +398,7 @@ class DetsamplerTrainerMixin:
         )
         self.detsampler_sampler: DeterministicBatchSampler | None = None
         self.add_callback(_StartAtGlobalStep(self))
+        self.add_callback(DetsamplerDataRecord())
 
     def detsampler_plan(self) -> Plan:
         """The plan cut for this run's processes and per-device batch (:func:`trainer_plan`)."""
@@ -433,7 +451,11 @@ class DetsamplerTrainerMixin:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             directory = os.path.join(self._get_output_dir(trial=trial), folder)
             os.makedirs(directory, exist_ok=True)
-            record.save(directory)
+            path = record.save(directory)
+            # NOTE: Trainer restores callbacks by type (restore_callback_states_from_checkpoint): find ours each time.
+            named = next(c for c in self.callback_handler.callbacks if isinstance(c, DetsamplerDataRecord))
+            named.sha256 = record_sha256(path.read_bytes())
+            self.state.stateful_callbacks.setdefault(HF_STATE_KEY, named.state())  # a state of an older checkpoint
         super()._save_checkpoint(model, trial)
 
 

@@ -76,6 +76,7 @@ class DetsamplerDataModule(pl.LightningDataModule):
             dataset, plan, framework="lightning", index=index, layout=layout, allow_data_change=allow_data_change
         )
         self.start_step = 0
+        self.loaded_step: int | None = None  # the step of a state loaded from a checkpoint, until checked
         self.sampler: DeterministicBatchSampler | None = None
 
     def train_dataloader(self) -> DataLoader:
@@ -94,6 +95,7 @@ class DetsamplerDataModule(pl.LightningDataModule):
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: resume with the checkpoint's "
                 "accumulate_grad_batches (on another world size the micro batch size follows)"
             )
+        self._check_loaded_step(int(trainer.global_step))
         self.sampler = DeterministicBatchSampler(plan, trainer.global_rank, start_step=self.start_step)
         return DataLoader(
             self.dataset,
@@ -102,6 +104,17 @@ class DetsamplerDataModule(pl.LightningDataModule):
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
         )
+
+    def _check_loaded_step(self, global_step: int) -> None:
+        """A loaded state's step must be the checkpoint's own: Lightning's ``global_step``, restored from its loops
+        (a state copied from another checkpoint would start the sampler elsewhere, in silence)."""
+        if self.loaded_step is not None and self.loaded_step != global_step:
+            raise ValueError(
+                f"the checkpoint's DetsamplerDataModule state is not this checkpoint's: the sampler would start at"
+                f" step {self.loaded_step} but Lightning resumes at global_step {global_step} (a state copied from"
+                " another checkpoint)"
+            )
+        self.loaded_step = None
 
     def _run_plan(self, world_size: int, accumulate: int) -> Plan:
         """The plan cut for this run: ``micro_batch_size = global_batch_size / (world_size *
@@ -128,4 +141,4 @@ class DetsamplerDataModule(pl.LightningDataModule):
             )
         step = _check_step(state_dict["step"], "step")
         self.data_check.check(state_dict.get("data_record"), step, "the checkpoint's DetsamplerDataModule state")
-        self.start_step = step
+        self.start_step = self.loaded_step = step

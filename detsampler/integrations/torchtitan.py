@@ -45,7 +45,7 @@ from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.mixture.config import MixtureConfig  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
-from detsampler.record import DataRecord  # noqa: E402
+from detsampler.record import DataRecord, read_record  # noqa: E402
 from detsampler.version import MAPPING_VERSION  # noqa: E402
 
 __all__ = ["IGNORE_INDEX", "DetsamplerDataLoader"]
@@ -244,13 +244,11 @@ class DetsamplerDataLoader(BaseDataLoader):
                     " DetsamplerDataLoader.Config.allow_missing_data_record=True to resume at its step anyway"
                 )
         else:
-            record = DataRecord.from_json(saved.decode() if isinstance(saved, bytes) else saved)
-            step = int(state.get("step", record.step))
-            if (step, int(state.get("samples_in_step", 0))) != (record.step, record.samples_in_step):
-                raise ValueError(
-                    f"the checkpoint's data loader state names step {step} but its data_record step {record.step}"
-                )
-            record.check_resume(self.fingerprint, step)
+            where = "the checkpoint's data loader state"
+            stated = {"its step": int(state["step"])} if "step" in state else {}
+            samples = ("its samples_in_step", int(state.get("samples_in_step", 0)))
+            record = read_record(saved, where, steps=stated, samples_in_step=samples if stated else None)
+            record.check_resume(self.fingerprint, record.step)
         self.sampler.load_state_dict(state)
 
 

@@ -233,6 +233,25 @@ def test_a_resume_onto_other_data_is_refused(small_index):
         other.position_of_grain_state(iter(data_loader(PlanSource(ds, plan, NUM_STEPS), 0, 1)).get_state())
 
 
+def test_a_state_whose_step_is_not_its_records_is_refused(small_index):
+    """Issue 31: a Grain state naming step 7 over the record of step 5 resumed at 7 (torchtitan's loader refuses
+    this); so did another samples_in_step, and a record edited by hand (world_size 2 -> 4). Each is refused naming
+    the state, the record's value and the state's."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    saved = source.state_dict(5)
+    with pytest.raises(ValueError, match=r"the Grain state: the record's step 5 is not this checkpoint's step 7"):
+        source.resume_position({**saved, "step": 7})
+    mid = source.state_dict(2, samples_in_step=4, world_size=2)
+    with pytest.raises(ValueError, match=r"the record's samples_in_step 4 is not this checkpoint's 0"):
+        source.resume_position({**mid, "samples_in_step": 0})
+    edited = json.dumps({**json.loads(saved["data_record"]), "world_size": 4})
+    with pytest.raises(ValueError, match=r"the Grain state: the data record fails its seal \(record_sha256\)"):
+        source.resume_position({**saved, "data_record": edited})
+    assert source.resume_position(saved) == (5, 0) and source.resume_position(mid) == (2, 4)
+
+
 def test_bad_positions_and_shards_are_refused(small_index):
     ds = dataset(small_index)
     plan = ramp_plan(ds)
