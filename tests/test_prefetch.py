@@ -11,6 +11,7 @@ mid-prefetch is a StorageError naming the object.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 import weakref
@@ -32,6 +33,7 @@ from detsampler.reads import range_blocks, worker_reads, worker_start
 from detsampler.storage import BlockedObject, StorageError, open_npy
 from detsampler.storage.caches import NEVER, BeladyCache, LRUCache
 from tests.index_copies import copy_with_layouts
+from tests.more_servers import fault_proxy
 from tests.s3_server import create_bucket, moto_server
 
 KIB = 1024
@@ -529,3 +531,36 @@ def test_a_sampler_over_another_plan_is_read_on_demand_with_a_warning(pushed, ca
         " demand, without prefetch"
     ]
     dataset.close()
+
+
+@pytest.mark.parametrize("fault", ["stall", "flip"])
+def test_a_stall_or_a_corrupted_answer_mid_prefetch_is_retried_said_and_the_batches_are_the_local_ones(
+    pushed, s3_endpoint, monkeypatch, caplog, fault
+):
+    # before: a stalled fetch waited in silence (120 s by default); a block corrupted in transit was refused as an
+    # object "edited or replaced after it was written", though a second read was correct
+    local, url = pushed
+    monkeypatch.setenv("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "0.5")
+    with fault_proxy(s3_endpoint) as proxy, caplog.at_level(logging.WARNING, logger="detsampler.storage"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        remote = TokenIndex.open(url)
+        layout = remote.layout(CONFIGS[0])
+        plan = Plan(layout.num_samples, seed=3, global_batch_size=4, micro_batch_size=4)
+        dataset = PackedDataset(remote, layout, prefetch=TIGHT, plan=plan)
+        getattr(proxy, fault)("tokens.npy")  # the prefetcher's first fetch of token blocks
+        want = PackedDataset(local, local.layout(CONFIGS[0]))
+        for ids in DeterministicBatchSampler(plan, 0, stop_step=12):
+            got = dataset.get_batch(ids)
+            assert all(torch.equal(got[k], v) for k, v in want.get_batch(ids).items())
+        stats = dataset.prefetch_stats()
+        dataset.close()
+    assert (stats.served, stats.unplanned) == (12, 0)
+    assert [f for _, path, f in proxy.seen if path.endswith("/tokens.npy") and f] == [fault]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "detsampler.storage"]
+    said = {
+        "stall": r"ranged GET of \d+ ranges failed \(GenericError: no answer within the request timeout of 0\.5 s:"
+        r" .*\); retry 1 of at most 5 in 0\.1 s, 1[01]\d\.\d s left of the 120 s allowed",
+        "flip": r"block \d+ \(bytes \d+\.\.\d+\) failed its checksum as fetched and passed when fetched again:"
+        r" corrupted in transit, recovered",
+    }
+    assert re.fullmatch(rf"storage: {url}/tokens\.npy: {said[fault]}", line), line
