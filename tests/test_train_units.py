@@ -743,10 +743,13 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
     assert data("data.prefetch=false").prefetch is None
     cfg = load_config(
         CONFIGS / "tiny.toml",
-        ["data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072}"],
+        [
+            "data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072,"
+            " max_micro_batches_ahead = 16}"
+        ],
     )
     assert cfg.data.prefetch == PrefetchConfig(
-        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17
+        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17, max_micro_batches_ahead=16
     )
     assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
     assert data("data.worker_start_method=spawn").worker_start_method == "spawn"
@@ -754,7 +757,16 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         (
             "data.prefetch={budget_mb = 64}",
             "DataConfig.prefetch: unknown key(s) ['budget_mb']; allowed keys are ['block_bytes', 'budget_bytes',"
-            " 'cache_bytes', 'threads']",
+            " 'cache_bytes', 'max_micro_batches_ahead', 'threads']",
+        ),
+        (
+            "data.prefetch={max_micro_batches_ahead = 0}",
+            "DataConfig.prefetch: PrefetchConfig.max_micro_batches_ahead must be an integer >= 1, got 0",
+        ),
+        (
+            "data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, block_bytes = 16_777_216}",
+            "DataConfig.prefetch: PrefetchConfig.cache_bytes (2097152) must be >= block_bytes (16777216): a block"
+            " larger than the cache is never held, so every read would fetch it again",
         ),
         ("data.prefetch={threads = 0}", "DataConfig.prefetch: PrefetchConfig.threads must be an integer >= 1, got 0"),
         (

@@ -418,9 +418,11 @@ def open_checked(
     f = path / name
     head, size = first_block(f, block_cache)
     if size != record["size"]:
+        kind = "object" if isinstance(f, RemotePath) else "file"
+        again = "push the index again" if isinstance(f, RemotePath) else "delete the directory and rebuild"
         raise TokenIndexError(
             f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
-            f"{record['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
+            f"{record['size']} bytes: the {kind} was truncated, edited or removed; {again}"
         )
     what = str(path)
     sums = load_sums(path / sums_name(name), record["sums"], size, what)

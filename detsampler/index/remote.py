@@ -44,23 +44,29 @@ def first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[
         return None, None
 
 
-def block_check(url: str, sums: np.ndarray, what: str, block_bytes: int) -> Callable[[int, bytes], None]:
+def block_check(url: str, sums: np.ndarray, what: str, block_bytes: int) -> Callable[..., None]:
     """The check of a fetched block: the CRC-32 of each chunk it holds against ``sums`` (a ChecksumError naming the
-    object, the chunk and its bytes)."""
+    object, the chunk and its bytes; ``again=True``: the block failed when fetched a second time too, so the stored
+    object itself is wrong, which the error says — a block corrupted in transit passes the second time)."""
     per_block = block_bytes // CHUNK_BYTES
     name = url.rsplit("/", 1)[-1]
 
-    def check(block: int, data: bytes) -> None:
+    def check(block: int, data: bytes, again: bool = False) -> None:
         view = memoryview(data)
         for k in range(-(-len(data) // CHUNK_BYTES)):
             c, lo = block * per_block + k, k * CHUNK_BYTES
             got = zlib.crc32(view[lo : lo + CHUNK_BYTES])
             if c >= len(sums) or got != int(sums[c]):
                 start, recorded = block * block_bytes + lo, f"{int(sums[c]):08x}" if c < len(sums) else "none"
+                reads = " on both of two reads" if again else ""
+                cause = (
+                    "the stored object itself is wrong (edited or replaced after it was written), not a transfer error"
+                    if again
+                    else "the object was edited or replaced after it was written"
+                )
                 raise ChecksumError(
                     f"{what}: {name} chunk {c} (bytes {start}..{start + len(view[lo : lo + CHUNK_BYTES]) - 1}) fails"
-                    f" its checksum (crc32 {got:08x}, recorded {recorded}): the object was edited or replaced after it"
-                    " was written",
+                    f" its checksum{reads} (crc32 {got:08x}, recorded {recorded}): {cause}",
                     RemotePath(url),
                 )
 

@@ -37,6 +37,7 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from collections.abc import Sequence as SequenceABC
 from typing import Any
@@ -286,6 +287,8 @@ class PackedDataset(Dataset):
                     worker=0 if info is None else info.id,
                     num_workers=1 if info is None else info.num_workers,
                 )
+                # NOTE: its threads hold the prefetcher, not this dataset: collecting the dataset stops them
+                weakref.finalize(self, _close_prefetcher, weakref.ref(made))
             self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
         return self._prefetcher[1]
 
@@ -409,6 +412,12 @@ def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=proto.dtype)
     storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
     return proto.new(storage).view(shape)
+
+
+def _close_prefetcher(ref: weakref.ref) -> None:
+    made = ref()
+    if made is not None:
+        made.close()
 
 
 def _check_prefetch(prefetch: PrefetchConfig | None, plan: Plan | None, layout: Layout) -> None:
