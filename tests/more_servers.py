@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.s3_server import free_port
 
-__all__ = ["AZURITE_BIN", "azurite", "create_container", "range_http_server"]
+__all__ = ["AZURITE_BIN", "azurite", "create_container", "precondition_dropping_proxy", "range_http_server"]
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURITE_BIN = ROOT / ".venv" / "node" / "node_modules" / ".bin" / "azurite-blob"
@@ -94,6 +94,52 @@ def range_http_server(folder: Path) -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def precondition_dropping_proxy(upstream: str) -> Iterator[str]:
+    """``http://127.0.0.1:PORT``: a real HTTP proxy to ``upstream`` (e.g. moto's S3 server) that drops the
+    ``If-None-Match`` and ``If-Match`` request headers, as an S3-compatible store that ignores preconditions does
+    (the PUT succeeds and overwrites), for the block."""
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    target = urlsplit(upstream)
+
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("if-none-match", "if-match")}
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            conn.request(self.command, self.path, body=body, headers=headers)
+            reply = conn.getresponse()
+            data = reply.read()
+            self.send_response(reply.status, reply.reason)
+            for k, v in reply.getheaders():
+                if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", reply.getheader("Content-Length", "0") if not data else str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            conn.close()
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -14,8 +14,11 @@ import pytest
 from detsampler.cli import main
 from detsampler.index import TokenIndex, build_index
 from detsampler.index.checksums import CHUNK_BYTES, ChecksumError
+from detsampler.index.format import TokenIndexError
 from detsampler.index.push import push_index
 from detsampler.storage import DEFAULT_BLOCK_BYTES, store_for
+from tests.more_servers import precondition_dropping_proxy
+from tests.s3_server import create_bucket, moto_server
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +97,98 @@ def test_verify_tokens_of_a_pre_tokenized_source_says_nothing_was_verified(tmp_p
     assert main(["verify", *argv, *_plan(small_tokenizer), "--tokens"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("index files: nothing verified: 1 pre-tokenized file(s) record no checksum\n")
+
+
+# -- two pushes racing to one prefix ----------------------------------------------------------------------------------
+
+
+def _race(directories: list, url: str) -> tuple[list, list]:
+    """Push each of ``directories`` to ``url`` from its own thread, all released at once by a barrier; returns (the
+    directories whose push returned, the errors of the others)."""
+    import threading
+
+    barrier = threading.Barrier(len(directories))
+    won, lost, threads = [], [], []
+
+    def push(directory) -> None:
+        barrier.wait()
+        try:
+            push_index(directory, url)
+            won.append(directory)
+        except Exception as exc:  # collected and checked by the caller
+            lost.append(exc)
+
+    for directory in directories:
+        threads.append(threading.Thread(target=push, args=(directory,)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join()
+    return won, lost
+
+
+@pytest.fixture(scope="module")
+def rivals(tmp_path_factory) -> list[TokenIndex]:
+    """Two different lengths-only indexes (4.8 MB of lengths each) to push to one prefix."""
+    from detsampler.index.synthetic import synthetic_index
+
+    root = tmp_path_factory.mktemp("rivals")
+    return [synthetic_index(root / name, 1_200_000 + k, mean_length=300) for k, name in enumerate("ab")]
+
+
+def test_two_pushes_racing_to_one_prefix_one_wins_the_other_is_refused(rivals, s3_bucket):
+    """Before issue 31 both pushes returned (both CLIs printed "pushed ..."), and the prefix held one meta.json over the
+    objects of both."""
+    for attempt in range(3):
+        url = f"{s3_bucket}/race-{attempt}/index"
+        won, lost = _race([index.path for index in rivals], url)
+        assert len(won) == 1 and len(lost) == 1, (won, lost)
+        assert isinstance(lost[0], TokenIndexError) and url in str(lost[0]) and "\n" not in str(lost[0])
+        assert "another push" in str(lost[0])
+        assert push_index(won[0], url).exclusive  # moto enforces If-None-Match
+        winner = next(index for index in rivals if index.path == won[0])
+        assert TokenIndex.open(url, verify_tokens=True).fingerprint == winner.fingerprint
+
+
+def test_without_create_only_writes_racing_pushes_never_both_succeed_and_the_push_says_so(
+    rivals, monkeypatch, caplog, capsys
+):
+    """S3 with conditional puts disabled (``AWS_CONDITIONAL_PUT=disabled``, as for a store that has none): the claim,
+    the ETags and the seal are read back; a race is detected (both may be refused), never two successes."""
+    monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
+    with moto_server() as (endpoint, _server):
+        bucket = create_bucket(endpoint, "no-create-only")
+        for attempt in range(3):
+            url = f"{bucket}/race-{attempt}/index"
+            won, lost = _race([index.path for index in rivals], url)
+            assert len(won) <= 1 and len(won) + len(lost) == 2, (won, lost)
+            for exc in lost:
+                assert isinstance(exc, TokenIndexError) and f"push to {url} refused" in str(exc), exc
+            if won:
+                winner = next(index for index in rivals if index.path == won[0])
+                assert TokenIndex.open(url, verify_tokens=True).fingerprint == winner.fingerprint
+        assert "the store does not enforce create-only writes" in caplog.text
+        capsys.readouterr()
+        assert main(["push", str(rivals[0].path), f"{bucket}/alone/index"]) == 0
+        line = capsys.readouterr().out.rstrip()
+        assert line.endswith(
+            "meta.json last; the store does not enforce create-only writes: the claim, the objects' ETags and the"
+            " seal were read back, so a concurrent push to this prefix is detected, not excluded"
+        )
+
+
+def test_a_store_that_ignores_the_create_only_precondition_is_found_out(rivals, monkeypatch, caplog):
+    """An S3-compatible store that ignores ``If-None-Match`` (a real proxy to moto that drops it): the second create of
+    the claim succeeds where it must be refused, so the push reads back as without create-only writes."""
+    with moto_server() as (endpoint, _server), precondition_dropping_proxy(endpoint) as proxy:
+        bucket = create_bucket(endpoint, "ignores-preconditions")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        assert not push_index(rivals[0].path, f"{bucket}/alone/index").exclusive
+        assert "the store does not enforce create-only writes" in caplog.text
+        for attempt in range(3):
+            url = f"{bucket}/race-{attempt}/index"
+            won, lost = _race([index.path for index in rivals], url)
+            assert len(won) <= 1 and len(won) + len(lost) == 2, (won, lost)
+            assert all(isinstance(e, TokenIndexError) and f"push to {url} refused" in str(e) for e in lost), lost
+            if won:
+                winner = next(index for index in rivals if index.path == won[0])
+                assert TokenIndex.open(url, verify_tokens=True).fingerprint == winner.fingerprint

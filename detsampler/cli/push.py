@@ -16,5 +16,10 @@ def cmd_push(args: argparse.Namespace) -> int:
     result = push(args.directory, args.url)
     seal = "manifest.json" if (Path(args.directory) / MANIFEST).is_file() else "meta.json"
     kept = f"; {result.unchanged} sealed records were there already, identical" if result.unchanged else ""
+    if not result.exclusive:
+        kept += (
+            "; the store does not enforce create-only writes: the claim, the objects' ETags and the seal were read"
+            " back, so a concurrent push to this prefix is detected, not excluded"
+        )
     print(f"pushed {result.objects} objects ({result.num_bytes:,} bytes) to {result.url}, {seal} last{kept}")
     return 0
