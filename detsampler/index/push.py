@@ -175,8 +175,14 @@ def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
     if not exclusive:  # a rival that finished before this claim was written: its seals are there now
         _check_seals(store, root, url, seals)
     data = sorted((f for f in files if f not in seals), key=lambda f: ((root / f).stat().st_size, str(f)))
+
+    def put(rel: Path) -> str | None:
+        if not exclusive and _read(store, join(url, CLAIM)) != claim:  # lost the claim: stop writing at once
+            raise _taken(url, _read(store, join(url, CLAIM)), claim)
+        return store.put_tagged(join(url, *rel.parts), root / rel)
+
     with ThreadPoolExecutor(max_workers) as pool:
-        tags = dict(zip(data, pool.map(lambda rel: store.put_tagged(join(url, *rel.parts), root / rel), data)))
+        tags = dict(zip(data, pool.map(put, data)))
     for rel in sorted((f for f in seals if f != Path(seal)), key=str):
         tags[rel] = store.put_tagged(join(url, *rel.parts), root / rel)
     if not exclusive:
