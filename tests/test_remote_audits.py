@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,41 @@ def test_a_store_that_ignores_the_create_only_precondition_is_found_out(rivals, 
                 assert all(isinstance(e, TokenIndexError) and f"push to {url} refused" in str(e) for e in lost), lost
                 if won:
                     _opens_as_or_is_refused(url, next(index for index in rivals if index.path == won[0]))
+
+
+# -- file:// is the local path everywhere; a built index given as --data opens as that index ---------------------------
+
+
+def test_a_built_index_opens_as_data_from_a_bucket_a_local_directory_and_a_file_url(
+    small_index, small_tokenizer, s3_bucket, tmp_path, capsys
+):
+    """Before issue 31 the bucket URL opened, the local directory was read as a corpus and refused ("holds 6 file(s) of
+    no readable kind"), and ``file://`` was refused as remote storage, which the storage layer calls local."""
+    import shutil
+
+    local = tmp_path / "copy" / small_index.path.name
+    shutil.copytree(small_index.path, local, ignore=shutil.ignore_patterns("layouts", "*.lock"))
+    url = f"{s3_bucket}/as-data/{local.name}"
+    push_index(f"file://{local}", url)  # push reads a file:// directory too
+    plan = ["--tokenizer", str(small_tokenizer.path), "--kind", "document", "--seq-len", "64"]
+    plan += ["--global-batch-size", "8", "--micro-batch-size", "2", "--step", "3"]
+    shown = {}
+    for data in (url, str(local), f"file://{local}"):
+        assert main(["show", "--data", data, *plan]) == 0, data
+        shown[data] = capsys.readouterr().out
+    assert shown[url] == shown[str(local)] == shown[f"file://{local}"] and "doc " in shown[url]
+    assert main(["build", "--data", f"file://{local}", "--tokenizer", str(small_tokenizer.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fingerprint"] == small_index.fingerprint
+
+
+def test_file_urls_are_local_paths_for_cache_dirs_and_pre_tokenized_sources(small_tokenizer, tmp_path, capsys):
+    from detsampler.index.sources import open_source
+
+    path = tmp_path / "train.bin"
+    np.array([11, 12, 50256, 13, 50256] * 40, dtype=np.uint16).tofile(path)
+    assert open_source("nanogpt", f"file://{path}").fingerprint == open_source("nanogpt", path).fingerprint
+    args = ["build", "--max-documents", "4", "--tokenizer", str(small_tokenizer.path)]
+    assert main([*args, "--cache-dir", f"file://{tmp_path}/cache", "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)["path"]
+    assert built.startswith(f"{tmp_path}/cache/index-") and (tmp_path / "cache").is_dir()
+    assert not (tmp_path / "file:").exists() and not list(tmp_path.glob("**/file:"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from detsampler.checks import check_local_path
 from detsampler.index.push import push
 from detsampler.index.sharded import MANIFEST
 
@@ -14,7 +15,7 @@ __all__ = ["cmd_push"]
 
 def cmd_push(args: argparse.Namespace) -> int:
     result = push(args.directory, args.url)
-    seal = "manifest.json" if (Path(args.directory) / MANIFEST).is_file() else "meta.json"
+    seal = "manifest.json" if (Path(check_local_path(args.directory, "push")) / MANIFEST).is_file() else "meta.json"
     kept = f"; {result.unchanged} sealed records were there already, identical" if result.unchanged else ""
     if not result.exclusive:
         kept += (

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from detsampler.checks import check_local_path
 from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
 from detsampler.storage import CreateOnlyUnsupportedError, ObjectStore, join, parse_location, store_for
@@ -196,7 +197,7 @@ def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
 def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
     and the atomicity). Returns what was uploaded."""
-    root = Path(directory)
+    root = Path(check_local_path(directory, "push"))
     if not (root / "meta.json").is_file():
         raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
     _check_destination(url)
@@ -212,7 +213,7 @@ def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8
     from detsampler.index.sharded import MANIFEST, TOKENIZED_KIND, ShardedIndex, shard_location
     from detsampler.storage import RemotePath
 
-    root = Path(directory)
+    root = Path(check_local_path(directory, "push"))
     _check_destination(url)
     index = ShardedIndex.open(root)
     entries = index.meta["shards"]
@@ -244,6 +245,6 @@ def push(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> Pus
     """:func:`push_sharded` for a directory holding a sharded index's manifest, else :func:`push_index`."""
     from detsampler.index.sharded import MANIFEST
 
-    if (Path(directory) / MANIFEST).is_file():
+    if (Path(check_local_path(directory, "push")) / MANIFEST).is_file():
         return push_sharded(directory, url, max_workers=max_workers)
     return push_index(directory, url, max_workers=max_workers)
