@@ -113,11 +113,12 @@ def read_in_full(array: RemoteArray, sums: np.ndarray, what: str) -> str:
     ``sums`` as it arrives (a ChecksumError names the first that fails) and return the sha256 of the whole object.
 
     The full check of an audit (``verify --tokens``): memory is :data:`FULL_READ_BLOCKS` blocks whatever the object's
-    size (blocks are hashed and dropped, never kept, so no cache is filled), one line is logged when it starts and one
-    every :data:`PROGRESS_BYTES`."""
+    size (blocks are hashed and dropped, never kept, so no cache is filled); for an object of more than one block, one
+    line is logged when it starts and one every :data:`PROGRESS_BYTES`."""
     url, size = array.source.url, array.source.size
     source = BlockedObject(url, size, check=block_check(url, sums, what, DEFAULT_BLOCK_BYTES), recent_blocks=1)
-    logger.info("verify: reading %s in full (%s bytes)", url, f"{size:,}")
+    if size > DEFAULT_BLOCK_BYTES:  # long work: say what is read (a small file is read in one request)
+        logger.info("verify: reading %s in full (%s bytes)", url, f"{size:,}")
     h, done, logged = hashlib.sha256(), 0, 0
     for first in range(0, source.num_blocks, FULL_READ_BLOCKS):
         got = source.fetch(range(first, min(first + FULL_READ_BLOCKS, source.num_blocks)))
