@@ -28,7 +28,14 @@ from pathlib import Path
 from detsampler.checks import check_local_path
 from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
-from detsampler.storage import CreateOnlyUnsupportedError, ObjectStore, join, parse_location, store_for
+from detsampler.storage import (
+    CreateOnlyUnsupportedError,
+    ObjectNotFoundError,
+    ObjectStore,
+    join,
+    parse_location,
+    store_for,
+)
 
 __all__ = ["CLAIM", "PushResult", "push", "push_index", "push_sharded"]
 
@@ -71,8 +78,11 @@ def _check_destination(url: str) -> None:
 
 
 def _read(store: ObjectStore, url: str) -> bytes | None:
-    """The whole object at ``url``, or None when there is none."""
-    return store.read_head(url, -1)[0] if store.exists(url) else None
+    """The whole object at ``url`` (one GET), or None when there is none."""
+    try:
+        return store.read_head(url, -1)[0]
+    except ObjectNotFoundError:
+        return None
 
 
 def _check_seals(store: ObjectStore, root: Path, url: str, seals: list[Path]) -> int:
