@@ -24,7 +24,15 @@ from pathlib import Path
 
 from tests.s3_server import free_port
 
-__all__ = ["AZURITE_BIN", "FaultProxy", "azurite", "create_container", "fault_proxy", "range_http_server"]
+__all__ = [
+    "AZURITE_BIN",
+    "FaultProxy",
+    "azurite",
+    "create_container",
+    "fault_proxy",
+    "precondition_dropping_proxy",
+    "range_http_server",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURITE_BIN = ROOT / ".venv" / "node" / "node_modules" / ".bin" / "azurite-blob"
@@ -140,9 +148,10 @@ class FaultProxy:
 
 
 @contextlib.contextmanager
-def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
+def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = ()) -> Iterator[FaultProxy]:
     """A :class:`FaultProxy` listening on a free loopback port (its ``endpoint``) that forwards every request to
-    ``upstream`` (``http://host:port``), for the block. Point a client at it with ``AWS_ENDPOINT_URL``."""
+    ``upstream`` (``http://host:port``), without the request headers named in ``drop_headers`` (lower case), for the
+    block. Point a client at it with ``AWS_ENDPOINT_URL``."""
     import http.client
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import urlsplit
@@ -165,7 +174,8 @@ def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
                 return
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
             try:
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in drop_headers}
+                conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
                 headers = answer.getheaders()
@@ -198,3 +208,12 @@ def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
         proxy.released.set()
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def precondition_dropping_proxy(upstream: str) -> Iterator[str]:
+    """``http://127.0.0.1:PORT``: a real HTTP proxy to ``upstream`` (e.g. moto's S3 server) that drops the
+    ``If-None-Match`` and ``If-Match`` request headers, as an S3-compatible store that ignores preconditions does
+    (the PUT succeeds and overwrites), for the block."""
+    with fault_proxy(upstream, drop_headers=("if-none-match", "if-match")) as proxy:
+        yield proxy.endpoint

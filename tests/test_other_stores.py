@@ -54,6 +54,20 @@ def test_an_index_pushed_to_azure_blob_storage_reads_the_local_batches(local, co
     assert_same_batches(local, remote)
 
 
+def test_two_pushes_racing_to_one_azure_prefix_one_wins_the_other_is_refused(container, tmp_path):
+    """Azure's create-only write (``If-None-Match: *``, answered 409) holds the prefix for one push (issue 31)."""
+    from detsampler.index.synthetic import synthetic_index
+    from tests.test_remote_audits import _race
+
+    rivals = [synthetic_index(tmp_path / name, 300_000 + k, mean_length=300) for k, name in enumerate("ab")]
+    url = f"{container}/race/index"
+    won, lost = _race([index.path for index in rivals], url)
+    assert len(won) == 1 and len(lost) == 1 and f"push to {url} refused: another push holds" in str(lost[0])
+    winner = next(index for index in rivals if index.path == won[0])
+    assert TokenIndex.open(url, verify_tokens=True).fingerprint == winner.fingerprint
+    assert push_index(winner.path, url).exclusive
+
+
 def test_a_tampered_azure_blob_is_refused_by_its_chunk_checksum(local, container):
     url = f"{container}/tampered/{local.path.name}"
     push_index(local.path, url)

@@ -240,6 +240,9 @@ def test_a_push_killed_midway_leaves_nothing_that_opens(s3_bucket, s3_endpoint, 
     assert not store.exists(f"{url}/meta.json")
     with pytest.raises(TokenIndexError, match="no meta.json"):
         TokenIndex.open(url)
+    other = synthetic_index(tmp_path / "other", 1000)  # its claim says the prefix is being pushed for another index
+    with pytest.raises(TokenIndexError, match=f"push to {url} refused: another push holds this prefix"):
+        push_index(other.path, url)
     push_index(index.path, url)  # pushing again completes it
     assert TokenIndex.open(url).num_documents == 6_000_000
 

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from detsampler.cli.inputs import prepare, show_progress
+from detsampler.cli.inputs import prepare, show_progress, verify_files
 from detsampler.cli.options import layout_config
 from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows, rel
 
@@ -74,12 +74,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         if args.data is not None:
             raise ValueError("give either --data or --from KIND PATH, not both")
         args.data = f"{args.source[0]}:{args.source[1]}"
-    prepared = prepare(args, verify_tokens=args.verify_tokens)
+    prepared = prepare(args)
+    audit = verify_files(prepared.index).line() if args.verify_tokens else None  # a full read, before any output
     if args.layout:
         _push_layout(prepared, layout_config(args), args.num_proc)
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
     summary = prepared.index.summary()
+    if audit is not None:
+        summary["verified"] = audit
+        if not args.json:
+            print(audit)
     if "source_kind" in summary:
         return _print_source(summary, args.json)
     summary["tokenizer_path"] = None if prepared.tokenizer is None else prepared.tokenizer.path

@@ -11,7 +11,7 @@ from typing import Any
 
 from detsampler.cli.against import report_against
 from detsampler.cli.checkpoint import open_audit
-from detsampler.cli.inputs import mixture_plan, prepare, verified_line, verify_files
+from detsampler.cli.inputs import mixture_plan, prepare, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
 from detsampler.cli.redactions import print_redactions, redaction_rows
@@ -76,10 +76,8 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         + ")"
     )
     if getattr(args, "tokens", False):
-        for p in audit.prepared:
-            verify_files(p.index)
-        for p in audit.prepared:
-            print(verified_line(p.index))
+        for line in [verify_files(p.index).line() for p in audit.prepared]:  # every check before any line
+            print(line)
     if audit.labels is None:
         report = verify_plan(plan, a, b)
         layout = audit.layouts[0]
@@ -119,9 +117,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = mixture_config(args)
     if config is not None:
         return _cmd_verify_mixture(args, config)
-    prepared = prepare(args, verify_tokens=getattr(args, "tokens", False))
+    prepared = prepare(args)
     if getattr(args, "tokens", False):
-        print(verified_line(prepared.index))
+        print(verify_files(prepared.index).line())
     layout = prepared.index.layout(layout_config(args))
     plan = plan_from_args(args, layout.num_samples)
     a, b = args.steps
@@ -136,8 +134,7 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     prepared, layouts, plan = mixture_plan(args, config)
     if getattr(args, "tokens", False):
         for p, name in zip(prepared, config.labels):
-            verify_files(p.index)
-            print(f"source {name}: {verified_line(p.index)}")
+            print(f"source {name}: {verify_files(p.index).line()}")
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, layouts, config.labels)

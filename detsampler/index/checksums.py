@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
-from detsampler.index.remote import first_block, open_remote, reblocked
+from detsampler.index.remote import first_block, open_remote, read_in_full, reblocked
 from detsampler.ranges import concat_ranges
 from detsampler.storage import BlockCache, RemoteArray, RemotePath
 
@@ -140,6 +140,7 @@ class VerifiedArray:
         self._sums = sums
         self._what = what
         self._checked = np.zeros(len(sums), dtype=bool)
+        self._read_in_full: str | None = None  # a remote object's sha256, once a full read checked every block
         if isinstance(
             array, RemoteArray
         ):  # its blocks are checked against ``sums`` as they arrive (detsampler.index.remote)
@@ -187,6 +188,10 @@ class VerifiedArray:
         return f"VerifiedArray({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._raw is None:  # a remote array: the read fetches every block, each checked as it arrives
+            out = np.asarray(self._array, dtype=dtype)
+            self._checked[:] = True
+            return out
         self.verify_all()
         return np.asarray(self._array, dtype=dtype)
 
@@ -315,22 +320,26 @@ class VerifiedArray:
         return CHUNK_BYTES // self.dtype.itemsize
 
     def verify_all(self) -> None:
-        """Check every chunk not checked yet (reads the whole file once)."""
+        """Check every chunk not checked yet (reads the whole file once). A remote object is read in full from the
+        store, every block fetched and checked (:func:`~detsampler.index.remote.read_in_full`: streamed, bounded
+        memory), once per array, whatever its reads fetched before; its sha256 is taken in the same pass."""
+        if self._raw is None:
+            if self._read_in_full is None:
+                self._read_in_full = read_in_full(self._array, self._sums, self._what)
+                self._checked[:] = True
+            return
         self._verify(np.flatnonzero(~self._checked))
 
     def sha256(self) -> str:
-        """The sha256 (hex) of the whole file or object (a full read; a remote one block by block, each checked)."""
+        """The sha256 (hex) of the whole file or object (a full read; a remote one by :meth:`verify_all`, every block
+        checked, once)."""
         if self._raw is not None:
             from detsampler.index.files import sha256_file
 
             return sha256_file(self.path)
-        source, h = self._array.source, hashlib.sha256()
-        step = max(1, (64 << 20) // source.block_bytes)
-        for first in range(0, source.num_blocks, step):
-            got = source.blocks(range(first, min(first + step, source.num_blocks)))
-            for b in sorted(got):
-                h.update(got[b])
-        return h.hexdigest()
+        self.verify_all()
+        assert self._read_in_full is not None
+        return self._read_in_full
 
     # -- internals
     def _check_few_ranges(self, starts: list[int], stops: list[int]) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from detsampler.checks import check_int, check_positive_int
+from detsampler.checks import check_int, check_local_path, check_positive_int
 from detsampler.index.build import build_index, build_key
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
@@ -56,6 +56,10 @@ class IndexConfig:
     completion_column: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("data", "cache_dir"):  # file:// is the local path, everywhere (detsampler.storage.parse_location)
+            value = getattr(self, name)
+            if isinstance(value, str) and value[:7].lower() == "file://":
+                object.__setattr__(self, name, check_local_path(value, name))
         _ = self.special_tokens  # validates add_bos / add_eos
         if self.completion_column is not None and self.loss_policy is None:
             raise ValueError("completion_column is for chat data: pass loss_policy too (completion or all)")
@@ -153,9 +157,10 @@ def _in_object_store(data: str) -> bool:
         return False
 
 
-def _prepare_remote(config: IndexConfig) -> Prepared:
-    """A built index in an object store given as ``data`` (``s3://…/index-…``, uploaded by ``detsampler push``), read
-    by ranged requests; there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
+def _prepare_built(config: IndexConfig) -> Prepared:
+    """A built index given as ``data``: in an object store (``s3://…/index-…``, uploaded by ``detsampler push``, read by
+    ranged requests) or a local index directory (one holding ``meta.json``), opened as it is, as the one and the other;
+    there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
     from detsampler.index.sharded import MANIFEST, open_index
     from detsampler.storage import as_path
 
@@ -169,8 +174,9 @@ def _prepare_remote(config: IndexConfig) -> Prepared:
     index = open_index(config.data)
     if not getattr(index, "store_tokens", True):
         raise ValueError(
-            f"data {config.data!r} is an index that stores no tokens (built with --no-store-tokens): read from an "
-            "object store it has no dataset to tokenize; build it with stored tokens and push it again"
+            f"data {config.data!r} is an index that stores no tokens (built with --no-store-tokens): opened as data it "
+            "has no dataset to tokenize; build it with stored tokens"
+            + (" and push it again" if _in_object_store(config.data) else "")
         )
     tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer)
     if tokenizer is not None:
@@ -214,8 +220,8 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
 
     if is_source_spec(config.data):
         return open_prepared_source(config)
-    if config.data is not None and _in_object_store(config.data):
-        return _prepare_remote(config)
+    if config.data is not None and (_in_object_store(config.data) or (Path(config.data) / "meta.json").is_file()):
+        return _prepare_built(config)
     if config.data is not None and (Path(config.data) / MANIFEST).is_file():
         return _prepare_sharded(config)
     dataset = load_dataset_for(config)

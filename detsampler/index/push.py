@@ -5,33 +5,59 @@ after its own objects; the index's sealed ``meta.json`` last of all. An index is
 reader never sees a half-uploaded index: an upload killed at any moment leaves objects that nothing opens, and pushing
 again completes it. A destination that already holds a different sealed record (another index under the same name) is
 refused before anything is written: objects of two indexes are never mixed under one seal.
+
+Pushes racing to one prefix: before writing any data a push claims the prefix by a create-only write of
+``push-claim.json`` (the sha256 of the seal it will write); a push that finds another index's claim there is refused
+before writing anything, so of two pushes of different indexes exactly one writes, and the seal itself is written
+create-only and read back. A store that offers no create-only write (or ignores its precondition: a second create of
+the claim must be refused) gets the claim written and read back instead, and every object's ETag checked against the
+one its PUT returned before the seal is written and after: a concurrent push is then detected (both may be refused),
+not excluded, and the push says so (:attr:`PushResult.exclusive` is False).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from detsampler.checks import check_local_path
 from detsampler.index.format import TokenIndexError
 from detsampler.index.reader import TokenIndex
-from detsampler.storage import StorageError, join, parse_location, store_for
+from detsampler.storage import (
+    CreateOnlyUnsupportedError,
+    ObjectNotFoundError,
+    ObjectStore,
+    join,
+    parse_location,
+    store_for,
+)
 
-__all__ = ["PushResult", "push", "push_index", "push_sharded"]
+__all__ = ["CLAIM", "PushResult", "push", "push_index", "push_sharded"]
 
 SEALS = ("meta.json", "layout.json")
+CLAIM = "push-claim.json"  # written first, create-only: which seal this prefix is being pushed for
+_CLAIM_KIND = "detsampler-push-claim"
 _LOCAL_ONLY = (".verified-", ".verify.lock", ".tmp", ".lock")
+
+logger = logging.getLogger("detsampler")
 
 
 @dataclass(frozen=True)
 class PushResult:
-    """What a push did: objects and bytes uploaded, sealed records left as they were (already there, identical)."""
+    """What a push did: objects and bytes uploaded, sealed records left as they were (already there, identical), and
+    whether the prefix was held by create-only writes (``exclusive``; False: the store has none, so a concurrent push
+    was checked for by reading back, not excluded)."""
 
     url: str
     objects: int
     num_bytes: int
     unchanged: int
+    exclusive: bool = True
 
 
 def _files(directory: Path) -> list[Path]:
@@ -51,36 +77,137 @@ def _check_destination(url: str) -> None:
         )
 
 
+def _read(store: ObjectStore, url: str) -> bytes | None:
+    """The whole object at ``url`` (one GET), or None when there is none."""
+    try:
+        return store.read_head(url, -1)[0]
+    except ObjectNotFoundError:
+        return None
+
+
+def _check_seals(store: ObjectStore, root: Path, url: str, seals: list[Path]) -> int:
+    """Refuse a destination whose sealed records differ from ``root``'s; returns how many are there, identical."""
+    unchanged = 0
+    for rel in seals:
+        dest = join(url, *rel.parts)
+        there = _read(store, dest)
+        if there is not None and there != (root / rel).read_bytes():
+            raise TokenIndexError(
+                f"{dest} already holds a different sealed record than {str(root / rel)!r}: another index was pushed"
+                " there; push to another prefix (or delete that one first)"
+            )
+        unchanged += there is not None
+    return unchanged
+
+
+def _claim_record(seal: Path) -> bytes:
+    """The claim of a push of ``seal`` (a ``meta.json`` or ``manifest.json``): its name and sha256."""
+    sha = hashlib.sha256(seal.read_bytes()).hexdigest()
+    return json.dumps({"kind": _CLAIM_KIND, "seal": seal.name, "sha256": sha}, sort_keys=True).encode()
+
+
+def _taken(url: str, theirs: bytes | None, ours: bytes) -> TokenIndexError:
+    """The refusal of a push that finds another push's claim on ``url``."""
+    try:
+        other = json.loads(theirs or b"")["sha256"][:16]
+    except (ValueError, KeyError, TypeError):
+        other = "?"
+    return TokenIndexError(
+        f"push to {url} refused: another push holds this prefix ({CLAIM} is for a {json.loads(ours)['seal']} of sha256"
+        f" {other}..., this push's is {json.loads(ours)['sha256'][:16]}...): a push of another index to it is running"
+        " or unfinished; push to another prefix, push that index again to finish it, or delete the prefix first"
+    )
+
+
+def _claim(store: ObjectStore, url: str, claim: bytes) -> bool:
+    """Claim ``url`` for this push (see the module doc); returns whether the claim is exclusive (a create-only write
+    the store enforces). A claim of another push is refused; this push's own (an earlier or concurrent push of the same
+    index) is taken over."""
+    where = join(url, CLAIM)
+    try:
+        created = store.create(where, claim)
+        enforced = not created or not store.create(where, claim)  # a second create must be refused
+    except CreateOnlyUnsupportedError:
+        created, enforced = None, False
+    if enforced:
+        if not created and _read(store, where) != claim:
+            raise _taken(url, _read(store, where), claim)
+        return True
+    logger.warning(
+        "detsampler: push to %s: the store does not enforce create-only writes: the claim, the objects' ETags and the"
+        " seal are read back instead, so a concurrent push to this prefix is detected, not excluded",
+        url,
+    )
+    if created is None:
+        store.put(where, claim)
+    if _read(store, where) != claim:
+        raise _taken(url, _read(store, where), claim)
+    return False
+
+
+def _check_written(store: ObjectStore, url: str, tags: dict[Path, str | None], claim: bytes) -> None:
+    """Without create-only writes: refuse unless the claim is still this push's and every object still has the ETag
+    its PUT returned (another push wrote over them otherwise)."""
+    if _read(store, join(url, CLAIM)) != claim:
+        raise _taken(url, _read(store, join(url, CLAIM)), claim)
+    for rel, tag in tags.items():
+        dest = join(url, *rel.parts)
+        if tag is not None and store.version(dest)[1] != str(tag):
+            raise TokenIndexError(
+                f"push to {url} refused: {dest} was written over by another push while this one ran (its ETag is not"
+                " the one this push's PUT returned): the prefix holds a mix; delete it and push one index again"
+            )
+
+
+def _write_seal(store: ObjectStore, url: str, seal: Path, exclusive: bool) -> None:
+    """Write ``seal`` at ``url`` last (create-only where the store enforces it), then read it back."""
+    dest, data = join(url, seal.name), seal.read_bytes()
+    if not exclusive:
+        store.put(dest, data)
+    elif not store.create(dest, data) and _read(store, dest) != data:
+        raise TokenIndexError(f"push to {url} refused: {dest} was written by another push meanwhile; nothing sealed")
+    if _read(store, dest) != data:
+        raise TokenIndexError(
+            f"push to {url} refused: {dest} does not hold what this push wrote (another push wrote over it); delete"
+            " the prefix and push one index again"
+        )
+
+
 def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
-    """Every file under ``root`` to ``url``: data first (smallest first), then ``layout.json`` records, ``seal`` last;
-    a destination holding different sealed records is refused before anything is written."""
+    """Every file under ``root`` to ``url``: the claim, data (smallest first), ``layout.json`` records, ``seal`` last;
+    a destination holding different sealed records, or another push's claim, is refused before anything is written."""
     store = store_for(url)
+    assert isinstance(store, ObjectStore)  # _check_destination refused a local one
     files = _files(root)
     seals = [f for f in files if f.name in (*SEALS, seal)]
-    unchanged = 0
-    for rel in seals:  # refuse a conflicting destination before writing anything
-        dest = join(url, *rel.parts)
-        if store.exists(dest):
-            if store.read_ranges(dest, [(0, store.size(dest))])[0] != (root / rel).read_bytes():
-                raise TokenIndexError(
-                    f"{dest} already holds a different sealed record than {str(root / rel)!r}: another index was pushed"
-                    " there; push to another prefix (or delete that one first)"
-                )
-            unchanged += 1
+    unchanged = _check_seals(store, root, url, seals)
+    claim = _claim_record(root / seal)
+    exclusive = _claim(store, url, claim)
+    if not exclusive:  # a rival that finished before this claim was written: its seals are there now
+        _check_seals(store, root, url, seals)
     data = sorted((f for f in files if f not in seals), key=lambda f: ((root / f).stat().st_size, str(f)))
+
+    def put(rel: Path) -> str | None:
+        if not exclusive and _read(store, join(url, CLAIM)) != claim:  # lost the claim: stop writing at once
+            raise _taken(url, _read(store, join(url, CLAIM)), claim)
+        return store.put_tagged(join(url, *rel.parts), root / rel)
+
     with ThreadPoolExecutor(max_workers) as pool:
-        list(pool.map(lambda rel: store.put(join(url, *rel.parts), root / rel), data))
-    for rel in [*sorted((f for f in seals if f != Path(seal)), key=str), Path(seal)]:
-        store.put(join(url, *rel.parts), root / rel)
-    if not store.exists(join(url, seal)):  # pragma: no cover - a store that lost a completed PUT
-        raise StorageError(f"{join(url, seal)}: uploaded but not found")
-    return PushResult(url, len(files), sum((root / f).stat().st_size for f in files), unchanged)
+        tags = dict(zip(data, pool.map(put, data)))
+    for rel in sorted((f for f in seals if f != Path(seal)), key=str):
+        tags[rel] = store.put_tagged(join(url, *rel.parts), root / rel)
+    if not exclusive:
+        _check_written(store, url, tags, claim)
+    _write_seal(store, url, root / seal, exclusive)
+    if not exclusive:
+        _check_written(store, url, tags, claim)
+    return PushResult(url, len(files), sum((root / f).stat().st_size for f in files), unchanged, exclusive)
 
 
 def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
     and the atomicity). Returns what was uploaded."""
-    root = Path(directory)
+    root = Path(check_local_path(directory, "push"))
     if not (root / "meta.json").is_file():
         raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
     _check_destination(url)
@@ -96,7 +223,7 @@ def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8
     from detsampler.index.sharded import MANIFEST, TOKENIZED_KIND, ShardedIndex, shard_location
     from detsampler.storage import RemotePath
 
-    root = Path(directory)
+    root = Path(check_local_path(directory, "push"))
     _check_destination(url)
     index = ShardedIndex.open(root)
     entries = index.meta["shards"]
@@ -106,19 +233,28 @@ def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8
             f"sharded index {str(root)!r} has {len(foreign)} pre-tokenized shards (first {foreign[0]!r}): push uploads "
             "indexes only"
         )
-    objects = num_bytes = unchanged = 0
-    for entry in entries:
-        dest = shard_location(RemotePath(url), entry["path"])
-        done = push_index(shard_location(root, entry["path"]), str(dest), max_workers=max_workers)
-        objects, num_bytes, unchanged = objects + done.objects, num_bytes + done.num_bytes, unchanged + done.unchanged
-    done = _upload(root, url, MANIFEST, max_workers)
-    return PushResult(url, objects + done.objects, num_bytes + done.num_bytes, unchanged + done.unchanged)
+    done = [
+        push_index(
+            shard_location(root, entry["path"]),
+            str(shard_location(RemotePath(url), entry["path"])),
+            max_workers=max_workers,
+        )
+        for entry in entries
+    ]
+    done.append(_upload(root, url, MANIFEST, max_workers))
+    return PushResult(
+        url,
+        sum(d.objects for d in done),
+        sum(d.num_bytes for d in done),
+        sum(d.unchanged for d in done),
+        all(d.exclusive for d in done),
+    )
 
 
 def push(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """:func:`push_sharded` for a directory holding a sharded index's manifest, else :func:`push_index`."""
     from detsampler.index.sharded import MANIFEST
 
-    if (Path(directory) / MANIFEST).is_file():
+    if (Path(check_local_path(directory, "push")) / MANIFEST).is_file():
         return push_sharded(directory, url, max_workers=max_workers)
     return push_index(directory, url, max_workers=max_workers)

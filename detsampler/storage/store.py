@@ -30,6 +30,7 @@ from detsampler.atomic import atomic_write
 from detsampler.storage.urls import Location, join, parse_location
 
 __all__ = [
+    "CreateOnlyUnsupportedError",
     "LocalStore",
     "ObjectNotFoundError",
     "ObjectStore",
@@ -52,6 +53,10 @@ class StorageError(OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object that does not exist."""
+
+
+class CreateOnlyUnsupportedError(StorageError):
+    """A create-only write (:meth:`ObjectStore.create`) asked of a store that offers none."""
 
 
 @runtime_checkable
@@ -399,6 +404,32 @@ class ObjectStore:
     def put(self, url: str, data: bytes | Path) -> None:
         loc = parse_location(url)
         self._call(url, "PUT", lambda: _obstore().put(self._client(loc), loc.key, data))
+
+    def put_tagged(self, url: str, data: bytes | Path) -> str | None:
+        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none)."""
+        loc = parse_location(url)
+        try:
+            return _obstore().put(self._client(loc), loc.key, data).get("e_tag")
+        except Exception as exc:
+            raise self._fail(url, "PUT", exc) from None
+
+    def create(self, url: str, data: bytes) -> bool:
+        """Write ``data`` at ``url`` only if no object is there: one conditional PUT (``If-None-Match: *``; Azure's
+        equivalent). True when written, False when an object was there already (nothing written). Raises
+        :class:`CreateOnlyUnsupportedError` when the store offers no create-only write (obstore's ``NotImplemented``:
+        e.g. S3 with ``AWS_CONDITIONAL_PUT=disabled``, an HTTP server)."""
+        from obstore.exceptions import AlreadyExistsError
+
+        loc = parse_location(url)
+        try:
+            _obstore().put(self._client(loc), loc.key, data, mode="create")
+        except AlreadyExistsError:
+            return False
+        except NotImplementedError:
+            raise CreateOnlyUnsupportedError(f"{url}: this store does not support create-only writes") from None
+        except Exception as exc:
+            raise self._fail(url, "create-only PUT", exc) from None
+        return True
 
     def delete(self, url: str) -> None:
         loc = parse_location(url)
