@@ -122,6 +122,8 @@ class FaultProxy:
     def __init__(self, endpoint: str, upstream: str) -> None:
         self.endpoint, self.upstream = endpoint, upstream
         self.seen: list[tuple[str, str, str]] = []
+        self.answered: list[tuple[str, str, str, int]] = []
+        self.in_flight = self.peak_in_flight = 0
         self._armed: list[list] = []  # [fault, path_part, times left]
         self._lock = threading.Lock()
         self.released = threading.Event()  # set when the proxy stops: a stalled request's thread then ends
@@ -146,12 +148,28 @@ class FaultProxy:
             self.seen.append((method, path, fault))
             return fault
 
+    def arrive(self, delta: int) -> None:
+        with self._lock:
+            self.in_flight += delta
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def answer(self, method: str, path: str, byte_range: str, num_bytes: int) -> None:
+        with self._lock:
+            self.answered.append((method, path, byte_range, num_bytes))
+
+    def fetched(self, path_part: str = "") -> tuple[int, int]:
+        """``(GET requests, bytes of their bodies)`` answered so far for paths containing ``path_part``."""
+        with self._lock:
+            got = [n for m, p, _, n in self.answered if m == "GET" and path_part in p]
+        return len(got), sum(got)
+
 
 @contextlib.contextmanager
-def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = ()) -> Iterator[FaultProxy]:
+def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = (), hold_s: float = 0.0) -> Iterator[FaultProxy]:
     """A :class:`FaultProxy` listening on a free loopback port (its ``endpoint``) that forwards every request to
-    ``upstream`` (``http://host:port``), without the request headers named in ``drop_headers`` (lower case), for the
-    block. Point a client at it with ``AWS_ENDPOINT_URL``."""
+    ``upstream`` (``http://host:port``), without the request headers named in ``drop_headers`` (lower case), each held
+    ``hold_s`` seconds before it is forwarded (a round trip's latency), for the block. Point a client at it with
+    ``AWS_ENDPOINT_URL``."""
     import http.client
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import urlsplit
@@ -165,6 +183,15 @@ def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = ()) -> Iterator[F
             pass
 
         def _forward(self) -> None:
+            proxy.arrive(1)
+            try:
+                if hold_s:
+                    time.sleep(hold_s)
+                self._answer()
+            finally:
+                proxy.arrive(-1)
+
+        def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             fault = proxy.fault_for(self.command, self.path)
@@ -192,6 +219,7 @@ def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = ()) -> Iterator[F
             if self.command != "HEAD":
                 self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            proxy.answer(self.command, self.path, self.headers.get("Range") or "", len(data))
             if self.command != "HEAD":
                 self.wfile.write(data)
 

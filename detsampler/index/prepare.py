@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -283,4 +284,20 @@ def prepare_sources(base: IndexConfig, sources: Sequence[str], progress: bool = 
         One :class:`Prepared` per source, in the order of ``sources``.
     """
     tokenizer = base.tokenizer or str(default_tokenizer(base.cache_path, vocab_size=base.vocab_size).path)
-    return [prepare_index(replace(base, data=src, tokenizer=str(tokenizer)), progress=progress) for src in sources]
+    configs = [replace(base, data=src, tokenizer=str(tokenizer)) for src in sources]
+    if len(configs) > 1 and all(_opened_as_it_is(c.data) for c in configs):
+        # NOTE: opening reads nothing but a few small files per source, and in a bucket each read is a round trip:
+        # the sources' requests go out together (a build, which takes a lock and the cores, stays one at a time)
+        with ThreadPoolExecutor(min(len(configs), _OPEN_THREADS), thread_name_prefix="detsampler-open") as pool:
+            return list(pool.map(lambda c: prepare_index(c, progress=progress), configs))
+    return [prepare_index(c, progress=progress) for c in configs]
+
+
+_OPEN_THREADS = 8  # sources opened at once
+
+
+def _opened_as_it_is(data: Any) -> bool:
+    """Whether ``data`` is opened, never built: a pre-tokenized source (``KIND:PATH``) or an index in a bucket."""
+    from detsampler.index.sources import is_source_spec
+
+    return is_source_spec(data) or (data is not None and _in_object_store(data))

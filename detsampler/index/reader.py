@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,22 @@ from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["TokenIndex"]
+
+
+def _open_arrays(
+    path: Path | RemotePath, files: dict, wanted: dict[str, tuple[np.dtype, tuple[int, ...]]], cache: BlockCache | None
+) -> dict[str, VerifiedArray]:
+    """``open_checked`` of each array of ``wanted`` (name: dtype, shape); in an object store all at once (each is a
+    first block and a checksum file: two round trips, whatever the number of arrays). An error names the first array,
+    in ``wanted``'s order, that fails."""
+
+    def open_one(name: str) -> VerifiedArray:
+        return open_checked(path, files, name, *wanted[name], cache)
+
+    if not isinstance(path, RemotePath) or len(wanted) < 2:
+        return {name: open_one(name) for name in wanted}
+    with ThreadPoolExecutor(len(wanted), thread_name_prefix="detsampler-open") as pool:
+        return dict(zip(wanted, pool.map(open_one, wanted)))
 
 
 def _read_meta(path: Path | RemotePath) -> dict:
@@ -227,21 +244,16 @@ class TokenIndex:
             raise TokenIndexError(
                 f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild"
             ) from None
-        arrays = {
-            "lengths.npy": open_checked(path, files, "lengths.npy", _lengths_dtype(path, meta), (n_docs,), block_cache)
-        }
+        wanted = {"lengths.npy": (_lengths_dtype(path, meta), (n_docs,))}
         if store or meta["format_version"] != LENGTHS_FORMAT_VERSION or "offsets.npy" in files:
-            arrays["offsets.npy"] = open_checked(
-                path, files, "offsets.npy", np.dtype(np.int64), (n_docs + 1,), block_cache
-            )
+            wanted["offsets.npy"] = (np.dtype(np.int64), (n_docs + 1,))
         if store:
-            arrays["tokens.npy"] = open_checked(path, files, "tokens.npy", token_dtype(vocab), (n_tok,), block_cache)
+            wanted["tokens.npy"] = (token_dtype(vocab), (n_tok,))
         if meta["format_version"] == CHAT_FORMAT_VERSION and not isinstance(meta.get("chat"), dict):
             raise TokenIndexError(f"index {str(path)!r}: format {CHAT_FORMAT_VERSION} but meta.json has no chat record")
         if store and meta["format_version"] == CHAT_FORMAT_VERSION:
-            arrays["loss_mask.npy"] = open_checked(
-                path, files, "loss_mask.npy", np.dtype(np.uint8), (n_tok,), block_cache
-            )
+            wanted["loss_mask.npy"] = (np.dtype(np.uint8), (n_tok,))
+        arrays = _open_arrays(path, files, wanted, block_cache)
         if verify_tokens:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays.get("offsets.npy"), arrays.get("tokens.npy")

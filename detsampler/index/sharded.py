@@ -25,6 +25,7 @@ import json
 import os
 import posixpath
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 MANIFEST_KIND = "detsampler-sharded-index"
 MANIFEST_VERSION = 1
+_OPEN_THREADS = 16  # shards in an object store opened at once
 
 
 ShardReader = Index  # a shard is any index: a TokenIndex or a pre-tokenized TokenSource (detsampler.index.protocol)
@@ -200,7 +202,11 @@ def open_shards(root: str | os.PathLike, entries: list[dict]) -> list[ShardReade
     root = as_path(root)
     if not entries:
         raise TokenIndexError(f"sharded index {str(root)!r}: {MANIFEST} lists no shards")
-    shards = [_open_shard(root, e, k) for k, e in enumerate(entries)]
+    if isinstance(root, RemotePath) and len(entries) > 1:  # each shard's few small reads: all shards' at once
+        with ThreadPoolExecutor(min(len(entries), _OPEN_THREADS), thread_name_prefix="detsampler-open") as pool:
+            shards = list(pool.map(lambda k: _open_shard(root, entries[k], k), range(len(entries))))
+    else:
+        shards = [_open_shard(root, e, k) for k, e in enumerate(entries)]
     _check_compatible(root, entries, shards)
     return shards
 

@@ -36,6 +36,7 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch", "instance_filter_counts"]
 
+log = logging.getLogger("detsampler.prefetch")
 OUTPUTS = ("fields", "tokens")  # what a sample is: the four int64 FIELDS, or its token ids alone (concat)
 
 
@@ -289,6 +291,11 @@ class PackedDataset(Dataset):
                 )
                 # NOTE: its threads hold the prefetcher, not this dataset: collecting the dataset stops them
                 weakref.finalize(self, _close_prefetcher, weakref.ref(made))
+            elif arrays and not any(getattr(a, "in_object_store", False) for a in arrays):
+                log.info(
+                    "prefetch: %s is local (memory-mapped): nothing is fetched, prefetch does nothing here",
+                    self.index.path,
+                )
             self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
         return self._prefetcher[1]
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import TokenIndexError, default_cache_dir
+from detsampler.index.sources.objects import SourceFiles
 from detsampler.layout import Layout, LayoutConfig, make_layout
 from detsampler.storage import BlockedObject, RemoteArray, RemotePath, as_path, store_for
 from detsampler.text.policy import SpecialTokens
@@ -40,6 +41,8 @@ __all__ = [
     "SourceScan",
     "TokenSource",
     "check_scan",
+    "identity_sha256",
+    "sampled_ranges",
     "sampled_sha256",
     "scan_source",
 ]
@@ -51,20 +54,36 @@ _BLOCK = 1 << 16  # bytes per sampled block of a token file
 _BLOCKS = 32  # sampled blocks per token file (and its first and last MiB)
 
 
-def sampled_sha256(paths: Sequence[Path], whole: Sequence[Path] = ()) -> str:
-    """The sha256 of each file's size and sampled blocks (its first and last MiB, ``_BLOCKS`` evenly spaced blocks), and
-    of the ``whole`` files' full bytes, by file name: a cheap content identity, independent of the directory."""
+def sampled_ranges(size: int) -> list[tuple[int, int]]:
+    """The byte ranges of a token file of ``size`` bytes that its identity hashes: its first and last MiB and
+    ``_BLOCKS - 1`` evenly spaced blocks of ``_BLOCK`` bytes, in that order."""
+    starts = [0, max(0, size - (1 << 20))] + [size * i // _BLOCKS for i in range(1, _BLOCKS)]
+    return [(a, min(size, a + (1 << 20 if k < 2 else _BLOCK))) for k, a in enumerate(starts)]
+
+
+def identity_sha256(token_files: Sequence[tuple[str, int, Sequence[bytes]]], whole: Sequence[tuple[str, bytes]]) -> str:
+    """The identity of a source: per token file its suffix, size and the bytes of its :func:`sampled_ranges`; per
+    ``whole`` file its suffix and the sha256 of all its bytes. Independent of the directory (no path is hashed)."""
     h = hashlib.sha256(b"detsampler-source-identity-v1")
+    for suffix, size, blocks in token_files:
+        h.update(f"{suffix}:{size}".encode())
+        for block in blocks:
+            h.update(block)
+    for suffix, data in whole:
+        h.update(f"{suffix}:".encode() + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def sampled_sha256(paths: Sequence[Path], whole: Sequence[Path] = ()) -> str:
+    """The sha256 of each file's size and sampled blocks (:func:`sampled_ranges`), and of the ``whole`` files' full
+    bytes, by file name: a cheap content identity, independent of the directory. An object's sampled ranges are
+    fetched in one call, those bytes only (never merged into a read of the bytes between them)."""
+    token_files = []
     for p in paths:
         size = p.stat().st_size
-        h.update(f"{p.suffix}:{size}".encode())
-        starts = [0, max(0, size - (1 << 20))] + [size * i // _BLOCKS for i in range(1, _BLOCKS)]
-        ranges = [(a, min(size, a + (1 << 20 if k < 2 else _BLOCK))) for k, a in enumerate(starts)]
-        for block in store_for(str(p)).read_ranges(str(p), ranges):  # one request for an object
-            h.update(block)
-    for p in whole:
-        h.update(f"{p.suffix}:".encode() + hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
+        ranges = sampled_ranges(size)
+        token_files.append((p.suffix, size, store_for(str(p)).read_ranges(str(p), ranges, coalesce_bytes=0)))
+    return identity_sha256(token_files, [(p.suffix, p.read_bytes()) for p in whole])
 
 
 class TokenSource:
@@ -214,12 +233,13 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
-def token_memmap(path: Path | RemotePath, dtype: np.dtype, kind: str) -> np.ndarray | RemoteArray:
+def token_memmap(path: Path | RemotePath, dtype: np.dtype, kind: str, files: SourceFiles) -> np.ndarray | RemoteArray:
     """A read-only memory map of the flat token file ``path`` (an empty file gives an empty array); an object in a
-    store is read by blocks on demand (a :class:`~detsampler.storage.RemoteArray`; the formats record no checksums)."""
-    if not path.is_file():
+    store is read by blocks on demand (a :class:`~detsampler.storage.RemoteArray`; the formats record no checksums).
+    Its existence and size are the ones ``files`` found."""
+    if not files.exists(path):
         raise TokenIndexError(f"{kind} source: no token file at {str(path)!r}")
-    size = path.stat().st_size
+    size = files.size(path)
     if size % dtype.itemsize:
         raise TokenIndexError(
             f"{kind} source {str(path)!r}: {size} bytes is not a whole number of {dtype.name} tokens; check the dtype"
@@ -267,35 +287,41 @@ class SourceScan:
     first_bad_end: int
 
 
-def _stamp(files: Sequence[Path | RemotePath]) -> tuple[str | None, str | None]:
-    """(the files' stamp, None), or (None, the URL of an object no stamp can be trusted for).
-
-    A file: its device, inode, size, mtime and ctime. ctime cannot be set from user space, so any write (its mtime
-    restored or not) names another cache entry; a copy (new inode and ctime) is scanned again: content decides. An
-    object: its URL, size and version (ETag and time of the last write), where its server sends a strong ETag (which
-    changes with the bytes, RFC 9110); without one (a plain HTTP server: Last-Modified alone, to the second) or with a
-    weak one (``W/``), an edit that keeps the size and time would keep the stamp: no stamp."""
-    remote = [f for f in files if isinstance(f, RemotePath)]
-    if remote:
-        versions = [(str(f), store_for(str(f)).version(str(f))) for f in remote]
-        for url, (_, etag, _) in versions:
-            if etag in ("None", "") or etag.startswith("W/"):
-                return None, url
-        return hashlib.sha256(repr(versions).encode()).hexdigest()[:16], None
-    stats = [os.stat(f) for f in files]
-    key = [(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats]
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:16], None
+_SCAN_READS = 8  # ranges of _SCAN_BYTES an object's scan fetches at once (32 MiB in flight)
 
 
-@contextlib.contextmanager
-def _reader(path: Path | RemotePath) -> Iterator[Callable[[int, int], bytes]]:
-    """``pread(n, offset)`` over ``path``: the file's, or ranged reads of an object (ending at its end)."""
-    if isinstance(path, RemotePath):
-        store, size = store_for(path.url), path.stat().st_size
-        yield lambda n, at: store.read_ranges(path.url, [(at, min(size, at + n))])[0]
+def _chunks(token_file: Path | RemotePath, size: int) -> Iterator[tuple[int, bytes]]:
+    """``(byte offset, bytes)`` of ``token_file`` in pieces of :data:`_SCAN_BYTES`, in order: a file's by ``pread``,
+    an object's by ranged reads, :data:`_SCAN_READS` of them in flight at once."""
+    offsets = range(0, size, _SCAN_BYTES)
+    if isinstance(token_file, RemotePath):
+        store = store_for(token_file.url)
+        for k in range(0, len(offsets), _SCAN_READS):
+            group = offsets[k : k + _SCAN_READS]
+            ranges = [(a, min(size, a + _SCAN_BYTES)) for a in group]
+            yield from zip(group, store.read_ranges(token_file.url, ranges, coalesce_bytes=0))
         return
-    with open(path, "rb") as f:
-        yield lambda n, at: os.pread(f.fileno(), n, at)
+    with open(token_file, "rb") as f:
+        for at in offsets:
+            yield at, os.pread(f.fileno(), _SCAN_BYTES, at)
+
+
+class _Capture:
+    """The bytes of ``ranges`` of a file, gathered from pieces read in order (a scan's), for its identity."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = ranges
+        self.parts = [bytearray() for _ in ranges]
+
+    def take(self, at: int, data: bytes) -> None:
+        end = at + len(data)
+        for (a, b), part in zip(self.ranges, self.parts):
+            lo, hi = max(a, at), min(b, end)
+            if lo < hi:
+                part += data[lo - at : hi - at]  # pieces arrive in order: each range's bytes too
+
+    def blocks(self) -> list[bytes]:
+        return [bytes(p) for p in self.parts]
 
 
 def _scan(
@@ -305,35 +331,37 @@ def _scan(
     starts: np.ndarray | None,
     split_eos: int | None,
     end_eos: int | None,
+    capture: _Capture | None = None,
 ) -> SourceScan:
     per_chunk = _CHUNK // dtype.itemsize
-    step = _SCAN_BYTES // dtype.itemsize  # a whole number of chunks, an even number of tokens
     n_chunks = -(-num_tokens // per_chunk)
     cmin = np.zeros(n_chunks, np.int64)
     cmax = np.zeros(n_chunks, np.int64)
     odd_max = np.iinfo(np.int64).min
     eos_ends, bad = [], []
     last = starts[1:] - 1 if starts is not None and end_eos is not None else None  # each document's last token
-    with _reader(token_file) as pread:
-        for t0 in range(0, num_tokens, step):
-            block = np.frombuffer(pread(step * dtype.itemsize, t0 * dtype.itemsize), dtype=dtype)
-            full = block.size // per_chunk * per_chunk
-            c0 = t0 // per_chunk
-            if full:
-                cells = block[:full].reshape(-1, per_chunk)
-                cmin[c0 : c0 + cells.shape[0]] = cells.min(axis=1)
-                cmax[c0 : c0 + cells.shape[0]] = cells.max(axis=1)
-            if full < block.size:
-                cmin[c0 + full // per_chunk] = block[full:].min()
-                cmax[c0 + full // per_chunk] = block[full:].max()
-            if t0 == 0 and block.size > 1:  # the first 4 MiB: a 32-bit file read as 16-bit shows it anywhere
-                odd_max = int(block[1::2].max())
-            if split_eos is not None:
-                eos_ends.append(np.flatnonzero(block == split_eos) + (t0 + 1))
-            if last is not None:
-                lo, hi = np.searchsorted(last, [t0, t0 + block.size])
-                here = last[lo:hi]
-                bad.append(lo + np.flatnonzero(block[here - t0] != end_eos))
+    for at, raw in _chunks(token_file, num_tokens * dtype.itemsize):
+        if capture is not None:
+            capture.take(at, raw)
+        block = np.frombuffer(raw, dtype=dtype)
+        t0 = at // dtype.itemsize  # a piece is a whole number of chunks, an even number of tokens
+        full = block.size // per_chunk * per_chunk
+        c0 = t0 // per_chunk
+        if full:
+            cells = block[:full].reshape(-1, per_chunk)
+            cmin[c0 : c0 + cells.shape[0]] = cells.min(axis=1)
+            cmax[c0 : c0 + cells.shape[0]] = cells.max(axis=1)
+        if full < block.size:
+            cmin[c0 + full // per_chunk] = block[full:].min()
+            cmax[c0 + full // per_chunk] = block[full:].max()
+        if t0 == 0 and block.size > 1:  # the first 4 MiB: a 32-bit file read as 16-bit shows it anywhere
+            odd_max = int(block[1::2].max())
+        if split_eos is not None:
+            eos_ends.append(np.flatnonzero(block == split_eos) + (t0 + 1))
+        if last is not None:
+            lo, hi = np.searchsorted(last, [t0, t0 + block.size])
+            here = last[lo:hi]
+            bad.append(lo + np.flatnonzero(block[here - t0] != end_eos))
     if split_eos is not None:
         ends = np.concatenate(eos_ends) if eos_ends else np.zeros(0, np.int64)
         if num_tokens and (not ends.size or ends[-1] != num_tokens):
@@ -352,46 +380,58 @@ def _scan(
 
 
 def scan_source(
-    kind: str,
-    identity: str,
-    token_file: Path,
+    files: SourceFiles,
     dtype: np.dtype,
     num_tokens: int,
-    files: Sequence[str | os.PathLike],
     *,
+    whole: Sequence[Path | RemotePath] = (),
     starts: Callable[[], np.ndarray] | None = None,
     split_eos: int | None = None,
     end_eos: int | None = None,
-) -> SourceScan:
-    """One pass over ``token_file`` (see :class:`SourceScan`): document starts from ``starts()`` (a metadata parse) or
-    split after each ``split_eos``; with ``end_eos``, the documents whose last token is not it. Kept in
-    ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stamp of every one of its ``files``
-    (:func:`_stamp`), with a CRC-32 of its arrays checked on every load, so that only the first open of a file pays
-    for the pass. A cached scan that cannot be read or fails its CRC is scanned again with one warning line and
-    replaced (written atomically); an object whose server sends no strong ETag is scanned at every open, never cached
-    (one warning line says why); an unwritable cache only means scanning again."""
-    files = [as_path(f) for f in files]
+) -> tuple[str, SourceScan]:
+    """The source's identity and one pass over its token file ``files.paths[0]`` (see :class:`SourceScan`): document
+    starts from ``starts()`` (a metadata parse) or split after each ``split_eos``; with ``end_eos``, the documents
+    whose last token is not it. The identity (:func:`identity_sha256`) hashes the token file's sampled ranges and the
+    ``whole`` files' bytes (read once: :meth:`SourceFiles.read_bytes`).
 
-    def scan() -> SourceScan:
-        return _scan(token_file, dtype, num_tokens, starts() if starts is not None else None, split_eos, end_eos)
+    The scan is kept in ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stamp of its files (the
+    token file and ``whole``: :meth:`SourceFiles.stamp`), with a CRC-32 of its arrays checked on every load, so that
+    only the first open of a file pays for the pass. A local file's identity reads its sampled ranges (``pread``); an
+    object's is recorded (:class:`~detsampler.index.sources.objects.SourceFiles`), and where it is not, taken from the
+    bytes the scan reads: a cold open reads the token file once, a warm one not at all. A cached scan that cannot be
+    read or fails its CRC is scanned again with one warning line and replaced (written atomically); an object whose
+    server sends no strong ETag is scanned at every open, never cached (one warning line says why); an unwritable cache
+    only means scanning again."""
+    token_file = files.paths[0]
+    stamped = [token_file, *whole]
+    stamp, untrusted = files.stamp(stamped)
+    identity = files.recorded_identity(stamped) if files.remote else sampled_sha256([token_file], whole)
+    mode = f"{dtype.name}-split{split_eos}-end{end_eos}"
 
-    stamp, untrusted = _stamp(files)
+    def cached_at(identity: str) -> Path:
+        name = f"{files.kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{stamp}-v{_SCAN_VERSION}"
+        return default_cache_dir() / "sources" / f"{name}.npz"
+
     if stamp is None:
         logger.warning(
             "detsampler: %s: the server sends no strong ETag, so an edit that keeps the object's size and time could"
             " not be told from a cached scan: scanned again at every open, not cached",
             untrusted,
         )
-        return scan()
-    mode = f"{dtype.name}-split{split_eos}-end{end_eos}"
-    name = f"{kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{stamp}-v{_SCAN_VERSION}"
-    path = default_cache_dir() / "sources" / f"{name}.npz"
-    cached = _load_scan(path)
-    if cached is not None:
-        return cached
-    found = scan()
-    _save_scan(path, found)
-    return found
+    elif identity is not None:
+        cached = _load_scan(cached_at(identity))
+        if cached is not None:
+            return identity, cached
+    size = num_tokens * dtype.itemsize
+    capture = _Capture(sampled_ranges(size)) if identity is None else None
+    found = _scan(token_file, dtype, num_tokens, starts() if starts is not None else None, split_eos, end_eos, capture)
+    if identity is None:
+        whole_bytes = [(p.suffix, files.read_bytes(p)) for p in whole]
+        identity = identity_sha256([(token_file.suffix, size, capture.blocks())], whole_bytes)
+        files.record_identity(stamped, identity)
+    if stamp is not None:
+        _save_scan(cached_at(identity), found)
+    return identity, found
 
 
 _SCAN_FIELDS = ("starts", "chunk_min", "chunk_max", "ints")

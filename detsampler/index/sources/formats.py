@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from detsampler.index.format import TokenIndexError
-from detsampler.index.sources.base import TokenSource, sampled_sha256, scan_source, token_memmap
-from detsampler.storage import RemotePath, as_path
+from detsampler.index.sources.base import TokenSource, scan_source, token_memmap
+from detsampler.index.sources.objects import SourceFiles
+from detsampler.storage import as_path
 
 __all__ = ["open_datatrove", "open_megatron", "open_nanogpt", "open_olmo"]
 
@@ -70,9 +71,10 @@ def open_megatron(
     numbers, starting at 0). Document ``d`` is sequences ``[doc_idx[d], doc_idx[d + 1])``, contiguous in ``.bin``."""
     prefix = as_path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
     idx, bin_ = prefix.with_name(prefix.name + ".idx"), prefix.with_name(prefix.name + ".bin")
-    if not idx.is_file():
+    files = SourceFiles("megatron", [bin_, idx])
+    if not files.exists(idx):
         raise TokenIndexError(f"megatron source: no {str(idx)!r}; pass the path prefix of PREFIX.bin / PREFIX.idx")
-    raw = idx.read_bytes() if isinstance(idx, RemotePath) else None  # an object: one GET of the (small) .idx
+    raw = files.read_bytes(idx) if files.remote else None  # an object: one GET of the .idx, per open
     with io.BytesIO(raw) if raw is not None else open(idx, "rb") as f:
         head = f.read(34)
     if len(head) < 34 or head[:9] != _MMIDIDX or struct.unpack("<Q", head[9:17])[0] != 1:
@@ -93,7 +95,7 @@ def open_megatron(
 
     seq_lengths, pointers = field(np.int32, 34, n_seq), field(np.int64, 34 + 4 * n_seq, n_seq)
     doc_idx = np.array(field(np.int64, 34 + 12 * n_seq, n_doc))
-    tokens = token_memmap(bin_, dtype, "megatron")
+    tokens = token_memmap(bin_, dtype, "megatron", files)
     if n_doc == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq:
         raise TokenIndexError(
             f"megatron source: {str(idx)!r} has document indices that do not cover its {n_seq} sequences"
@@ -103,11 +105,8 @@ def open_megatron(
         raise TokenIndexError(f"megatron source: the sequences of {str(idx)!r} are not contiguous in {str(bin_)!r}")
     starts = seq_starts[doc_idx]
     _check_starts(starts, tokens.size, "megatron", prefix)
-    identity = sampled_sha256([bin_], [idx])
     end_eos = eos_id if eos == "real" and eos_id is not None else None
-    scan = scan_source(
-        "megatron", identity, bin_, dtype, tokens.size, [bin_, idx], starts=lambda: starts, end_eos=end_eos
-    )
+    identity, scan = scan_source(files, dtype, tokens.size, whole=[idx], starts=lambda: starts, end_eos=end_eos)
     return TokenSource(
         "megatron",
         prefix,
@@ -134,13 +133,13 @@ def _csv_pairs(lines: list[bytes]) -> np.ndarray:
     return np.array(fields, dtype="S20").astype(np.int64).reshape(-1, 2)
 
 
-def _olmo_metadata(path: Path, num_tokens: int) -> np.ndarray | None:
+def _olmo_metadata(path: Path, num_tokens: int, files: SourceFiles) -> np.ndarray | None:
     """Document starts from the ``.csv.gz`` beside ``path`` (lines ``start,end[,...]``), or None when there is none."""
     meta = path.with_name(path.name.removesuffix(".npy") + ".csv.gz")
-    if not meta.is_file():
+    if not files.exists(meta):
         return None
     parts = []
-    with gzip.open(meta.open("rb") if isinstance(meta, RemotePath) else meta, "rb") as f:
+    with gzip.open(io.BytesIO(files.read_bytes(meta)) if files.remote else meta, "rb") as f:
         while lines := f.readlines(1 << 20):  # about 1 MB of lines at a time: memory stays flat
             parts.append(_csv_pairs(lines))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
@@ -169,21 +168,20 @@ def open_olmo(
     label mask (OLMo-core's ``label_mask_paths``: a raw bool array, one byte per token)."""
     p = as_path(path)
     dt = np.dtype(dtype)
-    tokens = token_memmap(p, dt, "olmo")
     meta = p.with_name(p.name.removesuffix(".npy") + ".csv.gz")
-    if not meta.is_file() and eos_id is None:
+    files = SourceFiles("olmo", [p, meta])
+    tokens = token_memmap(p, dt, "olmo", files)
+    if not files.exists(meta) and eos_id is None:
         raise ValueError(
             f"olmo source {str(p)!r}: no {meta.name} beside it, so documents are split at EOS: pass eos_id= "
             "(or a tokenizer)"
         )
-    whole = [meta] if meta.is_file() else []
-    identity = sampled_sha256([p], whole)
-    if whole:  # documents are the metadata's rows, also where one holds no EOS (OLMo-core allows it)
-        scan = scan_source(
-            "olmo", identity, p, dt, tokens.size, [p, meta], starts=lambda: _olmo_metadata(p, tokens.size)
+    if files.exists(meta):  # documents are the metadata's rows, also where one holds no EOS (OLMo-core allows it)
+        identity, scan = scan_source(
+            files, dt, tokens.size, whole=[meta], starts=lambda: _olmo_metadata(p, tokens.size, files)
         )
     else:
-        scan = scan_source("olmo", identity, p, dt, tokens.size, [p], split_eos=int(eos_id))
+        identity, scan = scan_source(files, dt, tokens.size, split_eos=int(eos_id))
     return TokenSource(
         "olmo",
         p,
@@ -215,21 +213,22 @@ def open_datatrove(
     (``NAME.ds.loss``, written by ``DocumentTokenizer(save_loss_metadata=True)``: one bool byte per token)."""
     p = as_path(path)
     index, meta = p.with_name(p.name + ".index"), p.with_name(p.name + ".metadata")
-    if not index.is_file():
+    files = SourceFiles("datatrove", [p, index, meta])
+    if not files.exists(index):
         raise TokenIndexError(f"datatrove source: no {str(index)!r} (write it with DocumentTokenizer(save_index=True))")
     if token_size is None:
         token_size = 2
-        if meta.is_file():
-            first = meta.read_text().splitlines()[0] if meta.read_text() else ""
+        if files.exists(meta):
+            text = files.read_bytes(meta).decode()
+            first = text.splitlines()[0] if text else ""
             token_size = int(first.rsplit("|", 1)[1]) if "|" in first else 2
     dt = np.dtype({2: np.uint16, 4: np.uint32}.get(token_size, np.uint16))
-    tokens = token_memmap(p, dt, "datatrove")
-    ends = np.frombuffer(index.read_bytes(), dtype="<u8").astype(np.int64)
+    tokens = token_memmap(p, dt, "datatrove", files)
+    ends = np.frombuffer(files.read_bytes(index), dtype="<u8").astype(np.int64)
     starts = _starts_from_ends(ends)
     _check_starts(starts, tokens.size, "datatrove", p)
-    identity = sampled_sha256([p], [index])
     end_eos = eos_id if eos == "real" and eos_id is not None else None
-    scan = scan_source("datatrove", identity, p, dt, tokens.size, [p, index], starts=lambda: starts, end_eos=end_eos)
+    identity, scan = scan_source(files, dt, tokens.size, whole=[index], starts=lambda: starts, end_eos=end_eos)
     return TokenSource(
         "datatrove",
         p,
@@ -259,9 +258,9 @@ def open_nanogpt(
     """A flat ``train.bin`` of ``dtype`` tokens, documents split after each ``eos_id`` (GPT-2's 50256 by default)."""
     p = as_path(path)
     dt = np.dtype(dtype)
-    tokens = token_memmap(p, dt, "nanogpt")
-    identity = sampled_sha256([p])
-    scan = scan_source("nanogpt", identity, p, dt, tokens.size, [p], split_eos=int(eos_id))
+    files = SourceFiles("nanogpt", [p])
+    tokens = token_memmap(p, dt, "nanogpt", files)
+    identity, scan = scan_source(files, dt, tokens.size, split_eos=int(eos_id))
     return TokenSource(
         "nanogpt",
         p,
