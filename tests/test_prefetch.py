@@ -333,7 +333,7 @@ def test_a_resume_on_a_fresh_process_with_an_empty_cache_fetches_and_says_so(pus
     for step, batch in zip(range(12, 20), batches):
         assert all(torch.equal(batch[k], v) for k, v in want.get_batch(plan.micro_batch(step, 0, 0)).items())
     stats = dataset.prefetch_stats()
-    source = dataset._prefetcher[1].arrays[0]._array.source  # the tokens, read by 64 KiB blocks
+    source = dataset._prefetcher[1].objects[0]  # the tokens, read by 64 KiB blocks
     fetched = int(source._from_cache_ok.sum())  # the distinct blocks fetched and checked
     sizes = [min((b + 1) * source.block_bytes, source.size) - b * source.block_bytes for b in range(source.num_blocks)]
     assert stats.fetched_bytes == sum(s for b, s in enumerate(sizes) if source._from_cache_ok[b])  # none twice

@@ -425,13 +425,15 @@ def test_the_trainer_config_reads_a_pushed_index_and_a_megatron_source_from_the_
     ):
         (got, pipe), (want, _) = batches(remote), batches(on_disk)
         assert str(pipe.index.path).startswith("s3://") and all(torch.equal(a, b) for a, b in zip(got, want))
-    # prefetch over a pre-tokenized source in the bucket: read on demand, and the log says so
+    # prefetch over a pre-tokenized source in the bucket (issue 37: it was accepted and did nothing): read ahead
     got, pipe = batches(f'source = "megatron:{s3_bucket}/megatron/corpus_text_document"\nprefetch = true')
-    assert all(torch.equal(a, b) for a, b in zip(got, want)) and pipe.prefetch_summary() is None
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert pipe.prefetch_summary().startswith("data: prefetch read 1 micro batch(es) as planned, 0 on demand; fetched")
     assert pipe.reads_line() == (
-        f"data: from {s3_bucket}/megatron/corpus_text_document, blocks read on demand by the training process:"
-        " prefetch reads ahead an index's own tokens, and a TokenSource has none in an object store"
+        f"data: from {s3_bucket}/megatron/corpus_text_document, prefetch on in the training process: budget"
+        " 67,108,864 bytes, cache 134,217,728 bytes, 8 threads, blocks of 65,536 bytes"
     )
+    pipe.close()
 
 
 def _data_lines(source: str, tmp_path, tokenizer, extra: str = "") -> str:

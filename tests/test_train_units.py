@@ -799,12 +799,9 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         with pytest.raises(ValueError) as info:
             data(override)
         assert str(info.value) == message, override
-    with pytest.raises(ValueError) as info:
-        data("data.prefetch=true", "data.mixture_sources=['a.txt', 'b.txt']", "data.mixture_weights=[1, 1]")
-    assert str(info.value) == (
-        "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from several"
-        " (mixture_sources): remove prefetch (each source is read on demand)"
-    )
+    # issue 37: a mixture is prefetched (one prefetcher over every source's reads), no longer refused
+    mixed = data("data.prefetch=true", "data.mixture_sources=['a.txt', 'b.txt']", "data.mixture_weights=[1, 1]")
+    assert mixed.prefetch == PrefetchConfig() and mixed.mixture_sources == ("a.txt", "b.txt")
 
 
 def test_prefetch_over_a_local_index_reads_the_same_batches_and_fetches_nothing(small_index, small_tokenizer) -> None:

@@ -326,8 +326,9 @@ class DataConfig:
     (:class:`detsampler.loader.PrefetchConfig`, a table of its fields ``budget_bytes``, ``cache_bytes``, ``threads``,
     ``block_bytes``; ``{}`` or ``true`` for its defaults; absent or ``false``: off): each process that reads batches
     (the training process, or each DataLoader worker) fetches the blocks of its next micro batches ahead into a
-    bounded cache; the batches are the same, byte for byte. Over a local index (memory-mapped) it does nothing, and
-    says so once; a mixture is refused (one plan per prefetched index). ``worker_start_method``: how DataLoader
+    bounded cache; the batches are the same, byte for byte: an index, a pre-tokenized source, a sharded index, or
+    every source of a mixture through one prefetcher (one budget, one cache). Over local data (memory-mapped) it does
+    nothing, and says so once. ``worker_start_method``: how DataLoader
     workers start (``num_workers > 0``); empty: ``forkserver`` when an index is in an object store (its client does
     not survive a fork once the training process used it), else the platform's default; ``fork`` over an index in an
     object store is refused. A resume may add
@@ -438,11 +439,6 @@ class DataConfig:
         mixture = self.mixture_config()  # validates the mixture: one weight per source, weights, schedule steps
         labels = None if mixture is None else tuple(mixture.labels)
         object.__setattr__(self, "redactions", _redaction_entries(self.redactions, labels))
-        if self.prefetch is not None and self.mixture_sources:
-            raise ValueError(
-                "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from"
-                " several (mixture_sources): remove prefetch (each source is read on demand)"
-            )
 
     def chat_config(self) -> Any:
         """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or

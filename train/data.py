@@ -245,26 +245,24 @@ class DataPipeline:
         )
 
     def reads_line(self) -> str | None:
-        """One line on how the index is read when that is not a local memory map (an object store, prefetch, how the
-        DataLoader's workers start), or None."""
+        """One line on how the data is read when that is not a local memory map (an object store, prefetch, how the
+        DataLoader's workers start), or None. Over a mixture it names every source."""
         prefetch, workers = self.config.prefetch, self.config.num_workers
         where = "the training process" if workers == 0 else f"each of {workers} DataLoader workers"
         started = "" if workers == 0 else f", started by {self.worker_start_method or 'the platform default'}"
+        indexes = [self.index] if self.sources is None else [index for index, _ in self.sources]
+        names = ", ".join(str(index.path) for index in indexes)
         if not self.in_object_store:
             if prefetch is None:
                 return None
-            return "data: prefetch is on, but the index is local (memory-mapped): it is read as always, nothing fetched"
+            local = "the index is" if self.sources is None else "every source is"
+            return f"data: prefetch is on, but {local} local (memory-mapped): it is read as always, nothing fetched"
         if prefetch is None:
-            return f"data: from {self.index.path}, blocks read on demand by {where}{started} (prefetch off)"
-        if not getattr(self.index.tokens, "in_object_store", False):  # a sharded index, a pre-tokenized source
-            return (
-                f"data: from {self.index.path}, blocks read on demand by {where}{started}: prefetch reads ahead an"
-                f" index's own tokens, and a {type(self.index).__name__} has none in an object store"
-            )
+            return f"data: from {names}, blocks read on demand by {where}{started} (prefetch off)"
+        one = "" if self.sources is None else f"one prefetcher over {len(indexes)} sources, "
         return (
-            f"data: from {self.index.path}, prefetch on in {where}{started}: budget {prefetch.budget_bytes:,} bytes,"
-            f" cache {prefetch.cache_bytes:,} bytes, {prefetch.threads} threads, blocks of {prefetch.block_bytes:,}"
-            " bytes"
+            f"data: from {names}, prefetch on in {where}{started}: {one}budget {prefetch.budget_bytes:,} bytes, cache"
+            f" {prefetch.cache_bytes:,} bytes, {prefetch.threads} threads, blocks of {prefetch.block_bytes:,} bytes"
         )
 
     def prefetch_summary(self) -> str | None:
@@ -490,13 +488,14 @@ def _build_mixture_pipeline(config: DataConfig, world_size: int, rank: int) -> D
     datasets = [
         _packed_dataset(p, lay, config.text_column, config.instance_filter) for p, lay in zip(prepared, layouts)
     ]
+    ahead = {} if config.prefetch is None else {"prefetch": config.prefetch, "plan": plan}
     pipeline = DataPipeline(
         config=config,
         index=prepared[0].index,
         tokenizer=prepared[0].tokenizer,
         layout=layouts[0],
         plan=plan,
-        dataset=MixtureDataset(datasets, plan.stream),
+        dataset=MixtureDataset(datasets, plan.stream, **ahead),
         sources=[(p.index, lay) for p, lay in zip(prepared, layouts)],
     )
     check_worker_start(pipeline)

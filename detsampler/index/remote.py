@@ -91,8 +91,9 @@ def open_remote(
     """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives (``head``: its first
     block, fetched already)."""
     check = block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
+    identity = f"crc32:{hashlib.sha256(np.ascontiguousarray(sums).tobytes()).hexdigest()[:32]}:{size}"
     try:
-        source = BlockedObject(f.url, size, check=check, cache=cache)
+        source = BlockedObject(f.url, size, check=check, cache=cache, identity=identity)
         if head is not None and size:
             source.seed(0, head)
         return open_npy(source)
@@ -108,9 +109,7 @@ def reblocked(
 ) -> RemoteArray:
     """The same remote array read by blocks of ``block_bytes`` (a multiple of the chunk) through ``cache``, each block
     checked against ``sums`` as it arrives: what a prefetcher reads through (it fetches and caches at its own grain)."""
-    old = array.source
-    check = block_check(old.url, sums, what, block_bytes)
-    source = BlockedObject(old.url, old.size, block_bytes=block_bytes, check=check, cache=cache, reader=old._reader)
+    source = array.source.reblocked(block_bytes, cache, block_check(array.source.url, sums, what, block_bytes))
     return RemoteArray(source, array.dtype, len(array), array.offset)
 
 

@@ -36,7 +36,6 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
-from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats
+from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats, make_prefetcher, target_of
 from detsampler.loader.token_cache import TokenCache
 from detsampler.plan import Plan
 from detsampler.text.chat import render_examples
@@ -62,7 +61,6 @@ from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["FIELDS", "OUTPUTS", "MicroBatch", "PackedDataset", "collate_micro_batch", "instance_filter_counts"]
 
-log = logging.getLogger("detsampler.prefetch")
 OUTPUTS = ("fields", "tokens")  # what a sample is: the four int64 FIELDS, or its token ids alone (concat)
 
 
@@ -216,11 +214,8 @@ class PackedDataset(Dataset):
         flat array once the element ranges ``[starts[j], stops[j])`` are checked (stored tokens: their chunks' CRC-32;
         on the fly: the array just tokenized); and for a chat index the same reader of the loss mask (else None)."""
         lengths = np.asarray(self.index.lengths[doc_ids], dtype=np.int64)
-        tokens = self.index.tokens
-        if tokens is not None:
-            read = getattr(tokens, "checked_ranges", None) or (lambda starts, stops: tokens)
-            mask = getattr(self.index, "loss_mask", None)  # a chat index's, or a pre-tokenized source's
-            read_mask = None if mask is None else getattr(mask, "checked_ranges", None) or (lambda a, b: mask)
+        if self.index.tokens is not None:
+            read, read_mask = self._stored_readers()
             return np.asarray(self.index.offsets[doc_ids], dtype=np.int64), lengths, read, read_mask
         unique, inverse = np.unique(doc_ids, return_inverse=True)
         parts = self._cache.get_many(unique.tolist())
@@ -237,6 +232,15 @@ class PackedDataset(Dataset):
         if self._chat is None:
             return starts[inverse.reshape(-1)], lengths, lambda a, b: flat, None
         return starts[inverse.reshape(-1)], lengths, lambda a, b: flat[0], lambda a, b: flat[1]
+
+    def _stored_readers(self) -> tuple[Any, Any]:
+        """``read(starts, stops)`` of the stored tokens (their chunks checked) and of the loss mask (a chat index's, or
+        a pre-tokenized source's; None without one)."""
+        tokens = self.index.tokens
+        read = getattr(tokens, "checked_ranges", None) or (lambda starts, stops: tokens)
+        mask = getattr(self.index, "loss_mask", None)
+        read_mask = None if mask is None else getattr(mask, "checked_ranges", None) or (lambda a, b: mask)
+        return read, read_mask
 
     def _tokenize(self, docs: np.ndarray) -> list[np.ndarray]:
         """The stored tokens of documents ``docs`` (the index's BOS/EOS policy applied), each
@@ -274,28 +278,11 @@ class PackedDataset(Dataset):
         if self.prefetch is None:
             return None
         if self._prefetcher is None or self._prefetcher[0] != os.getpid() or getattr(self._prefetcher[1], "closed", 0):
-            arrays = [a for a in (self.index.tokens, getattr(self.index, "loss_mask", None)) if a is not None]
-            made = None
-            if arrays and all(getattr(a, "in_object_store", False) for a in arrays):
-                info = get_worker_info()
-                made = Prefetcher(
-                    arrays,
-                    self.index.offsets,
-                    self.index.lengths,
-                    self.layout,
-                    self.plan,
-                    self.prefetch,
-                    eos_stored=self._eos_stored,
-                    worker=0 if info is None else info.id,
-                    num_workers=1 if info is None else info.num_workers,
-                )
-                # NOTE: its threads hold the prefetcher, not this dataset: collecting the dataset stops them
+            made = make_prefetcher(
+                [target_of(self.index, self.layout)], self.plan, self.prefetch, where=self.index.path
+            )
+            if made is not None:  # NOTE: its threads hold the prefetcher, not this dataset: collecting it stops them
                 weakref.finalize(self, _close_prefetcher, weakref.ref(made))
-            elif arrays and not any(getattr(a, "in_object_store", False) for a in arrays):
-                log.info(
-                    "prefetch: %s is local (memory-mapped): nothing is fetched, prefetch does nothing here",
-                    self.index.path,
-                )
             self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
         return self._prefetcher[1]
 
@@ -320,19 +307,21 @@ class PackedDataset(Dataset):
         lookahead = self._lookahead()
         planned = None if lookahead is None else lookahead.take(sample_ids)
         try:
-            return self._read_batch(ids, lookahead, planned)
+            return self._read_batch(ids, None if planned is None else (planned.reads[0], lookahead.readers(0)))
         finally:
             if planned is not None:
                 lookahead.done(planned)
 
-    def _read_batch(self, ids: np.ndarray, lookahead: Prefetcher | None, planned: Any) -> dict[str, torch.Tensor]:
-        if planned is None:
+    def _read_batch(self, ids: np.ndarray, ahead: tuple | None = None) -> dict[str, torch.Tensor]:
+        """The batch of ``ids``; ``ahead``: what a prefetcher planned for them (their spans, document starts and
+        lengths) and its readers of the tokens and the loss mask (None: this dataset's own)."""
+        if ahead is None:
             spans = self.layout.locate(ids)
             doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
         else:  # the spans planned ahead, the tokens through the prefetcher's cache
-            spans, doc_starts, doc_lengths = planned.reads
-            arrays = lookahead.arrays
-            read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
+            (spans, doc_starts, doc_lengths), (read, read_mask) = ahead[0], ahead[1]
+            own = self._stored_readers()
+            read, read_mask = read or own[0], read_mask or own[1]
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
             mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
@@ -436,6 +425,12 @@ def _check_prefetch(prefetch: PrefetchConfig | None, plan: Plan | None, layout: 
         raise ValueError(
             f"prefetch reads ahead the micro batches of the plan: pass plan= (the Plan the batch sampler reads), got"
             f" {type(plan).__name__}"
+        )
+    if getattr(plan.stream, "num_sources", 1) > 1:
+        raise ValueError(
+            f"the plan draws from a mixture of {plan.stream.num_sources} sources: prefetch it with MixtureDataset("
+            "datasets, mixture, prefetch=..., plan=plan) (one prefetcher over every source's reads), or give this"
+            " dataset the plan over its own layout"
         )
     if plan.stream.num_samples != layout.num_samples:
         raise ValueError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,9 +24,14 @@ class MixtureDataset(Dataset):
     hold exactly ``mixture.sizes[k]`` samples. A DataLoader over it with ``batch_sampler=DeterministicBatchSampler(plan,
     rank)`` (``plan`` built over ``mixture``) reads each source's samples in that source's own keyed order. Batched
     fetches (``__getitems__``) are grouped by source and returned in the order asked.
+
+    With ``prefetch=PrefetchConfig(...)`` and the ``plan`` over ``mixture`` the batch sampler reads (each source's
+    dataset a ``PackedDataset``), one prefetcher per process reads ahead every source's micro batches in an object
+    store, with one budget and one cache for all (:mod:`detsampler.loader.prefetch`); the batches are the same, byte
+    for byte. :meth:`prefetch_stats` says what this process's prefetcher did.
     """
 
-    def __init__(self, datasets: Sequence[Any], mixture: Mixture) -> None:
+    def __init__(self, datasets: Sequence[Any], mixture: Mixture, *, prefetch: Any = None, plan: Any = None) -> None:
         if len(datasets) != mixture.num_sources:
             raise ValueError(
                 f"datasets must have one dataset per mixture source ({mixture.num_sources}), got {len(datasets)}"
@@ -42,6 +49,12 @@ class MixtureDataset(Dataset):
                 )
         self.datasets = list(datasets)
         self.mixture = mixture
+        _check_prefetch(prefetch, plan, mixture, self.datasets)
+        self.prefetch, self.plan = prefetch, plan
+        self._prefetcher: tuple[int, Any] | None = None  # (pid, its prefetcher): made in each process
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_prefetcher": None}  # threads and clients never travel: each process makes its own
 
     def __len__(self) -> int:
         return self.mixture.num_samples
@@ -59,13 +72,26 @@ class MixtureDataset(Dataset):
         if ids.size and ids.dtype.kind not in "iu":
             raise ValueError(f"Got sample ids of dtype {ids.dtype}, sample ids must be integers")
         source, sample = self.mixture.split_ids(ids.astype(np.int64, copy=False))
+        lookahead = self._lookahead()
+        planned = None if lookahead is None else lookahead.take(indices)
         parts, wheres = [], []
-        for k in np.unique(source):
-            where = np.flatnonzero(source == k)
-            ds = self.datasets[int(k)]
-            local = sample[where].tolist()
-            parts.append(ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local])
-            wheres.append(where)
+        try:
+            for k in np.unique(source):
+                where = np.flatnonzero(source == k)
+                ds = self.datasets[int(k)]
+                local = sample[where]
+                if planned is not None:  # the spans planned for source k's rows, its tokens through the prefetcher
+                    from detsampler.loader.dataset import MicroBatch
+
+                    ahead = (planned.reads[int(k)], lookahead.readers(int(k)))
+                    parts.append(MicroBatch(ds._read_batch(local, ahead)))
+                else:
+                    local = local.tolist()
+                    parts.append(ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local])
+                wheres.append(where)
+        finally:
+            if planned is not None:
+                lookahead.done(planned)
         if parts and all(isinstance(getattr(p, "batch", None), dict) for p in parts):
             from detsampler.loader.dataset import MicroBatch
 
@@ -77,6 +103,73 @@ class MixtureDataset(Dataset):
             for j, item in zip(where.tolist(), items):
                 out[j] = item
         return out
+
+    # -- prefetch
+    def _lookahead(self) -> Any:
+        """This process's prefetcher over every source (made on its first batch), or None."""
+        if self.prefetch is None:
+            return None
+        made = self._prefetcher
+        if made is None or made[0] != os.getpid() or getattr(made[1], "closed", 0):
+            from detsampler.loader.prefetch import make_prefetcher, target_of
+
+            targets = [target_of(ds.index, ds.layout) for ds in self.datasets]
+            where = ", ".join(str(ds.index.path) for ds in self.datasets)
+            prefetcher = make_prefetcher(targets, self.plan, self.prefetch, split=self.mixture.split_ids, where=where)
+            if prefetcher is not None:  # NOTE: its threads hold the prefetcher, not this dataset
+                weakref.finalize(self, _close, weakref.ref(prefetcher))
+            self._prefetcher = (os.getpid(), prefetcher)
+        return self._prefetcher[1]
+
+    def prefetch_stats(self) -> Any:
+        """What this process's prefetcher did (None without prefetch, before the first batch, or when no source is in
+        an object store)."""
+        made = self._prefetcher[1] if self._prefetcher and self._prefetcher[0] == os.getpid() else None
+        return None if made is None else made.summary()
+
+    def close(self) -> None:
+        """Stop this process's prefetcher (its threads, after the fetches under way)."""
+        if self._prefetcher and self._prefetcher[0] == os.getpid() and self._prefetcher[1] is not None:
+            self._prefetcher[1].close()
+
+
+def _close(ref: weakref.ref) -> None:
+    made = ref()
+    if made is not None:
+        made.close()
+
+
+def _check_prefetch(prefetch: Any, plan: Any, mixture: Mixture, datasets: list[Any]) -> None:
+    """Refuse a prefetch setting that could not read this mixture's micro batches ahead (naming why)."""
+    if prefetch is None:
+        if plan is not None:
+            raise ValueError(
+                "plan= is what prefetch reads ahead: give prefetch=PrefetchConfig(...) with it, or neither"
+            )
+        return
+    from detsampler.loader.prefetch import PrefetchConfig
+    from detsampler.plan import Plan
+
+    if not isinstance(prefetch, PrefetchConfig):
+        raise TypeError(f"prefetch must be a PrefetchConfig or None, got {type(prefetch).__name__}")
+    if not isinstance(plan, Plan):
+        raise ValueError(
+            "prefetch reads ahead the micro batches of the plan: pass plan= (the Plan over this mixture the batch"
+            f" sampler reads), got {type(plan).__name__}"
+        )
+    stream = plan.stream
+    if getattr(stream, "sizes", None) != mixture.sizes or stream.num_samples != mixture.num_samples:
+        raise ValueError(
+            f"the plan draws from {stream.num_samples} samples ({getattr(stream, 'num_sources', 1)} source(s)), the"
+            f" mixture has {mixture.num_samples} over {mixture.num_sources} sources: prefetch needs the plan over"
+            " this mixture"
+        )
+    for k, ds in enumerate(datasets):
+        if not hasattr(ds, "_read_batch") or getattr(ds.index, "tokens", None) is None:
+            raise ValueError(
+                f"datasets[{k}] is not a PackedDataset over stored tokens ({type(ds).__name__}): prefetch reads ahead"
+                " the stored tokens of each source's PackedDataset"
+            )
 
 
 def _with_loss_masks(batches: list[dict]) -> list[dict]:

@@ -1,22 +1,27 @@
-"""Exact lookahead prefetch of an index in an object store: the blocks of the next micro batches are fetched before
-they are read, into a bounded cache that evicts by next use (Belady).
+"""Exact lookahead prefetch of what a plan reads from an object store: the blocks of the next micro batches are fetched
+before they are read, into a bounded cache that evicts by next use (Belady).
 
-A :class:`~detsampler.loader.PackedDataset` given ``prefetch=PrefetchConfig(...)`` and the ``plan`` makes one
-:class:`Prefetcher` per process (in each DataLoader worker, on its first batch: threads and clients never travel in a
-pickle). A micro batch from :class:`~detsampler.loader.DeterministicBatchSampler` says where the plan puts it
-(:class:`~detsampler.loader.sampler.PlannedIds`), so the worker knows every micro batch it reads after it
-(:func:`detsampler.reads.worker_reads`: every ``num_workers``-th of its rank). A planner thread computes their reads
-(spans, document starts, token ranges: the index's small arrays are read there, ahead of time) and admits them in order
-while the distinct blocks of the admitted micro batches fit in ``budget_bytes``; each admitted micro batch's blocks
-that are neither held nor being fetched go to a pool of ``threads`` in one ranged read per array, adjacent blocks
-coalesced into one range, into a :class:`~detsampler.storage.caches.BeladyCache` of ``cache_bytes`` told every
+A :class:`~detsampler.loader.PackedDataset` (one index, a pre-tokenized source, a sharded index) or a
+:class:`~detsampler.loader.mixture_dataset.MixtureDataset` (every source of a mixture: one prefetcher over all their
+reads, one budget, one cache) given ``prefetch=PrefetchConfig(...)`` and the ``plan`` makes one :class:`Prefetcher`
+per process (in each DataLoader worker, on its first batch: threads and clients never travel in a pickle). What it
+fetches are byte ranges of objects (:mod:`detsampler.loader.fetched`): an index's blocks are CRC-checked against its
+chunk sums, a pre-tokenized file's by size and ETag.
+
+A micro batch from :class:`~detsampler.loader.DeterministicBatchSampler` says where the plan puts it
+(:class:`~detsampler.loader.sampler.PlannedIds`), so the worker knows every micro batch it reads after it (every
+``num_workers``-th of its rank: :func:`detsampler.reads.plan_reads`, per source). A planner thread computes their
+reads (spans, document starts, token ranges: the sources' small arrays are read there, ahead of time) and admits them
+in order while the distinct blocks of the admitted micro batches fit in ``budget_bytes``; each admitted micro batch's
+blocks that are neither held nor being fetched go to a pool of ``threads`` in one ranged read per object, adjacent
+blocks coalesced into one range, into a :class:`~detsampler.storage.caches.BeladyCache` of ``cache_bytes`` told every
 admitted micro batch's blocks. Reading a micro batch waits only for its own blocks and uses the spans planned for it.
 The planner never holds more than ``max_micro_batches_ahead`` micro batches planned and not yet read (a corpus smaller
 than the budget would otherwise be planned ahead without end); it stops, and is joined, on :meth:`Prefetcher.close`,
 when its dataset is collected and at interpreter exit.
 
 Guarantees: the batches are the ones read without prefetch, byte for byte (the same spans, the same token ranges, every
-block CRC-checked on arrival); the cache never holds more than ``cache_bytes``; a micro batch the prefetcher did not
+block checked on arrival); the cache never holds more than ``cache_bytes``; a micro batch the prefetcher did not
 plan (a jump: a restored sampler) restarts the lookahead from it, and one whose ids differ from the plan's, or that the
 plan has not (another rank or micro step: the sampler reads another plan), turns prefetch off with a warning (read on
 demand); a failed fetch surfaces as the store's
@@ -38,13 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.layout import Layout
+from detsampler.loader.fetched import Fetched, fetched, in_object_store
 from detsampler.plan import Plan
-from detsampler.reads import range_blocks, worker_reads
-from detsampler.storage import BlockKey
+from detsampler.reads import PlannedReads, Readable, plan_reads
+from detsampler.storage import BlockedObject, BlockKey
 from detsampler.storage.caches import BeladyCache
 
-__all__ = ["PrefetchConfig", "PrefetchStats", "Prefetcher"]
+__all__ = ["PrefetchConfig", "PrefetchStats", "Prefetcher", "Target", "make_prefetcher", "target_of"]
 
 log = logging.getLogger("detsampler.prefetch")
 _CHUNK_BYTES = 1 << 16  # the index's checksum chunk: a block holds whole chunks
@@ -94,7 +99,8 @@ class PrefetchStats:
     the served micro batches read; ``wait_s``: time reads waited for their blocks; ``first_batch_bytes``: fetched when
     the first micro batch was read (a fresh start's cost); ``cache``: the Belady cache's counts. ``planned``: micro
     batches the planner planned in all; ``ahead``: planned and not yet read now; ``peak_ahead``: the most ever (never
-    above ``max_micro_batches_ahead``)."""
+    above ``max_micro_batches_ahead``). ``sources``: the plan's sources it reads for; ``objects``: the objects it
+    fetches from."""
 
     served: int = 0
     unplanned: int = 0
@@ -107,43 +113,68 @@ class PrefetchStats:
     wait_s: float = 0.0
     first_batch_bytes: int | None = None
     cache: dict = field(default_factory=dict)
+    sources: int = 0
+    objects: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One source of the plan's samples as a prefetcher reads it: ``readable`` (its layout, offsets, lengths, EOS) and
+    ``arrays``, what a batch read reads by token position (its tokens, then its loss mask or None)."""
+
+    readable: Readable
+    arrays: list[Any]
+    kind: str = ""  # a pre-tokenized source's format (its blocks have no checksums), else ""
 
 
 @dataclass
 class _Planned:
-    """One planned micro batch: its use number ``t`` in the cache, where it is, what it reads."""
+    """One planned micro batch: its use number ``t`` in the cache, where it is, what it reads: per source
+    ``reads[s]`` (its spans, document starts and lengths, or None without a sample of that source), the block keys,
+    and per object (its number) the blocks it holds while the micro batch is read."""
 
     t: int
     position: tuple[int, int]
     ids: np.ndarray
-    reads: Any  # (spans, doc_starts, doc_lengths)
+    reads: list[Any]
     keys: list[BlockKey]
     key_bytes: list[int]
     used_bytes: int
+    holds: dict[int, list[int]]
 
 
 class Prefetcher:
-    """The lookahead of one process (see the module doc): ``arrays`` are the index's remote arrays read by token
-    position (the tokens, and a chat index's loss mask), each a :class:`~detsampler.index.checksums.VerifiedArray`."""
+    """The lookahead of one process (see the module doc) over ``targets``, the plan's sources (one, or a mixture's:
+    ``split`` maps the plan's ids to (source, the source's id)); their arrays in an object store are read through one
+    cache (:func:`~detsampler.loader.fetched.fetched`), the others as they are."""
 
     def __init__(
         self,
-        arrays: list[Any],
-        offsets: Any,
-        lengths: Any,
-        layout: Layout,
+        targets: list[Target],
         plan: Plan,
         config: PrefetchConfig,
         *,
-        eos_stored: bool,
+        split: Any = None,
         worker: int = 0,
         num_workers: int = 1,
     ) -> None:
-        self.config, self.plan, self.layout = config, plan, layout
+        self.config, self.plan, self.targets, self._split = config, plan, targets, split
         self.worker, self.num_workers = worker, num_workers
-        self._offsets, self._lengths, self._eos_stored = offsets, lengths, eos_stored
         self.cache = BeladyCache(config.cache_bytes)
-        self.arrays = [a.reblocked(config.block_bytes, self.cache) for a in arrays]
+        self.fetched: list[list[Fetched | None]] = [
+            [None if a is None else fetched(a, config.block_bytes, self.cache) for a in t.arrays] for t in targets
+        ]
+        self.objects: list[BlockedObject] = [o for per in self.fetched for f in per if f is not None for o in f.objects]
+        self._number = {id(o): k for k, o in enumerate(self.objects)}
+        for target, per in zip(targets, self.fetched):  # what checks a block of a format without checksums: say it
+            for obj in (o for f in per if f is not None for o in f.objects if o._check is None):
+                how = f"by size and ETag ({obj.etag})" if obj.etag else "by size only: its server sends no strong ETag"
+                log.info(
+                    "prefetch: %s: the %s format records no checksums: its blocks are checked %s",
+                    obj.url,
+                    target.kind or "source's",
+                    how,
+                )
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="detsampler-prefetch")
         self._cond = threading.Condition()
         self._window: deque[_Planned] = deque()  # admitted, not yet read; the head is read next
@@ -158,7 +189,7 @@ class Prefetcher:
         self._error: BaseException | None = None
         self._closed = False
         self._off = False  # the sampler reads another plan: every micro batch is read on demand
-        self.stats = PrefetchStats()
+        self.stats = PrefetchStats(sources=len(targets), objects=len(self.objects))
         self._pid = os.getpid()
         self._planner = threading.Thread(target=self._run, name="detsampler-planner", daemon=True)
         self._planner.start()
@@ -187,16 +218,20 @@ class Prefetcher:
         self.cache.advance(head.t)
         for future in {id(f): f for f in map(self._inflight.get, head.keys) if f is not None}.values():
             future.result()  # a failed fetch raises here: the store's StorageError (after its retries)
-        for array in self.arrays:  # each block got once (Belady's use), held while the micro batch is read
-            source = array._array.source
-            source.hold(b for url, b in head.keys if url == source.url)
+        for number, blocks in head.holds.items():  # each block got once (Belady's use), held while it is read
+            self.objects[number].hold(blocks)
         self.stats.wait_s += time.perf_counter() - start
         return head
 
+    def readers(self, source: int) -> list[Any]:
+        """Source ``source``'s readers of its arrays through this prefetcher (``read(starts, stops)``; None: an array
+        read as it is, not in an object store, or absent)."""
+        return [None if f is None else f.reader() for f in self.fetched[source]]
+
     def done(self, head: _Planned) -> None:
         """Micro batch ``head`` was read: its blocks leave the window, more micro batches may be admitted."""
-        for array in self.arrays:
-            array._array.source.release()
+        for number in head.holds:
+            self.objects[number].release()
         with self._cond:
             if self._window and self._window[0] is head:
                 self._window.popleft()
@@ -245,8 +280,7 @@ class Prefetcher:
 
     # -- internals
     def _fetched(self) -> tuple[int, int]:
-        sources = [a._array.source for a in self.arrays]
-        return sum(s.fetched_bytes for s in sources), sum(s.requests for s in sources)
+        return sum(o.fetched_bytes for o in self.objects), sum(o.requests for o in self.objects)
 
     def _restarts_at(self, where: tuple[int, int], rank: int, stop_step: int | None) -> bool:
         """Whether the micro batch at ``where`` is not the one coming next (the lookahead restarts). Lock held."""
@@ -377,49 +411,43 @@ class Prefetcher:
     def _plan(
         self, cursor: tuple[int, int], rank: int, stop_step: int | None, count: int
     ) -> tuple[list[_Planned], Any]:
-        """The next ``count`` micro batches of this worker from ``cursor`` (outside the lock: reads the index's small
+        """The next ``count`` micro batches of this worker from ``cursor`` (outside the lock: reads the sources' small
         arrays)."""
-        reads = worker_reads(
+        reads = plan_reads(
             self.plan,
-            self.layout,
-            self._offsets,
-            self._lengths,
+            [t.readable for t in self.targets],
             rank,
             cursor,
             count,
             stride=self.num_workers,
             stop_step=stop_step,
-            eos_stored=self._eos_stored,
+            split=self._split,
         )
-        per_array = []
-        for array in self.arrays:
-            remote = array._array
-            bounds, blocks = range_blocks(
-                reads.starts,
-                reads.stops,
-                reads.span_offsets,
-                itemsize=remote.dtype.itemsize,
-                data_offset=remote.offset,
-                block_bytes=remote.source.block_bytes,
-            )
-            sizes = np.minimum((blocks + 1) * remote.source.block_bytes, remote.source.size) - blocks * (
-                remote.source.block_bytes
-            )
-            per_array.append((remote.source.url, bounds, blocks.tolist(), sizes.tolist(), remote.dtype.itemsize))
-        used = (reads.stops - reads.starts).astype(np.int64)
         out = []
-        for i in range(len(reads)):
-            keys, key_bytes, used_bytes = [], [], 0
-            lo, hi = int(reads.span_offsets[i]), int(reads.span_offsets[i + 1])
-            for url, bounds, blocks, sizes, itemsize in per_array:
-                a, b = int(bounds[i]), int(bounds[i + 1])
-                keys.extend((url, blk) for blk in blocks[a:b])
-                key_bytes.extend(sizes[a:b])
-                used_bytes += int(used[lo:hi].sum()) * itemsize
-            out.append(
-                _Planned(-1, reads.positions[i], reads.sample_ids[i], reads.batch(i), keys, key_bytes, used_bytes)
-            )
+        for i, (keys, key_bytes, used_bytes, holds) in enumerate(self._keys(reads)):
+            batches = [src.batch(i) for src in reads.sources]
+            position, ids = reads.positions[i], reads.sample_ids[i]
+            out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds))
         return out, reads.next_position
+
+    def _keys(self, reads: PlannedReads) -> list[tuple[list[BlockKey], list[int], int, dict[int, list[int]]]]:
+        """Per micro batch: its block keys and their sizes, the bytes its reads use, the blocks of each object."""
+        keys: list[list[BlockKey]] = [[] for _ in reads.positions]
+        sizes: list[list[int]] = [[] for _ in reads.positions]
+        holds: list[dict[int, list[int]]] = [{} for _ in reads.positions]
+        used = np.zeros(len(reads), dtype=np.int64)
+        for src, per_array in zip(reads.sources, self.fetched):
+            for array in (a for a in per_array if a is not None):
+                for obj, bounds, blocks, used_bytes in array.blocks(src.starts, src.stops, src.span_offsets):
+                    number, bb, listed = self._number[id(obj)], obj.block_bytes, blocks.tolist()
+                    nbytes = (np.minimum((blocks + 1) * bb, obj.size) - blocks * bb).tolist()
+                    used += used_bytes
+                    for i in np.flatnonzero(np.diff(bounds)).tolist():
+                        a, b = int(bounds[i]), int(bounds[i + 1])
+                        keys[i].extend((obj.url, blk) for blk in listed[a:b])
+                        sizes[i].extend(nbytes[a:b])
+                        holds[i].setdefault(number, []).extend(listed[a:b])
+        return list(zip(keys, sizes, used.tolist(), holds))
 
     def _admit(self) -> None:
         """Move pending micro batches into the window while the budget allows; fetch what they lack. Lock held."""
@@ -429,26 +457,29 @@ class Prefetcher:
             self._next_t += 1
             self.cache.add_use(planned.t, planned.keys)
             self._window.append(planned)
-            lacking: dict[str, list[int]] = {}
+            lacking: set[BlockKey] = set()
             for key, size in zip(planned.keys, planned.key_bytes):
                 self._refs[key] += 1
                 if self._refs[key] == 1:
                     self._window_bytes += size
                 if key not in self.cache and key not in self._inflight:
-                    lacking.setdefault(key[0], []).append(key[1])
-            for array in self.arrays:
-                source = array._array.source
-                blocks = lacking.get(source.url)
-                if blocks:
-                    try:
-                        future = self._pool.submit(source.fetch, blocks)
-                    except RuntimeError:  # the pool is shut down (close, or the interpreter exits): read on demand
-                        self._closed = True
-                        self._cond.notify_all()
-                        return
-                    for b in blocks:
-                        self._inflight[(source.url, b)] = future
-                    future.add_done_callback(lambda f, keys=[(source.url, b) for b in blocks]: self._landed(f, keys))
+                    lacking.add(key)
+            for number, held in planned.holds.items():
+                obj = self.objects[number]
+                blocks = [b for b in dict.fromkeys(held) if (obj.url, b) in lacking]
+                if not blocks:
+                    continue
+                for b in blocks:
+                    lacking.discard((obj.url, b))  # an object named twice (a source listed twice) fetches it once
+                try:
+                    future = self._pool.submit(obj.fetch, blocks)
+                except RuntimeError:  # the pool is shut down (close, or the interpreter exits): read on demand
+                    self._closed = True
+                    self._cond.notify_all()
+                    return
+                for b in blocks:
+                    self._inflight[(obj.url, b)] = future
+                future.add_done_callback(lambda f, keys=[(obj.url, b) for b in blocks]: self._landed(f, keys))
 
     def _landed(self, future: Future, keys: list[BlockKey]) -> None:
         with self._cond:
@@ -462,6 +493,28 @@ class Prefetcher:
             if not self._refs[key]:
                 del self._refs[key]
                 self._window_bytes -= size
+
+
+def target_of(index: Any, layout: Any) -> Target:
+    """The :class:`Target` of one index (a ``TokenIndex``, a ``TokenSource``, a ``ShardedIndex``) and its layout."""
+    readable = Readable(layout, index.offsets, index.lengths, bool(getattr(index, "eos_stored", False)))
+    kind = getattr(index, "kind", "")
+    return Target(readable, [index.tokens, getattr(index, "loss_mask", None)], kind if isinstance(kind, str) else "")
+
+
+def make_prefetcher(
+    targets: list[Target], plan: Plan, config: PrefetchConfig, *, split: Any = None, where: str = ""
+) -> Prefetcher | None:
+    """This process's prefetcher over ``targets`` (its DataLoader worker's number from torch's worker info), or None
+    when none of their arrays lies in an object store: then one line says that prefetch does nothing here."""
+    if not any(in_object_store(a) for t in targets for a in t.arrays if a is not None):
+        log.info("prefetch: %s is local (memory-mapped): nothing is fetched, prefetch does nothing here", where)
+        return None
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+    return Prefetcher(targets, plan, config, split=split, worker=worker, num_workers=num_workers)
 
 
 _LIVE: weakref.WeakSet[Prefetcher] = weakref.WeakSet()  # this process's prefetchers not closed yet

@@ -14,6 +14,7 @@ from detsampler.storage.path import RemotePath, as_path
 from detsampler.storage.store import (
     CreateOnlyUnsupportedError,
     LocalStore,
+    ObjectChangedError,
     ObjectNotFoundError,
     ObjectStore,
     RangeReader,
@@ -32,6 +33,7 @@ __all__ = [
     "CreateOnlyUnsupportedError",
     "LocalStore",
     "Location",
+    "ObjectChangedError",
     "ObjectNotFoundError",
     "ObjectStore",
     "RangeReader",

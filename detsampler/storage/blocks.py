@@ -51,8 +51,12 @@ class BlockedObject:
     """The bytes of the object ``url`` (``size`` bytes), fetched by blocks (see the module invariants).
 
     ``check(block, data, again=False)`` raises a ``ValueError`` when ``data`` is not block ``block``'s bytes
-    (``again``: the block was fetched a second time and failed again). ``fetched_bytes`` and ``requests`` count what
-    this object fetched (for logs and the benchmark); ``refetched`` the blocks fetched again after a failed check."""
+    (``again``: the block was fetched a second time and failed again). ``etag``: the object's strong ETag when it has
+    no ``check`` (a pre-tokenized file: its format records no checksums): every read asks for that version only
+    (``If-Match``), so bytes of another version are refused by the store, never served. ``identity``: what names this
+    object's content wherever it is cached (a recorded sha256, or its size and ETag; None: no shared cache may hold
+    it). ``fetched_bytes`` and ``requests`` count what this object fetched (for logs and the benchmark); ``refetched``
+    the blocks fetched again after a failed check."""
 
     def __init__(
         self,
@@ -64,6 +68,8 @@ class BlockedObject:
         cache: BlockCache | None = None,
         reader: RangeReader | None = None,
         recent_blocks: int = RECENT_BLOCKS,
+        etag: str | None = None,
+        identity: str | None = None,
     ) -> None:
         if block_bytes <= 0 or block_bytes % _CHUNK_BYTES:
             raise ValueError(f"Got block_bytes={block_bytes}, it must be a positive multiple of {_CHUNK_BYTES}")
@@ -72,6 +78,7 @@ class BlockedObject:
         self.url, self.size, self.block_bytes = url, int(size), int(block_bytes)
         self.num_blocks = -(-self.size // self.block_bytes)
         self._check, self._cache = check, cache
+        self.etag, self.identity = etag, identity
         self._reader = reader if reader is not None else store_for(url)
         self._recent: OrderedDict[int, bytes] = OrderedDict()
         self._recent_cap = recent_blocks
@@ -99,6 +106,20 @@ class BlockedObject:
         data = self._checked({block: data})[block]
         with self._lock:
             self._keep(block, data)
+
+    def reblocked(self, block_bytes: int, cache: BlockCache | None, check: Callable[..., None] | None) -> BlockedObject:
+        """The same object (its reader, ETag and identity) read by blocks of ``block_bytes`` through ``cache``, each
+        checked by ``check`` (the check of this block size)."""
+        return BlockedObject(
+            self.url,
+            self.size,
+            block_bytes=block_bytes,
+            check=check,
+            cache=cache,
+            reader=self._reader,
+            etag=self.etag,
+            identity=self.identity,
+        )
 
     def block_range(self, block: int) -> tuple[int, int]:
         """The byte range ``[start, end)`` of ``block``."""
@@ -154,7 +175,8 @@ class BlockedObject:
         """Blocks ``want`` (sorted, distinct) as the store returns them, in one ranged read, unchecked."""
         runs = _runs(want)
         ranges = [(self.block_range(a)[0], self.block_range(b)[1]) for a, b in runs]
-        got = self._reader.read_ranges(self.url, ranges, coalesce_bytes=0)
+        version = {} if self.etag is None else {"if_match": self.etag}
+        got = self._reader.read_ranges(self.url, ranges, coalesce_bytes=0, **version)
         out: dict[int, bytes] = {}
         for (a, b), data in zip(runs, got):
             view, base = memoryview(data), self.block_range(a)[0]

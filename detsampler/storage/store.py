@@ -32,6 +32,7 @@ from detsampler.storage.urls import Location, join, parse_location
 __all__ = [
     "CreateOnlyUnsupportedError",
     "LocalStore",
+    "ObjectChangedError",
     "ObjectNotFoundError",
     "ObjectStore",
     "RangeReader",
@@ -59,6 +60,10 @@ class CreateOnlyUnsupportedError(StorageError):
     """A create-only write (:meth:`ObjectStore.create`) asked of a store that offers none."""
 
 
+class ObjectChangedError(StorageError):
+    """A read of one version of an object (``if_match``: its ETag) that the store no longer holds (HTTP 412)."""
+
+
 @runtime_checkable
 class RangeReader(Protocol):
     """The read surface a prefetcher needs: an object's size and many byte ranges of it in one call."""
@@ -66,7 +71,12 @@ class RangeReader(Protocol):
     def size(self, url: str) -> int: ...
 
     def read_ranges(
-        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+        self,
+        url: str,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        coalesce_bytes: int = COALESCE_BYTES,
+        if_match: str | None = None,
     ) -> list[bytes]: ...
 
 
@@ -124,8 +134,14 @@ class LocalStore:
             raise ObjectNotFoundError(f"{url}: does not exist") from None
 
     def read_ranges(
-        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+        self,
+        url: str,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        coalesce_bytes: int = COALESCE_BYTES,
+        if_match: str | None = None,
     ) -> list[bytes]:
+        """The bytes of each range (``if_match`` is an object's ETag: a file has none, it is not checked)."""
         ranges = _check_ranges(url, ranges)
         try:
             with open(self._path(url), "rb") as f:
@@ -330,30 +346,40 @@ class ObjectStore:
         return int(self._call(url, "HEAD", lambda: _obstore().head(self._client(loc), loc.key))["size"])
 
     def read_ranges(
-        self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
+        self,
+        url: str,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        coalesce_bytes: int = COALESCE_BYTES,
+        if_match: str | None = None,
     ) -> list[bytes]:
         """The bytes of each range, in order; ranges closer than ``coalesce_bytes`` are fetched in one request (the
-        bytes between them too), the requests of one call run in parallel (up to 10)."""
+        bytes between them too), the requests of one call run in parallel (up to 10). With ``if_match`` (an ETag)
+        each range is one conditional GET (``If-Match``), all at once, and a store that no longer holds that version
+        of the object answers 412: :class:`ObjectChangedError`, never another version's bytes."""
         ranges = _check_ranges(url, ranges)
         loc = parse_location(url)
         nonempty = [(a, b) for a, b in ranges if b > a]
         what = f"ranged GET of {len(nonempty)} ranges"
-        got = (
-            self._call(
-                url,
-                what,
-                lambda: _obstore().get_ranges(
-                    self._client(loc),
-                    loc.key,
-                    starts=[a for a, _ in nonempty],
-                    ends=[b for _, b in nonempty],
-                    coalesce=int(coalesce_bytes),
-                ),
-                nonempty,
+
+        def request() -> list:
+            if if_match is not None:
+                return _conditional_ranges(self._client(loc), loc.key, nonempty, if_match)
+            return _obstore().get_ranges(
+                self._client(loc),
+                loc.key,
+                starts=[a for a, _ in nonempty],
+                ends=[b for _, b in nonempty],
+                coalesce=int(coalesce_bytes),
             )
-            if nonempty
-            else []
-        )
+
+        try:
+            got = self._call(url, what, request, nonempty) if nonempty else []
+        except _PreconditionFailed:
+            raise ObjectChangedError(
+                f"{url}: the object changed since it was opened (its ETag was {if_match}, the store no longer holds"
+                " that version): open the source again"
+            ) from None
         it = iter(got)
         out = [bytes(next(it)) if b > a else b"" for a, b in ranges]
         if any(len(data) != b - a for (a, b), data in zip(ranges, out)):
@@ -434,6 +460,31 @@ class ObjectStore:
     def delete(self, url: str) -> None:
         loc = parse_location(url)
         self._call(url, "DELETE", lambda: _obstore().delete(self._client(loc), loc.key))
+
+
+class _PreconditionFailed(StorageError):
+    """A conditional read refused by the store (412): the object is not the version asked for."""
+
+
+def _conditional_ranges(client: Any, key: str, ranges: list[tuple[int, int]], etag: str) -> list[bytes]:
+    """The bytes of ``ranges`` of one version of an object (``If-Match: etag``), the GETs issued at once."""
+    import asyncio
+
+    obstore = _obstore()
+
+    async def one(a: int, b: int) -> bytes:
+        got = await obstore.get_async(client, key, options={"range": (a, b), "if_match": etag})
+        return bytes(await got.bytes_async())
+
+    async def every() -> list[bytes]:
+        return list(await asyncio.gather(*(one(a, b) for a, b in ranges)))
+
+    try:
+        return asyncio.run(every())
+    except Exception as exc:
+        if type(exc).__name__ == "PreconditionError" or _status(exc) == 412:
+            raise _PreconditionFailed(str(exc)) from None
+        raise
 
 
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")

@@ -246,8 +246,11 @@ def token_memmap(path: Path | RemotePath, dtype: np.dtype, kind: str, files: Sou
         )
     if size == 0:
         return np.zeros(0, dtype=dtype)
-    if isinstance(path, RemotePath):
-        return RemoteArray(BlockedObject(path.url, size), dtype, size // dtype.itemsize, 0)
+    if isinstance(path, RemotePath):  # its blocks checked by size and ETag: every read asks for this version only
+        etag = files.etag(path)
+        identity = None if etag is None else f"etag:{etag}:{size}"
+        source = BlockedObject(path.url, size, etag=etag, identity=identity)
+        return RemoteArray(source, dtype, size // dtype.itemsize, 0)
     return np.memmap(path, dtype=dtype, mode="r")
 
 

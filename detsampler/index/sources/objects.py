@@ -101,6 +101,11 @@ class SourceFiles:
             out.append((str(f), version))
         return out
 
+    def etag(self, path: Path | RemotePath) -> str | None:
+        """The object's strong ETag (None: a local file, a missing one, or an object without a strong ETag)."""
+        versions = self.versions([path]) if self.exists(path) and isinstance(path, RemotePath) else None
+        return versions[0][1][1] if versions else None
+
     def untrusted(self, files: Sequence[Path | RemotePath]) -> str | None:
         """The URL of the first object of ``files`` without a strong ETag (None when all have one)."""
         for f in files:
