@@ -128,9 +128,16 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.released = threading.Event()  # set when the proxy stops: a stalled request's thread then ends
 
-    def stall(self, path_part: str, times: int = 1) -> None:
+    def stall(self, path_part: str, times: int = 1, method: str = "") -> None:
+        """Answer nothing to the next ``times`` requests whose path contains ``path_part`` (of ``method`` only, when
+        given)."""
         with self._lock:
-            self._armed.append(["stall", path_part, times])
+            self._armed.append(["stall" + (f":{method}" if method else ""), path_part, times])
+
+    def disarm(self) -> None:
+        """Inject nothing more (the requests already stalled stay so)."""
+        with self._lock:
+            self._armed.clear()
 
     def flip(self, path_part: str, times: int = 1) -> None:
         with self._lock:
@@ -141,7 +148,8 @@ class FaultProxy:
             fault = ""
             for armed in self._armed:
                 kind, part, left = armed
-                if left > 0 and part in path and (kind == "stall" or method == "GET"):
+                kind, _, only = kind.partition(":")
+                if left > 0 and part in path and (kind == "stall" or method == "GET") and only in ("", method):
                     armed[2] -= 1
                     fault = kind
                     break

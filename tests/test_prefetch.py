@@ -384,6 +384,14 @@ def test_a_server_that_fails_mid_prefetch_is_a_storage_error_naming_the_object(s
             lambda: PrefetchConfig(budget_bytes=1 << 20, cache_bytes=2 << 20, block_bytes=16 << 20),
             r"cache_bytes \(2097152\) must be >= block_bytes \(16777216\): a block larger than the cache is never held",
         ),
+        (  # issue 37: the node-shared cache's cap goes with its directory, and holds a block at least
+            lambda: PrefetchConfig(node_cache_bytes=1 << 30),
+            r"node_cache_bytes is the cap of a node_cache: give node_cache \(a path\)",
+        ),
+        (
+            lambda: PrefetchConfig(node_cache="/dev/shm/x"),
+            r"node_cache_bytes must be an integer >= block_bytes \(65536\) with a node_cache, got None",
+        ),
     ],
 )
 def test_bad_prefetch_settings_are_refused_by_name(make, error):

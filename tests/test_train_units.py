@@ -752,12 +752,14 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17, max_micro_batches_ahead=16
     )
     assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
+    node = data('data.prefetch={node_cache = "/dev/shm/detsampler", node_cache_bytes = 1_073_741_824}').prefetch
+    assert (node.node_cache, node.node_cache_bytes) == ("/dev/shm/detsampler", 1 << 30)  # issue 37: a node's cache
     assert data("data.worker_start_method=spawn").worker_start_method == "spawn"
     for override, message in [
         (
             "data.prefetch={budget_mb = 64}",
             "DataConfig.prefetch: unknown key(s) ['budget_mb']; allowed keys are ['block_bytes', 'budget_bytes',"
-            " 'cache_bytes', 'max_micro_batches_ahead', 'threads']",
+            " 'cache_bytes', 'max_micro_batches_ahead', 'node_cache', 'node_cache_bytes', 'threads']",
         ),
         (
             "data.prefetch={max_micro_batches_ahead = 0}",

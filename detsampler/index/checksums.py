@@ -307,12 +307,13 @@ class VerifiedArray:
         """Whether the elements are read from an object store (by blocks), not from a local file."""
         return self._raw is None and isinstance(self._array, RemoteArray)
 
-    def reblocked(self, block_bytes: int, cache: BlockCache | None) -> VerifiedArray | None:
-        """For an array in an object store, the same array read by blocks of ``block_bytes`` through ``cache`` (each
-        block checked against the same chunk sums on arrival); a local one: None (it is memory-mapped)."""
+    def reblocked(self, block_bytes: int, cache: BlockCache | None, node: Any = None) -> VerifiedArray | None:
+        """For an array in an object store, the same array read by blocks of ``block_bytes`` through ``cache`` (and
+        the node-shared cache ``node``; each block checked against the same chunk sums on arrival); a local one: None
+        (it is memory-mapped)."""
         if not self.in_object_store:
             return None
-        array = reblocked(self._array, self._sums, self._what, block_bytes, cache)
+        array = reblocked(self._array, self._sums, self._what, block_bytes, cache, node)
         return VerifiedArray(self.path, array, self._sums, self._what, self._fence)
 
     @property

@@ -23,6 +23,7 @@ from detsampler.storage import (
     DEFAULT_BLOCK_BYTES,
     BlockCache,
     BlockedObject,
+    NodeCache,
     ObjectNotFoundError,
     RemoteArray,
     RemotePath,
@@ -105,11 +106,17 @@ def open_remote(
 
 
 def reblocked(
-    array: RemoteArray, sums: np.ndarray, what: str, block_bytes: int, cache: BlockCache | None
+    array: RemoteArray,
+    sums: np.ndarray,
+    what: str,
+    block_bytes: int,
+    cache: BlockCache | None,
+    node: NodeCache | None = None,
 ) -> RemoteArray:
     """The same remote array read by blocks of ``block_bytes`` (a multiple of the chunk) through ``cache``, each block
     checked against ``sums`` as it arrives: what a prefetcher reads through (it fetches and caches at its own grain)."""
-    source = array.source.reblocked(block_bytes, cache, block_check(array.source.url, sums, what, block_bytes))
+    check = block_check(array.source.url, sums, what, block_bytes)
+    source = array.source.reblocked(block_bytes, cache, check, node)
     return RemoteArray(source, array.dtype, len(array), array.offset)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from detsampler.index.checksums import VerifiedArray
 from detsampler.index.sharded import ShardedArray
 from detsampler.reads import range_blocks
-from detsampler.storage import BlockCache, BlockedObject, RemoteArray
+from detsampler.storage import BlockCache, BlockedObject, NodeCache, RemoteArray
 
 __all__ = ["Fetched", "fetched", "in_object_store"]
 
@@ -88,26 +88,25 @@ def _blocks(part: Any, starts: np.ndarray, stops: np.ndarray, range_offsets: np.
     return remote.source, bounds, blocks, used.astype(np.int64)
 
 
-def _reblocked(array: Any, block_bytes: int, cache: BlockCache) -> Any | None:
-    """``array`` read by blocks of ``block_bytes`` through ``cache``, or None when it is not in an object store."""
-    if isinstance(array, VerifiedArray):
-        return array.reblocked(block_bytes, cache)
-    if isinstance(array, RemoteArray):
-        return array.reblocked(block_bytes, cache)
+def _reblocked(array: Any, block_bytes: int, cache: BlockCache, node: NodeCache | None) -> Any | None:
+    """``array`` read by blocks of ``block_bytes`` through ``cache`` (and ``node``), or None when it is not in an
+    object store."""
+    if isinstance(array, (VerifiedArray, RemoteArray)):
+        return array.reblocked(block_bytes, cache, node)
     return None
 
 
-def fetched(array: Any, block_bytes: int, cache: BlockCache) -> Fetched | None:
-    """``array`` (an array a batch read reads by token position) as a :class:`Fetched` through ``cache``, or None
-    when no part of it lies in an object store."""
+def fetched(array: Any, block_bytes: int, cache: BlockCache, node: NodeCache | None = None) -> Fetched | None:
+    """``array`` (an array a batch read reads by token position) as a :class:`Fetched` through ``cache`` (and the
+    node-shared cache ``node``), or None when no part of it lies in an object store."""
     if isinstance(array, ShardedArray):
-        parts = [_reblocked(p, block_bytes, cache) for p in array._parts]
+        parts = [_reblocked(p, block_bytes, cache, node) for p in array._parts]
         if all(p is None for p in parts):
             return None
         mixed = [new if new is not None else old for new, old in zip(parts, array._parts)]
         read = ShardedArray(mixed, array._bases, array._add, array._tail, array.dtype)
         return Fetched(parts, np.asarray(array._bases, dtype=np.int64), read)
-    part = _reblocked(array, block_bytes, cache)
+    part = _reblocked(array, block_bytes, cache, node)
     return None if part is None else Fetched([part], None, part)
 
 

@@ -37,6 +37,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +47,9 @@ import numpy as np
 from detsampler.loader.fetched import Fetched, fetched, in_object_store
 from detsampler.plan import Plan
 from detsampler.reads import PlannedReads, Readable, plan_reads
-from detsampler.storage import BlockedObject, BlockKey
+from detsampler.storage import BlockedObject, BlockKey, NodeCache
 from detsampler.storage.caches import BeladyCache
+from detsampler.storage.node_cache import NEVER_USED
 
 __all__ = ["PrefetchConfig", "PrefetchStats", "Prefetcher", "Target", "make_prefetcher", "target_of"]
 
@@ -65,13 +67,21 @@ class PrefetchConfig:
     ``threads``: concurrent ranged reads; ``block_bytes``: the unit fetched and held, a multiple of the 64 KiB checksum
     chunk (small blocks fetch fewer bytes a sample does not use; each request costs a round trip), at most
     ``cache_bytes``; ``max_micro_batches_ahead``: the most micro batches planned and not yet read (their spans and the
-    cache's record of their uses are held in RAM), whatever ``budget_bytes`` allows."""
+    cache's record of their uses are held in RAM), whatever ``budget_bytes`` allows.
+
+    ``node_cache``: a directory shared by the processes of one node (local disk, or ``/dev/shm``), through which every
+    block is fetched once per node (:class:`~detsampler.storage.NodeCache`: file locks and atomic renames, every entry
+    checked before it is served, keys bound to each object's content); ``node_cache_bytes``: its cap, given with it
+    (at least ``block_bytes``), its entries evicted by next use over the node's plan (the ranks of this node:
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun sets them, else this rank alone)."""
 
     budget_bytes: int = 64 << 20
     cache_bytes: int = 128 << 20
     threads: int = 8
     block_bytes: int = 1 << 16
     max_micro_batches_ahead: int = 128
+    node_cache: str | None = None
+    node_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("budget_bytes", "cache_bytes", "threads", "block_bytes", "max_micro_batches_ahead"):
@@ -90,6 +100,21 @@ class PrefetchConfig:
                 f"PrefetchConfig.cache_bytes ({self.cache_bytes}) must be >= block_bytes ({self.block_bytes}): a block"
                 " larger than the cache is never held, so every read would fetch it again"
             )
+        self._check_node_cache()
+
+    def _check_node_cache(self) -> None:
+        if self.node_cache is None:
+            if self.node_cache_bytes is not None:
+                raise ValueError("PrefetchConfig.node_cache_bytes is the cap of a node_cache: give node_cache (a path)")
+            return
+        if not isinstance(self.node_cache, str) or not self.node_cache:
+            raise ValueError(f"PrefetchConfig.node_cache must be a directory path (a string), got {self.node_cache!r}")
+        cap = self.node_cache_bytes
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < self.block_bytes:
+            raise ValueError(
+                f"PrefetchConfig.node_cache_bytes must be an integer >= block_bytes ({self.block_bytes}) with a"
+                f" node_cache, got {cap!r}"
+            )
 
 
 @dataclass
@@ -100,7 +125,8 @@ class PrefetchStats:
     the first micro batch was read (a fresh start's cost); ``cache``: the Belady cache's counts. ``planned``: micro
     batches the planner planned in all; ``ahead``: planned and not yet read now; ``peak_ahead``: the most ever (never
     above ``max_micro_batches_ahead``). ``sources``: the plan's sources it reads for; ``objects``: the objects it
-    fetches from."""
+    fetches from; ``node``: the node-shared cache's counts in this process (``hits``: blocks it served, ``fetched``:
+    blocks this process fetched for the node), None without one. ``fetched_bytes`` counts the store's bytes only."""
 
     served: int = 0
     unplanned: int = 0
@@ -115,6 +141,7 @@ class PrefetchStats:
     cache: dict = field(default_factory=dict)
     sources: int = 0
     objects: int = 0
+    node: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -161,8 +188,10 @@ class Prefetcher:
         self.config, self.plan, self.targets, self._split = config, plan, targets, split
         self.worker, self.num_workers = worker, num_workers
         self.cache = BeladyCache(config.cache_bytes)
+        self.node = None if config.node_cache is None else NodeCache(config.node_cache, config.node_cache_bytes)
         self.fetched: list[list[Fetched | None]] = [
-            [None if a is None else fetched(a, config.block_bytes, self.cache) for a in t.arrays] for t in targets
+            [None if a is None else fetched(a, config.block_bytes, self.cache, self.node) for a in t.arrays]
+            for t in targets
         ]
         self.objects: list[BlockedObject] = [o for per in self.fetched for f in per if f is not None for o in f.objects]
         self._number = {id(o): k for k, o in enumerate(self.objects)}
@@ -190,6 +219,8 @@ class Prefetcher:
         self._closed = False
         self._off = False  # the sampler reads another plan: every micro batch is read on demand
         self.stats = PrefetchStats(sources=len(targets), objects=len(self.objects))
+        if self.node is not None:
+            self.node.ranking = self._node_ranking
         self._pid = os.getpid()
         self._planner = threading.Thread(target=self._run, name="detsampler-planner", daemon=True)
         self._planner.start()
@@ -257,6 +288,7 @@ class Prefetcher:
         """The stats now (fetched bytes, the micro batches ahead and the cache's counts brought up to date)."""
         self.stats.fetched_bytes, self.stats.requests = self._fetched()
         self.stats.cache = self.cache.stats()
+        self.stats.node = None if self.node is None else self.node.stats()
         with self._cond:
             self.stats.ahead = len(self._window) + len(self._pending)
         return self.stats
@@ -430,6 +462,36 @@ class Prefetcher:
             out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds))
         return out, reads.next_position
 
+    def _node_ranking(self) -> Callable[[str], int]:
+        """The next use, over this node's plan, of each node-cache entry (by its name): every rank of the node from the
+        micro batch read now, ``max_micro_batches_ahead`` micro batches each, in step order (the ranks of a node
+        read a step together). Asked by the node cache once per eviction round."""
+        with self._cond:
+            head = self._window[0].position if self._window else self._cursor
+            anchor = self._anchor
+        if head is None or anchor is None:
+            return lambda h: NEVER_USED
+        first: dict[str, int] = {}
+        for k, rank in enumerate(node_ranks(anchor[0], self.plan.world_size)):
+            reads = plan_reads(
+                self.plan,
+                [t.readable for t in self.targets],
+                rank,
+                head,
+                self.config.max_micro_batches_ahead,
+                stop_step=anchor[1],
+                split=self._split,
+            )
+            for (step, micro), (_, _, _, holds) in zip(reads.positions, self._keys(reads)):
+                t = (step << 28) | (micro << 12) | k  # step order; a node's ranks read a step together
+                for number, blocks in holds.items():
+                    obj = self.objects[number]
+                    for b in blocks:
+                        h = NodeCache.key(obj.identity, obj.url, obj.block_bytes, b)
+                        if first.get(h, NEVER_USED) > t:
+                            first[h] = t
+        return lambda h: first.get(h, NEVER_USED)
+
     def _keys(self, reads: PlannedReads) -> list[tuple[list[BlockKey], list[int], int, dict[int, list[int]]]]:
         """Per micro batch: its block keys and their sizes, the bytes its reads use, the blocks of each object."""
         keys: list[list[BlockKey]] = [[] for _ in reads.positions]
@@ -493,6 +555,17 @@ class Prefetcher:
             if not self._refs[key]:
                 del self._refs[key]
                 self._window_bytes -= size
+
+
+def node_ranks(rank: int, world_size: int) -> range:
+    """The ranks of ``rank``'s node: ``LOCAL_WORLD_SIZE`` consecutive ranks from ``rank - LOCAL_RANK`` (torchrun's
+    layout), else ``rank`` alone."""
+    try:
+        local, size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return range(rank, rank + 1)
+    first = max(0, rank - local)
+    return range(first, min(world_size, first + size))
 
 
 def target_of(index: Any, layout: Any) -> Target:

@@ -10,6 +10,7 @@ numpy and (lazily, for remote locations) ``obstore``; nothing above it.
 
 from detsampler.storage.arrays import RemoteArray, open_npy
 from detsampler.storage.blocks import DEFAULT_BLOCK_BYTES, BlockCache, BlockedObject, BlockKey
+from detsampler.storage.node_cache import NodeCache
 from detsampler.storage.path import RemotePath, as_path
 from detsampler.storage.store import (
     CreateOnlyUnsupportedError,
@@ -33,6 +34,7 @@ __all__ = [
     "CreateOnlyUnsupportedError",
     "LocalStore",
     "Location",
+    "NodeCache",
     "ObjectChangedError",
     "ObjectNotFoundError",
     "ObjectStore",

@@ -71,13 +71,13 @@ class RemoteArray:
             raise IndexError(f"an index is out of bounds for axis 0 with size {n}")
         return self._take(flat).reshape(idx.shape)
 
-    def reblocked(self, block_bytes: int, cache: BlockCache | None) -> RemoteArray:
+    def reblocked(self, block_bytes: int, cache: BlockCache | None, node: Any = None) -> RemoteArray:
         """The same array read by blocks of ``block_bytes`` through ``cache``; for an object without a check only (a
         pre-tokenized file: its ETag is asked for at every read), a checked one is reblocked with its chunk sums
         (:func:`detsampler.index.remote.reblocked`)."""
         if self.source._check is not None:
             raise ValueError(f"{self.source.url}: a checked array is reblocked with its chunk sums, not alone")
-        return RemoteArray(self.source.reblocked(block_bytes, cache, None), self.dtype, len(self), self.offset)
+        return RemoteArray(self.source.reblocked(block_bytes, cache, None, node), self.dtype, len(self), self.offset)
 
     def block_keys(self, starts: np.ndarray, stops: np.ndarray) -> list[BlockKey]:
         """The ``(url, block)`` keys a read of the element ranges ``[starts[j], stops[j])`` fetches (each once, in

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from detsampler.storage.node_cache import NodeCache
 from detsampler.storage.store import RangeReader, store_for
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "RECENT_BLOCKS", "BlockCache", "BlockKey", "BlockedObject"]
@@ -55,8 +56,10 @@ class BlockedObject:
     no ``check`` (a pre-tokenized file: its format records no checksums): every read asks for that version only
     (``If-Match``), so bytes of another version are refused by the store, never served. ``identity``: what names this
     object's content wherever it is cached (a recorded sha256, or its size and ETag; None: no shared cache may hold
-    it). ``fetched_bytes`` and ``requests`` count what this object fetched (for logs and the benchmark); ``refetched``
-    the blocks fetched again after a failed check."""
+    it). ``node``: the node-shared cache (:class:`~detsampler.storage.node_cache.NodeCache`) its fetches go through,
+    so that each block is fetched once per node; a block it serves is checked by ``check`` before use.
+    ``fetched_bytes`` and ``requests`` count what this object fetched from the store (for logs and the benchmark);
+    ``refetched`` the blocks fetched again after a failed check."""
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class BlockedObject:
         recent_blocks: int = RECENT_BLOCKS,
         etag: str | None = None,
         identity: str | None = None,
+        node: NodeCache | None = None,
     ) -> None:
         if block_bytes <= 0 or block_bytes % _CHUNK_BYTES:
             raise ValueError(f"Got block_bytes={block_bytes}, it must be a positive multiple of {_CHUNK_BYTES}")
@@ -79,6 +83,7 @@ class BlockedObject:
         self.num_blocks = -(-self.size // self.block_bytes)
         self._check, self._cache = check, cache
         self.etag, self.identity = etag, identity
+        self._node = node if identity is not None else None  # an object of no known content is never shared
         self._reader = reader if reader is not None else store_for(url)
         self._recent: OrderedDict[int, bytes] = OrderedDict()
         self._recent_cap = recent_blocks
@@ -107,9 +112,15 @@ class BlockedObject:
         with self._lock:
             self._keep(block, data)
 
-    def reblocked(self, block_bytes: int, cache: BlockCache | None, check: Callable[..., None] | None) -> BlockedObject:
-        """The same object (its reader, ETag and identity) read by blocks of ``block_bytes`` through ``cache``, each
-        checked by ``check`` (the check of this block size)."""
+    def reblocked(
+        self,
+        block_bytes: int,
+        cache: BlockCache | None,
+        check: Callable[..., None] | None,
+        node: NodeCache | None = None,
+    ) -> BlockedObject:
+        """The same object (its reader, ETag and identity) read by blocks of ``block_bytes`` through ``cache`` (and
+        the node-shared cache ``node``), each checked by ``check`` (the check of this block size)."""
         return BlockedObject(
             self.url,
             self.size,
@@ -119,6 +130,7 @@ class BlockedObject:
             reader=self._reader,
             etag=self.etag,
             identity=self.identity,
+            node=node,
         )
 
     def block_range(self, block: int) -> tuple[int, int]:
@@ -165,10 +177,31 @@ class BlockedObject:
         want = sorted(set(numbers))
         if not want:
             return {}
-        out = self._checked(self._read(want))
+        out = self._checked(self._read(want)) if self._node is None else self._through_node(want)
         with self._lock:
             for block, data in out.items():
                 self._keep(block, data)
+        return out
+
+    def _through_node(self, want: list[int]) -> dict[int, bytes]:
+        """Blocks ``want`` through the node-shared cache: fetched (and checked) once per node; a block it serves is
+        checked here before use, and one that fails is removed there and fetched again."""
+        node = self._node
+        names = {b: node.key(self.identity, self.url, self.block_bytes, b) for b in want}
+        read: set[int] = set()
+
+        def from_store(blocks: list[int]) -> dict[int, bytes]:
+            read.update(blocks)
+            return self._checked(self._read(blocks))
+
+        out = node.fetch(want, names, from_store)
+        if self._check is not None:
+            for b in [b for b in want if b not in read]:
+                try:
+                    self._check(b, out[b])
+                except ValueError as exc:
+                    node.drop(names[b], f"block {b} fails the object's own check: {' '.join(str(exc).split())[:200]}")
+                    out[b] = node.fetch([b], names, from_store)[b]
         return out
 
     def _read(self, want: list[int]) -> dict[int, bytes]:
