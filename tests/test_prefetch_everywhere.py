@@ -86,6 +86,7 @@ def test_a_mixture_prefetched_from_a_bucket_reads_the_local_batches_through_one_
         assert stats.cache["peak_bytes"] <= TIGHT.cache_bytes and stats.cache["hits"] > 0
         assert stats.cache["evicted"] > 0  # the cap binds
         assert 0 < stats.used_bytes < stats.fetched_bytes
+        assert stats.amplification == stats.fetched_bytes / stats.used_bytes > 1  # read amplification, reported
         got.close()
 
 
@@ -227,3 +228,25 @@ def test_the_trainer_prefetches_a_mixture_from_the_bucket_and_names_every_source
     )
     assert pipe.prefetch_summary().startswith("data: prefetch read 12 micro batch(es) as planned, 0 on demand")
     pipe.close()
+
+
+def test_a_finer_unit_for_a_pre_tokenized_file_reads_the_same_batches_and_fetches_fewer_bytes(sources):
+    # a pre-tokenized file has no checksum chunk binding its blocks: its unit may be any multiple of 4 KiB
+    local, remote = sources
+    layout = remote[1].layout(CONFIG)
+    plan = Plan(layout.num_samples, seed=9, global_batch_size=8, micro_batch_size=4)
+    want = PackedDataset(local[1], local[1].layout(CONFIG))
+    fetched = {}
+    for unit in (64 * KIB, 8 * KIB):
+        ahead = PrefetchConfig(budget_bytes=64 * KIB, cache_bytes=64 * KIB, threads=2, source_block_bytes=unit)
+        got = PackedDataset(remote[1], layout, prefetch=ahead, plan=plan)
+        for ids in DeterministicBatchSampler(plan, 0, stop_step=10):
+            batch = got.get_batch(ids)
+            assert all(torch.equal(batch[k], v) for k, v in want.get_batch(ids).items())
+        stats = got.prefetch_stats()
+        fetched[unit] = (stats.fetched_bytes, stats.used_bytes, stats.requests)
+        got.close()
+    (coarse, used, _), (fine, used_fine, _) = fetched[64 * KIB], fetched[8 * KIB]
+    assert used == used_fine and fine < coarse  # the same bytes used, fewer fetched
+    with pytest.raises(ValueError, match="source_block_bytes must be a multiple of 4096"):
+        PrefetchConfig(source_block_bytes=1000)

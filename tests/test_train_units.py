@@ -759,7 +759,8 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         (
             "data.prefetch={budget_mb = 64}",
             "DataConfig.prefetch: unknown key(s) ['budget_mb']; allowed keys are ['block_bytes', 'budget_bytes',"
-            " 'cache_bytes', 'max_micro_batches_ahead', 'node_cache', 'node_cache_bytes', 'threads']",
+            " 'cache_bytes', 'max_micro_batches_ahead', 'node_cache', 'node_cache_bytes', 'source_block_bytes',"
+            " 'threads']",
         ),
         (
             "data.prefetch={max_micro_batches_ahead = 0}",

@@ -275,7 +275,8 @@ class DataPipeline:
         cache = stats.cache
         return (
             f"data: prefetch read {stats.served} micro batch(es) as planned, {stats.unplanned} on demand; fetched"
-            f" {stats.fetched_bytes:,} bytes in {stats.requests} ranged reads for {stats.used_bytes:,} bytes used;"
+            f" {stats.fetched_bytes:,} bytes in {stats.requests} ranged reads for {stats.used_bytes:,} bytes used"
+            f" ({stats.amplification or 0:.1f}x read amplification);"
             f" cache {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses, peak"
             f" {cache.get('peak_bytes', 0):,} of {cache.get('cap_bytes', 0):,} bytes; waited"
             f" {stats.wait_s * 1e3:.1f} ms for blocks"

@@ -88,25 +88,28 @@ def _blocks(part: Any, starts: np.ndarray, stops: np.ndarray, range_offsets: np.
     return remote.source, bounds, blocks, used.astype(np.int64)
 
 
-def _reblocked(array: Any, block_bytes: int, cache: BlockCache, node: NodeCache | None) -> Any | None:
-    """``array`` read by blocks of ``block_bytes`` through ``cache`` (and ``node``), or None when it is not in an
-    object store."""
-    if isinstance(array, (VerifiedArray, RemoteArray)):
-        return array.reblocked(block_bytes, cache, node)
+def _reblocked(array: Any, units: tuple[int, int], cache: BlockCache, node: NodeCache | None) -> Any | None:
+    """``array`` read by blocks through ``cache`` (and ``node``): of ``units[0]`` bytes for an index's checked array,
+    ``units[1]`` for a pre-tokenized file's; None when it is not in an object store."""
+    if isinstance(array, VerifiedArray):
+        return array.reblocked(units[0], cache, node)
+    if isinstance(array, RemoteArray):
+        return array.reblocked(units[1] if array.source._check is None else units[0], cache, node)
     return None
 
 
-def fetched(array: Any, block_bytes: int, cache: BlockCache, node: NodeCache | None = None) -> Fetched | None:
+def fetched(array: Any, units: tuple[int, int], cache: BlockCache, node: NodeCache | None = None) -> Fetched | None:
     """``array`` (an array a batch read reads by token position) as a :class:`Fetched` through ``cache`` (and the
-    node-shared cache ``node``), or None when no part of it lies in an object store."""
+    node-shared cache ``node``), read by blocks of ``units`` (an index's, a pre-tokenized file's), or None when no
+    part of it lies in an object store."""
     if isinstance(array, ShardedArray):
-        parts = [_reblocked(p, block_bytes, cache, node) for p in array._parts]
+        parts = [_reblocked(p, units, cache, node) for p in array._parts]
         if all(p is None for p in parts):
             return None
         mixed = [new if new is not None else old for new, old in zip(parts, array._parts)]
         read = ShardedArray(mixed, array._bases, array._add, array._tail, array.dtype)
         return Fetched(parts, np.asarray(array._bases, dtype=np.int64), read)
-    part = _reblocked(array, block_bytes, cache, node)
+    part = _reblocked(array, units, cache, node)
     return None if part is None else Fetched([part], None, part)
 
 

@@ -73,7 +73,11 @@ class PrefetchConfig:
     block is fetched once per node (:class:`~detsampler.storage.NodeCache`: file locks and atomic renames, every entry
     checked before it is served, keys bound to each object's content); ``node_cache_bytes``: its cap, given with it
     (at least ``block_bytes``), its entries evicted by next use over the node's plan (the ranks of this node:
-    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun sets them, else this rank alone)."""
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun sets them, else this rank alone).
+
+    ``source_block_bytes``: the unit fetched of a pre-tokenized file (its format records no checksums, so no chunk
+    binds it: any multiple of 4 KiB, at most ``cache_bytes``; None: ``block_bytes``). A finer unit fetches fewer bytes
+    a sample does not use, in as many requests (a sample's span is one range either way)."""
 
     budget_bytes: int = 64 << 20
     cache_bytes: int = 128 << 20
@@ -82,6 +86,7 @@ class PrefetchConfig:
     max_micro_batches_ahead: int = 128
     node_cache: str | None = None
     node_cache_bytes: int | None = None
+    source_block_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("budget_bytes", "cache_bytes", "threads", "block_bytes", "max_micro_batches_ahead"):
@@ -101,6 +106,16 @@ class PrefetchConfig:
                 " larger than the cache is never held, so every read would fetch it again"
             )
         self._check_node_cache()
+        unit = self.source_block_bytes
+        if unit is not None and (
+            isinstance(unit, bool) or not isinstance(unit, (int, np.integer)) or unit < 1 or unit % 4096
+        ):
+            raise ValueError(f"PrefetchConfig.source_block_bytes must be a multiple of 4096 (or None), got {unit!r}")
+        if unit is not None and unit > self.cache_bytes:
+            raise ValueError(
+                f"PrefetchConfig.source_block_bytes ({unit}) must be <= cache_bytes ({self.cache_bytes}): a block"
+                " larger than the cache is never held"
+            )
 
     def _check_node_cache(self) -> None:
         if self.node_cache is None:
@@ -142,6 +157,13 @@ class PrefetchStats:
     sources: int = 0
     objects: int = 0
     node: dict | None = None
+
+    @property
+    def amplification(self) -> float | None:
+        """Read amplification: the bytes fetched from the store per byte the served micro batches used (None before
+        any was used). At least the verification unit's share: a sample's span costs the whole 64 KiB blocks holding
+        it; a node cache's hits fetch nothing."""
+        return self.fetched_bytes / self.used_bytes if self.used_bytes else None
 
 
 @dataclass(frozen=True)
@@ -189,9 +211,9 @@ class Prefetcher:
         self.worker, self.num_workers = worker, num_workers
         self.cache = BeladyCache(config.cache_bytes)
         self.node = None if config.node_cache is None else NodeCache(config.node_cache, config.node_cache_bytes)
+        units = (config.block_bytes, config.source_block_bytes or config.block_bytes)
         self.fetched: list[list[Fetched | None]] = [
-            [None if a is None else fetched(a, config.block_bytes, self.cache, self.node) for a in t.arrays]
-            for t in targets
+            [None if a is None else fetched(a, units, self.cache, self.node) for a in t.arrays] for t in targets
         ]
         self.objects: list[BlockedObject] = [o for per in self.fetched for f in per if f is not None for o in f.objects]
         self._number = {id(o): k for k, o in enumerate(self.objects)}

@@ -37,6 +37,7 @@ BlockKey = tuple[str, int]  # (object url, block number)
 DEFAULT_BLOCK_BYTES = 1 << 20  # 16 checksum chunks: a ranged GET's latency dominates below ~1 MiB on S3
 RECENT_BLOCKS = 8  # without a cache: the blocks kept (8 MiB per array): a batch reads an array in one or two calls
 _CHUNK_BYTES = 1 << 16  # detsampler.index.checksums.CHUNK_BYTES (that module is above this one)
+_PAGE_BYTES = 1 << 12  # the unit of an object without a check (a pre-tokenized file: no checksum chunk to hold)
 
 
 @runtime_checkable
@@ -75,8 +76,9 @@ class BlockedObject:
         identity: str | None = None,
         node: NodeCache | None = None,
     ) -> None:
-        if block_bytes <= 0 or block_bytes % _CHUNK_BYTES:
-            raise ValueError(f"Got block_bytes={block_bytes}, it must be a positive multiple of {_CHUNK_BYTES}")
+        unit = _CHUNK_BYTES if check is not None else _PAGE_BYTES  # a checked block holds whole checksum chunks
+        if block_bytes <= 0 or block_bytes % unit:
+            raise ValueError(f"Got block_bytes={block_bytes}, it must be a positive multiple of {unit}")
         if recent_blocks < 1:
             raise ValueError(f"Got recent_blocks={recent_blocks}, it must be >= 1")
         self.url, self.size, self.block_bytes = url, int(size), int(block_bytes)
