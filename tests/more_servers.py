@@ -219,6 +219,8 @@ def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = (), hold_s: float
             if fault == "flip" and data:
                 at = len(data) // 2
                 data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+            # recorded before the client can see the answer: a count read after a request returns includes it
+            proxy.answer(self.command, self.path, self.headers.get("Range") or "", len(data))
             self.send_response(answer.status, answer.reason)
             skip = {"content-length", "transfer-encoding", "connection", "date", "server"}
             for name, value in headers:
@@ -227,7 +229,6 @@ def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = (), hold_s: float
             if self.command != "HEAD":
                 self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            proxy.answer(self.command, self.path, self.headers.get("Range") or "", len(data))
             if self.command != "HEAD":
                 self.wfile.write(data)
 

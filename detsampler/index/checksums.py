@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tokenize import TokenError
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "load_array",
     "load_sums",
     "open_checked",
+    "open_checked_all",
     "sums_name",
     "write_checksums",
     "write_fence",
@@ -452,6 +454,25 @@ def open_checked(
         if fence.shape != (-(-shape[0] // (CHUNK_BYTES // dtype.itemsize)),) or fence.dtype != dtype:
             raise TokenIndexError(f"{what}: {record['fence']['file']} does not match {name}")
     return VerifiedArray(f, array, sums, what, fence)
+
+
+def open_checked_all(
+    path: Path | RemotePath,
+    files: dict,
+    wanted: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    cache: BlockCache | None = None,
+) -> dict[str, VerifiedArray]:
+    """``open_checked`` of each array of ``wanted`` (name: dtype, shape); in an object store all at once (each is a
+    first block and a checksum file: two round trips, whatever the number of arrays). An error names the first array,
+    in ``wanted``'s order, that fails."""
+
+    def open_one(name: str) -> VerifiedArray:
+        return open_checked(path, files, name, *wanted[name], cache)
+
+    if not isinstance(path, RemotePath) or len(wanted) < 2:
+        return {name: open_one(name) for name in wanted}
+    with ThreadPoolExecutor(len(wanted), thread_name_prefix="detsampler-open") as pool:
+        return dict(zip(wanted, pool.map(open_one, wanted)))
 
 
 def _advise_random(arr: Any) -> None:

@@ -65,7 +65,7 @@ from filelock import FileLock
 
 from detsampler.atomic import fsync_dir, fsync_file
 from detsampler.epoch_order import EpochOrderedLayout
-from detsampler.index.checksums import ChecksumError, open_checked, write_checksums, write_fence
+from detsampler.index.checksums import ChecksumError, open_checked_all, write_checksums, write_fence
 from detsampler.index.files import HEADER_BYTES, npy_header
 from detsampler.index.format import TokenIndexError, seal_meta, seal_ok
 from detsampler.keys import stable_hash64
@@ -449,8 +449,11 @@ def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch
         if not isinstance(files.get(name), dict) or files[name].get("dtype") != dt.name:
             raise TokenIndexError(f"layout {str(path)!r}: {name} is not recorded as {dt.name}")
     if config.kind != "bestfit":
-        ends = open_checked(path, files, "ends.npy", dtypes["ends.npy"], (n,))
-        order = open_checked(path, files, "order.npy", dtypes["order.npy"], (n,)) if not epoch else None
+        wanted = {"ends.npy": (dtypes["ends.npy"], (n,))}
+        if not epoch:
+            wanted["order.npy"] = (dtypes["order.npy"], (n,))
+        arrays = open_checked_all(path, files, wanted)  # in a bucket: together, a few round trips in all
+        ends, order = arrays["ends.npy"], arrays.get("order.npy")
         if config.kind == "concat":
             if int(ends[-1]) != r["num_tokens"]:
                 raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_tokens']} tokens")
@@ -459,12 +462,9 @@ def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch
             raise TokenIndexError(f"layout {str(path)!r}: ends.npy does not end at {r['num_samples']} samples")
         return DocumentLayout(config, index.lengths, ends, r["num_tokens"], order, epoch=epoch)
     b, m, w = int(r["num_samples"]), int(r["num_items"]), -(-n // config.window_docs)
-    packing = BinPacking(
-        window_bins=open_checked(path, files, "window_bins.npy", dtypes["window_bins.npy"], (w + 1,)),
-        bin_items=open_checked(path, files, "bin_items.npy", dtypes["bin_items.npy"], (b + 1,)),
-        item_docs=open_checked(path, files, "item_docs.npy", dtypes["item_docs.npy"], (m,)),
-        item_pieces=open_checked(path, files, "item_pieces.npy", dtypes["item_pieces.npy"], (m,)),
-    )
+    shapes = {"window_bins.npy": (w + 1,), "bin_items.npy": (b + 1,), "item_docs.npy": (m,), "item_pieces.npy": (m,)}
+    arrays = open_checked_all(path, files, {name: (dtypes[name], shape) for name, shape in shapes.items()})
+    packing = BinPacking(*(arrays[name] for name in shapes))
     if int(packing.window_bins[-1]) != b or int(packing.bin_items[-1]) != m:
         raise TokenIndexError(f"layout {str(path)!r}: its bin counts do not add up to {b} bins of {m} items")
     overlong = (int(r.get("overlong_examples", 0)), int(r.get("dropped_tokens", 0)))

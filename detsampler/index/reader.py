@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detsampler.index.checksums import VerifiedArray, open_checked
+from detsampler.index.checksums import VerifiedArray, open_checked_all
 from detsampler.index.format import (
     CHAT_FORMAT_VERSION,
     INDEX_KIND,
@@ -56,22 +55,6 @@ from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
 __all__ = ["TokenIndex"]
-
-
-def _open_arrays(
-    path: Path | RemotePath, files: dict, wanted: dict[str, tuple[np.dtype, tuple[int, ...]]], cache: BlockCache | None
-) -> dict[str, VerifiedArray]:
-    """``open_checked`` of each array of ``wanted`` (name: dtype, shape); in an object store all at once (each is a
-    first block and a checksum file: two round trips, whatever the number of arrays). An error names the first array,
-    in ``wanted``'s order, that fails."""
-
-    def open_one(name: str) -> VerifiedArray:
-        return open_checked(path, files, name, *wanted[name], cache)
-
-    if not isinstance(path, RemotePath) or len(wanted) < 2:
-        return {name: open_one(name) for name in wanted}
-    with ThreadPoolExecutor(len(wanted), thread_name_prefix="detsampler-open") as pool:
-        return dict(zip(wanted, pool.map(open_one, wanted)))
 
 
 def _read_meta(path: Path | RemotePath) -> dict:
@@ -253,7 +236,7 @@ class TokenIndex:
             raise TokenIndexError(f"index {str(path)!r}: format {CHAT_FORMAT_VERSION} but meta.json has no chat record")
         if store and meta["format_version"] == CHAT_FORMAT_VERSION:
             wanted["loss_mask.npy"] = (np.dtype(np.uint8), (n_tok,))
-        arrays = _open_arrays(path, files, wanted, block_cache)
+        arrays = open_checked_all(path, files, wanted, block_cache)
         if verify_tokens:
             _verify_full(path, files, arrays)
         lengths, offsets, tokens = arrays["lengths.npy"], arrays.get("offsets.npy"), arrays.get("tokens.npy")

@@ -56,6 +56,7 @@ __all__ = ["PrefetchConfig", "PrefetchStats", "Prefetcher", "Target", "make_pref
 log = logging.getLogger("detsampler.prefetch")
 _CHUNK_BYTES = 1 << 16  # the index's checksum chunk: a block holds whole chunks
 _PLAN_BATCHES = 8  # micro batches planned per planner call (one plan call, one locate)
+_RUNS_PER_FETCH = 4  # runs of adjacent blocks per fetch call: a micro batch's scattered spans go out on several threads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -555,15 +556,23 @@ class Prefetcher:
                     continue
                 for b in blocks:
                     lacking.discard((obj.url, b))  # an object named twice (a source listed twice) fetches it once
-                try:
-                    future = self._pool.submit(obj.fetch, blocks)
-                except RuntimeError:  # the pool is shut down (close, or the interpreter exits): read on demand
-                    self._closed = True
-                    self._cond.notify_all()
-                    return
-                for b in blocks:
-                    self._inflight[(obj.url, b)] = future
-                future.add_done_callback(lambda f, keys=[(obj.url, b) for b in blocks]: self._landed(f, keys))
+                for group in _groups(sorted(blocks), _RUNS_PER_FETCH):
+                    if not self._submit(obj, group):
+                        return
+
+    def _submit(self, obj: BlockedObject, blocks: list[int]) -> bool:
+        """Fetch ``blocks`` of ``obj`` on the pool (lock held); False when the pool is shut down (close, or the
+        interpreter exits: reads are then on demand)."""
+        try:
+            future = self._pool.submit(obj.fetch, blocks)
+        except RuntimeError:
+            self._closed = True
+            self._cond.notify_all()
+            return False
+        for b in blocks:
+            self._inflight[(obj.url, b)] = future
+        future.add_done_callback(lambda f, keys=[(obj.url, b) for b in blocks]: self._landed(f, keys))
+        return True
 
     def _landed(self, future: Future, keys: list[BlockKey]) -> None:
         with self._cond:
@@ -577,6 +586,25 @@ class Prefetcher:
             if not self._refs[key]:
                 del self._refs[key]
                 self._window_bytes -= size
+
+
+def _groups(blocks: list[int], runs: int) -> list[list[int]]:
+    """Sorted ``blocks`` cut into groups of at most ``runs`` runs of adjacent blocks, in order: each group is one fetch
+    (one call of ranged reads), so that a micro batch of many scattered spans is fetched by several threads at once
+    (a store may run one call's ranges a few at a time)."""
+    out: list[list[int]] = []
+    count = runs
+    for b in blocks:
+        if out and b == out[-1][-1] + 1:
+            out[-1].append(b)
+            continue
+        if count == runs:
+            out.append([b])
+            count = 1
+        else:
+            out[-1].append(b)
+            count += 1
+    return out
 
 
 def node_ranks(rank: int, world_size: int) -> range:

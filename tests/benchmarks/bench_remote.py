@@ -206,12 +206,16 @@ def main(argv: list[str] | None = None) -> BenchResult:
     from detsampler.loader import PackedDataset, PrefetchConfig
     from detsampler.plan import Plan
     from detsampler.storage.caches import BeladyCache, LRUCache
+    from detsampler.text.corpus import default_corpus, default_tokenizer
     from tests.s3_server import create_bucket, free_port
 
     parser = argparse.ArgumentParser(prog="bench_remote")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--peer-steps", type=int, default=20)
+    parser.add_argument("--node-steps", type=int, default=24)
+    parser.add_argument("--parts", default="index,opens,sources,first,peers,node", help="comma-separated parts")
     args = parser.parse_args(argv or [])
+    parts = set(args.parts.split(","))
     t_start = time.perf_counter()
     torch.set_num_threads(1)
     index, config, layout = _index()
@@ -219,21 +223,22 @@ def main(argv: list[str] | None = None) -> BenchResult:
     prefetch = PrefetchConfig(budget_bytes=4 * MIB, cache_bytes=8 * MIB, threads=8)
     saved = {k: os.environ.get(k) for k in (*_ENV, "AWS_ENDPOINT_URL")}
     os.environ.update(_ENV)
-    rows, results = [], {}
-    local = _loop(PackedDataset(index, layout), plan, args.steps, 1)
-    rows.append(("local disk (memory map), 1 worker", local, None, None, None))
-    rows.append(
-        ("local disk (memory map), no worker", _loop(PackedDataset(index, layout), plan, args.steps), None, None, None)
-    )
+    rows, results, extra = [], {}, ([], [], [])
+    if "index" in parts:
+        local = _loop(PackedDataset(index, layout), plan, args.steps, 1)
+        rows.append(("local disk (memory map), 1 worker", local, None, None, None))
+        local0 = _loop(PackedDataset(index, layout), plan, args.steps)
+        rows.append(("local disk (memory map), no worker", local0, None, None, None))
     server_port = free_port()
     try:
         with _server(server_port):
             _wait_port(server_port)
             endpoint = f"http://127.0.0.1:{server_port}"
             os.environ["AWS_ENDPOINT_URL"] = endpoint
-            url = f"{create_bucket(endpoint, 'bench-remote')}/{index.path.name}"
+            bucket = create_bucket(endpoint, "bench-remote")
+            url = f"{bucket}/{index.path.name}"
             push_index(index.path, url)
-            for latency in LATENCIES_MS:
+            for latency in LATENCIES_MS if "index" in parts else ():
                 proxy_port = free_port()
                 proxy = [sys.executable, "-m", "tests.benchmarks._latency_proxy"]
                 with _process([*proxy, str(proxy_port), str(server_port), str(latency)], "ready"):
@@ -262,6 +267,10 @@ def main(argv: list[str] | None = None) -> BenchResult:
                         layout_r = remote.layout(config)
                         trace, reads = _trace(remote, layout_r, plan, args.steps, prefetch.block_bytes, offset)
                         peers = _peer_rows(url, reads, args.peer_steps, offset)
+            from tests.benchmarks._remote_parts import run_issue37
+
+            tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=default_corpus(max_documents=600))
+            extra = run_issue37(server_port, bucket, index.path, str(tokenizer.path), args, _loop, _process)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -270,6 +279,16 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 os.environ[k] = v
         shutil.rmtree(CACHE / "idx-cache", ignore_errors=True)
 
+    if "index" not in parts:
+        return BenchResult(
+            17,
+            "Object storage: exact lookahead prefetch",
+            __doc__.split("\n", 2)[2].strip(),
+            extra[0],
+            extra[1],
+            extra[2],
+            seconds=time.perf_counter() - t_start,
+        )
     table = Table(
         f"The tiny training loop, {args.steps} micro batches of {MICRO_BATCH} x {SEQ_LEN} tokens (after 5 warm-up)",
         ["reader", "tokens/s", "vs local", "step", "data wait / step", "wait share", "bytes fetched", "bytes used"],
@@ -337,9 +356,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
         17,
         "Object storage: exact lookahead prefetch",
         __doc__.split("\n", 2)[2].strip(),
-        [table, hit_table, peer_table],
-        verdicts,
-        notes,
+        [table, hit_table, peer_table, *extra[0]],
+        verdicts + extra[1],
+        notes + extra[2],
         seconds=time.perf_counter() - t_start,
     )
 
