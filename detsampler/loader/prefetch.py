@@ -381,7 +381,7 @@ class Prefetcher:
         self._anchor, self._cursor, self._error = (rank, stop_step), where, None
         log.info(
             "prefetch: rank %d worker %d of %d %s at step %d micro step %d (cache %d bytes, %s held; budget %d bytes,"
-            " blocks of %d bytes, %d threads)",
+            " blocks of %d bytes%s, %d threads)",
             rank,
             self.worker,
             self.num_workers,
@@ -391,6 +391,7 @@ class Prefetcher:
             "none" if not len(self.cache) else f"{self.cache.held_bytes} bytes",
             self.config.budget_bytes,
             self.config.block_bytes,
+            "" if self.config.source_block_bytes is None else f" ({self.config.source_block_bytes} of a source's file)",
             self.config.threads,
         )
         self._cond.notify_all()

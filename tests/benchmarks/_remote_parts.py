@@ -275,8 +275,10 @@ def peer_rows(urls: list[str], reads, steps: int) -> list[tuple[str, float]]:
             spans[i] += [(k, a, b) for a, b in zip(src.starts[lo:hi].tolist(), src.stops[lo:hi].tolist()) if b > a]
     out = []
     try:
+        from olmo_core import io as olmo_io
         from olmo_core.io import get_bytes_range
 
+        olmo_io._get_s3_client.cache_clear()  # its client keeps the endpoint it was made with (an earlier proxy's)
         t0 = time.perf_counter()
         for micro in spans:
             for k, a, b in micro:
@@ -331,33 +333,26 @@ def run_issue37(
     tables, verdicts, notes = [], [], []
     if "opens" in parts:
         tables.append(_opens(urls, server_port, fault_proxy))
-    proxy_port, http_port, http_proxy = free_port(), free_port(), free_port()
-    latency = [sys.executable, "-m", "tests.benchmarks._latency_proxy", str(proxy_port), str(server_port), "50"]
-    ranges = [sys.executable, "-m", "tests.benchmarks._range_server", str(http_port), str(CACHE)]
-    http_latency = [sys.executable, "-m", "tests.benchmarks._latency_proxy", str(http_proxy), str(http_port), "50"]
-    with process(latency, "ready"), process(ranges, "ready"), process(http_latency, "ready"):
-        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy_port}"
-        served = {k: _served(v, f"http://127.0.0.1:{http_proxy}") for k, v in local.items()}
-        if "sources" in parts:
-            tables.append(_sources(local, urls, served, args, loop, verdicts))
-        if "first" in parts:
-            tables.append(_first_batches(local, urls, proxy_port, verdicts))
-        if "peers" in parts:
-            tables.append(_peers(local, urls, args.peer_steps))
+    for part, run in (
+        ("sources", lambda port: _sources(local, urls, args, loop, verdicts)),
+        ("first", lambda port: _first_batches(local, urls, port, verdicts)),
+        ("peers", lambda port: _peers(local, urls, args.peer_steps)),
+    ):
+        if part not in parts:
+            continue
+        proxy_port = free_port()  # a fresh proxy per part: its connections do not pile up over the parts
+        latency = [sys.executable, "-m", "tests.benchmarks._latency_proxy", str(proxy_port), str(server_port), "50"]
+        with process(latency, "ready"):
+            os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy_port}"
+            tables.append(run(proxy_port))
     if "node" in parts:
         tables.append(_node(paths, urls, server_port, args.node_steps, verdicts, fault_proxy, fmt_bytes))
     return tables, verdicts, notes
 
 
-def _served(where, http: str):
-    """A local path under the benchmark cache as the range server's URL (lists elementwise)."""
-    if isinstance(where, list):
-        return [_served(w, http) for w in where]
-    return f"{http}/{Path(where).relative_to(CACHE).as_posix()}"
-
-
-def _sources(local: dict, urls: dict, served: dict, args, loop, verdicts: list) -> object:
-    """The loop over each kind from local disk, from the range server and from moto (+50 ms), with prefetch."""
+def _sources(local: dict, urls: dict, args, loop, verdicts: list) -> object:
+    """The loop over each kind from local disk and from moto (+50 ms), with prefetch (a pre-tokenized file's blocks
+    also at 16 KiB)."""
     from detsampler.loader import PrefetchConfig
     from tests.benchmarks.common import Table, Verdict
 
@@ -373,25 +368,25 @@ def _sources(local: dict, urls: dict, served: dict, args, loop, verdicts: list) 
     for kind, label in kinds:
         here = loop(*open_data(kind, local), args.steps, 1)
         rows.append(_row(f"{label}, local disk", here, here))
-        runs = [("range server", served, prefetch), ("moto", urls, prefetch)]
+        runs = [("64 KiB blocks", prefetch)]
         if kind in ("mixture", "megatron"):  # a pre-tokenized file's unit may be finer: no checksum chunk binds it
-            runs.insert(1, ("range server, 16 KiB source blocks", served, fine))
-        for server, where, ahead in runs:
-            there = loop(*open_data(kind, where, ahead), args.steps, 1)
+            runs.append(("16 KiB source blocks", fine))
+        for unit, ahead in runs:
+            there = loop(*open_data(kind, urls, ahead), args.steps, 1)
             added, ratio = (there["wait"] - here["wait"]) / there["step"], there["tokens_per_s"] / here["tokens_per_s"]
-            rows.append(_row(f"{label}, {server} +50 ms, prefetch", there, here))
-            if server.startswith("range server") and (ahead is fine or kind not in ("mixture", "megatron")):
+            rows.append(_row(f"{label}, S3 (moto) +50 ms, prefetch, {unit}", there, here))
+            if ahead is runs[-1][1]:
                 verdicts.append(
                     Verdict(
-                        f"{label} at +50 ms (range server): the network's added data wait <= 1 point of the step,"
+                        f"{label} at +50 ms ({unit}): the wait the network adds <= 1 point of the step,"
                         " >= 90% of local throughput",
                         added <= 0.01 and ratio >= 0.9,
                         f"added wait {100 * added:+.2f} points, {100 * ratio:.0f}% of local",
                     )
                 )
     return Table(
-        f"The tiny training loop over each kind of data, {args.steps} micro batches of 8 x 2,048, one forkserver"
-        " worker, prefetch on (budget 4 MiB, cache 8 MiB, 64 KiB blocks)",
+        f"Each kind of data through the tiny training loop, {args.steps} micro batches of 8 x 2,048, one forkserver"
+        " worker, prefetch on (budget 4 MiB, cache 8 MiB)",
         ["reader", "tokens/s", "vs local", "step", "data wait", "wait share"],
         rows,
     )
@@ -488,7 +483,7 @@ def _peers(local: dict, urls: dict, steps: int) -> object:
         for name, s in peer_rows(urls["olmo"], reads, steps)
     ]
     return Table(
-        f"Peers' S3 readers on the mixture at +50 ms, {steps} micro batches in the main process (no model)",
+        f"The peers' S3 readers on the mixture at +50 ms, {steps} micro batches in the main process (no model)",
         ["reader", "per micro batch", "tokens/s"],
         rows,
     )

@@ -448,6 +448,27 @@ def _remote(md: str) -> list[Row]:
             f" {hits['LRU, on demand only (same trace)']} ({_verdict(md, 'hit rate')})",
             "; ".join(f"{r['reader']}: {r['tokens/s']} tokens/s" for r in peers)
             + f"; ours with prefetch off: {off['tokens/s']} tokens/s",
+        ),
+        *_remote_node(md),
+    ]
+
+
+def _remote_node(md: str) -> list[Row]:
+    """Issue 37's headline: a node of 8 processes over a 3-source mixture, with and without the node-shared cache."""
+    try:
+        node = {r["node"]: r for r in _table(md, "A node of 2 ranks x 4").rows}
+    except LookupError:  # a run before issue 37
+        return []
+    shared, apart = node["2 ranks x 4 workers, node-shared cache"], node["2 ranks x 4 workers, per-process caches"]
+    peers = _table(md, "The peers' S3 readers on the mixture").rows
+    return [
+        (
+            "a node of 2 ranks x 4 workers reading a 3-source OLMo mixture from S3 at +50 ms (benchmark 17)",
+            f"node-shared cache: {shared['bytes fetched']} fetched in {shared['GETs']} GETs,"
+            f" {shared['/ distinct blocks']} the distinct blocks its plan reads (target <= 1.1x:"
+            f" {_verdict(md, '8 processes')}); per-process caches: {apart['bytes fetched']},"
+            f" {apart['/ distinct blocks']}",
+            "; ".join(f"{r['reader']}: {r['tokens/s']} tokens/s (main process)" for r in peers),
         )
     ]
 
