@@ -235,7 +235,7 @@ def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_
         assert f"sample {sid} " in outs[1]
     (tmp_path / "empty.json").write_text("{}")
     for bad, message in (
-        ("3", "must be one of (1, 2)"),
+        ("4", "must be one of (1, 2, 3)"),
         (str(tmp_path / "empty.json"), "records no mapping version"),
         (str(tmp_path / "missing"), "expected a mapping version or a checkpoint"),
     ):
