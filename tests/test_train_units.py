@@ -84,7 +84,7 @@ def test_overrides_map_one_to_one_onto_toml_keys() -> None:
         (["schedule.decay=exp"], "ScheduleConfig.decay must be"),
         (["seq_len=3"], "--set expects section.key=value"),
         (
-            ["data.mapping_version=3"],
+            ["data.mapping_version=4"],
             "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of",
         ),
     ],
