@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from detsampler.atomic import atomic_write
+from detsampler.balance import Balance, CostModel
 from detsampler.checks import check_int, check_positive_int
 from detsampler.filter import RepetitionFilter
 from detsampler.layout import LayoutConfig
@@ -203,9 +204,11 @@ class DataRecord:
         *,
         world_size: int | None = None,
         micro_batch_size: int | None = None,
+        layout: Any = None,
     ) -> Plan:
         """The recorded plan over ``num_samples`` (a single index's layout) or ``source`` (the rebuilt mixture), cut
-        for ``world_size`` x ``micro_batch_size`` (the record's by default). Raises ValueError naming what differs
+        for ``world_size`` x ``micro_batch_size`` (the record's by default); a balanced plan's costs come from
+        ``layout`` (a mixture's: from ``source``, built over its layouts). Raises ValueError naming what differs
         unless its fingerprint is the recorded one."""
         recorded = self.fingerprint.plan
         schedule = [tuple(row) for row in recorded["batch_size_schedule"]]
@@ -221,6 +224,7 @@ class DataRecord:
             mapping_version=recorded["mapping_version"],
             redactions=recorded.get("redactions") or None,
             epoch_ids=bool(recorded["stream"].get("epoch_ids", False)),
+            balance=_balance(recorded, layout if layout is not None else source),
         )
         rebuilt = _jsonable(plan.fingerprint())
         if rebuilt != recorded:
@@ -234,3 +238,12 @@ class DataRecord:
         """Raise ValueError (the library's :func:`~detsampler.resume.check_resume` message) unless a run with
         fingerprint ``current`` resuming at ``resume_step`` (the record's step by default) reads what this run read."""
         check_resume(self.fingerprint, current, self.step if resume_step is None else resume_step)
+
+
+def _balance(recorded: dict, layout: Any) -> Balance | None:
+    """The recorded plan's balance over ``layout`` (None when it has none)."""
+    if "balance" not in recorded:
+        return None
+    if layout is None:
+        raise ValueError("the record's plan is balanced: its costs need the layout (DataRecord.plan(..., layout=))")
+    return Balance(layout, CostModel(**recorded["balance"]["cost"]))

@@ -2,7 +2,7 @@
 
 What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture),
 the layout (its kind, ``seq_len``, seed, window and corpus counts), the plan (mapping version, stream, seed, batch
-schedule, skip ranges, redactions) and the instance filter, when there is one. Save
+schedule, skip ranges, redactions, balance) and the instance filter, when there is one. Save
 ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
@@ -171,10 +171,11 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
 
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
     resuming run's. The index and the layout must be the same. Allowed plan changes: another
-    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
-    its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
-    at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
-    and ranges that lie there too; redactions whose ``from_step`` (a training step) is ``>= resume_step``.
+    ``world_size``/``micro_batch_size`` (a balanced plan deals each step anew: its samples stay); another plan ``seed``
+    when the plan reads a source stream (a mixture, keyed by its own seed: the plan's is unused); batch-size schedule
+    (ramp) entries and mixture schedule entries whose step is at or after ``d(resume_step)``; skip ranges starting at
+    or after ``d(resume_step)``; removing or changing entries and ranges that lie there too; redactions whose
+    ``from_step`` (a training step) is ``>= resume_step``. The balance (on, off, its cost model) may not change.
 
     Args:
         old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
@@ -238,6 +239,13 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
+    if before.get("balance") != after.get("balance"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the plan's balance from {before.get('balance')!r} to"
+            f" {after.get('balance')!r}: every step keeps its samples, but the steps already trained would be audited"
+            " (show, where) with another assignment of their samples to ranks than the one trained; resume with the"
+            " checkpoint's balance, or start a new run"
+        )
     if before.get("mapping_version") != after.get("mapping_version"):
         raise ValueError(
             f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "

@@ -267,3 +267,22 @@ def test_locate_reads_the_balanced_slots_and_refuses_another_layout():
     other = make_layout(LayoutConfig(kind="bestfit", seq_len=128, seed=1), lengths)
     with pytest.raises(ValueError, match="the plan balances by the spans of another layout than the one given"):
         locate(plan, other, step=9)
+
+
+def test_verify_passes_a_balanced_plan_and_its_mixture():
+    """verify checks that the micro batches read exactly each step's positions, in whatever slots the balance puts
+    them (it compared them in position order before the balance existed)."""
+    from detsampler.verify import verify_mixture_plan, verify_plan
+
+    rng = np.random.default_rng(4)
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=64), rng.integers(1, 200, 300))
+    plan = Plan(layout.num_samples, 1, 24, 3, 4, balance=Balance(layout, CostModel(attention=0.5)))
+    assert not np.array_equal(plan.step_positions(0), np.sort(plan.step_positions(0)))  # dealt out of order
+    report = verify_plan(plan, 0, 3 * layout.num_samples // 24)
+    assert report["ok"] and not report["position_problems"]
+    assert [row["complete"] for row in report["epochs"]][:2] == [True, True]
+    mixture = Mixture(
+        [layout, make_layout(LayoutConfig(kind="document", seq_len=64), rng.integers(1, 90, 50))], [3, 1], 0
+    )
+    mixed = Plan(source=mixture, global_batch_size=24, micro_batch_size=3, world_size=4, balance=Balance(mixture))
+    assert verify_mixture_plan(mixed, 0, 40)["ok"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pytest
 
+from detsampler.balance import CostModel
 from detsampler.cli import OPTION_FIELDS, build_parser, main
 from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
@@ -39,6 +40,7 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     # NOTE: Plan.epoch_ids follows --epoch-order (LayoutConfig.epoch_order): one option, not two that must agree
     want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name not in ("num_samples", "source", "epoch_ids")}
     want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
+    want |= {("CostModel", f.name) for f in fields(CostModel)}  # --balance's cost model
     assert mapped == want
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices

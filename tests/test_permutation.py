@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from detsampler.permutation import MAX_DOMAIN, Permutation, permute, unpermute
 from detsampler.version import MAPPING_VERSIONS
+from tests.strategies import domain_sizes, seeds
 
 PERMUTATIONS = tuple(v for v in MAPPING_VERSIONS if v != 3)  # version 3 permutes as version 2 (tests/test_pinned.py)
-from tests.strategies import domain_sizes, seeds
 
 versions = st.sampled_from(PERMUTATIONS)
 

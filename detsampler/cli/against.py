@@ -28,7 +28,7 @@ __all__ = ["report_against"]
 def _plan_of(record: Any, audit: Audit) -> Plan:
     if record.is_mixture:
         return record.plan(source=mixture_of(record, audit.layouts))
-    return record.plan(audit.layouts[0].num_samples)
+    return record.plan(audit.layouts[0].num_samples, layout=audit.layouts[0])
 
 
 def _compare_samples(old: Plan, new: Plan, a: int, b: int) -> tuple[list[int], int]:

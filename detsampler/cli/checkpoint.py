@@ -100,8 +100,11 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
             "skip_steps": [list(r) for r in plan.get("skip_steps", [])],
             "redactions": [[r[0], list(r[1]), *r[2:]] for r in plan.get("redactions", [])],
             "mapping_version": plan["mapping_version"],
+            "balance": "balance" in plan,
         }
     )
+    for name in ("attention", "linear", "fixed"):  # the cost model of a balanced plan (None: not balanced)
+        values[f"balance_{name}"] = plan["balance"]["cost"][name] if "balance" in plan else None
     first = indexes[0]
     if hasattr(first, "store_tokens"):
         values["store_tokens"] = bool(first.store_tokens)
@@ -314,7 +317,7 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
         if record.is_mixture:
             plan = record.plan(source=mixture_of(record, layouts), **cut)
         else:
-            plan = record.plan(layouts[0].num_samples, **cut)
+            plan = record.plan(layouts[0].num_samples, layout=layouts[0], **cut)
     except ValueError as exc:
         raise ValueError(f"checkpoint {where}: {exc}; the index or layout changed since it was saved") from None
     many = record.is_mixture

@@ -14,11 +14,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from detsampler.balance import Balance, CostModel
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
 from detsampler.text.chat import CHAT_POLICIES
-from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
+from detsampler.version import BALANCED_MAPPING_VERSION, MAPPING_VERSION, MAPPING_VERSIONS
 
 if TYPE_CHECKING:
     from detsampler.index.prepare import IndexConfig
@@ -29,6 +30,7 @@ __all__ = [
     "add_layout_options",
     "add_mixture_options",
     "add_plan_options",
+    "balance_from_args",
     "index_config",
     "layout_config",
     "mixture_config",
@@ -64,6 +66,10 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "skip_steps": ("Plan", "skip_steps"),
     "redactions": ("Plan", "redactions"),
     "mapping_version": ("Plan", "mapping_version"),
+    "balance": ("Plan", "balance"),  # --balance: a Balance over the command's layout, costed by the three below
+    "balance_attention": ("CostModel", "attention"),
+    "balance_linear": ("CostModel", "linear"),
+    "balance_fixed": ("CostModel", "fixed"),
     "mixture_data": ("MixtureConfig", "sources"),
     "mixture_weights": ("MixtureConfig", "weights"),
     "mixture_schedule": ("MixtureConfig", "schedule"),
@@ -418,13 +424,35 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--mapping-version",
         type=mapping_version,
-        default=MAPPING_VERSION,
+        default=None,
         metavar="V|CHECKPOINT",
         help=(
             "Plan.mapping_version: the sample orders of this version, or of the version a checkpoint directory "
-            "(or its data_fingerprint.json) records (default: %(default)s, the current one)"
+            f"(or its data_fingerprint.json) records (default: the current one, {MAPPING_VERSION}, or"
+            f" {BALANCED_MAPPING_VERSION} with --balance)"
         ),
     )
+    g.add_argument(
+        "--balance",
+        action="store_true",
+        default=False,
+        help=(
+            "Plan.balance: deal each step's samples to (rank, micro step) by their modeled cost, attention masked per"
+            " document (mapping version 3): the same samples per step, every rank's cost near the mean"
+        ),
+    )
+    for name, what in (
+        ("attention", "per squared token of each document span"),
+        ("linear", "per token"),
+        ("fixed", "per sample"),
+    ):
+        g.add_argument(
+            f"--balance-{name}",
+            type=float,
+            default=None,
+            metavar="X",
+            help=f"CostModel.{name}: the cost {what} (default: {getattr(CostModel(), name)!r}); needs --balance",
+        )
 
 
 # -- parsed options -> dataclasses
@@ -453,14 +481,28 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
     )
 
 
+def balance_from_args(args: argparse.Namespace, layout: Any) -> Balance | None:
+    """``--balance`` and its cost model over ``layout`` (the layout, or a mixture built over its sources' layouts), or
+    None."""
+    given = {name: getattr(args, f"balance_{name}", None) for name in ("attention", "linear", "fixed")}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not getattr(args, "balance", False):
+        if given:
+            raise ValueError(f"--balance-{next(iter(given))} needs --balance (it is the balanced plan's cost model)")
+        return None
+    return Balance(layout, CostModel(**given))
+
+
 def plan_from_args(
     args: argparse.Namespace,
     num_samples: int | None = None,
     source: Mixture | None = None,
     epoch_ids: bool | None = None,
+    layout: Any = None,
 ) -> Plan:
     """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture).
-    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says)."""
+    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says); ``layout``: the layout of
+    ``num_samples``, whose spans a ``--balance`` plan costs (a mixture's: ``source``, built over its layouts)."""
     if epoch_ids is None:
         epoch_ids = bool(getattr(args, "epoch_order", False)) and source is None
     return Plan(
@@ -479,6 +521,7 @@ def plan_from_args(
         # NOTE: the sample ids carry their epoch exactly when the layout reorders documents each epoch; a mixture
         # qualifies its own epoch_order sources' ids
         epoch_ids=epoch_ids,
+        balance=balance_from_args(args, layout if layout is not None else source),
     )
 
 

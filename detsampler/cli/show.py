@@ -105,6 +105,25 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
         f" step(s) x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind}"
         f" seq_len={layout.config.seq_len}, {per_epoch}"
     )
+    if plan.balance is not None:
+        print(_balance_line(plan, step))
+
+
+def _balance_line(plan: Plan, step: int) -> str:
+    """The balanced plan's cost model and what it did to this step: each rank's modeled cost, max over mean, against
+    the same samples in position order."""
+    from detsampler.balance import sample_costs
+
+    start = plan.consumed(step)
+    costs = sample_costs(plan.balance, plan.stream, np.arange(start, start + plan.batch_size(step), dtype=np.int64))
+    per_rank = lambda order: costs[order].reshape(-1, plan.world_size, plan.micro_batch_size).sum(axis=(0, 2))
+    balanced, plain = per_rank(plan.slot_order(step)), per_rank(np.arange(len(costs)))
+    c = plan.balance.cost
+    return (
+        f"balanced (LPT; cost = {c.attention!r} * sum(len^2) + {c.linear!r} * tokens + {c.fixed!r} per sample):"
+        f" rank costs max/mean {balanced.max() / balanced.mean():.3f}, in position order"
+        f" {plain.max() / plain.mean():.3f}"
+    )
 
 
 def _print_micro_batch(
@@ -174,7 +193,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif config is None:
         prepared = [prepare(args)]
         layouts = [prepared[0].index.layout(layout_config(args))]
-        plan = plan_from_args(args, layouts[0].num_samples)
+        plan = plan_from_args(args, layouts[0].num_samples, layout=layouts[0])
         labels = None
     else:
         prepared, layouts, plan = mixture_plan(args, config)

@@ -142,7 +142,7 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
     config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
     for k in kinds:
         layout = index.layout(layout_config(args, k))
-        plan = plan_from_args(args, layout.num_samples, epoch_ids=layout.config.epoch_order)
+        plan = plan_from_args(args, layout.num_samples, epoch_ids=layout.config.epoch_order, layout=layout)
         out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
         if config is not None:
             from detsampler.loader.dataset import instance_filter_counts
@@ -271,7 +271,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     redactions = []
     if getattr(args, "redactions", None):  # the audit trail over the --kind layout
         layout = prepared.index.layout(layout_config(args))
-        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
+        redactions = redaction_rows(plan_from_args(args, layout.num_samples, layout=layout), layout, args.step)
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

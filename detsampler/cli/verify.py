@@ -123,7 +123,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if getattr(args, "tokens", False):
         print(verified_line(prepared.index))
     layout = prepared.index.layout(layout_config(args))
-    plan = plan_from_args(args, layout.num_samples)
+    plan = plan_from_args(args, layout.num_samples, layout=layout)
     a, b = args.steps
     report = verify_plan(plan, a, b)
     _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
