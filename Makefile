@@ -35,12 +35,13 @@ test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
+# ARGS: the demo's options, e.g. make demo ARGS="--set data.balance=true" (a compute-balanced plan, issue 34)
 demo: $(VENV)/.installed
-	$(PY) -m train.demo
+	$(PY) -m train.demo $(ARGS)
 
 # Supervised fine-tuning (train/configs/sft.toml) on a local chat corpus: killed, resumed, compared (under a minute).
 demo-sft: $(VENV)/.installed
-	$(PY) -m train.demo_sft
+	$(PY) -m train.demo_sft $(ARGS)
 
 # The GPU check (issue 26), on a GPU machine with the packages of scripts/gpu_wheels.sh on PYTHONPATH (no .venv: the
 # machine's own python3 and torch); docs/usage.md, "The GPU check".

@@ -441,6 +441,16 @@ class Plan:
             self._orders[d] = order
         return order
 
+    def by_position(self, step: int, values: np.ndarray) -> np.ndarray:
+        """``values`` given per slot of ``step`` (micro-step-major, then rank, then row, as ``global_batch``), put in
+        position order: the same for every ``world_size`` and ``micro_batch_size`` (without balance: ``values``)."""
+        order = self.slot_order(step)
+        if order is None:
+            return values
+        out = np.empty_like(values)
+        out[order] = values
+        return out
+
     def _balanced(self, positions: np.ndarray, step: int) -> np.ndarray:
         """Positions of ``step`` in position order (the unbalanced plan's slots) -> the positions their slots read."""
         consumed = self.consumed(step)

@@ -286,3 +286,15 @@ def test_verify_passes_a_balanced_plan_and_its_mixture():
     )
     mixed = Plan(source=mixture, global_batch_size=24, micro_batch_size=3, world_size=4, balance=Balance(mixture))
     assert verify_mixture_plan(mixed, 0, 40)["ok"]
+
+
+def test_by_position_puts_a_steps_slots_back_in_position_order():
+    """What the trainer and `detsampler show` hash: the same for every cut, balanced or not."""
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=64), np.random.default_rng(6).integers(1, 200, 300))
+    plan = Plan(layout.num_samples, 0, 24, 2, 4, balance=Balance(layout))
+    plain = Plan(layout.num_samples, 0, 24, 2, 4)
+    for step in (0, 3):
+        want = plain.global_batch(step)
+        for cut in (plan, plan.with_world(1, 24), plan.with_world(2, 3)):
+            np.testing.assert_array_equal(cut.by_position(step, cut.global_batch(step)), want)
+        assert plain.by_position(step, want) is want

@@ -290,6 +290,14 @@ def _prefetch(value: Any) -> Any:
     return _options_table(value, PrefetchConfig, "prefetch", shape)
 
 
+def _balance(value: Any) -> Any:
+    """``data.balance`` as a :class:`detsampler.balance.CostModel` (the balanced plan's cost model) or None (off)."""
+    from detsampler.balance import CostModel
+
+    shape = "{" + ", ".join(f"{name} = {value!r}" for name, value in CostModel().describe().items()) + "}"
+    return _options_table(value, CostModel, "balance", shape)
+
+
 WORKER_START_METHODS = ("", "fork", "forkserver", "spawn")
 
 
@@ -333,7 +341,11 @@ class DataConfig:
     object store is refused. A resume may add
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
-    new run on the current one.
+    new run on the current one (3 when ``balance`` is on, else 2). ``balance`` (:class:`detsampler.balance.CostModel`,
+    a table of its fields ``attention``, ``linear``, ``fixed``; ``{}`` or ``true`` for its defaults; absent or
+    ``false``: off): each step's samples dealt to (rank, micro step) by their modeled cost (attention masked per
+    document), the same samples per step (:class:`detsampler.balance.Balance`, mapping version 3); ``{attention = 0}``
+    balances tokens (padding-free SFT). A resume keeps the checkpoint's balance.
 
     Supervised fine-tuning (``train/configs/sft.toml``): ``loss_policy`` (:class:`detsampler.text.chat.ChatConfig`)
     makes ``text_column`` a column of chat messages rendered with the tokenizer's chat template (a local transformers
@@ -378,6 +390,7 @@ class DataConfig:
     overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
     prefetch: Any = None  # a PrefetchConfig table ({} or true: its defaults), or false/absent (off)
     worker_start_method: str = ""  # "": forkserver over an index in an object store, else the platform's default
+    balance: Any = None  # a CostModel table ({} or true: its defaults): each step dealt to ranks by cost; false: off
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
@@ -391,12 +404,14 @@ class DataConfig:
             object.__setattr__(self, "mixture_schedule", tuple(_schedule_entry(e) for e in self.mixture_schedule))
         object.__setattr__(self, "instance_filter", _instance_filter(self.instance_filter))
         object.__setattr__(self, "prefetch", _prefetch(self.prefetch))
+        object.__setattr__(self, "balance", _balance(self.balance))
         check_fields(self)
         if self.mapping_version != 0 and self.mapping_version not in MAPPING_VERSIONS:
             raise ValueError(
                 "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
                 f"{MAPPING_VERSIONS}, got {self.mapping_version!r}"
             )
+        self._check_balance_version()
 
         if self.add_eos not in ("", "virtual", "real"):
             raise ValueError(
@@ -443,6 +458,19 @@ class DataConfig:
                 "DataConfig.prefetch reads ahead one index's micro batches by the plan, and a mixture draws from"
                 " several (mixture_sources): remove prefetch (each source is read on demand)"
             )
+
+    def _check_balance_version(self) -> None:
+        """A balanced plan is mapping version 3, and version 3 is the balanced plan's."""
+        from detsampler.version import BALANCED_MAPPING_VERSION
+
+        balanced = self.balance is not None
+        if self.mapping_version and (self.mapping_version == BALANCED_MAPPING_VERSION) != balanced:
+            why = (
+                f"with balance set: a balanced plan is mapping version {BALANCED_MAPPING_VERSION} (give it, or 0)"
+                if balanced
+                else "is the balanced plan's: set balance (a table of its cost model, or true), or give 0"
+            )
+            raise ValueError(f"DataConfig.mapping_version {self.mapping_version} {why}")
 
     def chat_config(self) -> Any:
         """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or

@@ -28,7 +28,6 @@ from detsampler.record import DataRecord
 from detsampler.redaction import Redaction, documents_by_content_hash, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.storage.urls import is_remote
-from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
 __all__ = [
@@ -372,10 +371,19 @@ def check_redacted_documents(plan: Plan, num_documents: int | Sequence[int], con
 
 
 def _plan(
-    config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None, dataset: Any = None
+    config: DataConfig,
+    world_size: int,
+    num_samples: int | None = None,
+    source: Any = None,
+    dataset: Any = None,
+    layout: Any = None,
 ) -> Plan:
     """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture); ``dataset``
-    (a mixture: one per source) resolves the redactions' paths and content hashes."""
+    (a mixture: one per source) resolves the redactions' paths and content hashes; ``data.balance`` costs the samples
+    by ``layout``'s spans (a mixture's: by its sources' layouts)."""
+    from detsampler.balance import Balance
+
+    balance = Balance(layout if layout is not None else source, config.balance) if config.balance else None
     return Plan(
         num_samples=num_samples,
         source=source,
@@ -385,9 +393,10 @@ def _plan(
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
-        mapping_version=config.mapping_version or MAPPING_VERSION,
+        mapping_version=config.mapping_version or None,  # 0: the current version (3 balanced, else 2)
         redactions=resolve_redactions(config, dataset) or None,
         epoch_ids=config.epoch_order and source is None,  # a mixture qualifies its epoch_order sources' ids itself
+        balance=balance,
     )
 
 
@@ -440,7 +449,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     index, tokenizer = prepared.index, prepared.tokenizer
     _verify_once(index)
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
+    plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset, layout=layout)
     check_redacted_documents(plan, index.num_documents)
     dataset = _packed_dataset(prepared, layout, config.text_column, config.instance_filter, config.prefetch, plan)
     pipeline = DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)

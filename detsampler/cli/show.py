@@ -89,7 +89,7 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
     """The step's line: its sample hash (the trainer's ``sample_hash`` of the step, as logged in metrics.jsonl), epoch
     or mixture weights, positions, the cut and the layout."""
     layout = layouts[0]
-    hashed = sample_hash(plan.global_batch(step))
+    hashed = sample_hash(plan.by_position(step, plan.global_batch(step)))
     data = f" (data step {plan.data_step(step)})" if plan.data_step(step) != step else ""
     if labels is None:
         where_from = f"epoch {plan.epoch(step)}"

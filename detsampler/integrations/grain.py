@@ -6,7 +6,9 @@ training order counted from step 0, every step's positions in order: a numbering
 size nor the number of Grain workers. Grain's ``DataLoader`` gives process ``p`` of ``P`` (its ``ShardOptions``) the
 sampler's global indices ``p, p + P, p + 2P, ...``; every step's batch being a multiple of ``P * micro_batch_size``,
 these records are exactly ``plan.with_world(P)``'s micro batches of rank ``p``, step after step: element ``k`` of
-process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``.
+process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``. A balanced plan
+(``Plan(balance=...)``) is numbered by its one-rank deal (each step's samples in micro batches of near-equal modeled
+cost, heaviest first), so process ``p`` reads that deal's micro batches ``p, p + P, ...``: balanced at any ``P``.
 
 A record is read with one :meth:`~detsampler.loader.dataset.PackedDataset.get_batch` (vectorized over its samples)
 and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. Records, not

@@ -132,6 +132,12 @@ class FaultTolerantSampler:
         device: torch.device | str = "cpu",
     ) -> None:
         _check_rank(group_rank, group_world_size, "group_rank", "group_world_size")
+        if plan.balance is not None:
+            raise ValueError(
+                "FaultTolerantSampler splits each step among the replica groups of its quorum, whose number changes"
+                " from step to step, while a balanced plan (Plan(balance=...)) deals a step for a fixed world size:"
+                " pass the plan without balance"
+            )
         self.manager, self.plan, self.device = manager, plan, torch.device(device)
         self.group_rank, self.group_world_size = int(group_rank), int(group_world_size)
 

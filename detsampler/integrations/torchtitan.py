@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
+from detsampler.balance import Balance, CostModel  # noqa: E402
 from detsampler.index.sharded import open_index  # noqa: E402
 from detsampler.index.sources import is_source_spec, open_source, parse_source_spec  # noqa: E402
 from detsampler.layout import OVERLONG_POLICIES, LayoutConfig  # noqa: E402
@@ -46,7 +47,6 @@ from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.mixture.config import MixtureConfig  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
 from detsampler.record import DataRecord  # noqa: E402
-from detsampler.version import MAPPING_VERSION  # noqa: E402
 
 __all__ = ["IGNORE_INDEX", "DetsamplerDataLoader"]
 
@@ -135,8 +135,21 @@ class DetsamplerDataLoader(BaseDataLoader):
         skip_steps: list[tuple[int, int]] = field(default_factory=list)
         """Inclusive ranges of data steps never trained on (Plan.skip_steps)."""
 
-        mapping_version: int = MAPPING_VERSION
-        """Plan.mapping_version: the permutation; keep the one a run started with."""
+        mapping_version: int = 0
+        """Plan.mapping_version: keep the one a run started with (0: the current one, 2, or 3 with balance)."""
+
+        balance: bool = False
+        """Plan.balance: each step's samples dealt to (dp rank, micro step) by their modeled cost, attention masked
+        per document (detsampler.balance.Balance over the layout, mapping version 3): the same samples per step."""
+
+        balance_attention: float = CostModel().attention
+        """CostModel.attention (with balance): the cost per squared token of each document span."""
+
+        balance_linear: float = CostModel().linear
+        """CostModel.linear (with balance): the cost per token."""
+
+        balance_fixed: float = CostModel().fixed
+        """CostModel.fixed (with balance): the cost per sample."""
 
         allow_missing_data_record: bool = False
         """Load a checkpointed state that holds no ``data_record`` (saved before it existed): its data cannot be
@@ -171,13 +184,14 @@ class DetsamplerDataLoader(BaseDataLoader):
             world_size=dp_world_size,
             batch_size_schedule=schedule,
             skip_steps=[tuple(r) for r in config.skip_steps] or None,
-            mapping_version=config.mapping_version,
+            mapping_version=config.mapping_version or None,
         )
         restart = config.restart_positions
         datasets = [PackedDataset(i, lay, restart_position_ids=restart) for i, lay in zip(indexes, layouts)]
         if len(indexes) == 1 and not config.weights:
             _refuse_mixture_fields(config)
-            self.plan = Plan(layouts[0].num_samples, epoch_ids=layout_config.epoch_order, **plan_args)
+            balance = _balance(config, layouts[0])
+            self.plan = Plan(layouts[0].num_samples, epoch_ids=layout_config.epoch_order, balance=balance, **plan_args)
             self.dataset: Dataset = datasets[0]
             recorded_index, recorded_layout, names = indexes[0], layouts[0], None
         else:
@@ -192,7 +206,7 @@ class DetsamplerDataLoader(BaseDataLoader):
                 seed=config.mixture_seed,
                 names=tuple(config.mixture_names) or None,
             )
-            self.plan = Plan(source=mixture_config.build(layouts), **plan_args)
+            self.plan = Plan(source=mixture_config.build(layouts), balance=_balance(config, layouts), **plan_args)
             self.dataset = MixtureDataset(datasets, self.plan.stream)
             recorded_index, recorded_layout, names = indexes, layouts, mixture_config.names
         self.indexes, self.layouts = indexes, layouts
@@ -335,3 +349,11 @@ def _refuse_mixture_fields(config: DetsamplerDataLoader.Config) -> None:
         raise ValueError(
             f"DetsamplerDataLoader.Config.{given[0]} is set but there is no mixture: give weights, one per index"
         )
+
+
+def _balance(config: Any, layout: Any) -> Balance | None:
+    """``Config.balance`` and its cost model over ``layout`` (a mixture's: its sources' layouts), or None."""
+    if not config.balance:
+        return None
+    cost = CostModel(attention=config.balance_attention, linear=config.balance_linear, fixed=config.balance_fixed)
+    return Balance(layout, cost)

@@ -355,3 +355,26 @@ def test_grains_checkpoint_handler_saves_a_state_that_resumes_on_another_process
     resumed = [steps_of(data_loader(source, rank, 2, start=start), plan.with_world(2), 2) for rank in range(2)]
     for i, step in enumerate(range(2, NUM_STEPS)):
         assert union(resumed, i) == sorted(plan.global_batch(step).tolist())
+
+
+def test_a_balanced_plan_deals_its_one_rank_micro_batches_to_the_processes(small_index):
+    """PlanSource numbers the records by the plan cut for one rank; balanced, that deals each step into micro batches
+    of near-equal modeled cost, which the processes take in turn: process ``r`` of ``W`` reads micro batches ``r, r +
+    W, ...`` of the one-rank deal, and the processes together read the step's global batch (issue 34)."""
+    from detsampler.balance import Balance, CostModel, sample_costs
+
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=3, global_batch_size=16, micro_batch_size=2, balance=Balance(ds.layout, CostModel()))
+    one = plan.with_world(1)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    per_process = []
+    for rank in range(2):
+        steps = steps_of(data_loader(source, rank, 2), plan.with_world(2))
+        for step, elements in enumerate(steps):
+            for i, element in enumerate(elements):
+                assert element["sample_ids"].tolist() == one.micro_batch(step, 2 * i + rank, 0).tolist()
+        per_process.append(steps)
+    for s in range(NUM_STEPS):
+        assert union(per_process, s) == sorted(plan.global_batch(s).tolist())
+    cells = sample_costs(plan.balance, one.stream, one.step_positions(0)).reshape(8, 2).sum(axis=1)
+    assert cells.max() / cells.mean() < 1.1  # the one-rank deal: micro batches of near-equal cost
