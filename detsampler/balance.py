@@ -71,7 +71,7 @@ class CostModel:
     (``attention = 0``) balances tokens: padding-free SFT, where micro batches hold different numbers of tokens.
     """
 
-    attention: float = 1.0 / 4096
+    attention: float = 0.00125
     linear: float = 1.0
     fixed: float = 0.0
 

@@ -408,6 +408,13 @@ def _run(
         f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
         f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
     )
+    if data.plan.balance is not None:
+        c = data.plan.balance.cost
+        log(
+            rt,
+            f"data: balanced (mapping version 3): each step's samples dealt to ranks by cost = {c.attention!r} *"
+            f" sum(len^2) + {c.linear!r} * tokens + {c.fixed!r}",
+        )
     reads = data.reads_line()
     if reads is not None:
         log(rt, reads)

@@ -452,7 +452,33 @@ def _remote(md: str) -> list[Row]:
     ]
 
 
+_WHOLE = "whole step (locate + costs + assignment)"
+
+
+def _balance(md: str) -> list[Row]:
+    modeled = _table(md, "Per-rank modeled cost").rows
+    measured = _table(md, "Measured: forward")
+    timing = _table(md, "Balancing one step").rows
+    top = [r for r in modeled if r["ranks"] in ("64", "1024") and r["seq_len"] in ("32k", "128k")]
+    wide = measured.rows[-1]
+    return [
+        (
+            "compute-balanced plan, per-rank cost max / mean, bestfit, 8 samples per rank (benchmark 19)",
+            "; ".join(f"{r['seq_len']} x {r['ranks']} ranks {r['balanced'].split(' ')[0]}" for r in top)
+            + f" (target <= 1.02: {_verdict(md, 'modeled cost')}); measured straggler wait at {wide['ranks']} ranks"
+            f" {wide['balanced'].split(' (')[0]} against {wide['straggler wait, position order'].split(' (')[0]}"
+            f" ({wide['wait cut']} cut; target 30%: {_verdict(md, 'straggler wait')}); balancing"
+            f" {max((r[_WHOLE] for r in timing), key=value)} per step of 1,024 samples at most"
+            f" ({_verdict(md, 'balancing costs')})",
+            "position order (every deterministic loader): "
+            + "; ".join(f"{r['seq_len']} x {r['ranks']} ranks {r['position order'].split(' ')[0]}" for r in top)
+            + "; Megatron balances by an all-to-all at run time (not measured)",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
+    "balance": _balance,
     "resume": _resume,
     "memory": _memory,
     "loader": _loader,
