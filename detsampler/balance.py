@@ -9,8 +9,8 @@ The cost model (:class:`CostModel`): a sample of document spans of lengths ``l_j
 
     cost = attention * sum_j l_j**2 + linear * sum_j l_j + fixed,
 
-computed from exact integer sums with elementwise float64 operations only (each correctly rounded), so every machine
-computes the same bits.
+computed from exact integer sums (a sample holds at most 2**31 tokens) with elementwise float64 operations only (each
+correctly rounded), so every machine computes the same bits.
 
 The assignment (:func:`balanced_order`), within one step of ``B = W * A * M`` samples (``W`` ranks, ``A`` micro steps
 of ``M`` samples):
@@ -31,8 +31,8 @@ a heap over ``W`` ranks: O(B log B) with the sort.
 
 Invariants (tests/test_balance.py): the order is a permutation of the step's samples (the global batch, hence the
 gradient up to summation order, is unchanged); every (rank, micro step) gets ``M`` of them; it is a pure function of
-the costs, the world size and the micro batch size. LPT is a heuristic, not an optimum: no rank can cost less than the
-step's heaviest sample, and benchmark 19 measures how close to the mean it gets.
+the costs, the world size and the micro batch size. LPT is a heuristic, not an optimum (and the most expensive rank can
+never cost less than the step's heaviest sample): benchmark 19 measures how close to the mean it gets.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ import numpy as np
 
 from detsampler.spans import Spans
 
-__all__ = ["BALANCE_ALGORITHM", "MAX_SPAN_TOKENS", "Balance", "CostModel", "balanced_order", "sample_costs"]
+__all__ = ["BALANCE_ALGORITHM", "MAX_SAMPLE_TOKENS", "Balance", "CostModel", "balanced_order", "sample_costs"]
 
 BALANCE_ALGORITHM = "lpt"  # recorded in the fingerprint: another algorithm would be another mapping version
-MAX_SPAN_TOKENS = 2**31  # a sample's sum of squared span lengths stays below 2**62: exact in int64
+MAX_SAMPLE_TOKENS = 2**31  # a sample's sum of squared span lengths stays below 2**62: exact in int64
 
 
 def _coefficient(value: Any, name: str) -> float:
@@ -92,10 +92,11 @@ class CostModel:
     def costs(self, spans: Spans) -> np.ndarray:
         """The cost of each sample of ``spans`` (float64, one per sample): a pure function of the span lengths."""
         lengths = np.asarray(spans.stops, dtype=np.int64) - np.asarray(spans.starts, dtype=np.int64)
-        if lengths.size and int(lengths.max()) > MAX_SPAN_TOKENS:
-            raise ValueError(f"a span of {int(lengths.max())} tokens: the cost model takes spans of at most 2**31")
         offsets = np.asarray(spans.offsets, dtype=np.int64)
-        squares, tokens = _sums(lengths * lengths, offsets), _sums(lengths, offsets)
+        tokens = _sums(lengths, offsets)
+        if tokens.size and int(tokens.max()) > MAX_SAMPLE_TOKENS:
+            raise ValueError(f"a sample of {int(tokens.max())} tokens: the cost model takes at most 2**31 per sample")
+        squares = _sums(lengths * lengths, offsets)  # <= tokens**2 <= 2**62: exact
         return (self.attention * squares.astype(np.float64) + self.linear * tokens.astype(np.float64)) + self.fixed
 
     def describe(self) -> dict:

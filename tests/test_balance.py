@@ -97,6 +97,9 @@ def test_cost_is_attention_times_squares_plus_linear_times_tokens_plus_fixed():
     costs = CostModel(attention=0.5, linear=2.0, fixed=1.0).costs(spans)
     assert costs.tolist() == [0.5 * (9 + 16) + 2.0 * 7 + 1.0, 1.0, 0.5 * 100 + 2.0 * 10 + 1.0]  # the middle: empty
     assert CostModel.tokens().costs(spans).tolist() == [7.0, 0.0, 10.0]
+    huge = Spans(np.array([0, 2]), np.array([0, 1]), np.array([0, 0]), np.array([2**30, 2**30 + 1]))
+    with pytest.raises(ValueError, match=r"a sample of 2147483649 tokens: the cost model takes at most 2\*\*31"):
+        CostModel().costs(huge)
 
 
 @pytest.mark.parametrize(

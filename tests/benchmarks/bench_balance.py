@@ -1,25 +1,28 @@
 """Benchmark 19: the compute-balanced plan (issue 34): per-rank cost, modeled and measured, and what balancing costs.
 
 The corpus: the default corpus's token lengths (the standard library, 1,790 documents, tokenized as ``make demo``
-does), tiled ``--copies`` times, plus 2% long documents (log-uniform between 16k and 1M tokens, seeded): a long-tailed
-length distribution big enough for 8 samples per rank at 1,024 ranks and 128k tokens. Only lengths matter here (the
-plan and the layout read lengths; the measured part times random activations of those span lengths).
+does), tiled ``--copies`` times, plus 0.5% long documents (log-uniform between 16k and 512k tokens, seeded): a
+long-tailed length distribution big enough for 8 samples per rank at 1,024 ranks and 128k tokens (a third of its
+tokens lie in documents longer than 32k). Only lengths matter here (the plan and the layout read lengths; the measured
+part times random activations of those span lengths).
 
 1. Modeled: bestfit layouts at ``seq_len`` 8k, 32k, 128k; plans of ``W`` = 8, 64, 512, 1,024 ranks, micro batch 1, 8
    micro steps (8 samples per rank); over several steps, each rank's cost under the default cost model
    (``CostModel()``, calibrated on this machine), max over mean, in position order and balanced (the same samples).
 2. Measured: the reference model of ``detsampler.loader.calibrate`` (the one the defaults were calibrated with: 1
-   block, dim 32, 2 heads, attention masked per document), forward and backward of each sample of the steps of 64 ranks
-   x 4 samples at 32k, on one thread, the best of 2 passes (the second in reverse order: the machine is shared). A
-   step's time is its slowest rank's sum; the straggler wait is the slowest minus the mean, in position order and
-   balanced by the modeled cost; the same measured samples give the steps of 8, 16 and 32 ranks (they tile the same
-   positions). How well the model orders the samples: Spearman's rank correlation of modeled cost and measured time.
+   block, dim 32, 2 heads, attention masked per document), forward and backward of each sample of a step of 64 ranks x
+   2 samples at 32k, on one thread, the best of 2 passes (the second in reverse order: the machine is shared); a
+   sample's work is a function of its span lengths, so each distinct composition is timed once per pass (the full 32k
+   pieces of long documents share one). A step's time is its slowest rank's sum; the straggler wait is the slowest
+   minus the mean, in position order and balanced by the modeled cost; the same measured samples give the steps of 8,
+   16 and 32 ranks (they tile the same positions). How well the model orders the samples: Spearman's rank correlation
+   of modeled cost and measured time. (At 32k a sample costs up to ~10 s on one core: 128 samples is what fits.)
 3. Balancing's own cost: one step's ``plan.slot_order`` (locating its samples, their costs, the assignment) and the
    assignment alone (``balanced_order``), median over fresh steps, at a global batch of 1,024 samples.
 4. Padding-free SFT (``CostModel.tokens()``, ``attention = 0``): the document layout at 4,096 (each sample one piece of
    one document, of its own length), micro batches of 4: tokens per rank, max over mean.
 
-Usage: ``python -m tests.benchmarks.bench_balance [--copies 100] [--measured-steps 2] [--passes 2] [--quick]``.
+Usage: ``python -m tests.benchmarks.bench_balance [--copies 100] [--measured-steps 1] [--passes 2] [--quick]``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def _lengths(copies: int, seed: int = 0) -> tuple[np.ndarray, int]:
     stdlib = np.asarray(prepare_index(IndexConfig(num_proc=2), progress=False).index.lengths, dtype=np.int64)
     rng = np.random.default_rng(seed)
     tiled = np.tile(stdlib, copies)
-    long = np.exp(rng.uniform(np.log(16_384), np.log(1 << 20), size=len(tiled) // 50)).astype(np.int64)
+    long = np.exp(rng.uniform(np.log(16_384), np.log(1 << 19), size=len(tiled) // 200)).astype(np.int64)
     return rng.permutation(np.concatenate([tiled, long])), len(long)
 
 
@@ -113,24 +116,26 @@ def _measure(lengths: np.ndarray, steps: int, passes: int, quick: bool) -> tuple
     from detsampler.layout import LayoutConfig, make_layout
     from detsampler.loader.calibrate import CalibrationConfig, ReferenceModel, time_sample
 
-    seq_len, world, per_rank = (8192, 16, 4) if quick else (32768, 64, 4)
+    seq_len, world, per_rank = (8192, 16, 2) if quick else (32768, 64, 2)
     layout = make_layout(LayoutConfig(kind="bestfit", seq_len=seq_len), lengths)
     plain, balanced = _plans(layout, world, per_rank=per_rank)
     positions = np.concatenate([plain.step_positions(s) for s in range(steps)])
     spans = layout.locate(plain.stream.sample_ids(positions))
     lengths_of = spans.stops - spans.starts
-    pieces = [lengths_of[spans.offsets[i] : spans.offsets[i + 1]].tolist() for i in range(len(positions))]
+    pieces = [tuple(lengths_of[spans.offsets[i] : spans.offsets[i + 1]].tolist()) for i in range(len(positions))]
+    distinct = sorted(set(pieces))  # NOTE: a sample's work is a function of its span lengths: time each once
     modeled = sample_costs(balanced.balance, plain.stream, positions)
     ref = CalibrationConfig()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = ReferenceModel(ref.dim, ref.n_heads, ref.n_layers)
     time_sample(model, [1024])  # warm-up
-    seconds = np.full(len(positions), np.inf)
+    best = dict.fromkeys(distinct, np.inf)
     t0 = time.perf_counter()
     for p in range(passes):  # NOTE: the second pass in reverse order: a load change hits both ends alike
-        for i in range(len(positions)) if p % 2 == 0 else reversed(range(len(positions))):
-            seconds[i] = min(seconds[i], time_sample(model, pieces[i]))
+        for lengths_i in distinct if p % 2 == 0 else distinct[::-1]:
+            best[lengths_i] = min(best[lengths_i], time_sample(model, list(lengths_i)))
+    seconds = np.array([best[c] for c in pieces])
     measure_s = time.perf_counter() - t0
     rows, figures = [], {}
     for w in sorted({8, 16, 32, world} & set(range(1, world + 1))):
@@ -168,7 +173,8 @@ def _measure(lengths: np.ndarray, steps: int, passes: int, quick: bool) -> tuple
             f"modeled cost against measured time over the {len(positions)} samples: Spearman rank correlation"
             f" {rho:.3f}; the model scaled to seconds by least squares is off by {np.median(err):.0%} (median) and"
             f" {err.max():.0%} (worst); measured times {seconds.min():.2f} s to {seconds.max():.2f} s per sample;"
-            f" measuring took {measure_s:.0f} s"
+            f" {len(distinct)} distinct span compositions among the {len(pieces)} samples, each timed (best of"
+            f" {passes}); measuring took {measure_s:.0f} s"
         ],
     )
     return [table], {"cut": figures, "world": world, "seq_len": seq_len, "rho": rho}
@@ -232,7 +238,7 @@ def _sft(lengths: np.ndarray) -> Table:
 def main(argv: list[str] | None = None) -> BenchResult:
     parser = argparse.ArgumentParser(prog="bench_balance")
     parser.add_argument("--copies", type=int, default=100)
-    parser.add_argument("--measured-steps", type=int, default=2)
+    parser.add_argument("--measured-steps", type=int, default=1)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer steps, 8k and 16 ranks measured")
     args = parser.parse_args(argv or [])
