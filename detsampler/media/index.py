@@ -194,7 +194,9 @@ class MediaIndex:
     def layout(self, config: MediaLayoutConfig) -> MediaLayout:
         """The two-axis layout of ``config`` over this index (computed in RAM)."""
         lengths = np.asarray(self.lengths[0 : self.num_documents], np.int64)
-        return MediaLayout(config, lengths, self.runs(), self.meta["counts"])
+        layout = MediaLayout(config, lengths, self.runs(), self.meta["counts"])
+        layout.index_fingerprint = self.fingerprint
+        return layout
 
     def image_name(self, image: int) -> str:
         """Where image ``image`` lives, for messages: its source file and byte range, or the index's own bytes."""

@@ -68,6 +68,9 @@ class MediaLayout:
     (:class:`~detsampler.media.packing.MediaRuns`); ``counts``: the count function's ``identity()``."""
 
     labels_cross_documents = False
+    # NOTE: the index's fingerprint when made by MediaIndex.layout; present (None otherwise) so that PackedDataset
+    # pickles this layout itself to its workers, never a best-fit layout remade from the LayoutConfig it exposes
+    index_fingerprint: str | None = None
 
     def __init__(self, config: MediaLayoutConfig, lengths: Any, runs: MediaRuns, counts: dict) -> None:
         if not isinstance(config, MediaLayoutConfig):
