@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: demo demo-sft test bench venv clean format gpu-check
+.PHONY: demo demo-sft demo-vlm test bench venv clean format gpu-check
 
 # Rewrite the code in the house format (what `make test` checks).
 format: $(VENV)/.installed
@@ -41,6 +41,11 @@ demo: $(VENV)/.installed
 # Supervised fine-tuning (train/configs/sft.toml) on a local chat corpus: killed, resumed, compared (under a minute).
 demo-sft: $(VENV)/.installed
 	$(PY) -m train.demo_sft
+
+# A tiny Qwen2-VL (random weights, built from its config) on a local image-text corpus: killed, resumed, then resumed
+# on one rank; every step's global batch (pixels included) compared (a few minutes on 2 cores).
+demo-vlm: $(VENV)/.installed
+	$(PY) -m train.demo_vlm
 
 # The GPU check (issue 26), on a GPU machine with the packages of scripts/gpu_wheels.sh on PYTHONPATH (no .venv: the
 # machine's own python3 and torch); docs/usage.md, "The GPU check".

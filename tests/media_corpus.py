@@ -11,13 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from detsampler.text.hf import HFTokenizer
-from tests.media_images import image_bytes
+from train.vlm_corpus import EXTENSIONS, IMAGE, image_bytes, make_vlm_tokenizer, write_shards
 
-__all__ = ["EXTENSIONS", "VLM_SPECIALS", "documents", "to_dataset", "to_directory", "to_shards", "vlm_tokenizer"]
+__all__ = ["EXTENSIONS", "documents", "to_dataset", "to_directory", "to_shards", "vlm_tokenizer"]
 
-VLM_SPECIALS = ["<|endoftext|>", "<|pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 # fmt: off
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "loaders", "decode", "every", "image", "twice",
          "and", "pack", "tokens", "exactly", "into", "samples", "of", "fixed", "length", "so", "resuming", "needs")
@@ -26,21 +23,7 @@ WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "loaders", "dec
 
 def vlm_tokenizer(directory: Path) -> HFTokenizer:
     """A byte-level BPE ``tokenizer.json`` of 400 pieces whose specials include ``<|image_pad|>``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=400, special_tokens=VLM_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )  # fmt: skip
-        tok.train_from_iterator([" ".join(WORDS)] * 20, trainer=trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(tok.to_str())
-    return HFTokenizer.load(path, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    return make_vlm_tokenizer(directory, [" ".join(WORDS)] * 20, vocab_size=400)
 
 
 def documents(n: int, seed: int = 0, max_images: int = 3, largest: int = 96) -> list[dict]:
@@ -99,17 +82,4 @@ def to_directory(docs: list[dict], root: Path) -> Path:
 
 def to_shards(docs: list[dict], root: Path, per_shard: int = 4) -> list[Path]:
     """webdataset shards: sample ``key`` holds ``key.txt`` and ``key.<i>.<ext>`` per image."""
-    import webdataset as wds
-
-    root.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for s in range(0, len(docs), per_shard):
-        path = root / f"shard-{s // per_shard:05d}.tar"
-        with wds.TarWriter(str(path)) as sink:
-            for d in range(s, min(s + per_shard, len(docs))):
-                sample = {"__key__": f"{d:06d}", "txt": docs[d]["text"]}
-                for i, im in enumerate(docs[d]["images"]):
-                    sample[f"{i}.{EXTENSIONS[im['format']]}"] = im["bytes"]
-                sink.write(sample)
-        shards.append(path)
-    return shards
+    return write_shards(docs, root, per_shard)

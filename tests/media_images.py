@@ -3,31 +3,14 @@ content (a seeded pattern, so that each image's bytes and pixels differ), and th
 
 from __future__ import annotations
 
-import io
 import struct
 import zlib
 
 import numpy as np
-from PIL import Image
+
+from train.vlm_corpus import image_bytes  # one maker of test images, shared with the demo's corpus
 
 __all__ = ["bomb_png", "image_bytes", "random_sizes"]
-
-
-def image_bytes(fmt: str, width: int, height: int, orientation: int | None = None, seed: int = 0) -> bytes:
-    """An image stored as ``width`` x ``height`` pixels (before orientation) in ``fmt``, with the EXIF orientation
-    tag ``orientation`` when given; its pixels a seeded gradient with noise."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
-    pixels = (base + rng.integers(0, 32, size=base.shape)).clip(0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    kwargs = {"quality": 90} if fmt in ("JPEG", "WEBP") else {}
-    if orientation is not None:
-        exif = Image.Exif()
-        exif[0x0112] = orientation
-        kwargs["exif"] = exif.tobytes()
-    Image.fromarray(pixels, "RGB").save(buf, fmt, **kwargs)
-    return buf.getvalue()
 
 
 def bomb_png(width: int, height: int) -> bytes:
