@@ -185,7 +185,7 @@ class VLMDataset(Dataset):
         """Image ``image`` (row ``k`` of ``row``) decoded, oriented as recorded, in RGB, augmented."""
         from PIL import Image
 
-        data = self.index.read_image(image)
+        data = self.index.read_image(image, row, k)
         stored = (int(row["width"][k]), int(row["height"][k]))
         if int(row["orientation"][k]) >= 5:
             stored = stored[::-1]

@@ -206,9 +206,10 @@ class MediaIndex:
         return f"image {image} (document {int(row['doc'][0])}, item {int(row['item'][0])}) at {source} [{a}, " \
                f"{a + int(row['size'][0])})"  # fmt: skip
 
-    def read_image(self, image: int) -> bytes:
-        """The bytes of image ``image``, checked against the CRC-32 recorded at build."""
-        row = self.image_rows([image])
+    def read_image(self, image: int, rows: dict[str, np.ndarray] | None = None, k: int = 0) -> bytes:
+        """The bytes of image ``image``, checked against the CRC-32 recorded at build; ``rows``: its record already
+        read (row ``k`` of :meth:`image_rows`' answer), else it is read here."""
+        row = self.image_rows([image]) if rows is None else {name: rows[name][k : k + 1] for name in IMAGE_COLUMNS}
         source, offset, size = (int(row[k][0]) for k in ("source", "offset", "size"))
         if source == 0:
             data = np.asarray(self.image_bytes[offset : offset + size]).tobytes()
