@@ -198,6 +198,28 @@ class MediaIndex:
         layout.index_fingerprint = self.fingerprint
         return layout
 
+    def sample_images(self, layout: MediaLayout, sample_ids: Any) -> list[list[dict]]:
+        """What each sample of ``sample_ids`` holds of images, in order: per image its id, document, item, source file
+        and byte range (or the index's own bytes), format, size after EXIF orientation, orientation, LLM tokens and
+        vision patches (the audit of a sample: what ``show`` prints of it)."""
+        offsets, images = layout.sample_images(sample_ids)
+        rows = self.image_rows(images)
+        names = {code: name for name, code in FORMAT_CODES.items()}
+        out = []
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            out.append([
+                {
+                    "image": int(images[k]), "document": int(rows["doc"][k]), "item": int(rows["item"][k]),
+                    "source": self.meta["sources"][int(rows["source"][k])] or str(self.path / "image_bytes.npy"),
+                    "bytes": [int(rows["offset"][k]), int(rows["offset"][k] + rows["size"][k])],
+                    "format": names[int(rows["format"][k])], "width": int(rows["width"][k]),
+                    "height": int(rows["height"][k]), "orientation": int(rows["orientation"][k]),
+                    "tokens": int(rows["tokens"][k]), "patches": int(rows["patches"][k]),
+                }
+                for k in range(a, b)
+            ])  # fmt: skip
+        return out
+
     def image_name(self, image: int) -> str:
         """Where image ``image`` lives, for messages: its source file and byte range, or the index's own bytes."""
         row = self.image_rows([image])

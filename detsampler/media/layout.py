@@ -106,7 +106,9 @@ class MediaLayout:
                 " overlong='drop' leaves them all out"
             )
         self.bins_per_window = packed.bins_per_window
-        self.bin_items = np.concatenate([[0], np.cumsum(packed.items_per_bin)])
+        self.window_bins = np.concatenate([[0], np.cumsum(packed.bins_per_window)]).astype(np.int64)
+        self.bin_items = np.concatenate([[0], np.cumsum(packed.items_per_bin)]).astype(np.int64)
+        self._position = position
         take = packed.item_pieces
         self.item_docs, self.item_starts = pieces.docs[take], pieces.starts[take]
         self.item_stops, self.item_patches = pieces.stops[take], pieces.patches[take]
@@ -130,6 +132,22 @@ class MediaLayout:
         first = self.bin_items[ids]
         items, offsets = concat_ranges(first, self.bin_items[ids + 1] - first)
         return Spans(offsets, self.item_docs[items], self.item_starts[items], self.item_stops[items])
+
+    def document_samples(self, doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(sample_ids, starts, stops, offsets)``: the samples holding document ``doc`` (in sample order), its
+        positions ``[starts[i], stops[i])`` in each and where they begin in the sample's row; read from its window's
+        bins only (what :func:`detsampler.where.document_samples` answers for this layout)."""
+        if isinstance(doc, bool) or not isinstance(doc, (int, np.integer)) or not 0 <= doc < self.num_documents:
+            raise ValueError(f"Got document {doc!r}, allowed documents are in [0, {self.num_documents})")
+        window = int(self._position[int(doc)]) // self.media_config.window_docs
+        b0, b1 = int(self.window_bins[window]), int(self.window_bins[window + 1])
+        i0, i1 = int(self.bin_items[b0]), int(self.bin_items[b1])
+        sizes = self.item_stops[i0:i1] - self.item_starts[i0:i1]
+        items = np.flatnonzero(self.item_docs[i0:i1] == doc)
+        bins = np.searchsorted(self.bin_items, items + i0, side="right") - 1
+        before = np.concatenate([[0], np.cumsum(sizes)])
+        offsets = before[items] - before[self.bin_items[bins] - i0]
+        return bins, self.item_starts[i0 + items], self.item_stops[i0 + items], offsets
 
     def sample_images(self, sample_ids: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, images)``: sample ``i`` (of ``sample_ids``) holds images ``images[offsets[i]:offsets[i+1]]``
