@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
 	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
+	# the multimodal peer (issue 33): its imports are in the test extra; its s3fs dependency is left out (see there)
+	$(PY) -m pip install -q --no-deps "megatron-energon==7.4.1"
 	# Microsoft's Azure Storage emulator, for the az:// tests (tests/more_servers.py); skipped where npm is missing
 	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node "azurite@3.35.0"; \
 	else echo "npm not found: the az:// tests (azurite) will be skipped"; fi

@@ -195,7 +195,10 @@ def main() -> BenchResult:
             " whole epoch in 2 workers",
         ),
     ]
-    notes = ["Energon's packing on the same data was not measured in this run (see docs/comparison.md)."]
+    notes = [
+        "Energon's packing of the same sizes and its refusal to resume on another data-parallel size:"
+        ' tests/integrations/test_energon_peer.py (docs/comparison.md, "Images beside text").'
+    ]
     return BenchResult(19, "Interleaved image-text data: packing fill, loader cost, resume", __doc__.split("\n", 2)[2]
                        .strip(), [fills, cost, res], verdicts, notes, time.perf_counter() - t_start)  # fmt: skip
 
