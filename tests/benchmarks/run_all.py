@@ -69,6 +69,7 @@ ORDER = {
     "sft_packing": 16,
     "remote": 17,
     "sft_open": 18,
+    "vlm": 19,
 }
 PACKAGES = (
     "numpy",
