@@ -547,3 +547,36 @@ def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_recor
     assert code == 0 and got["steps"] == [0, 5] and got["skip_steps"] == [[1, 1]]
     assert got["reads"] == [r._asdict() for r in where(plan, layout, doc, range(5))]
     assert any(r["step"] == 2 for r in got["reads"])
+
+
+def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
+    capsys, small_record, small_index, tmp_path
+):
+    """Issue 31 (re-run): `where --checkpoint checkpoint-5 --doc D --steps 0:40` printed `read N time(s) by steps 0..39`
+    and every read alike, those of steps 5..39 (which the checkpoint never trained) included: a contamination audit read
+    the plan's future as the run's past. The reads at or after its step are now counted apart and marked."""
+    from detsampler.where import where
+
+    record, layout, plan = small_record
+    record_dir = tmp_path / "checkpoint-5"
+    record_dir.mkdir()
+    record.save(record_dir)
+    reads = {d: where(plan, layout, d, range(40)) for d in range(small_index.num_documents)}
+    doc = next(d for d, r in reads.items() if {x.step < 5 for x in r} == {True, False})
+    after = [r for r in reads[doc] if r.step >= 5]
+    argv = ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--steps", "0:40"]
+    code, out, _ = _run(capsys, argv)
+    lines = out.splitlines()
+    assert code == 0 and lines[1] == (
+        f"read {len(reads[doc])} time(s) by steps 0..39 (reads by data steps in skip ranges left out); {len(after)} of"
+        " them at steps 5..39, after the checkpoint's step 5: planned, not trained by it:"
+    )
+    marked = [line for line in lines[2:] if line.endswith("  after the checkpoint: not trained by it")]
+    assert [int(line.split()[1]) for line in marked] == [r.step for r in after]
+    assert len(lines) == 2 + len(reads[doc])
+    code, out, _ = _run(capsys, [*argv, "--json"])
+    got = json.loads(out)
+    assert got["checkpoint"] == {"step": 5} and got["reads"] == [r._asdict() for r in reads[doc]]
+    code, out, _ = _run(capsys, argv[:-2])  # by default every step it trained: nothing after it
+    assert "after the checkpoint" not in out
+    assert out.splitlines()[1].endswith(" by steps 0..4 (reads by data steps in skip ranges left out):")
