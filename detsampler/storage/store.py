@@ -17,6 +17,7 @@ naming the object's size and the range wanted.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -176,23 +177,28 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_retries < 0 or min(self.init_backoff_s, self.max_backoff_s) <= 0:
             raise ValueError(f"Got {self!r}: max_retries must be >= 0 and the backoffs > 0")
-        if min(self.retry_timeout_s, self.request_timeout_s) <= 0:
-            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds")
+        times = (self.init_backoff_s, self.max_backoff_s, self.retry_timeout_s, self.request_timeout_s)
+        if not all(math.isfinite(t) for t in times) or min(self.retry_timeout_s, self.request_timeout_s) <= 0:
+            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds, and every time finite")
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         env = os.environ
         fields: dict[str, Any] = {}
-        for name, field, cast in (
-            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int),
-            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float),
-            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float),
+        for name, field, cast, rule in (
+            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int, "an integer >= 0"),
+            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float, "a number of seconds, finite and > 0"),
+            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float, "a number of seconds, finite and > 0"),
         ):
             if env.get(name):
                 try:
-                    fields[field] = cast(env[name])
+                    value = cast(env[name])
                 except ValueError:
-                    raise ValueError(f"Got {name}={env[name]!r}, it must be a number") from None
+                    value = None
+                # NOTE: inf or nan seconds passed here and failed every request later, naming no setting
+                if value is None or not math.isfinite(value) or value < 0 or (cast is float and value == 0):
+                    raise ValueError(f"Got {name}={env[name]!r}, it must be {rule}") from None
+                fields[field] = value
         return cls(**fields)
 
     def client_options(self, allow_http: bool) -> dict:
