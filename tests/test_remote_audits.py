@@ -242,3 +242,33 @@ def test_file_urls_are_local_paths_for_cache_dirs_and_pre_tokenized_sources(smal
     built = json.loads(capsys.readouterr().out)["path"]
     assert built.startswith(f"{tmp_path}/cache/index-") and (tmp_path / "cache").is_dir()
     assert not (tmp_path / "file:").exists() and not list(tmp_path.glob("**/file:"))
+
+
+def test_build_prints_the_summary_of_a_built_index_given_without_its_tokenizer(
+    small_index, small_tokenizer, s3_bucket, capsys
+):
+    """Issue 31 (re-run): `build --data INDEX` (a directory or its bucket URL) without --tokenizer ended in `detsampler:
+    error: expected str, bytes or os.PathLike object, not NoneType` (exit 2), its --json form printed: the summary's
+    tokenizer row read the path of a tokenizer not loaded. It names the tokenizer the index records."""
+    url = f"{s3_bucket}/summary/{small_index.path.name}"
+    push_index(small_index.path, url)
+    recorded = small_index.meta["tokenizer"]
+
+    def rows(out: str) -> dict[str, str]:  # print_rows: the key padded to the longest ("dataset fingerprint")
+        return {line[:19].strip(): line[21:] for line in out.splitlines()}
+
+    for data in (str(small_index.path), url):
+        assert main(["build", "--data", data, "--quiet"]) == 0, data
+        summary = rows(capsys.readouterr().out)
+        assert summary["tokenizer"] == (
+            f"{recorded['path']} (recorded by the index, not loaded: --tokenizer checks it) (sha256"
+            f" {recorded['sha256'][:16]}..., vocab {recorded['vocab_size']}, eos {recorded['eos_id']}, pad"
+            f" {recorded['pad_id']})"
+        )
+        assert summary["index fingerprint"] == small_index.fingerprint
+        assert main(["build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--quiet"]) == 0
+        given = rows(capsys.readouterr().out)
+        assert given["tokenizer"].startswith(f"{small_tokenizer.path} (sha256 {recorded['sha256'][:16]}...")
+        assert {k: v for k, v in given.items() if k != "tokenizer"} == {
+            k: v for k, v in summary.items() if k != "tokenizer"
+        }
