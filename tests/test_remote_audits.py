@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -272,3 +273,40 @@ def test_build_prints_the_summary_of_a_built_index_given_without_its_tokenizer(
         assert {k: v for k, v in given.items() if k != "tokenizer"} == {
             k: v for k, v in summary.items() if k != "tokenizer"
         }
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "said"),
+    [
+        (["--max-documents", "4"], {"max_documents": 4}, "max_documents 4 (--max-documents)"),
+        (["--no-store-tokens"], {"store_tokens": False}, "store_tokens False (--no-store-tokens)"),
+        (["--add-bos"], {"add_bos": True}, "add_bos True (--add-bos)"),
+        (["--add-eos", "real"], {"add_eos": "real"}, "add_eos 'real' (--add-eos)"),
+        (["--text-column", "content"], {"text_column": "content"}, "text_column 'content' (--text-column)"),
+        (["--loss-policy", "all"], {"loss_policy": "all"}, "loss_policy 'all' (--loss-policy)"),
+    ],
+)
+def test_an_option_that_shapes_a_build_is_refused_with_a_built_index_as_data(
+    small_index, small_tokenizer, s3_bucket, capsys, option, field, said
+):
+    """Issue 31 (re-run): `show --data INDEX --max-documents 4` showed the index's 16 documents (the option was dropped
+    in silence), and so were --no-store-tokens, --add-bos, --add-eos, --text-column and --loss-policy: an index opened
+    as data is read as it was built. An option that asks for another build is refused, naming it and the index's own."""
+    from dataclasses import replace
+
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    url = f"{s3_bucket}/shaped/{small_index.path.name}"
+    push_index(small_index.path, url)
+    plan = ["--tokenizer", str(small_tokenizer.path), "--seq-len", "64", "--step", "0", "--quiet"]
+    for data in (str(small_index.path), url):
+        with pytest.raises(SystemExit) as exit_:
+            main(["show", "--data", data, *plan, *option])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"detsampler: error: data {data!r} is a built index, read as it was built: {said}")
+        with pytest.raises(ValueError, match=re.escape(f"is a built index, read as it was built: {said}")):
+            prepare_index(replace(IndexConfig(data=data), **field))
+    # what the index was built with is accepted as given (it changes nothing)
+    recorded = ["--text-column", "text", "--add-eos", "virtual", "--no-add-bos", "--store-tokens"]
+    assert main(["show", "--data", url, *plan, *recorded]) == 0 and "doc " in capsys.readouterr().out
