@@ -344,3 +344,25 @@ def test_a_retry_setting_out_of_range_is_refused_naming_the_variable(monkeypatch
         RetryPolicy.from_env()
     with pytest.raises(ValueError, match=re.escape(f"Got {name}={value!r}")):
         store_for("s3://bucket/x")
+
+
+def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket(s3_endpoint, small_index):
+    """Issue 31 (re-run): `detsampler push DIR s3://no-such-bucket/a` said `s3://no-such-bucket/a/push-claim.json: does
+    not exist (create-only PUT)`: the object a write creates was said to be missing. A write that finds no bucket (moto
+    answers NoSuchBucket) names the bucket, for a plain PUT, a tagged one and a create-only one."""
+    from detsampler.index.push import push_index
+
+    store = store_for("s3://no-such-bucket-31/a")
+    said = "s3://no-such-bucket-31/a/x: {} failed: the bucket 'no-such-bucket-31' does not exist (create it first)"
+    for what, write in (
+        ("PUT", lambda: store.put("s3://no-such-bucket-31/a/x", b"1")),
+        ("PUT", lambda: store.put_tagged("s3://no-such-bucket-31/a/x", b"1")),
+        ("create-only PUT", lambda: store.create("s3://no-such-bucket-31/a/x", b"1")),
+    ):
+        with pytest.raises(StorageError, match=re.escape(said.format(what))) as caught:
+            write()
+        assert not isinstance(caught.value, ObjectNotFoundError)
+    with pytest.raises(
+        StorageError, match=re.escape("the bucket 'no-such-bucket-31' does not exist (create it first)")
+    ):
+        push_index(small_index.path, "s3://no-such-bucket-31/a")

@@ -320,6 +320,9 @@ class ObjectStore:
     def _fail(self, url: str, what: str, exc: BaseException, retried: tuple[int, float] | None = None) -> StorageError:
         if isinstance(exc, StorageError):  # refused before any request (a forked process)
             return exc
+        if isinstance(exc, FileNotFoundError) and what in _WRITES:  # a write creates its object: no bucket to put it in
+            bucket = parse_location(url).bucket
+            return StorageError(f"{url}: {what} failed: the bucket {bucket!r} does not exist (create it first)")
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{url}: does not exist ({what})")
         if retried is None:
@@ -442,6 +445,7 @@ class ObjectStore:
         self._call(url, "DELETE", lambda: _obstore().delete(self._client(loc), loc.key))
 
 
+_WRITES = ("PUT", "create-only PUT")  # requests that create their object (a "not found" names the bucket)
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
