@@ -310,3 +310,14 @@ def test_an_option_that_shapes_a_build_is_refused_with_a_built_index_as_data(
     # what the index was built with is accepted as given (it changes nothing)
     recorded = ["--text-column", "text", "--add-eos", "virtual", "--no-add-bos", "--store-tokens"]
     assert main(["show", "--data", url, *plan, *recorded]) == 0 and "doc " in capsys.readouterr().out
+
+
+def test_a_push_of_a_file_of_an_index_names_the_directory_to_give(small_index, s3_bucket):
+    """Issue 31 (re-run): `push INDEX/meta.json URL` said `'INDEX/meta.json' holds no index (no meta.json)`."""
+    from detsampler.index.push import push
+
+    for given in (small_index.path / "meta.json", small_index.path / "tokens.npy"):
+        said = f"{str(given)!r} is a file: push takes the index directory that holds it ({str(small_index.path)!r})"
+        for call in (push, push_index):
+            with pytest.raises(TokenIndexError, match=re.escape(said)):
+                call(given, f"{s3_bucket}/file-given")
