@@ -580,3 +580,33 @@ def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
     code, out, _ = _run(capsys, argv[:-2])  # by default every step it trained: nothing after it
     assert "after the checkpoint" not in out
     assert out.splitlines()[1].endswith(" by steps 0..4 (reads by data steps in skip ranges left out):")
+
+
+def test_a_torch_checkpoint_holding_two_different_data_records_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-run): a `.ckpt` whose callback state holds another run's record before its DetsamplerDataModule
+    entry was audited as that other run (`show` printed its fingerprint and samples): the first dict holding
+    "data_record" was taken. Two different records are refused, naming where each is; equal ones are one record."""
+    import torch
+
+    record, layout, plan = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="lightning")
+    state = {"step": 5, "data_record": record.to_dict()}
+    path = tmp_path / "two.ckpt"
+    torch.save(
+        {
+            "global_step": 5,
+            "callbacks": {"Recorder": {"step": 5, "data_record": other.to_dict()}},
+            "DetsamplerDataModule": state,
+        },
+        path,
+    )
+    err = _refused(capsys, ["show", "--checkpoint", str(path)])
+    assert err == (
+        f"detsampler: error: --checkpoint {str(path)!r} holds 2 different data records (at callbacks.Recorder,"
+        " DetsamplerDataModule): which one is the run's is not known; keep the DetsamplerDataModule entry's\n"
+    )
+    same = tmp_path / "same.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"Recorder": dict(state)}, "DetsamplerDataModule": state}, same)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(same), "--step", "3"])
+    assert code == 0 and f"data fingerprint {record.fingerprint.hash} " in out

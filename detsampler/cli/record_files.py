@@ -17,6 +17,7 @@ ValueError naming the path and what was expected.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import warnings
@@ -93,23 +94,35 @@ def _latest_step_dir(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _holder_of_record(value: Any, path: tuple[str, ...] = ()) -> tuple[dict, tuple[str, ...]] | None:
-    """The first dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, and its keys."""
+def _holders_of_record(value: Any, path: tuple[str, ...] = ()) -> list[tuple[dict, tuple[str, ...]]]:
+    """Every dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, with its keys, in order."""
     if len(path) > 6:
-        return None
+        return []
     if isinstance(value, dict):
         if "data_record" in value:
-            return value, path
+            return [(value, path)]
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(value)]
     else:
-        return None
-    for key, item in items:
-        found = _holder_of_record(item, (*path, key))
-        if found is not None:
-            return found
-    return None
+        return []
+    return [found for key, item in items for found in _holders_of_record(item, (*path, key))]
+
+
+def _holder_of_record(value: Any, where: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """The one entry of ``value`` holding ``"data_record"`` (several holding one equal record are one), or None.
+
+    NOTE: the first one found was taken: a callback holding another run's record before the datamodule's was audited
+    as that run."""
+    found = _holders_of_record(value)
+    records = {json.dumps(h["data_record"], sort_keys=True, default=str) for h, _ in found}
+    if len(records) > 1:
+        at = ", ".join(".".join(keys) or "top level" for _, keys in found)
+        raise ValueError(
+            f"--checkpoint {str(where)!r} holds {len(found)} different data records (at {at}): which one is the run's"
+            " is not known; keep the DetsamplerDataModule entry's"
+        )
+    return found[0] if found else None
 
 
 def _state_binding(holder: dict, prefix: str) -> tuple[dict[str, int], tuple[str, int] | None]:
@@ -135,7 +148,7 @@ def _from_torch_file(path: Path) -> DataRecord:
     except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
-    found = _holder_of_record(saved)
+    found = _holder_of_record(saved, path)
     if found is None:
         keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(
