@@ -610,3 +610,22 @@ def test_a_torch_checkpoint_holding_two_different_data_records_is_refused(capsys
     torch.save({"global_step": 5, "callbacks": {"Recorder": dict(state)}, "DetsamplerDataModule": state}, same)
     code, out, _ = _run(capsys, ["show", "--checkpoint", str(same), "--step", "3"])
     assert code == 0 and f"data fingerprint {record.fingerprint.hash} " in out
+
+
+def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `verify --checkpoint C --against X` refused a missing X, or a file torch cannot read, as
+    `--checkpoint ...` (the other option), the latter with torch's advice to load it with weights_only=False."""
+    record, _, _ = small_record
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    record.save(checkpoint)
+    (tmp_path / "COMPLETE").write_text("not a checkpoint")
+    for against, said in (
+        (tmp_path / "nothing", f"--against: no such file or directory: {str(tmp_path / 'nothing')!r}"),
+        (tmp_path / "COMPLETE", f"--against {str(tmp_path / 'COMPLETE')!r} is not a checkpoint torch.load reads: "),
+    ):
+        err = _refused(capsys, ["verify", "--checkpoint", str(checkpoint), "--against", str(against)])
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+        assert "weights_only" not in err
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "COMPLETE")])
+    assert err.startswith(f"detsampler: error: --checkpoint {str(tmp_path / 'COMPLETE')!r} is not a checkpoint")

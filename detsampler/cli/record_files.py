@@ -35,12 +35,19 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE = "COMPLETE"
 
 
-def find_record(path: str | Path) -> tuple[DataRecord, str]:
+def find_record(path: str | Path, option: str = "--checkpoint") -> tuple[DataRecord, str]:
     """The data record of the checkpoint at ``path`` and where it was read (a path, and how). A warning of the read (a
-    record saved before seals) is one ``detsampler: warning: ...`` line on stderr."""
+    record saved before seals) is one ``detsampler: warning: ...`` line on stderr. ``option``: the option that gave
+    ``path``, which its refusals name (``--against`` was refused as ``--checkpoint``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        found = _find_record(Path(path))
+        try:
+            found = _find_record(Path(path))
+        except ValueError as exc:
+            text = str(exc)
+            if option == "--checkpoint" or not text.startswith("--checkpoint"):
+                raise
+            raise ValueError(option + text[len("--checkpoint") :]) from None
     for warning in caught:
         print(f"detsampler: warning: {warning.message}", file=sys.stderr)
     return found
@@ -147,6 +154,7 @@ def _from_torch_file(path: Path) -> DataRecord:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first.split(". ")[0]  # NOTE: torch's advice to load it with weights_only=False is not ours to give
         raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
     found = _holder_of_record(saved, path)
     if found is None:

@@ -64,7 +64,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify what ``--checkpoint`` records over ``--steps`` (default: every step it trained, ``0:STEP``)."""
     audit = open_audit(args)
     record, plan = audit.record, audit.plan
-    against = find_record(args.against) if args.against is not None else None  # refused before any output
+    against = find_record(args.against, "--against") if args.against is not None else None  # refused before any output
     if args.steps is None and record.step == 0:
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
     a, b = (0, record.step) if args.steps is None else args.steps
