@@ -629,3 +629,34 @@ def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path)
         assert "weights_only" not in err
     err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "COMPLETE")])
     assert err.startswith(f"detsampler: error: --checkpoint {str(tmp_path / 'COMPLETE')!r} is not a checkpoint")
+
+
+def test_stats_and_verify_past_a_checkpoints_step_say_those_steps_are_planned(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `stats --checkpoint C --step 9` of a checkpoint saved at step 5 printed `before step 9:
+    trained N tokens (72 samples, 9 steps)`, and `verify --checkpoint C --steps 0:9` checked steps 5..8 alike: steps
+    the checkpoint never trained were counted as trained. A line under the checkpoint's says which steps are the
+    plan's."""
+    record, _, _ = small_record
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    record.save(checkpoint)
+    said = "  steps 5..8 are after the checkpoint's step 5: counted as the plan reads them, not trained by it"
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint), "--step", "9"],
+        ["verify", "--checkpoint", str(checkpoint), "--steps", "0:9"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        lines = out.splitlines()
+        assert code == 0 and lines[0].startswith(f"checkpoint {checkpoint}: saved at step 5") and lines[1] == said
+        assert out.count("after the checkpoint") == 1
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--step", "9", "--json"])
+    assert json.loads(out)["checkpoint"]["after"] == [5, 9]
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint)],
+        ["verify", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(checkpoint), "--step", "5"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        assert code == 0 and "after the checkpoint" not in out
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--json"])
+    assert "after" not in json.loads(out)["checkpoint"]

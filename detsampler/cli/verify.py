@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from detsampler.cli.against import report_against
-from detsampler.cli.checkpoint import open_audit
+from detsampler.cli.checkpoint import after_checkpoint, open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
@@ -75,6 +75,9 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         + ("es" if len(audit.layouts) > 1 else "")
         + ")"
     )
+    after = after_checkpoint(record, b)
+    if after is not None:
+        print(after)
     if getattr(args, "tokens", False):
         for line in [verify_files(p.index).line() for p in audit.prepared]:  # every check before any line
             print(line)
