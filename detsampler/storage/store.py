@@ -7,11 +7,11 @@ extra ``remote``). :func:`store_for` picks it from a location (:mod:`detsampler.
 Invariants: ``read_ranges(url, ranges)`` returns exactly the bytes ``[start, end)`` of each range, in order, or raises;
 ``put`` is atomic (a reader sees the old object, or none, or all of the new one: a local file is renamed into place,
 an object PUT or multipart upload becomes visible only once complete); a request that fails for a reason that may pass
-(no answer, a lost connection, a 5xx, 408 or 429 status) is retried with exponential backoff (:class:`RetryPolicy`),
-each retry logged (logger ``detsampler.storage``: the object, the request, the cause, the time left), and when the
-retries run out a :class:`StorageError` names the object, the retries made and the cause; any other failure is not
-retried. A range the object does not hold (it is empty or shorter: HTTP 416, or fewer bytes returned) is refused
-naming the object's size and the range wanted.
+(no answer, a lost connection, a 5xx but 501 and 505, 408 or 429 status) is retried with exponential backoff
+(:class:`RetryPolicy`), each retry logged (logger ``detsampler.storage``: the object, the request, the cause, the time
+left), and when the retries run out a :class:`StorageError` names the object, the retries made and the cause; any other
+failure is not retried. A range the object does not hold (it is empty or shorter: HTTP 416, or fewer bytes returned) is
+refused naming the object's size and the range wanted.
 """
 
 from __future__ import annotations
@@ -457,13 +457,14 @@ def _status(exc: BaseException) -> int | None:
 
 def _transient(exc: BaseException, status: int | None) -> bool:
     """Whether a failure may pass when the request is made again: no answer or a lost connection (the client's
-    ``GenericError`` without a status), a server error (5xx), a timeout (408) or throttling (429). Not: a missing
-    object, refused credentials, a bad request, a refusal before any request (a forked process)."""
+    ``GenericError`` without a status), a server error (5xx but 501 and 505), a timeout (408) or throttling (429). Not:
+    a missing object, refused credentials, a bad request, a refusal before any request (a forked process)."""
     if isinstance(exc, (StorageError, FileNotFoundError, PermissionError)):
         return False
     if type(exc).__name__ not in ("GenericError", "JoinError") and not isinstance(exc, (TimeoutError, ConnectionError)):
         return False
-    return status is None or status >= 500 or status in (408, 429)
+    # NOTE: 501 (Not Implemented: a read-only HTTP server's PUT) and 505 say the server never does it: not retried
+    return status is None or (status >= 500 and status not in (501, 505)) or status in (408, 429)
 
 
 _LOCAL = LocalStore()
