@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import warnings
 from collections.abc import Mapping
@@ -235,7 +236,8 @@ class DataRecord:
             data = path.read_bytes()
         except OSError as exc:
             raise ValueError(f"no detsampler data record at {str(path)!r}: {exc.strerror or exc}") from None
-        stated, covered_by = _directory_binding(path.parent, str(path))
+        # NOTE: the directory's own name states its step: `.` (or a bare file name) from inside it names none
+        stated, covered_by = _directory_binding(Path(os.path.abspath(path)).parent, str(path))
         return read_record(data, str(path), steps={**stated, **(steps or {})}, covered_by=covered_by)
 
     # -- what a record rebuilds

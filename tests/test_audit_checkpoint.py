@@ -547,3 +547,116 @@ def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_recor
     assert code == 0 and got["steps"] == [0, 5] and got["skip_steps"] == [[1, 1]]
     assert got["reads"] == [r._asdict() for r in where(plan, layout, doc, range(5))]
     assert any(r["step"] == 2 for r in got["reads"])
+
+
+def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
+    capsys, small_record, small_index, tmp_path
+):
+    """Issue 31 (re-run): `where --checkpoint checkpoint-5 --doc D --steps 0:40` printed `read N time(s) by steps 0..39`
+    and every read alike, those of steps 5..39 (which the checkpoint never trained) included: a contamination audit read
+    the plan's future as the run's past. The reads at or after its step are now counted apart and marked."""
+    from detsampler.where import where
+
+    record, layout, plan = small_record
+    record_dir = tmp_path / "checkpoint-5"
+    record_dir.mkdir()
+    record.save(record_dir)
+    reads = {d: where(plan, layout, d, range(40)) for d in range(small_index.num_documents)}
+    doc = next(d for d, r in reads.items() if {x.step < 5 for x in r} == {True, False})
+    after = [r for r in reads[doc] if r.step >= 5]
+    argv = ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--steps", "0:40"]
+    code, out, _ = _run(capsys, argv)
+    lines = out.splitlines()
+    assert code == 0 and lines[1] == (
+        f"read {len(reads[doc])} time(s) by steps 0..39 (reads by data steps in skip ranges left out); {len(after)} of"
+        " them at steps 5..39, after the checkpoint's step 5: planned, not trained by it:"
+    )
+    marked = [line for line in lines[2:] if line.endswith("  after the checkpoint: not trained by it")]
+    assert [int(line.split()[1]) for line in marked] == [r.step for r in after]
+    assert len(lines) == 2 + len(reads[doc])
+    code, out, _ = _run(capsys, [*argv, "--json"])
+    got = json.loads(out)
+    assert got["checkpoint"] == {"step": 5} and got["reads"] == [r._asdict() for r in reads[doc]]
+    code, out, _ = _run(capsys, argv[:-2])  # by default every step it trained: nothing after it
+    assert "after the checkpoint" not in out
+    assert out.splitlines()[1].endswith(" by steps 0..4 (reads by data steps in skip ranges left out):")
+
+
+def test_a_torch_checkpoint_holding_two_different_data_records_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-run): a `.ckpt` whose callback state holds another run's record before its DetsamplerDataModule
+    entry was audited as that other run (`show` printed its fingerprint and samples): the first dict holding
+    "data_record" was taken. Two different records are refused, naming where each is; equal ones are one record."""
+    import torch
+
+    record, layout, plan = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="lightning")
+    state = {"step": 5, "data_record": record.to_dict()}
+    path = tmp_path / "two.ckpt"
+    torch.save(
+        {
+            "global_step": 5,
+            "callbacks": {"Recorder": {"step": 5, "data_record": other.to_dict()}},
+            "DetsamplerDataModule": state,
+        },
+        path,
+    )
+    err = _refused(capsys, ["show", "--checkpoint", str(path)])
+    assert err == (
+        f"detsampler: error: --checkpoint {str(path)!r} holds 2 different data records (at callbacks.Recorder,"
+        " DetsamplerDataModule): which one is the run's is not known; keep the DetsamplerDataModule entry's\n"
+    )
+    same = tmp_path / "same.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"Recorder": dict(state)}, "DetsamplerDataModule": state}, same)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(same), "--step", "3"])
+    assert code == 0 and f"data fingerprint {record.fingerprint.hash} " in out
+
+
+def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `verify --checkpoint C --against X` refused a missing X, or a file torch cannot read, as
+    `--checkpoint ...` (the other option), the latter with torch's advice to load it with weights_only=False."""
+    record, _, _ = small_record
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    record.save(checkpoint)
+    (tmp_path / "COMPLETE").write_text("not a checkpoint")
+    for against, said in (
+        (tmp_path / "nothing", f"--against: no such file or directory: {str(tmp_path / 'nothing')!r}"),
+        (tmp_path / "COMPLETE", f"--against {str(tmp_path / 'COMPLETE')!r} is not a checkpoint torch.load reads: "),
+    ):
+        err = _refused(capsys, ["verify", "--checkpoint", str(checkpoint), "--against", str(against)])
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+        assert "weights_only" not in err
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "COMPLETE")])
+    assert err.startswith(f"detsampler: error: --checkpoint {str(tmp_path / 'COMPLETE')!r} is not a checkpoint")
+
+
+def test_stats_and_verify_past_a_checkpoints_step_say_those_steps_are_planned(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `stats --checkpoint C --step 9` of a checkpoint saved at step 5 printed `before step 9:
+    trained N tokens (72 samples, 9 steps)`, and `verify --checkpoint C --steps 0:9` checked steps 5..8 alike: steps
+    the checkpoint never trained were counted as trained. A line under the checkpoint's says which steps are the
+    plan's."""
+    record, _, _ = small_record
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    record.save(checkpoint)
+    said = "  steps 5..8 are after the checkpoint's step 5: counted as the plan reads them, not trained by it"
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint), "--step", "9"],
+        ["verify", "--checkpoint", str(checkpoint), "--steps", "0:9"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        lines = out.splitlines()
+        assert code == 0 and lines[0].startswith(f"checkpoint {checkpoint}: saved at step 5") and lines[1] == said
+        assert out.count("after the checkpoint") == 1
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--step", "9", "--json"])
+    assert json.loads(out)["checkpoint"]["after"] == [5, 9]
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint)],
+        ["verify", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(checkpoint), "--step", "5"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        assert code == 0 and "after the checkpoint" not in out
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--json"])
+    assert "after" not in json.loads(out)["checkpoint"]

@@ -86,3 +86,21 @@ def test_an_index_served_over_http_reads_the_local_batches_and_a_missing_one_is_
         assert_same_batches(local, remote)
         with pytest.raises(TokenIndexError, match=f"no index at '{server}/nothing-here' \\(no meta.json"):
             TokenIndex.open(f"{server}/nothing-here")
+
+
+def test_a_push_to_a_read_only_http_server_is_refused_at_once_not_retried(local, caplog):
+    """Issue 31 (re-run): a push to an HTTP server that serves reads only (501 Not Implemented for PUT) retried its
+    claim 5 times (3.1 s, 5 warnings), as if the status could pass; 501 and 505 say the server never does it."""
+    import logging
+
+    from detsampler.index.push import push_index
+    from detsampler.storage import StorageError
+
+    refused = r"PUT failed, a failure that is not retried \(.*501 Not Implemented"
+    with (
+        range_http_server(local.path.parent) as server,
+        caplog.at_level(logging.WARNING, "detsampler.storage"),
+        pytest.raises(StorageError, match=refused),
+    ):
+        push_index(local.path, f"{server}/pushed")
+    assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == []

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -242,3 +243,81 @@ def test_file_urls_are_local_paths_for_cache_dirs_and_pre_tokenized_sources(smal
     built = json.loads(capsys.readouterr().out)["path"]
     assert built.startswith(f"{tmp_path}/cache/index-") and (tmp_path / "cache").is_dir()
     assert not (tmp_path / "file:").exists() and not list(tmp_path.glob("**/file:"))
+
+
+def test_build_prints_the_summary_of_a_built_index_given_without_its_tokenizer(
+    small_index, small_tokenizer, s3_bucket, capsys
+):
+    """Issue 31 (re-run): `build --data INDEX` (a directory or its bucket URL) without --tokenizer ended in `detsampler:
+    error: expected str, bytes or os.PathLike object, not NoneType` (exit 2), its --json form printed: the summary's
+    tokenizer row read the path of a tokenizer not loaded. It names the tokenizer the index records."""
+    url = f"{s3_bucket}/summary/{small_index.path.name}"
+    push_index(small_index.path, url)
+    recorded = small_index.meta["tokenizer"]
+
+    def rows(out: str) -> dict[str, str]:  # print_rows: the key padded to the longest ("dataset fingerprint")
+        return {line[:19].strip(): line[21:] for line in out.splitlines()}
+
+    for data in (str(small_index.path), url):
+        assert main(["build", "--data", data, "--quiet"]) == 0, data
+        summary = rows(capsys.readouterr().out)
+        assert summary["tokenizer"] == (
+            f"{recorded['path']} (recorded by the index, not loaded: --tokenizer checks it) (sha256"
+            f" {recorded['sha256'][:16]}..., vocab {recorded['vocab_size']}, eos {recorded['eos_id']}, pad"
+            f" {recorded['pad_id']})"
+        )
+        assert summary["index fingerprint"] == small_index.fingerprint
+        assert main(["build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--quiet"]) == 0
+        given = rows(capsys.readouterr().out)
+        assert given["tokenizer"].startswith(f"{small_tokenizer.path} (sha256 {recorded['sha256'][:16]}...")
+        assert {k: v for k, v in given.items() if k != "tokenizer"} == {
+            k: v for k, v in summary.items() if k != "tokenizer"
+        }
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "said"),
+    [
+        (["--max-documents", "4"], {"max_documents": 4}, "max_documents 4 (--max-documents)"),
+        (["--no-store-tokens"], {"store_tokens": False}, "store_tokens False (--no-store-tokens)"),
+        (["--add-bos"], {"add_bos": True}, "add_bos True (--add-bos)"),
+        (["--add-eos", "real"], {"add_eos": "real"}, "add_eos 'real' (--add-eos)"),
+        (["--text-column", "content"], {"text_column": "content"}, "text_column 'content' (--text-column)"),
+        (["--loss-policy", "all"], {"loss_policy": "all"}, "loss_policy 'all' (--loss-policy)"),
+    ],
+)
+def test_an_option_that_shapes_a_build_is_refused_with_a_built_index_as_data(
+    small_index, small_tokenizer, s3_bucket, capsys, option, field, said
+):
+    """Issue 31 (re-run): `show --data INDEX --max-documents 4` showed the index's 16 documents (the option was dropped
+    in silence), and so were --no-store-tokens, --add-bos, --add-eos, --text-column and --loss-policy: an index opened
+    as data is read as it was built. An option that asks for another build is refused, naming it and the index's own."""
+    from dataclasses import replace
+
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    url = f"{s3_bucket}/shaped/{small_index.path.name}"
+    push_index(small_index.path, url)
+    plan = ["--tokenizer", str(small_tokenizer.path), "--seq-len", "64", "--step", "0", "--quiet"]
+    for data in (str(small_index.path), url):
+        with pytest.raises(SystemExit) as exit_:
+            main(["show", "--data", data, *plan, *option])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"detsampler: error: data {data!r} is a built index, read as it was built: {said}")
+        with pytest.raises(ValueError, match=re.escape(f"is a built index, read as it was built: {said}")):
+            prepare_index(replace(IndexConfig(data=data), **field))
+    # what the index was built with is accepted as given (it changes nothing)
+    recorded = ["--text-column", "text", "--add-eos", "virtual", "--no-add-bos", "--store-tokens"]
+    assert main(["show", "--data", url, *plan, *recorded]) == 0 and "doc " in capsys.readouterr().out
+
+
+def test_a_push_of_a_file_of_an_index_names_the_directory_to_give(small_index, s3_bucket):
+    """Issue 31 (re-run): `push INDEX/meta.json URL` said `'INDEX/meta.json' holds no index (no meta.json)`."""
+    from detsampler.index.push import push
+
+    for given in (small_index.path / "meta.json", small_index.path / "tokens.npy"):
+        said = f"{str(given)!r} is a file: push takes the index directory that holds it ({str(small_index.path)!r})"
+        for call in (push, push_index):
+            with pytest.raises(TokenIndexError, match=re.escape(said)):
+                call(given, f"{s3_bucket}/file-given")

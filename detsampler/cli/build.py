@@ -62,6 +62,15 @@ def _push_layout(prepared: Any, config: Any, num_proc: int) -> None:
         push_index(staged, str(index.path))
 
 
+def _tokenizer_named(summary: dict, index: Any) -> str:
+    """The summary's tokenizer: the one loaded, else (a built index given as --data, no --tokenizer) the one the index
+    records, said to be unchecked."""
+    if summary["tokenizer_path"] is not None:
+        return rel(summary["tokenizer_path"])
+    recorded = (getattr(index, "meta", None) or {}).get("tokenizer", {}).get("path")
+    return f"{rel(recorded) if recorded else '?'} (recorded by the index, not loaded: --tokenizer checks it)"
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
@@ -121,7 +130,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             (
                 "tokenizer",
                 (
-                    f"{rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab"
+                    f"{_tokenizer_named(summary, prepared.index)} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab"
                     f" {summary['vocab_size']}, eos {summary['eos_id']}, pad {summary['pad_id']})"
                 ),
             ),

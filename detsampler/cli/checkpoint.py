@@ -29,7 +29,7 @@ from detsampler.record import DataRecord
 from detsampler.redaction import normalize_redactions
 from detsampler.resume import DataFingerprint, fingerprint_changes
 
-__all__ = ["Audit", "mixture_of", "open_audit"]
+__all__ = ["Audit", "after_checkpoint", "mixture_of", "open_audit"]
 
 # options that only say how to build an index: a checkpoint names its index, so they have no effect
 _UNUSED = ("vocab_size", "num_proc", "cache_dir")
@@ -340,6 +340,18 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
         tokenizer = _tokenizer(args, explicit, index, needed=decode)
         prepared.append(Opened(index=index, dataset=dataset, tokenizer=tokenizer))
     return Audit(where, record, prepared, layouts, plan, _labels(record))
+
+
+def after_checkpoint(record: DataRecord, end: int) -> str | None:
+    """The line that says steps ``record.step .. end - 1`` of an audit are the plan's, not trained by the checkpoint
+    (None when ``end`` does not pass its step). NOTE: `stats --step` / `verify --steps` past it counted them as
+    trained."""
+    if end <= record.step:
+        return None
+    return (
+        f"  steps {record.step}..{end - 1} are after the checkpoint's step {record.step}: counted as the plan reads"
+        " them, not trained by it"
+    )
 
 
 def _labels(record: DataRecord) -> tuple[str, ...] | None:

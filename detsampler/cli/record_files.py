@@ -17,6 +17,7 @@ ValueError naming the path and what was expected.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import warnings
@@ -34,12 +35,19 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE = "COMPLETE"
 
 
-def find_record(path: str | Path) -> tuple[DataRecord, str]:
+def find_record(path: str | Path, option: str = "--checkpoint") -> tuple[DataRecord, str]:
     """The data record of the checkpoint at ``path`` and where it was read (a path, and how). A warning of the read (a
-    record saved before seals) is one ``detsampler: warning: ...`` line on stderr."""
+    record saved before seals) is one ``detsampler: warning: ...`` line on stderr. ``option``: the option that gave
+    ``path``, which its refusals name (``--against`` was refused as ``--checkpoint``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        found = _find_record(Path(path))
+        try:
+            found = _find_record(Path(path))
+        except ValueError as exc:
+            text = str(exc)
+            if option == "--checkpoint" or not text.startswith("--checkpoint"):
+                raise
+            raise ValueError(option + text[len("--checkpoint") :]) from None
     for warning in caught:
         print(f"detsampler: warning: {warning.message}", file=sys.stderr)
     return found
@@ -93,23 +101,35 @@ def _latest_step_dir(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _holder_of_record(value: Any, path: tuple[str, ...] = ()) -> tuple[dict, tuple[str, ...]] | None:
-    """The first dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, and its keys."""
+def _holders_of_record(value: Any, path: tuple[str, ...] = ()) -> list[tuple[dict, tuple[str, ...]]]:
+    """Every dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, with its keys, in order."""
     if len(path) > 6:
-        return None
+        return []
     if isinstance(value, dict):
         if "data_record" in value:
-            return value, path
+            return [(value, path)]
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(value)]
     else:
-        return None
-    for key, item in items:
-        found = _holder_of_record(item, (*path, key))
-        if found is not None:
-            return found
-    return None
+        return []
+    return [found for key, item in items for found in _holders_of_record(item, (*path, key))]
+
+
+def _holder_of_record(value: Any, where: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """The one entry of ``value`` holding ``"data_record"`` (several holding one equal record are one), or None.
+
+    NOTE: the first one found was taken: a callback holding another run's record before the datamodule's was audited
+    as that run."""
+    found = _holders_of_record(value)
+    records = {json.dumps(h["data_record"], sort_keys=True, default=str) for h, _ in found}
+    if len(records) > 1:
+        at = ", ".join(".".join(keys) or "top level" for _, keys in found)
+        raise ValueError(
+            f"--checkpoint {str(where)!r} holds {len(found)} different data records (at {at}): which one is the run's"
+            " is not known; keep the DetsamplerDataModule entry's"
+        )
+    return found[0] if found else None
 
 
 def _state_binding(holder: dict, prefix: str) -> tuple[dict[str, int], tuple[str, int] | None]:
@@ -134,8 +154,9 @@ def _from_torch_file(path: Path) -> DataRecord:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first.split(". ")[0]  # NOTE: torch's advice to load it with weights_only=False is not ours to give
         raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
-    found = _holder_of_record(saved)
+    found = _holder_of_record(saved, path)
     if found is None:
         keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(

@@ -56,6 +56,15 @@ def _span_mask(prepared: Prepared, doc: int, start: int, stop: int) -> np.ndarra
     return values
 
 
+def _redacted_from(plan: Plan, step: int, doc: int, source: int | None) -> int | None:
+    """The ``from_step`` of the redaction that masks document ``doc`` (of mixture source ``source``) at training step
+    ``step``, or None: a redacted document's labels are all -100 there (:func:`detsampler.redaction.redaction_mask`)."""
+    for r in plan.redactions or ():
+        if r.from_step <= step and r.source == source and int(doc) in r.documents:
+            return r.from_step
+    return None
+
+
 def _trained_ranges(mask: np.ndarray, start: int) -> str:
     """``[a, b), ...``: the runs of trained positions of ``mask`` (positions from ``start``)."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
@@ -137,9 +146,13 @@ def _print_micro_batch(
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
-            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
+            redacted = _redacted_from(plan, step, doc, None if labels is None else k)
+            note = "" if redacted is None else f"  redacted from step {redacted}"
+            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{note}")
             mask = _span_mask(src, doc, s, e)
-            if mask is not None:
+            if mask is not None and redacted is not None:  # the trainer masks every label whose input is the document's
+                print(f"      trained 0 of {mask.size} tokens: none (its labels are masked: redacted)")
+            elif mask is not None:
                 print(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
             if args.decode:
                 print(f"      {_span_text(src, doc, s, e, args.max_chars)}")

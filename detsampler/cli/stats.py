@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from detsampler.cli.checkpoint import open_audit
+from detsampler.cli.checkpoint import after_checkpoint, open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.redactions import print_redactions, redaction_rows
@@ -230,6 +230,9 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
             "data_fingerprint": record.fingerprint.hash,
         }
     }
+    after = after_checkpoint(record, step)
+    if after is not None:
+        where["checkpoint"]["after"] = [record.step, step]
     if not args.json:
         print(
             f"checkpoint {audit.where}: saved at step {record.step}"
@@ -238,6 +241,8 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
             + ("es" if len(audit.layouts) > 1 else "")
             + f"); at step {step}"
         )
+        if after is not None:
+            print(after)
     indexes = [p.index for p in audit.prepared]
     if audit.labels is not None:
         return _report_mixture(args, indexes, audit.layouts, audit.plan, audit.labels, step, split=True, extra=where)

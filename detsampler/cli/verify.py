@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from detsampler.cli.against import report_against
-from detsampler.cli.checkpoint import open_audit
+from detsampler.cli.checkpoint import after_checkpoint, open_audit
 from detsampler.cli.inputs import mixture_plan, prepare, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
@@ -64,7 +64,7 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify what ``--checkpoint`` records over ``--steps`` (default: every step it trained, ``0:STEP``)."""
     audit = open_audit(args)
     record, plan = audit.record, audit.plan
-    against = find_record(args.against) if args.against is not None else None  # refused before any output
+    against = find_record(args.against, "--against") if args.against is not None else None  # refused before any output
     if args.steps is None and record.step == 0:
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
     a, b = (0, record.step) if args.steps is None else args.steps
@@ -75,6 +75,9 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         + ("es" if len(audit.layouts) > 1 else "")
         + ")"
     )
+    after = after_checkpoint(record, b)
+    if after is not None:
+        print(after)
     if getattr(args, "tokens", False):
         for line in [verify_files(p.index).line() for p in audit.prepared]:  # every check before any line
             print(line)

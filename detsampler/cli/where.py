@@ -86,12 +86,14 @@ def cmd_where(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.doc, args.path, args.sha256)) != 1:
         raise ValueError("where needs one of --doc ID, --path FILE or --sha256 HEX")
     config = mixture_config(args) if args.checkpoint is None else None
+    trained_to = None  # the checkpoint's step: reads from it on are the plan's, not trained by the checkpoint
     if args.checkpoint is not None:
         audit = open_audit(args, corpus=args.path is not None or args.sha256 is not None)
         prepared, layouts, plan, labels = audit.prepared, audit.layouts, audit.plan, audit.labels
         if args.steps is None and audit.record.step == 0:
             raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")
         steps = (0, audit.record.step) if args.steps is None else args.steps
+        trained_to = audit.record.step
     else:
         if args.steps is None:
             raise ValueError("where needs --steps A:B (or --checkpoint PATH: every step it trained)")
@@ -126,6 +128,8 @@ def cmd_where(args: argparse.Namespace) -> int:
     redacted_from = next((r.from_step for r in plan.redactions or () if doc in r.documents and r.source == k), None)
     if redacted_from is not None:  # its labels are masked at the reads from that step on (nothing else moves)
         out["redacted_from"] = redacted_from
+    if trained_to is not None:
+        out["checkpoint"] = {"step": trained_to}
     if args.json:
         print(json.dumps(out))
         return 0
@@ -141,6 +145,12 @@ def cmd_where(args: argparse.Namespace) -> int:
     skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
     if redacted_from is not None:
         skipped += f"; redacted from step {redacted_from} (labels masked there on)"
+    if trained_to is not None and steps[1] > trained_to:
+        after = sum(r.step >= trained_to for r in reads)
+        skipped += (
+            f"; {after} of them at steps {max(steps[0], trained_to)}..{steps[1] - 1}, after the checkpoint's step"
+            f" {trained_to}: planned, not trained by it"
+        )
     print(f"read {len(reads)} time(s) by steps {steps[0]}..{steps[1] - 1}{skipped}:")
     epoch, sample = ("source epoch", "source sample") if k is not None else ("epoch", "sample")
     for r in reads:
@@ -148,6 +158,8 @@ def cmd_where(args: argparse.Namespace) -> int:
         print(
             f"  step {r.step}  micro step {r.micro_step}  rank {r.rank}  row {r.row}: tokens [{r.start},"
             f" {min(r.stop, length)}){eos} at row offset {r.offset}  (position {r.position}, {sample} {r.sample_id},"
-            f" {epoch} {r.epoch})" + ("  redacted" if redacted_from is not None and r.step >= redacted_from else "")
+            f" {epoch} {r.epoch})"
+            + ("  redacted" if redacted_from is not None and r.step >= redacted_from else "")
+            + ("  after the checkpoint: not trained by it" if trained_to is not None and r.step >= trained_to else "")
         )
     return 0

@@ -204,10 +204,20 @@ def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
     return PushResult(url, len(files), sum((root / f).stat().st_size for f in files), unchanged, exclusive)
 
 
+def _directory(directory: str | os.PathLike) -> Path:
+    """The local index directory to push (a file of it is refused, naming the directory to give)."""
+    root = Path(check_local_path(directory, "push"))
+    if root.is_file():
+        raise TokenIndexError(
+            f"{str(root)!r} is a file: push takes the index directory that holds it ({str(root.parent)!r})"
+        )
+    return root
+
+
 def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
     and the atomicity). Returns what was uploaded."""
-    root = Path(check_local_path(directory, "push"))
+    root = _directory(directory)
     if not (root / "meta.json").is_file():
         raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
     _check_destination(url)
@@ -255,6 +265,6 @@ def push(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> Pus
     """:func:`push_sharded` for a directory holding a sharded index's manifest, else :func:`push_index`."""
     from detsampler.index.sharded import MANIFEST
 
-    if (Path(check_local_path(directory, "push")) / MANIFEST).is_file():
+    if (_directory(directory) / MANIFEST).is_file():
         return push_sharded(directory, url, max_workers=max_workers)
     return push_index(directory, url, max_workers=max_workers)

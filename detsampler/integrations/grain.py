@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from detsampler.checks import is_int
 from detsampler.integrations import require
 
 grain = require("grain", "grain")
@@ -162,7 +163,8 @@ class PlanSource:
         the saved run read before it (ValueError otherwise, the library's message)."""
         if not isinstance(state, Mapping) or "step" not in state:
             raise ValueError(f"a PlanSource state is {{'step': s, 'data_record': ...}}, got {state!r}")
-        step, samples = int(state["step"]), int(state.get("samples_in_step", 0))
+        step = _whole(state["step"], "the Grain state's step")
+        samples = _whole(state.get("samples_in_step", 0), "the Grain state's samples_in_step")
         self.checkpoint.check(state.get("data_record"), step, "the Grain state", samples_in_step=samples)
         return step, samples
 
@@ -172,7 +174,14 @@ class PlanSource:
         it (:func:`data_loader` with ``start=``); Grain's own ``set_state`` only into the same rank, world size and
         start. ValueError when the state is not a Grain ``DataLoader`` state of a sampler of this source's data."""
         saved = json.loads(state.decode() if isinstance(state, bytes) else state)
-        if not isinstance(saved, dict) or saved.get("version") != 2 or "last_seen_indices" not in saved:
+        seen = saved.get("last_seen_indices") if isinstance(saved, dict) else None
+        if (
+            not isinstance(saved, dict)
+            or saved.get("version") != 2
+            or not isinstance(seen, dict)
+            or not seen
+            or not all(is_int(v) for v in seen.values())
+        ):
             raise ValueError(f"not a Grain DataLoader iterator state (version 2): {str(saved)[:200]!r}")
         match = _SAMPLER_REPR.match(str(saved.get("sampler", "")))
         if match is None or saved.get("data_source") != repr(self):
@@ -194,11 +203,15 @@ class PlanSource:
         neither the data nor the process count, so the caller vouches for them; any process count resumes from the
         result (``start=``)."""
         if isinstance(state, Mapping) and "next_index" in state:
-            consumed = int(state["next_index"])
+            consumed = _whole(state["next_index"], "the Grain state's next_index", minimum=0)
         elif isinstance(state, Mapping) and "iterators_in_use_states" in state:
-            consumed = sum(int(worker["next_index"]) for worker in state["iterators_in_use_states"])
+            consumed = sum(
+                _whole(worker["next_index"], "the Grain state's next_index", minimum=0)
+                for worker in state["iterators_in_use_states"]
+            )
         else:
             raise ValueError(f"not the Grain iterator state of a map_dataset pipeline: {str(state)[:200]!r}")
+        self.plan.with_world(world_size)._check_rank(rank)  # NOTE: an outside rank gave a negative samples_in_step
         return self._position_after(consumed, rank, world_size, _start(self, start))
 
     def _position_after(self, consumed: int, rank: int, world_size: int, start: tuple[int, int]) -> dict[str, int]:
@@ -279,6 +292,14 @@ class PlanSampler:
         )
 
 
+def _whole(value: Any, what: str, minimum: int | None = None) -> int:
+    """``value`` as an int, or a ValueError naming ``what``: a state's step is never rounded (7.9 is not step 7)."""
+    if not is_int(value) or (minimum is not None and value < minimum):
+        rule = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"{what} must be {rule}, got {value!r}")
+    return int(value)
+
+
 def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[int, int]:
     if start is None:
         return 0, 0
@@ -286,7 +307,9 @@ def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[i
         if "data_record" in start:
             return source.resume_position(start)
         # a position read from Grain's state (PlanSource.position_of_grain_state), whose data was checked there
-        return int(start["step"]), int(start.get("samples_in_step", 0))
+        return _whole(start["step"], "start's step"), _whole(start.get("samples_in_step", 0), "start's samples_in_step")
+    if not is_int(start):
+        raise ValueError(f"start must be a step (an integer) or a state, got {start!r}")
     return int(start), 0
 
 
