@@ -321,3 +321,93 @@ def test_a_push_of_a_file_of_an_index_names_the_directory_to_give(small_index, s
         for call in (push, push_index):
             with pytest.raises(TokenIndexError, match=re.escape(said)):
                 call(given, f"{s3_bucket}/file-given")
+
+
+# -- a push checks every chunk it uploads, as it reads it --------------------------------------------------------------
+
+
+def _flip(path, at: int) -> int:
+    """Flip one bit of the byte at ``at`` (negative: from the end) of ``path``; returns its chunk."""
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 1
+    path.write_bytes(bytes(raw))
+    return (at % len(raw)) // CHUNK_BYTES
+
+
+def test_a_push_refuses_a_file_that_fails_its_checksums_and_leaves_nothing_that_opens(
+    small_index, s3_bucket, tmp_path, capsys
+):
+    """Issue 31 (re-review): a byte flipped near the end of a local layout's ``ends.npy`` was pushed and the push said
+    success; `TokenIndex.open(url).layout(cfg)` was then refused with a ChecksumError. `push_index` opened the index
+    only: no layout's checksums, and no chunk of ``tokens.npy``, were read. Each chunk uploaded is now checked as it is
+    read for the upload, and a push refuses naming the file and the chunk before any seal is written."""
+    from detsampler.layout import LayoutConfig
+    from tests.index_copies import copy_with_layouts
+
+    config = LayoutConfig(kind="concat", seq_len=64)
+    cases = {
+        "ends": lambda d: next((d / "layouts").glob("concat-L64-*")) / "ends.npy",
+        "tokens": lambda d: d / "tokens.npy",
+    }
+    for case, file_of in cases.items():
+        copy = copy_with_layouts(small_index, tmp_path / case, [config])
+        path = file_of(copy.path)
+        chunk = _flip(path, -3)
+        size = path.stat().st_size
+        rel = path.relative_to(copy.path)
+        said = f"{rel} chunk {chunk} (bytes {chunk * CHUNK_BYTES}..{min(size, (chunk + 1) * CHUNK_BYTES) - 1})"
+        url = f"{s3_bucket}/damaged-{case}/{copy.path.name}"
+        with pytest.raises(ChecksumError, match=re.escape(said)) as refused:
+            push_index(copy.path, url)
+        assert f"push to {url} refused" in str(refused.value) and "\n" not in str(refused.value)
+        assert not store_for(url).exists(f"{url}/meta.json")  # nothing that opens
+        assert not any(u.endswith("layout.json") for u in store_for(url).list(url))
+        assert not store_for(url).exists(f"{url}/{rel}")  # the damaged bytes were never uploaded
+        assert not store_for(url).exists(f"{url}/push-claim.json")  # released: an index built again can be pushed
+        with pytest.raises(SystemExit) as exit_:
+            main(["push", str(copy.path), f"{url}-cli"])
+        captured = capsys.readouterr()
+        assert exit_.value.code == 2 and captured.out == "" and said in captured.err
+        assert captured.err.count("detsampler: error:") == 1
+
+
+def test_a_push_refuses_an_edited_checksum_file_or_layout_record(small_index, s3_bucket, tmp_path):
+    from detsampler.layout import LayoutConfig
+    from tests.index_copies import copy_with_layouts
+
+    config = LayoutConfig(kind="concat", seq_len=64)
+    for case, name, said in (
+        ("sums", "ends.sums.npy", "ends.sums.npy differs from the one recorded"),
+        ("record", "layout.json", "layout.json fails its seal"),
+    ):
+        copy = copy_with_layouts(small_index, tmp_path / case, [config])
+        path = next((copy.path / "layouts").glob("concat-L64-*")) / name
+        if name == "layout.json":
+            path.write_text(path.read_text().replace('"num_samples": ', '"num_samples": 1'))
+        else:
+            _flip(path, -1)
+        url = f"{s3_bucket}/edited-{case}/{copy.path.name}"
+        with pytest.raises(TokenIndexError, match=re.escape(said)):
+            push_index(copy.path, url)
+        assert not store_for(url).exists(f"{url}/meta.json")
+
+
+def test_a_re_push_of_a_damaged_copy_leaves_the_pushed_index_as_it_was(s3_bucket, tmp_path):
+    """A file over the multipart threshold (5 MiB) damaged in its last chunk, pushed over a good push of the same
+    index: the upload is aborted, so the object in the bucket is still the good one and the prefix opens and
+    verifies."""
+    import shutil
+
+    from detsampler.index.synthetic import synthetic_index
+
+    good = synthetic_index(tmp_path / "good", 1_600_000, mean_length=300)
+    url = f"{s3_bucket}/re-push/{good.path.name}"
+    push_index(good.path, url)
+    damaged = tmp_path / "damaged" / good.path.name
+    shutil.copytree(good.path, damaged)
+    assert (damaged / "lengths.npy").stat().st_size > 5 * 2**20
+    chunk = _flip(damaged / "lengths.npy", -2)
+    with pytest.raises(ChecksumError, match=f"lengths.npy chunk {chunk} "):
+        push_index(damaged, url)
+    TokenIndex.open(url, verify_tokens=True)  # every chunk and sha256 of what is there: the good push's
+    assert store_for(url).exists(f"{url}/push-claim.json")  # the sealed index's claim stays

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -414,11 +414,16 @@ class ObjectStore:
         loc = parse_location(url)
         self._call(url, "PUT", lambda: _obstore().put(self._client(loc), loc.key, data))
 
-    def put_tagged(self, url: str, data: bytes | Path) -> str | None:
-        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none)."""
+    def put_tagged(
+        self, url: str, data: bytes | Path | Iterable[bytes], *, multipart: bool | None = None
+    ) -> str | None:
+        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none). ``data`` may
+        be an iterable of bytes, read once, in order, as it is sent: an exception it raises ends the upload before it
+        completes (a single PUT is never sent, a multipart upload is aborted) and is raised. ``multipart``: whether to
+        upload in parts (obstore's default: a file over 5 MiB, or an iterable)."""
         loc = parse_location(url)
         try:
-            return _obstore().put(self._client(loc), loc.key, data).get("e_tag")
+            return _obstore().put(self._client(loc), loc.key, data, use_multipart=multipart).get("e_tag")
         except Exception as exc:
             raise self._fail(url, "PUT", exc) from None
 
