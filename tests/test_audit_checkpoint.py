@@ -329,6 +329,42 @@ def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, s
     assert code == 0
 
 
+def test_a_torch_checkpoint_must_state_its_step_and_a_tensor_step_is_read(capsys, small_record, tmp_path):
+    """Issue 31 (re-review): a hand-made `.ckpt` whose DetsamplerDataModule entry holds a record and no `step`, with no
+    `global_step`, was read bound to nothing; a `global_step` saved as `torch.tensor(7)` was ignored, so a record of
+    step 5 passed. Lightning always writes `global_step` (an int) and the datamodule's `step` (checked on a real
+    Lightning checkpoint in tests/integrations/test_lightning_labels.py): a state that states no step is refused, and a
+    0-d integer tensor is read as its integer; any other value of a step is refused."""
+    import torch
+
+    record, _, _ = small_record
+    entry = {"data_record": record.to_dict()}
+    bare = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "DetsamplerDataModule": entry}, bare)
+    for command in (["show", "--checkpoint", str(bare)], ["verify", "--checkpoint", str(bare)]):
+        err = _refused(capsys, command)
+        assert err.count("\n") == 1 and f"{bare} (DetsamplerDataModule): the checkpoint states no step" in err
+    for name, global_step, step, said in (
+        ("tensor-7", torch.tensor(7), None, "the record's step 5 is not this checkpoint's step 7 (global_step)"),
+        ("state-tensor-7", None, torch.tensor(7), "the record's step 5 is not this checkpoint's step 7 (step)"),
+        ("float", torch.tensor(5.0), None, "global_step is tensor(5.), not a step (an integer"),
+        ("vector", torch.tensor([5]), None, "global_step is tensor([5]), not a step (an integer"),
+        ("bool", True, None, "global_step is True, not a step (an integer"),
+        ("text", None, "5", "step is '5', not a step (an integer"),
+    ):
+        path = tmp_path / f"{name}.ckpt"
+        state = {**entry, **({"step": step} if step is not None else {})}
+        torch.save(
+            {"DetsamplerDataModule": state, **({"global_step": global_step} if global_step is not None else {})}, path
+        )
+        err = _refused(capsys, ["show", "--checkpoint", str(path)])
+        assert err.count("\n") == 1 and said in err, (name, err)
+    good = tmp_path / "tensor-5.ckpt"
+    torch.save({"global_step": torch.tensor(5), "DetsamplerDataModule": {**entry, "step": torch.tensor(5)}}, good)
+    code, out, err = _run(capsys, ["show", "--checkpoint", str(good), "--step", "3"])
+    assert code == 0 and err == "" and "saved at step 5" in out
+
+
 def test_a_record_saved_before_seals_is_audited_with_one_warning_line(capsys, small_record, tmp_path):
     record, _, plan = small_record
     saved = {k: v for k, v in record.to_dict().items() if k != "record_sha256"}

@@ -10,7 +10,8 @@ holds ``"data_record"``); a torchtitan DCP checkpoint directory (``.metadata``; 
 
 Invariant: a record is returned only as :func:`~detsampler.record.read_record` checked it against its checkpoint (its
 seal; the step the checkpoint states: a trainer's or Hugging Face directory name, ``COMPLETE`` and
-``trainer_state.json``, a Lightning state's ``step`` and ``global_step``, a DCP ``dataloader.step`` and torchtitan's
+``trainer_state.json``, a Lightning state's ``step`` and ``global_step`` (an int or a 0-d integer tensor; a state
+that states neither is refused: Lightning writes both), a DCP ``dataloader.step`` and torchtitan's
 ``train_state.step``; the sha256 ``COMPLETE`` or ``trainer_state.json`` records of its file); anything else is one
 ValueError naming the path and what was expected.
 """
@@ -132,11 +133,26 @@ def _holder_of_record(value: Any, where: Path) -> tuple[dict, tuple[str, ...]] |
     return found[0] if found else None
 
 
-def _state_binding(holder: dict, prefix: str) -> tuple[dict[str, int], tuple[str, int] | None]:
+def _step_of(value: Any, what: str, where: str) -> int:
+    """A step (or count) a torch checkpoint states: an int, or a 0-d integer tensor read as its integer; any other
+    value is refused (a tensor step was ignored, so any record passed beside it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0:
+        import torch
+
+        if not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool:
+            return int(value.item())
+    raise ValueError(f"{where}: {what} is {value!r}, not a step (an integer, or a 0-d integer tensor)")
+
+
+def _state_binding(holder: dict, prefix: str, where: str) -> tuple[dict[str, int], tuple[str, int] | None]:
     """The step (and samples into it) an integration's state states beside its record (``{"step": s, ...}``)."""
-    steps = {f"{prefix}step": holder["step"]} if isinstance(holder.get("step"), int) else {}
+    steps = {f"{prefix}step": _step_of(holder["step"], "step", where)} if "step" in holder else {}
     samples = holder.get("samples_in_step")
-    return steps, (f"{prefix}samples_in_step", samples) if isinstance(samples, int) else None
+    if "samples_in_step" in holder:
+        return steps, (f"{prefix}samples_in_step", _step_of(samples, "samples_in_step", where))
+    return steps, None
 
 
 def _as_record(saved: Any, where: str, steps: dict[str, int], samples: tuple[str, int] | None) -> DataRecord:
@@ -164,10 +180,17 @@ def _from_torch_file(path: Path) -> DataRecord:
             " one in its DetsamplerDataModule entry"
         )
     holder, keys = found
-    steps, samples = _state_binding(holder, "")
-    if isinstance(saved, dict) and isinstance(saved.get("global_step"), int):
-        steps["global_step"] = saved["global_step"]  # Lightning's own step, beside the datamodule's state
-    return _as_record(holder["data_record"], f"{path} ({'.'.join(keys) or 'top level'})", steps, samples)
+    where = f"{path} ({'.'.join(keys) or 'top level'})"
+    steps, samples = _state_binding(holder, "", where)
+    if isinstance(saved, dict) and "global_step" in saved:  # Lightning's own step, beside the datamodule's state
+        steps["global_step"] = _step_of(saved["global_step"], "global_step", where)
+    if not steps:
+        # NOTE: a hand-made state with neither was read bound to nothing; Lightning writes both in every checkpoint
+        raise ValueError(
+            f"{where}: the checkpoint states no step (no 'step' beside its data record, no 'global_step'; a checkpoint"
+            " Lightning saves holds both), so nothing shows the record is the one it saved"
+        )
+    return _as_record(holder["data_record"], where, steps, samples)
 
 
 def _from_dcp(path: Path) -> DataRecord:
