@@ -385,7 +385,8 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
     """What checkpoint ``directory`` states of the record in it: ``({what: step}, covered_by)`` (:func:`read_record`).
     The trainer's ``step_N`` states its step in its name and in ``COMPLETE``, which holds the sha256 of every file (the
     record among them); a Hugging Face ``checkpoint-N`` in its name and ``trainer_state.json``'s ``global_step``, where
-    the integration names the record's sha256 too."""
+    the integration names the record's sha256 too (a ``checkpoint-N`` without ``trainer_state.json`` is refused: a
+    Trainer always writes it)."""
     steps: dict[str, int] = {}
     for pattern in (_TRAINER_DIR, _HF_DIR):
         if match := pattern.match(directory.name):
@@ -406,6 +407,12 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
         raise ValueError(
             f"{where}: its trainer checkpoint has no {_COMPLETE} marker (a partial copy, or a save that did not"
             " finish), so nothing shows the record is the one it saved"
+        )
+    if _HF_DIR.match(directory.name) and not (directory / _TRAINER_STATE).is_file():
+        # NOTE: checked against its name alone, another run's record of the same step copied in passed
+        raise ValueError(
+            f"{where}: its Hugging Face checkpoint has no {_TRAINER_STATE} (a Trainer writes it in every"
+            " checkpoint-N, naming the record's sha256), so nothing shows the record is the one this checkpoint saved"
         )
     if (directory / _TRAINER_STATE).is_file():
         state = _json_file(directory / _TRAINER_STATE)

@@ -229,6 +229,22 @@ def _lightning_ckpt(record: DataRecord, path: Path, global_step: int = 5, state:
     return path
 
 
+def _hf_checkpoint(record: DataRecord, path: Path, global_step: int | None = None) -> Path:
+    """A Hugging Face ``checkpoint-N`` as a Trainer with the mixin saves it: the record, then ``trainer_state.json``
+    written by transformers' own ``TrainerState`` at ``global_step`` (the record's step by default), its
+    ``stateful_callbacks`` holding the mixin's callback state (the record's sha256)."""
+    from transformers import TrainerState
+
+    from detsampler.integrations.hf import DetsamplerDataRecord
+
+    path.mkdir(parents=True)
+    saved = record.save(path)
+    named = DetsamplerDataRecord(record_sha256(saved.read_bytes()))
+    state = TrainerState(global_step=record.step if global_step is None else global_step, stateful_callbacks=[named])
+    state.save_to_json(str(path / "trainer_state.json"))
+    return path
+
+
 def _dcp_dir(record: DataRecord, path: Path, step: int = 5, train_step: int | None = None) -> Path:
     import warnings
 
@@ -246,9 +262,7 @@ def _dcp_dir(record: DataRecord, path: Path, step: int = 5, train_step: int | No
 
 def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_record, small_index, tmp_path):
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     forms = [record_dir, _lightning_ckpt(record, tmp_path / "epoch=0-step=5.ckpt"), _dcp_dir(record, tmp_path / "dcp")]
     outs = []
     for path in forms:
@@ -257,9 +271,7 @@ def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_re
         outs.append(out.splitlines()[1:])
     assert outs[0] == outs[1] == outs[2]
     # a Hugging Face output_dir: its newest checkpoint-N holding a record
-    later = tmp_path / "checkpoint-12"
-    later.mkdir()
-    dataclasses.replace(record, step=12).save(later)
+    _hf_checkpoint(dataclasses.replace(record, step=12), tmp_path / "checkpoint-12")
     code, out, _ = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
     assert code == 0 and "checkpoint-12 (the newest checkpoint of" in out and out.splitlines()[1:] == outs[0]
     assert f"sample hash {sample_hash(plan.global_batch(3))}," in outs[0][0]
@@ -299,16 +311,19 @@ def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, s
     DCP checkpoint whose dataloader state names step 7 but its record step 5, or whose torchtitan train_state is at
     step 4. Each is refused naming the file (or entry), the record's step and the checkpoint's."""
     record, _, _ = small_record
-    hf = tmp_path / "checkpoint-5"
-    hf.mkdir()
-    dataclasses.replace(record, step=7).save(hf)
+    hf = _hf_checkpoint(dataclasses.replace(record, step=7), tmp_path / "checkpoint-5", global_step=5)
     err = _refused(capsys, ["show", "--checkpoint", str(hf)])
     step = "the record's step 7 is not this checkpoint's step 5 (its directory name checkpoint-5)"
     assert f"{hf / RECORD_FILE}: {step}" in err
-    text = record.save(hf).read_text()
+    text = (hf / RECORD_FILE).read_text()
     (hf / RECORD_FILE).write_text(text[: len(text) // 2])
     err = _refused(capsys, ["stats", "--checkpoint", str(hf)])
-    assert f"{hf / RECORD_FILE}: not valid JSON (" in err and "the file is truncated or damaged" in err
+    assert f"{hf / RECORD_FILE}: its sha256 is not the one trainer_state.json records" in err
+    plain = tmp_path / "plain"  # a record directory of no framework: only its own JSON says it is damaged
+    plain.mkdir()
+    (plain / RECORD_FILE).write_text(text[: len(text) // 2])
+    err = _refused(capsys, ["stats", "--checkpoint", str(plain)])
+    assert f"{plain / RECORD_FILE}: not valid JSON (" in err and "the file is truncated or damaged" in err
 
     copied = {"step": 3, "data_record": dataclasses.replace(record, step=3).to_dict()}
     ckpt = _lightning_ckpt(record, tmp_path / "copied.ckpt", global_step=5, state=copied)
@@ -363,6 +378,28 @@ def test_a_torch_checkpoint_must_state_its_step_and_a_tensor_step_is_read(capsys
     torch.save({"global_step": torch.tensor(5), "DetsamplerDataModule": {**entry, "step": torch.tensor(5)}}, good)
     code, out, err = _run(capsys, ["show", "--checkpoint", str(good), "--step", "3"])
     assert code == 0 and err == "" and "saved at step 5" in out
+
+
+def test_a_hugging_face_checkpoint_without_its_trainer_state_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-review): a `checkpoint-N` with no `trainer_state.json` was checked against its directory name only,
+    so another run's record of the same step copied in passed. A Hugging Face Trainer writes `trainer_state.json` in
+    every checkpoint (and the mixin names the record's sha256 there): one without it is refused, naming the file."""
+    record, layout, _ = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="hf")
+    checkpoint = _hf_checkpoint(record, tmp_path / "run" / "checkpoint-5")
+    (checkpoint / "trainer_state.json").unlink()
+    other.save(checkpoint)  # another run's record of the same step, copied in
+    said = f"{checkpoint / RECORD_FILE}: its Hugging Face checkpoint has no trainer_state.json"
+    for argv in (
+        ["show", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(tmp_path / "run")],  # the output_dir's newest checkpoint-N
+        ["where", "--checkpoint", str(checkpoint), "--doc", "0"],
+    ):
+        err = _refused(capsys, argv)
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+    with pytest.raises(ValueError, match=re.escape(said)):
+        DataRecord.load(checkpoint)
 
 
 def test_a_record_saved_before_seals_is_audited_with_one_warning_line(capsys, small_record, tmp_path):
@@ -574,9 +611,7 @@ def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_recor
     from detsampler.where import where
 
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     doc = int(layout.locate(plan.global_batch(2)).doc_ids[0])  # read at step 2 (data step 3: step 1 is skipped)
     code, out, _ = _run(capsys, ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--json"])
     got = json.loads(out)
@@ -594,9 +629,7 @@ def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
     from detsampler.where import where
 
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     reads = {d: where(plan, layout, d, range(40)) for d in range(small_index.num_documents)}
     doc = next(d for d, r in reads.items() if {x.step < 5 for x in r} == {True, False})
     after = [r for r in reads[doc] if r.step >= 5]
@@ -652,9 +685,7 @@ def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path)
     """Issue 31 (re-run): `verify --checkpoint C --against X` refused a missing X, or a file torch cannot read, as
     `--checkpoint ...` (the other option), the latter with torch's advice to load it with weights_only=False."""
     record, _, _ = small_record
-    checkpoint = tmp_path / "checkpoint-5"
-    checkpoint.mkdir()
-    record.save(checkpoint)
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     (tmp_path / "COMPLETE").write_text("not a checkpoint")
     for against, said in (
         (tmp_path / "nothing", f"--against: no such file or directory: {str(tmp_path / 'nothing')!r}"),
@@ -673,9 +704,7 @@ def test_stats_and_verify_past_a_checkpoints_step_say_those_steps_are_planned(ca
     the checkpoint never trained were counted as trained. A line under the checkpoint's says which steps are the
     plan's."""
     record, _, _ = small_record
-    checkpoint = tmp_path / "checkpoint-5"
-    checkpoint.mkdir()
-    record.save(checkpoint)
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     said = "  steps 5..8 are after the checkpoint's step 5: counted as the plan reads them, not trained by it"
     for argv in (
         ["stats", "--checkpoint", str(checkpoint), "--step", "9"],
