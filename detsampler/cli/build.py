@@ -75,6 +75,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
     _refuse_ignored(args)
+    if args.layout:  # NOTE: checked before anything is built or printed (a sharded build printed its shards first)
+        layout_config(args)
     if args.shard is not None or args.finalize or args.sharded:
         from detsampler.cli.shards import cmd_build_sharded
 

@@ -26,7 +26,7 @@ from detsampler.mixture import MixtureConfig
 from detsampler.mixture.weights import normalize_weights
 from detsampler.plan import Plan, normalize_skip_steps
 from detsampler.record import DataRecord
-from detsampler.redaction import normalize_redactions
+from detsampler.redaction import check_redacted_documents, normalize_redactions
 from detsampler.resume import DataFingerprint, fingerprint_changes
 
 __all__ = ["Audit", "after_checkpoint", "mixture_of", "open_audit"]
@@ -317,6 +317,10 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
             plan = record.plan(layouts[0].num_samples, **cut)
     except ValueError as exc:
         raise ValueError(f"checkpoint {where}: {exc}; the index or layout changed since it was saved") from None
+    try:  # NOTE: a recorded redaction of a document the index lacks was shown as redacted, or refused mid-report
+        check_redacted_documents(plan.redactions, [index.num_documents for index in indexes])
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {where}: its plan's redaction is not of its index: {exc}") from None
     many = record.is_mixture
     reopened = DataFingerprint.of(
         indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()

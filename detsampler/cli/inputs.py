@@ -118,4 +118,5 @@ def mixture_plan(
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
     layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, source=config.build(layouts))
+    documents = [p.index.num_documents for p in prepared]
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts), documents=documents)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
+from detsampler.redaction import check_redacted_documents
 from detsampler.text.chat import CHAT_POLICIES
 from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 
@@ -458,11 +459,23 @@ def plan_from_args(
     num_samples: int | None = None,
     source: Mixture | None = None,
     epoch_ids: bool | None = None,
+    *,
+    documents: Sequence[int],
 ) -> Plan:
     """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture).
-    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says)."""
+    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says). ``documents``: the
+    document count of the index (of each mixture source): a ``--redact`` of a document past it is refused."""
     if epoch_ids is None:
         epoch_ids = bool(getattr(args, "epoch_order", False)) and source is None
+    plan = _plan_from_args(args, num_samples, source, epoch_ids)
+    try:  # NOTE: show and where read such a redaction as masking nothing (exit 0); verify refused it mid-report
+        check_redacted_documents(plan.redactions, documents)
+    except ValueError as exc:
+        raise ValueError(f"--redact: {exc}") from None
+    return plan
+
+
+def _plan_from_args(args: argparse.Namespace, num_samples: int | None, source: Mixture | None, epoch_ids: bool) -> Plan:
     return Plan(
         num_samples,
         source=source,

@@ -9,7 +9,7 @@ from typing import Any
 from detsampler.plan import Plan
 from detsampler.where import redaction_audit
 
-__all__ = ["print_redactions", "redaction_rows"]
+__all__ = ["print_redactions", "redaction_lines", "redaction_rows"]
 
 
 def redaction_rows(plan: Plan, layout: Any, stop: int | None) -> list[dict]:
@@ -30,15 +30,23 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def print_redactions(rows: list[dict], stop: int | None, labels: Sequence[str] | None = None) -> None:
+def redaction_lines(rows: list[dict], stop: int | None, labels: Sequence[str] | None = None) -> list[str]:
     """One line per redacted document: ``doc D: trained at steps [...] before step s (N tokens, R reads)``; over a
     mixture ``doc D of source NAME: ...`` (``labels``: the sources' names)."""
+    lines = []
     for row in rows:
         source = "" if "source" not in row else f" of source {labels[row['source']] if labels else row['source']}"
         s = row["from_step"]
         counted = f"; counted to step {stop}, where the run stops" if stop is not None and stop < s else ""
         trained = f"trained at steps [{_ranges(row['steps'])}]" if row["steps"] else "trained at no step"
-        print(
+        lines.append(
             f"redacted doc {row['document']}{source}: {trained} before step {s} ({row['tokens']:,} tokens,"
             f" {row['reads']} read{'' if row['reads'] == 1 else 's'}){counted}"
         )
+    return lines
+
+
+def print_redactions(rows: list[dict], stop: int | None, labels: Sequence[str] | None = None) -> None:
+    """Print :func:`redaction_lines`."""
+    for line in redaction_lines(rows, stop, labels):
+        print(line)

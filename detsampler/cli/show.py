@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: i
     return repr(text)
 
 
-def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None, step: int) -> None:
+def _step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | None, step: int) -> str:
     """The step's line: its sample hash (the trainer's ``sample_hash`` of the step, as logged in metrics.jsonl), epoch
     or mixture weights, positions, the cut and the layout."""
     layout = layouts[0]
@@ -107,7 +107,7 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
         weights = plan.stream.weights_at(plan.consumed(step))
         where_from = f"mixture of {len(labels)} sources, weights {fmt_weights(weights)}"
         per_epoch = "samples per epoch " + ", ".join(f"{n}: {lay.num_samples}" for n, lay in zip(labels, layouts))
-    print(
+    return (
         f"step {step}{data}: sample hash {hashed}, {where_from}, global batch {plan.batch_size(step)} samples at"
         " positions"
         f" [{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro"
@@ -116,27 +116,25 @@ def _print_step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[s
     )
 
 
-def _print_micro_batch(
+def _micro_batch_lines(
     args: argparse.Namespace,
     plan: Plan,
-    layouts: Sequence[Layout],
     labels: Sequence[str] | None,
     prepared: Sequence[Prepared],
     step: int,
+    loc: Any,
     rank: int,
     micro_step: int,
-) -> None:
-    from detsampler.locate import locate
-
-    loc = locate(plan, layouts if labels is not None else layouts[0], step, rank=rank, micro_step=micro_step)
-    print(f"rank {rank} micro step {micro_step}:")
+) -> list[str]:
+    """The lines of the micro batch ``loc`` (located at ``step``, ``rank``, ``micro_step``)."""
+    lines = [f"rank {rank} micro step {micro_step}:"]
     for i in range(len(loc.sample_ids)):
         spans = loc.spans.sample(i)
         ntok = sum(e - s for _, s, e in spans)
         k = 0 if loc.sources is None else int(loc.sources[i])
         source = "" if labels is None else f"source {labels[k]}  source sample {int(loc.source_sample_ids[i])}  "
         epoch = "epoch" if labels is None else "source epoch"
-        print(
+        lines.append(
             f"  position {int(loc.positions[i])}  sample {int(loc.sample_ids[i])}  {source}{epoch} "
             f"{int(loc.epochs[i])}  {ntok} positions in {len(spans)} span(s)"
         )
@@ -148,24 +146,28 @@ def _print_micro_batch(
             eos = " + EOS" if e > n else ""
             redacted = _redacted_from(plan, step, doc, None if labels is None else k)
             note = "" if redacted is None else f"  redacted from step {redacted}"
-            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{note}")
+            lines.append(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{note}")
             mask = _span_mask(src, doc, s, e)
             if mask is not None and redacted is not None:  # the trainer masks every label whose input is the document's
-                print(f"      trained 0 of {mask.size} tokens: none (its labels are masked: redacted)")
+                lines.append(f"      trained 0 of {mask.size} tokens: none (its labels are masked: redacted)")
             elif mask is not None:
-                print(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
+                lines.append(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
             if args.decode:
-                print(f"      {_span_text(src, doc, s, e, args.max_chars)}")
+                lines.append(f"      {_span_text(src, doc, s, e, args.max_chars)}")
+    return lines
 
 
-def _from_checkpoint(args: argparse.Namespace) -> tuple[list, list[Layout], Plan, Sequence[str] | None, int]:
-    """What ``--checkpoint`` records, reopened; the step: ``--step``, else the checkpoint's last trained step."""
+def _from_checkpoint(
+    args: argparse.Namespace,
+) -> tuple[list, list[Layout], Plan, Sequence[str] | None, int, str]:
+    """What ``--checkpoint`` records, reopened; the step: ``--step``, else the checkpoint's last trained step; and the
+    checkpoint's line."""
     audit = open_audit(args, corpus=True, decode=args.decode)
     record = audit.record
     if args.step is None and record.step == 0:
         raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --step")
     step = record.step - 1 if args.step is None else args.step
-    print(
+    line = (
         f"checkpoint {audit.where}: saved at step {record.step}"
         + (f" (+{record.samples_in_step} samples)" if record.samples_in_step else "")
         + (f" by {record.framework}" if record.framework else "")
@@ -174,20 +176,26 @@ def _from_checkpoint(args: argparse.Namespace) -> tuple[list, list[Layout], Plan
         + ")"
         + ("" if args.step is not None else f"; showing its last trained step {step}")
     )
-    return audit.prepared, audit.layouts, audit.plan, audit.labels, step
+    return audit.prepared, audit.layouts, audit.plan, audit.labels, step, line
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print the step's header, then each selected (micro step, rank)'s samples, spans and optionally their text."""
+    """Print the step's header, then each selected (micro step, rank)'s samples, spans and optionally their text.
+    Every micro batch is located (and every option checked) before anything is printed: a refused ``--rank`` or
+    ``--micro-step`` printed the headers first."""
+    from detsampler.locate import locate
+
     config = mixture_config(args) if args.checkpoint is None else None
+    lines = []
     if args.checkpoint is not None:
-        prepared, layouts, plan, labels, step = _from_checkpoint(args)
+        prepared, layouts, plan, labels, step, line = _from_checkpoint(args)
+        lines.append(line)
     elif args.step is None:
         raise ValueError("show needs --step S (or --checkpoint PATH, which shows the checkpoint's last trained step)")
     elif config is None:
         prepared = [prepare(args)]
         layouts = [prepared[0].index.layout(layout_config(args))]
-        plan = plan_from_args(args, layouts[0].num_samples)
+        plan = plan_from_args(args, layouts[0].num_samples, documents=[prepared[0].index.num_documents])
         labels = None
     else:
         prepared, layouts, plan = mixture_plan(args, config)
@@ -196,8 +204,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         step = args.step
     ranks = range(plan.world_size) if args.rank is None else [args.rank]
     micro_steps = range(plan.num_micro_steps(step)) if args.micro_step is None else [args.micro_step]
-    _print_step_header(plan, layouts, labels, step)
-    for a in micro_steps:
-        for r in ranks:
-            _print_micro_batch(args, plan, layouts, labels, prepared, step, r, a)
+    layout = layouts if labels is not None else layouts[0]
+    located = [(a, r, locate(plan, layout, step, rank=r, micro_step=a)) for a in micro_steps for r in ranks]
+    lines.append(_step_header(plan, layouts, labels, step))
+    for a, r, loc in located:
+        lines += _micro_batch_lines(args, plan, labels, prepared, step, loc, r, a)
+    print("\n".join(lines))
     return 0

@@ -39,9 +39,10 @@ def _report_mixture(
     step: int | None,
     split: bool | None,
     extra: dict | None = None,
+    before: Sequence[str] = (),
 ) -> int:
     """The mixture's table (and JSON); the trained/skipped split at ``step`` when ``split`` (None: when skip ranges lie
-    before ``step``)."""
+    before ``step``); ``before``: lines printed first (without ``--json``), once everything is computed."""
     out = mixture_stats(plan, labels, step)
     for row, index in zip(out["sources"], indexes):
         row.update({"documents": index.num_documents, "tokens_in_corpus": index.num_tokens})
@@ -60,6 +61,8 @@ def _report_mixture(
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
+    for line in before:
+        print(line)
     header = f"{'source':<12} {'documents':>10} {'tokens':>12} {'samples/epoch':>14} {'padding':>8}"
     if step is not None:
         print(
@@ -142,7 +145,9 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
     config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
     for k in kinds:
         layout = index.layout(layout_config(args, k))
-        plan = plan_from_args(args, layout.num_samples, epoch_ids=layout.config.epoch_order)
+        plan = plan_from_args(
+            args, layout.num_samples, epoch_ids=layout.config.epoch_order, documents=[index.num_documents]
+        )
         out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
         if config is not None:
             from detsampler.loader.dataset import instance_filter_counts
@@ -233,19 +238,18 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
     after = after_checkpoint(record, step)
     if after is not None:
         where["checkpoint"]["after"] = [record.step, step]
-    if not args.json:
-        print(
-            f"checkpoint {audit.where}: saved at step {record.step}"
-            + (f" by {record.framework}" if record.framework else "")
-            + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
-            + ("es" if len(audit.layouts) > 1 else "")
-            + f"); at step {step}"
-        )
-        if after is not None:
-            print(after)
+    before = [  # printed once everything is computed: a refusal prints nothing
+        f"checkpoint {audit.where}: saved at step {record.step}"
+        + (f" by {record.framework}" if record.framework else "")
+        + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
+        + ("es" if len(audit.layouts) > 1 else "")
+        + f"); at step {step}",
+        *([after] if after is not None else []),
+    ]
     indexes = [p.index for p in audit.prepared]
     if audit.labels is not None:
-        return _report_mixture(args, indexes, audit.layouts, audit.plan, audit.labels, step, split=True, extra=where)
+        labels, layouts = audit.labels, audit.layouts
+        return _report_mixture(args, indexes, layouts, audit.plan, labels, step, True, where, before)
     out = document_stats(indexes[0].lengths)
     out["layouts"] = {kind: _layout_row(audit.layouts[0], audit.plan, step, split=True)}
     out.update(where)
@@ -256,6 +260,8 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     schedule = audit.plan.fingerprint()["batch_size_schedule"]
+    for line in before:
+        print(line)
     _print_index_stats(out, audit.layouts[0].config.seq_len, schedule[-1][1], step)
     print_redactions(redactions, step)
     return 0
@@ -276,7 +282,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     redactions = []
     if getattr(args, "redactions", None):  # the audit trail over the --kind layout
         layout = prepared.index.layout(layout_config(args))
-        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
+        plan = plan_from_args(args, layout.num_samples, documents=[prepared.index.num_documents])
+        redactions = redaction_rows(plan, layout, args.step)
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

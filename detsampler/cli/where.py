@@ -101,7 +101,7 @@ def cmd_where(args: argparse.Namespace) -> int:
         if config is None:
             prepared = [prepare(args)]
             layouts = [prepared[0].index.layout(layout_config(args))]
-            plan = plan_from_args(args, layouts[0].num_samples)
+            plan = plan_from_args(args, layouts[0].num_samples, documents=[prepared[0].index.num_documents])
             labels = None
         else:
             prepared, layouts, plan = mixture_plan(args, config)
