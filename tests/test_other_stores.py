@@ -104,3 +104,26 @@ def test_a_push_to_a_read_only_http_server_is_refused_at_once_not_retried(local,
     ):
         push_index(local.path, f"{server}/pushed")
     assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == []
+
+
+def test_a_write_into_an_azure_container_that_does_not_exist_names_the_container(local, container):
+    """Issue 31 (re-review): a write into a missing S3 bucket names the bucket (tests/test_storage.py), tested on moto
+    only. On azurite (404 ContainerNotFound) the container was named too, but called a bucket. A plain PUT, a tagged
+    one, a create-only one and a push each name the container as one."""
+    import re
+
+    from detsampler.storage import ObjectNotFoundError, StorageError
+
+    base = "az://no-such-container-31/a"
+    store = store_for(base)
+    said = f"{base}/x: {{}} failed: the container 'no-such-container-31' does not exist (create it first)"
+    for what, write in (
+        ("PUT", lambda: store.put(f"{base}/x", b"1")),
+        ("PUT", lambda: store.put_tagged(f"{base}/x", b"1")),
+        ("create-only PUT", lambda: store.create(f"{base}/x", b"1")),
+    ):
+        with pytest.raises(StorageError, match=re.escape(said.format(what))) as caught:
+            write()
+        assert not isinstance(caught.value, ObjectNotFoundError)
+    with pytest.raises(StorageError, match=re.escape("the container 'no-such-container-31' does not exist")):
+        push_index(local.path, base)

@@ -321,8 +321,9 @@ class ObjectStore:
         if isinstance(exc, StorageError):  # refused before any request (a forked process)
             return exc
         if isinstance(exc, FileNotFoundError) and what in _WRITES:  # a write creates its object: no bucket to put it in
-            bucket = parse_location(url).bucket
-            return StorageError(f"{url}: {what} failed: the bucket {bucket!r} does not exist (create it first)")
+            loc = parse_location(url)
+            kind = "container" if loc.scheme in _CONTAINERS else "bucket"  # NOTE: Azure's was called a bucket
+            return StorageError(f"{url}: {what} failed: the {kind} {loc.bucket!r} does not exist (create it first)")
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{url}: does not exist ({what})")
         if retried is None:
@@ -451,6 +452,7 @@ class ObjectStore:
 
 
 _WRITES = ("PUT", "create-only PUT")  # requests that create their object (a "not found" names the bucket)
+_CONTAINERS = ("az", "abfs", "abfss")  # Azure Blob storage: objects live in containers (S3 and GCS: buckets)
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
