@@ -356,7 +356,7 @@ def test_where_finds_a_document_by_its_content_hash(capsys, cache_root, small_to
     for argv, message in [
         (["--sha256", content_hash("not in the corpus")], "name no document"),
         (["--sha256", "xyz"], "64 hexadecimal digits"),
-        (["--sha256", content_hash(texts[5]), "--doc", "5"], "where needs one of --doc ID, --path FILE or --sha256"),
+        (["--sha256", content_hash(texts[5]), "--doc", "5"], "where needs one of --doc ID, --path FILE, --sha256 HEX"),
     ]:
         with pytest.raises(SystemExit) as exc:
             main(["where", *base, *opts, *argv])

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from detsampler.content import content_columns, documents_by_content
+from detsampler.content import content_columns, documents_by_content, documents_by_id
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
@@ -325,10 +325,10 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its content (its text column, or a
-    chat row's rendered columns: :mod:`detsampler.content`; an error when it has no such column, or a path or hash
-    names no document). Over a mixture ``dataset`` is the list of the sources'
-    datasets, and each entry resolves against its source's."""
+    against ``dataset``'s ``path`` column, ``sha256`` content hashes against its content (its text column, or a
+    chat row's rendered columns: :mod:`detsampler.content`) and ``ids`` against its column ``id_column`` (an error when
+    it has no such column, or a path, hash or id names no document). Over a mixture ``dataset`` is the list of the
+    sources' datasets, and each entry resolves against its source's."""
     out = []
     for entry in config.redactions:
         source = entry.get("source")
@@ -344,6 +344,11 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
             documents += documents_by_path(own["path"], entry["paths"])
         if entry.get("sha256"):
             documents += _by_content(config, own, entry["sha256"], where)
+        if entry.get("ids"):
+            try:
+                documents += documents_by_id(own, entry["id_column"], entry["ids"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         out.append(Redaction(sorted(set(documents)), entry["from_step"], source))
     return out
 

@@ -232,9 +232,12 @@ def _datasets(args: argparse.Namespace, explicit: set[str], record: DataRecord, 
             continue
         from dataclasses import replace
 
-        dataset = load_dataset_for(replace(base, data=path))
+        # NOTE: the index records its text column: --text-column, when given, must be it (checked below and by
+        # _conflicts), and is not needed otherwise
+        column = base.text_column if "text_column" in explicit else index.text_column
+        dataset = load_dataset_for(replace(base, data=path, text_column=column))
         try:
-            index.check_dataset(dataset, base.text_column)
+            index.check_dataset(dataset, column)
         except ValueError as exc:
             flag = "--mixture-data" if "mixture_data" in explicit else "--data"
             what = path or "(the default corpus)"

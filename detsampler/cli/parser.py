@@ -323,6 +323,18 @@ def build_parser() -> argparse.ArgumentParser:
         " canonical JSON; detsampler.content.content_hash): what a contamination audit starts from",
     )
     where.add_argument(
+        "--id-column",
+        default=None,
+        metavar="COLUMN",
+        help="with --id: the dataset's column that holds the ids (a conversation_id, a ticket number)",
+    )
+    where.add_argument(
+        "--id",
+        default=None,
+        metavar="ID",
+        help="the document whose --id-column value is ID (a string, or an integer column's number)",
+    )
+    where.add_argument(
         "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"
     )
     where.add_argument(

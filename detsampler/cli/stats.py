@@ -114,6 +114,14 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
+def _audited_layout(args: argparse.Namespace, kinds: Sequence[str]) -> Any:
+    """The layout config of the ``--redact`` audit trail: ``--kind`` when given, else the one kind ``--kinds`` names
+    (its ``--overlong`` applied as the table applies it), else the default ``--kind``."""
+    if "kind" in getattr(args, "explicit", ()):
+        return layout_config(args)
+    return layout_config(args, kinds[0] if len(kinds) == 1 else args.kind)
+
+
 def _instance_filter(text: str) -> Any:
     """``--instance-filter max_period=13,min_period=1,max_count=32`` (any of them; empty: OLMo-core's defaults)."""
     from detsampler.filter import RepetitionFilter
@@ -269,8 +277,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     kinds = _kinds(args.kinds)
     out = index_stats(args, prepared.index, kinds)
     redactions = []
-    if getattr(args, "redactions", None):  # the audit trail over the --kind layout
-        layout = prepared.index.layout(layout_config(args))
+    if getattr(args, "redactions", None):  # the audit trail over the --kind layout (the one kind --kinds names)
+        layout = prepared.index.layout(_audited_layout(args, kinds))
         redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
         out["redactions"] = redactions
     if args.json:
