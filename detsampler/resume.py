@@ -174,7 +174,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
     its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
     at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
-    and ranges that lie there too; redactions whose ``from_step`` (a training step) is ``>= resume_step``.
+    and ranges that lie there too; redactions whose ``from_step`` (a training step) is ``>= resume_step``, added or
+    brought forward (a redaction the checkpoint records is never dropped or postponed: refused).
 
     Args:
         old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
@@ -301,10 +302,13 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
 
 def _check_redactions(old: list, new: list, resume_step: int) -> None:
     """Redactions are in training steps: those in force before ``resume_step`` masked what was trained, so they must
-    stay as they are; entries from ``resume_step`` on may be added, changed or removed (they change no sample). Over a
-    mixture, entries are per source (``[from_step, [documents], source]``): the rule holds for each."""
-    past_old = [r.to_list() for r in normalize_redactions(old) if r.from_step < resume_step]
-    past_new = [r.to_list() for r in normalize_redactions(new) if r.from_step < resume_step]
+    stay as they are; entries from ``resume_step`` on may be added, or brought forward (they change no sample), but a
+    document the checkpoint redacts from step ``f >= resume_step`` must stay redacted from a step ``<= f``: a recorded
+    takedown is never dropped or postponed by a resume that forgot it (``allow_data_change`` is the explicit way). Over
+    a mixture, entries are per source (``[from_step, [documents], source]``): the rule holds for each."""
+    old_entries, new_entries = normalize_redactions(old), normalize_redactions(new)
+    past_old = [r.to_list() for r in old_entries if r.from_step < resume_step]
+    past_new = [r.to_list() for r in new_entries if r.from_step < resume_step]
     if past_old != past_new:
         added = [r for r in past_new if r not in past_old]
         removed = [r for r in past_old if r not in past_new]
@@ -313,4 +317,21 @@ def _check_redactions(old: list, new: list, resume_step: int) -> None:
         raise ValueError(
             f"redactions {what} (as {form}), before training step {resume_step} where the run"
             f" resumes: those steps were trained without it; redact from step >= {resume_step}"
+        )
+    redacted = {(r.source, d): r.from_step for r in new_entries for d in r.documents}
+    dropped = [
+        (r.source, d, r.from_step)
+        for r in old_entries
+        for d in r.documents
+        if r.from_step >= resume_step and redacted.get((r.source, d), r.from_step + 1) > r.from_step
+    ]
+    if dropped:
+        source, doc, step = dropped[0]
+        of = "" if source is None else f" of source {source}"
+        now = redacted.get((source, doc))
+        how = "drops" if now is None else f"postpones to step {now}"
+        raise ValueError(
+            f"resuming at step {resume_step} {how} the redaction of document {doc}{of} from step {step}"
+            f" ({len(dropped)} document(s) in all): the checkpoint records it, and a recorded takedown stays in force;"
+            f" keep it (from a step <= {step}), or resume with allow_data_change (--allow-data-change) to drop it"
         )

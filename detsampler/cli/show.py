@@ -20,6 +20,7 @@ from detsampler.cli.report import fmt_weights
 from detsampler.hashing import sample_hash
 from detsampler.layout import Layout
 from detsampler.plan import Plan
+from detsampler.redaction import Blocklist
 
 if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
@@ -120,6 +121,7 @@ def _print_micro_batch(
     from detsampler.locate import locate
 
     loc = locate(plan, layouts if labels is not None else layouts[0], step, rank=rank, micro_step=micro_step)
+    blocklist = Blocklist(plan.redactions or ())
     print(f"rank {rank} micro step {micro_step}:")
     for i in range(len(loc.sample_ids)):
         spans = loc.spans.sample(i)
@@ -133,11 +135,13 @@ def _print_micro_batch(
         )
         src = prepared[k]
         has_path = src.dataset is not None and "path" in src.dataset.column_names
+        redacted = blocklist.at(step, None if labels is None else k) if blocklist.redactions else ()
         for doc, s, e in spans:
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
-            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}")
+            mark = "  redacted (its labels masked)" if doc in redacted else ""
+            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{mark}")
             mask = _span_mask(src, doc, s, e)
             if mask is not None:
                 print(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")

@@ -85,11 +85,13 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         layout = audit.layouts[0]
         _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
         _print_epochs(report["epochs"], "  ")
-        print_redactions(redaction_rows(plan, layout, b), b)
+        indexes, instance_filter = [p.index for p in audit.prepared], record.instance_filter()
+        print_redactions(redaction_rows(plan, layout, b, indexes, instance_filter), b)
     else:
         report = verify_mixture_plan(plan, a, b)
         _print_mixture(report, plan, audit.layouts, audit.labels)
-        print_redactions(redaction_rows(plan, audit.layouts, b), b, audit.labels)
+        rows = redaction_rows(plan, audit.layouts, b, [p.index for p in audit.prepared], record.instance_filter())
+        print_redactions(rows, b, audit.labels)
     changed_before = None
     if against is not None and not report_against(audit, against, a, b):
         changed_before = against[0].step
@@ -128,7 +130,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify_plan(plan, a, b)
     _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
     _print_epochs(report["epochs"], "  ")
-    print_redactions(redaction_rows(plan, layout, b), b)
+    print_redactions(redaction_rows(plan, layout, b, [prepared.index]), b)
     return _print_verdict(report)
 
 
@@ -141,5 +143,5 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, layouts, config.labels)
-    print_redactions(redaction_rows(plan, layouts, b), b, config.labels)
+    print_redactions(redaction_rows(plan, layouts, b, [p.index for p in prepared]), b, config.labels)
     return _print_verdict(report)

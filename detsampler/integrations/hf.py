@@ -26,6 +26,12 @@ passes ``position_ids`` with ``use_cache=False``, so that transformers masks att
 restart. ``DetsamplerTrainer`` uses it by default for a PackedDataset (or a MixtureDataset of them); TRL's
 ``SFTTrainer`` takes :class:`DetsamplerTrainerMixin` with :func:`sample_id_dataset` rows read by the collator.
 
+Redactions (``Plan(..., redactions=...)``) and the instance filter (``PackedDataset(instance_filter=...)``) apply in the
+loader: the DataLoader reads through :class:`~detsampler.loader.redact.RedactedDataset`, which masks each micro batch's
+labels at the step it is read for, before either collator builds ``labels``/``shift_labels`` and before ``Trainer``
+counts ``num_items_in_batch``; both are in the record, so ``detsampler stats|verify --checkpoint`` print the audit
+trail.
+
 Data record: every checkpoint gets ``checkpoint-N/detsampler_data.json`` (:class:`~detsampler.record.DataRecord`,
 written by the main process before the Trainer's own files), and ``train(resume_from_checkpoint=...)`` checks it
 against the resuming run before anything loads (:class:`~detsampler.integrations.checkpoint.CheckpointData`). The
@@ -59,6 +65,7 @@ from detsampler.boundaries import flatten, sequence_boundaries  # noqa: E402
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
+from detsampler.loader.redact import RedactedDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
 from detsampler.record import HF_STATE_KEY, RECORD_FILE, DataRecord, record_sha256  # noqa: E402
@@ -136,6 +143,8 @@ class CausalLMCollator:
             input_ids, targets = tokens[:, :-1], tokens[:, 1:]
             if "loss_mask" in batch:  # chat data: the targets the mask leaves out are not trained
                 targets = targets.masked_fill(~batch["loss_mask"], IGNORE_INDEX)
+            if "instance_mask" in batch:  # the instance filter's flagged samples: no target trained
+                targets = targets.masked_fill(~batch["instance_mask"].bool()[:, None], IGNORE_INDEX)
             positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
@@ -438,6 +447,8 @@ class DetsamplerTrainerMixin:
             rows = self.detsampler_reader
         elif not isinstance(collate, (CausalLMCollator, FlatteningCollator)) and not _is_packed(rows):
             collate = self._get_collator_with_removed_columns(collate, description="training")
+        if plan.redactions:  # masked in the loader, before the collator, so num_items_in_batch never counts them
+            rows = RedactedDataset(rows, plan)
         loader = DataLoader(
             rows,
             batch_sampler=self.detsampler_sampler,

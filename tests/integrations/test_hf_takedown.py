@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,8 +17,17 @@ pytest.importorskip("accelerate")
 from transformers import AutoTokenizer  # noqa: E402
 
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
+from detsampler.cli import main  # noqa: E402
 from detsampler.index.prepare import IndexConfig, prepare_index  # noqa: E402
-from detsampler.integrations.hf import DetsamplerTrainerMixin, causal_lm_collator, sample_id_dataset  # noqa: E402
+from detsampler.integrations.hf import (  # noqa: E402
+    DetsamplerTrainerMixin,
+    FlatteningCollator,
+    causal_lm_collator,
+    sample_id_dataset,
+)
+from detsampler.loader.dataset import MicroBatch  # noqa: E402
+from detsampler.record import DataRecord  # noqa: E402
+from detsampler.redaction import Redaction  # noqa: E402
 from tests.chat_data import conversations, make_chat_tokenizer  # noqa: E402
 from tests.tiny_llama import tiny_llama  # noqa: E402
 
@@ -107,3 +117,71 @@ def test_the_logged_epoch_is_the_plans(chat, tmp_path):
     run.train()
     logged = [(h["step"], h["epoch"]) for h in run.state.log_history if "loss" in h]
     assert logged == [(s, s * 4 / len(ds)) for s in (1, 2, 3, 4)] and len(ds) > 16
+
+
+# -- redaction through both collators, recorded, audited, and kept on resume
+# ------------------------------------------------------------------------------------------------------------------
+
+FROM_STEP = 2
+
+
+def redacted_docs(ds, plan) -> list[int]:
+    """Two conversations: one that step FROM_STEP + 1 reads, one that step 0 reads (so the audit has steps)."""
+    at = set(ds.get_batch(plan.global_batch(FROM_STEP + 1))["document_ids"].unique().tolist()) - {-1}
+    before = set(ds.get_batch(plan.global_batch(0))["document_ids"].unique().tolist()) - {-1}
+    return sorted(sorted(at)[:1] + sorted(before - at)[:1])
+
+
+def redacted(ds, ids, step: int, docs: list[int]) -> dict:
+    """``ds``'s micro batch with the labels (and loss mask) of ``docs`` masked from FROM_STEP on, by hand."""
+    batch = ds.get_batch(list(ids))
+    if step >= FROM_STEP:
+        mask = torch.from_numpy(np.isin(batch["document_ids"].numpy(), docs))
+        batch["labels"] = batch["labels"].masked_fill(mask, -100)
+        batch["loss_mask"] = batch["loss_mask"] & ~mask
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["CausalLMCollator", "FlatteningCollator"])
+def test_a_redaction_reaches_both_collators_before_num_items_in_batch_and_is_recorded(chat, tmp_path, kind, capsys):
+    """Was: the HF integration refused a plan with redactions, and the fix its error gave (``redact_labels`` in the
+    training step) failed on both collators' output (no ``document_ids``)."""
+    root, _, ds = chat
+    base = Plan(len(ds), seed=3, global_batch_size=4, micro_batch_size=2)
+    docs = redacted_docs(ds, base)
+    plan = Plan(len(ds), seed=3, global_batch_size=4, micro_batch_size=2, redactions=[Redaction(docs, FROM_STEP)])
+    collator = causal_lm_collator(ds) if kind == "CausalLMCollator" else FlatteningCollator(reader=ds)
+    run = sft(root, ds, plan, tmp_path / "run", collator=collator)
+    run.train()
+    for (step, inputs), a, count in zip(run.seen, [0, 1] * 4, run.counts):
+        want = redacted(ds, base.micro_batch(step, a, 0), step, docs)
+        assert set(inputs) <= set(collator(MicroBatch(want))) and all(
+            torch.equal(inputs[k], v) for k, v in collator(MicroBatch(want)).items() if torch.is_tensor(v)
+        ), (step, a)
+        step_batches = [redacted(ds, base.micro_batch(step, b, 0), step, docs) for b in (0, 1)]
+        assert count == sum(int((b["labels"] != -100).sum()) for b in step_batches)  # num_items_in_batch: after
+    unredacted = [ds.get_batch(base.micro_batch(s, a, 0)) for s in (FROM_STEP, FROM_STEP + 1) for a in (0, 1)]
+    after = [redacted(ds, base.micro_batch(s, a, 0), s, docs) for s in (FROM_STEP, FROM_STEP + 1) for a in (0, 1)]
+    assert sum(int((u["labels"] != r["labels"]).sum()) for u, r in zip(unredacted, after)) > 0  # it bites
+
+    # the record holds the redaction; the audit counts the labels each read trained, from the batches trained on
+    record = DataRecord.load(tmp_path / "run" / "checkpoint-4")
+    assert record.fingerprint.plan["redactions"] == [[FROM_STEP, docs]]
+    capsys.readouterr()  # the Trainer's own log lines
+    assert main(["stats", "--checkpoint", str(tmp_path / "run" / "checkpoint-4"), "--json", "--quiet"]) == 0
+    rows = json.loads(capsys.readouterr().out)["redactions"]
+    for row in rows:
+        trained = 0
+        for step, a in [(s, a) for s in range(FROM_STEP) for a in (0, 1)]:
+            b = ds.get_batch(base.micro_batch(step, a, 0))
+            trained += int(((b["document_ids"] == row["document"]) & (b["labels"] != -100)).sum())
+        assert row["trained"] == trained and (row["tokens"] > trained or not row["reads"]), row  # trained turns only
+    assert any(row["steps"] for row in rows)
+
+    # a resume that drops the redaction recorded for a step ahead of it is refused; allow_data_change warns
+    again = sft(root, ds, base, tmp_path / "again", collator=collator)
+    with pytest.raises(ValueError, match=f"drops the redaction of document {docs[0]} from step {FROM_STEP}"):
+        again.check_data_resume(tmp_path / "run" / "checkpoint-2")
+    allowed = sft(root, ds, base, tmp_path / "allowed", collator=collator, allow_data_change=True)
+    with pytest.warns(UserWarning, match="allow_data_change=True: resuming at step 2 drops the redaction"):
+        allowed.check_data_resume(tmp_path / "run" / "checkpoint-2")
