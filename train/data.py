@@ -29,6 +29,7 @@ from detsampler.record import DataRecord
 from detsampler.redaction import Redaction, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.storage.urls import is_remote
+from detsampler.text.chat import with_tools
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
@@ -356,7 +357,7 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
 def _by_content(config: DataConfig, dataset: Any, hashes: list[str], where: str) -> list[int]:
     """The documents of ``dataset`` whose content hash is one of ``hashes`` (:mod:`detsampler.content`: the text of
     ``text_column``, or a chat row's rendered columns under ``loss_policy``)."""
-    columns = content_columns(config.text_column, config.chat_config())
+    columns = content_columns(config.text_column, with_tools(config.chat_config(), dataset))  # as the index renders
     names = [columns] if isinstance(columns, str) else list(columns)
     missing = [c for c in names if c not in (getattr(dataset, "column_names", None) or [])]
     if missing:
