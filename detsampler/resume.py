@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from detsampler.filter import RepetitionFilter
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 from detsampler.redaction import normalize_redactions
 
-__all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
+__all__ = ["DataFingerprint", "check_resume", "erasures_added", "fingerprint_changes"]
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def _describe_filter(instance_filter: Any) -> dict | None:
 
 
 def _identity(index: Any) -> str:
-    value = index if isinstance(index, str) else getattr(index, "fingerprint", None)
+    """An index's identity: a string, its ``identity`` (a TokenIndex: with its erasures), else its ``fingerprint``."""
+    value = index if isinstance(index, str) else getattr(index, "identity", None) or getattr(index, "fingerprint", None)
     if not isinstance(value, str) or not value:
         raise ValueError(f"index must be an identity string or have a string 'fingerprint', got {type(index).__name__}")
     return value
@@ -170,7 +172,9 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     """Raise ValueError unless ``new`` reads what ``old`` read at every training step before ``resume_step``.
 
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
-    resuming run's. The index and the layout must be the same. Allowed plan changes: another
+    resuming run's. The index and the layout must be the same; the index may have been erased since (its identity
+    extended by erasure records only: :func:`erasures_added`; the documents and lengths are the same). Allowed plan
+    changes: another
     ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
     its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
     at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
@@ -190,6 +194,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     if before.hash == after.hash:
         return
     for name in ("index", "layout"):
+        if name == "index" and erasures_added(before.index, after.index) is not None:
+            continue  # the same documents, some erased since: every length, hence every sample, in place
         if getattr(before, name) != getattr(after, name):
             changes = [c for c in fingerprint_changes(before, after) if c.startswith(name)]
             raise ValueError(
@@ -203,6 +209,24 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
             " through one filter (its record, stats and audits name it): keep the checkpoint's, or start a new run"
         )
     _check_plan(before.plan, after.plan, int(resume_step))
+
+
+_ERASURES = re.compile(r"^(\+erasure:[0-9a-f]+)*$")
+
+
+def erasures_added(old: str, new: str) -> list[str] | None:
+    """The erasure records (their ids) by which index identity ``new`` extends ``old`` (a mixture's identities joined
+    by commas: each source's); None unless ``new`` is exactly ``old`` with erasures appended (another index, an erasure
+    removed or reordered)."""
+    olds, news = str(old).split(","), str(new).split(",")
+    if len(olds) != len(news):
+        return None
+    added: list[str] = []
+    for a, b in zip(olds, news):
+        if not b.startswith(a) or not _ERASURES.match(b[len(a) :]):
+            return None
+        added += [part for part in b[len(a) :].split("+erasure:") if part]
+    return added
 
 
 def _normalized(value: Any) -> Any:

@@ -13,6 +13,7 @@ are allowed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from fractions import Fraction
@@ -27,7 +28,7 @@ from detsampler.mixture.weights import normalize_weights
 from detsampler.plan import Plan, normalize_skip_steps
 from detsampler.record import DataRecord
 from detsampler.redaction import normalize_redactions
-from detsampler.resume import DataFingerprint, fingerprint_changes
+from detsampler.resume import DataFingerprint, erasures_added, fingerprint_changes
 
 __all__ = ["Audit", "mixture_of", "open_audit"]
 
@@ -324,6 +325,8 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
     reopened = DataFingerprint.of(
         indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()
     )
+    if erasures_added(record.fingerprint.index, reopened.index):  # erased since: every sample in place, audited as is
+        reopened = dataclasses.replace(reopened, index=record.fingerprint.index)
     if reopened.hash != record.fingerprint.hash:
         changes = fingerprint_changes(record.fingerprint, reopened)
         raise ValueError(

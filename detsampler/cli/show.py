@@ -141,6 +141,8 @@ def _print_micro_batch(
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
             mark = "  redacted (its labels masked)" if doc in redacted else ""
+            if doc in getattr(src.index, "erased_documents", ()):
+                mark += "  erased (its stored tokens are the pad id, its labels masked)"
             print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{mark}")
             mask = _span_mask(src, doc, s, e)
             if mask is not None:

@@ -233,8 +233,12 @@ def _render_messages(
         _check_messages(messages, first_doc + i, config.column)
     if not conversations:
         return [], []
-    render = dict(chat_template=template, tokenize=True, return_dict=True)
-    render["return_assistant_tokens_mask"] = config.policy != "all"
+    render = dict(
+        chat_template=template,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=config.policy != "all",
+    )
     backend = _chat_backend(tokenizer)
     if tools is None:
         out = backend.apply_chat_template(list(conversations), **render)
