@@ -234,3 +234,31 @@ def test_the_cli_erases_and_verify_proves_the_bytes_gone_from_a_checkpoint_saved
     with pytest.raises(SystemExit) as exc:
         main(["erase", str(copy), "--doc", "x"])
     assert exc.value.code == 2 and "expected document ids" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_audit_still_counts_what_each_read_trained_once_the_bytes_are_gone(copy, tmp_path, kind):
+    """The labels an erased document's earlier reads trained, counted after its erasure (from the layout and, for chat
+    data, its recorded trained positions), equal the count over the batches read before it, plain text and chat."""
+    from detsampler.index import build_index
+    from detsampler.loader.redact import trained_labels
+    from detsampler.text.chat import ChatConfig
+    from detsampler.where import where
+    from tests.chat_data import chat_dataset, make_chat_tokenizer
+
+    tok = make_chat_tokenizer(tmp_path / "tok")
+    chat = build_index(chat_dataset(40), tok, cache_dir=tmp_path / "chat", progress=False, chat=ChatConfig()).path
+    for path, docs, seq_len in ((copy, ERASED, 64), (chat, [4, 9], 128)):
+        index = TokenIndex.open(path)
+        layout = index.layout(LayoutConfig(kind=kind, seq_len=seq_len))
+        plan = Plan(layout.num_samples, seed=1, global_batch_size=8, micro_batch_size=8)
+        reads = {d: where(plan, layout, d, (0, 3 * layout.num_samples // 8)) for d in docs}
+        before = {d: trained_labels(PackedDataset(index, layout), reads[d], d) for d in docs}
+        erase_documents(path, docs)
+        index = TokenIndex.open(path)
+        dataset = PackedDataset(index, index.layout(LayoutConfig(kind=kind, seq_len=seq_len)))
+        assert {d: trained_labels(dataset, reads[d], d) for d in docs} == before and all(before.values()), path
+        from detsampler.filter import RepetitionFilter
+
+        filtered = PackedDataset(index, dataset.layout, instance_filter=RepetitionFilter())
+        assert trained_labels(filtered, reads[docs[0]], docs[0]) is None  # its flags read the erased tokens

@@ -42,7 +42,9 @@ def redaction_rows(
         if dataset is not None:
             last = row["from_step"] if stop is None else min(row["from_step"], int(stop))
             reads = where(plan, layout, row["document"], (0, last), source=source)
-            row["trained"] = trained_labels(dataset, reads, row["document"])
+            count = trained_labels(dataset, reads, row["document"])
+            if count is not None:  # unknown only for a document erased since, under an instance filter
+                row["trained"] = count
     return rows
 
 

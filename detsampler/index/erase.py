@@ -11,9 +11,11 @@ and an erasure record appended to ``erasures``; the journal last. A crash in bet
 open (the journal, or a checksum that fails), never one that serves a wrong byte; running the erasure again finishes it
 from the journal (the touched chunks must then have exactly the journal's checksums).
 
-The erasure record (``{"id", "documents", "num_tokens", "neutral_id", "files": {name: sha256 after}}``; ``id``: the
-sha256 of the rest, 16 hex digits) extends the index's identity (``TokenIndex.identity``: ``KEY+erasure:<id>``), so a
-data fingerprint saved before it differs, and :func:`detsampler.resume.check_resume` accepts exactly that extension.
+The erasure record (``{"id", "documents", "num_tokens", "neutral_id", "files": {name: sha256 after}}``, and for a chat
+index ``trained_runs``: each document's trained positions as ``[start, stop)`` runs, no token value, so that an audit
+can still count the labels each earlier read trained; ``id``: the sha256 of the rest, 16 hex digits) extends the
+index's identity (``TokenIndex.identity``: ``KEY+erasure:<id>``), so a data fingerprint saved before it differs, and
+:func:`detsampler.resume.check_resume` accepts exactly that extension.
 
 Invariants: after :func:`erase_documents`, every stored token of an erased document equals the index's ``pad_id`` and
 its loss mask is 0 (:func:`erasure_proof` reads them back through the chunk checksums); every other byte of every file
@@ -152,6 +154,22 @@ def _patches(
     return out, chunks, crcs
 
 
+def _trained_runs(path: Path | RemotePath, meta: dict, docs: list[int], elements: np.ndarray) -> dict | None:
+    """A chat index's erased documents' trained positions, ``{doc: [[a, b), ...]}`` (runs of their loss mask, read
+    before it is zeroed; no token value): what an audit needs to count, after the erasure, the labels each earlier read
+    trained. None for plain text, whose labels do not depend on a stored mask."""
+    if base_format_version(meta) != CHAT_FORMAT_VERSION:
+        return None
+    n = int(meta["num_tokens"])
+    mask = open_checked(path, meta["files"], "loss_mask.npy", np.dtype(np.uint8), (n,))
+    out = {}
+    for doc, (a, b) in zip(docs, elements.tolist()):
+        bits = np.concatenate([[0], np.asarray(mask[a:b]) != 0, [0]]).astype(np.int8)
+        edges = np.flatnonzero(np.diff(bits))
+        out[str(doc)] = edges.reshape(-1, 2).tolist()
+    return out
+
+
 def _sha256(url: str, size: int, block_bytes: int = 8 << 20) -> str:
     """The sha256 of the whole file or object (streamed)."""
     h, store = hashlib.sha256(), store_for(url)
@@ -224,6 +242,7 @@ def _erase(path: Path | RemotePath, meta: dict, docs: list[int], journal: dict |
     meta_url = str(path / "meta.json")
     e_tag = e_tag_of(meta_url)
     elements = _element_ranges(path, meta, docs)
+    trained = _trained_runs(path, meta, docs, elements) if journal is None else journal.get("trained_runs")
     planned = {}
     for name, (dtype, value) in _files(meta).items():
         url, record = str(path / name), meta["files"][name]
@@ -236,7 +255,8 @@ def _erase(path: Path | RemotePath, meta: dict, docs: list[int], journal: dict |
         planned[name] = (url, record, sums, patches, chunks, crcs)
     if journal is None:
         files = {name: {"chunks": p[4], "crc32": p[5]} for name, p in planned.items()}
-        _put(str(path / ERASURE_JOURNAL), json.dumps({"documents": docs, "files": files}).encode())
+        kept = {"documents": docs, "files": files, "trained_runs": trained}
+        _put(str(path / ERASURE_JOURNAL), json.dumps(kept).encode())
     new_meta = json.loads(json.dumps(meta))
     after = {}
     for name, (url, record, sums, patches, chunks, crcs) in planned.items():
@@ -254,6 +274,8 @@ def _erase(path: Path | RemotePath, meta: dict, docs: list[int], journal: dict |
         "neutral_id": int(meta["tokenizer"]["pad_id"]),
         "files": after,
     }
+    if trained is not None:
+        erasure["trained_runs"] = trained
     erasure["id"] = hashlib.sha256(json.dumps(erasure, sort_keys=True).encode()).hexdigest()[:16]
     new_meta["erasures"] = [*(meta.get("erasures") or []), erasure]
     if new_meta["format_version"] != ERASED_FORMAT_VERSION:

@@ -160,13 +160,16 @@ class RedactedDataset(torch.utils.data.Dataset):
         return read
 
 
-def trained_labels(dataset: Any, reads: Sequence[Any], doc: int, chunk: int = 256) -> int:
+def trained_labels(dataset: Any, reads: Sequence[Any], doc: int, chunk: int = 256) -> int | None:
     """How many labels the reads ``reads`` of document ``doc`` trained: at each read's positions (``where``'s
     :class:`~detsampler.where.Read`: the span ``[offset, offset + stop - start)`` of row ``sample_id``, cut at
     ``seq_len``), the labels ``dataset`` gives that are not -100 (a chat index's untrained turns, the layout's document
     ends, the instance filter's flagged samples excluded). What a takedown report needs: the tokens the model was
     trained to predict, not the tokens it read. ``dataset``: the PackedDataset the reads index (the run's, its instance
-    filter included); read ``chunk`` samples at a time (bounded memory)."""
+    filter included); read ``chunk`` samples at a time (bounded memory). A document erased since (its labels masked
+    now) is counted from its erasure record (:func:`_trained_when_stored`); None when that cannot be known."""
+    if doc in getattr(dataset.index, "erased_documents", ()):
+        return _trained_when_stored(dataset, reads, doc)
     total = 0
     for first in range(0, len(reads), chunk):
         part = reads[first : first + chunk]
@@ -177,4 +180,34 @@ def trained_labels(dataset: Any, reads: Sequence[Any], doc: int, chunk: int = 25
         columns = np.arange(labels.shape[1])
         inside = (columns >= offsets) & (columns < ends)
         total += int(np.count_nonzero(inside & (docs == doc) & (labels != -100)))
+    return total
+
+
+def _trained_when_stored(dataset: Any, reads: Sequence[Any], doc: int) -> int | None:
+    """The labels the reads of erased document ``doc`` trained before its erasure, from what the loader's labels are
+    (``tests/test_erase.py`` checks it equal to the count over the batches read before): an input position ``t`` of a
+    read trains the target ``t + 1`` when it lies in the read's span and is a trained target (plain text: every token
+    and the EOS; chat data: the recorded ``trained_runs``, and the EOS under policies ``all``/``completion``), and, at
+    the span's end, only under ``concat`` over plain text (the label crosses into the next document). None under an
+    instance filter: its flags read the sample's tokens, which are erased."""
+    index, layout = dataset.index, dataset.layout
+    if dataset.instance_filter is not None:
+        return None
+    length, seq_len, chat = int(index.lengths[doc]), int(layout.config.seq_len), getattr(index, "chat", None)
+    target = np.ones(length + 1, dtype=bool)  # target position p of the document; p == length is its EOS
+    if chat is not None:
+        record = next(r for r in index.erasures if doc in r["documents"])
+        runs = (record.get("trained_runs") or {}).get(str(doc))
+        if runs is None:
+            return None
+        target[:] = False
+        for a, b in runs:
+            target[a:b] = True
+        target[length] = chat.eos_trained
+    crosses = bool(layout.labels_cross_documents) and chat is None
+    total = 0
+    for r in reads:
+        last = r.start + min(r.stop - r.start, seq_len - r.offset)  # the target of the read's last input position
+        total += int(target[r.start + 1 : min(last, r.stop - 1) + 1].sum())
+        total += int(crosses and last == r.stop)
     return total

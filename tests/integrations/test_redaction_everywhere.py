@@ -178,3 +178,21 @@ def test_a_redacted_read_without_its_step_or_document_ids_is_refused(small_index
     )
     with pytest.raises(ValueError, match="read output='fields'"):
         RedactedDataset(concat, plan)
+
+
+def test_the_hf_collator_honours_the_instance_filter_of_token_ids(small_index):
+    """Was: ``CausalLMCollator`` on ``output="tokens"`` batches ignored their ``instance_mask``: a flagged sample's
+    targets were all trained. Now they are -100, as the four fields' labels are."""
+    pytest.importorskip("transformers")
+    from detsampler.integrations.hf import CausalLMCollator
+
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN))
+    strict = RepetitionFilter(max_period=2, max_count=3)  # flags any run of 3 equal tokens or pairs
+    tokens = PackedDataset(small_index, layout, output="tokens", instance_filter=strict)
+    fields = PackedDataset(small_index, layout, instance_filter=strict)
+    ids = list(range(64))
+    batch = tokens.get_batch(ids)
+    flagged = ~batch["instance_mask"]
+    assert flagged.any() and not flagged.all()
+    got = CausalLMCollator()(batch)["shift_labels"]
+    assert (got[flagged] == -100).all() and torch.equal(got, fields.get_batch(ids)["labels"])
