@@ -126,8 +126,11 @@ def _describe_filter(instance_filter: Any) -> dict | None:
 
 
 def _identity(index: Any) -> str:
-    """An index's identity: a string, its ``identity`` (a TokenIndex: with its erasures), else its ``fingerprint``."""
-    value = index if isinstance(index, str) else getattr(index, "identity", None) or getattr(index, "fingerprint", None)
+    """An index's identity: a string, its ``data_identity`` (a TokenIndex: with its erasures), else its
+    ``fingerprint``."""
+    value = index
+    if not isinstance(index, str):
+        value = getattr(index, "data_identity", None) or getattr(index, "fingerprint", None)
     if not isinstance(value, str) or not value:
         raise ValueError(f"index must be an identity string or have a string 'fingerprint', got {type(index).__name__}")
     return value

@@ -63,7 +63,7 @@ def test_an_erasure_overwrites_the_stored_tokens_and_moves_nothing_else(copy):
     index = TokenIndex.open(copy, verify_tokens=True)  # every chunk and every file's sha256, as recomputed
     assert result["documents"] == ERASED and index.meta["format_version"] == ERASED_FORMAT_VERSION
     assert index.erased_documents.tolist() == ERASED and index.fingerprint == original.fingerprint
-    assert index.identity == f"{original.fingerprint}+erasure:{result['record']['id']}" == result["identity"]
+    assert index.data_identity == f"{original.fingerprint}+erasure:{result['record']['id']}" == result["identity"]
     # the bytes: the erased documents' tokens are the pad id, every other byte of every file as it was
     tokens = np.load(copy / "tokens.npy")
     want = np.load(io.BytesIO(raw["tokens.npy"]))
@@ -102,9 +102,10 @@ def test_erasing_again_is_a_no_op_and_a_second_erasure_extends_the_identity(copy
     second = erase_documents(copy, [3, 9])
     index = TokenIndex.open(copy, verify_tokens=True)
     assert second["documents"] == [9] and index.erased_documents.tolist() == [3, 9]
-    assert index.identity == f"{index.fingerprint}+erasure:{first['record']['id']}+erasure:{second['record']['id']}"
+    ids = f"+erasure:{first['record']['id']}+erasure:{second['record']['id']}"
+    assert index.data_identity == index.fingerprint + ids
     assert DataFingerprint.of(index, index.layout(LayoutConfig(kind="concat", seq_len=64)), _plan(index)).index == (
-        index.identity
+        index.data_identity
     )
 
 
@@ -198,7 +199,7 @@ def test_an_erasure_in_a_bucket_equals_the_local_one(small_index, s3_bucket, tmp
     remote_result, local_result = erase_documents(url, ERASED), erase_documents(local, ERASED)
     assert remote_result["identity"] == local_result["identity"]
     remote, here = TokenIndex.open(url, verify_tokens=True), TokenIndex.open(local)
-    assert remote.identity == here.identity and remote.erased_documents.tolist() == ERASED
+    assert remote.data_identity == here.data_identity and remote.erased_documents.tolist() == ERASED
     config = LayoutConfig(kind="concat", seq_len=64)
     ids = list(range(0, here.layout(config).num_samples, 7))
     got = PackedDataset(remote, remote.layout(config)).get_batch(ids)
@@ -209,7 +210,7 @@ def test_an_erasure_in_a_bucket_equals_the_local_one(small_index, s3_bucket, tmp
     store_for(meta).put(meta, store_for(meta).read_head(meta, -1)[0] + b"\n")  # another writer, between read and write
     with pytest.raises(ConflictError, match="changed since it was read"):
         put_if_unchanged(meta, b"{}", stale)
-    assert TokenIndex.open(url).identity == here.identity  # nothing replaced
+    assert TokenIndex.open(url).data_identity == here.data_identity  # nothing replaced
 
 
 def test_the_cli_erases_and_verify_proves_the_bytes_gone_from_a_checkpoint_saved_before(copy, tmp_path, capsys):

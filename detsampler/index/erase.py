@@ -14,8 +14,8 @@ from the journal (the touched chunks must then have exactly the journal's checks
 The erasure record (``{"id", "documents", "num_tokens", "neutral_id", "files": {name: sha256 after}}``, and for a chat
 index ``trained_runs``: each document's trained positions as ``[start, stop)`` runs, no token value, so that an audit
 can still count the labels each earlier read trained; ``id``: the sha256 of the rest, 16 hex digits) extends the
-index's identity (``TokenIndex.identity``: ``KEY+erasure:<id>``), so a data fingerprint saved before it differs, and
-:func:`detsampler.resume.check_resume` accepts exactly that extension.
+index's identity (``TokenIndex.data_identity``: ``KEY+erasure:<id>``), so a data fingerprint saved before it differs,
+and :func:`detsampler.resume.check_resume` accepts exactly that extension.
 
 Invariants: after :func:`erase_documents`, every stored token of an erased document equals the index's ``pad_id`` and
 its loss mask is 0 (:func:`erasure_proof` reads them back through the chunk checksums); every other byte of every file

@@ -212,7 +212,7 @@ class TokenIndex:
         return np.unique(np.asarray(ids, dtype=np.int64))
 
     @property
-    def identity(self) -> str:
+    def data_identity(self) -> str:
         """What a data fingerprint names: :attr:`fingerprint`, then ``+erasure:<id>`` per erasure record, so a resume
         across an erasure is accepted exactly when the new identity extends the recorded one by erasures."""
         return self.fingerprint + "".join(f"+erasure:{record['id']}" for record in self.erasures)
