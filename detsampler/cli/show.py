@@ -146,12 +146,16 @@ def _print_micro_batch(
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
-            redacted = _redacted_from(plan, step, doc, None if labels is None else k)
-            note = "" if redacted is None else f"  redacted from step {redacted}"
-            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{note}")
+            from_step = _redacted_from(plan, step, doc, None if labels is None else k)
+            erased = doc in getattr(src.index, "erased_documents", ())
+            mark = "" if from_step is None else f"  redacted from step {from_step}"
+            if erased:
+                mark += "  erased (its stored tokens are the pad id, its labels masked)"
+            print(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{mark}")
             mask = _span_mask(src, doc, s, e)
-            if mask is not None and redacted is not None:  # the trainer masks every label whose input is the document's
-                print(f"      trained 0 of {mask.size} tokens: none (its labels are masked: redacted)")
+            if mask is not None and (from_step is not None or erased):  # every label whose input is the document's
+                why = "redacted" if from_step is not None else "erased"
+                print(f"      trained 0 of {mask.size} tokens: none (its labels are masked: {why})")
             elif mask is not None:
                 print(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
             if args.decode:

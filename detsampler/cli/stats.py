@@ -39,6 +39,7 @@ def _report_mixture(
     step: int | None,
     split: bool | None,
     extra: dict | None = None,
+    instance_filter: Any = None,
 ) -> int:
     """The mixture's table (and JSON); the trained/skipped split at ``step`` when ``split`` (None: when skip ranges lie
     before ``step``)."""
@@ -54,7 +55,7 @@ def _report_mixture(
         for row, part in zip(out["sources"], out["split"]["sources"]):
             row.update(part)
     out.update(extra or {})
-    redactions = redaction_rows(plan, list(layouts), step)
+    redactions = redaction_rows(plan, list(layouts), step, list(indexes), instance_filter)
     if redactions:
         out["redactions"] = redactions
     if args.json:
@@ -112,6 +113,14 @@ def _kinds(text: str) -> list[str]:
         if k not in LAYOUT_KINDS:
             raise ValueError(f"--kinds: got {k!r}, allowed kinds are {LAYOUT_KINDS}")
     return kinds
+
+
+def _audited_layout(args: argparse.Namespace, kinds: Sequence[str]) -> Any:
+    """The layout config of the ``--redact`` audit trail: ``--kind`` when given, else the one kind ``--kinds`` names
+    (its ``--overlong`` applied as the table applies it), else the default ``--kind``."""
+    if "kind" in getattr(args, "explicit", ()):
+        return layout_config(args)
+    return layout_config(args, kinds[0] if len(kinds) == 1 else args.kind)
 
 
 def _instance_filter(text: str) -> Any:
@@ -245,11 +254,21 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
             print(after)
     indexes = [p.index for p in audit.prepared]
     if audit.labels is not None:
-        return _report_mixture(args, indexes, audit.layouts, audit.plan, audit.labels, step, split=True, extra=where)
+        return _report_mixture(
+            args,
+            indexes,
+            audit.layouts,
+            audit.plan,
+            audit.labels,
+            step,
+            split=True,
+            extra=where,
+            instance_filter=record.instance_filter(),
+        )
     out = document_stats(indexes[0].lengths)
     out["layouts"] = {kind: _layout_row(audit.layouts[0], audit.plan, step, split=True)}
     out.update(where)
-    redactions = redaction_rows(audit.plan, audit.layouts[0], step)
+    redactions = redaction_rows(audit.plan, audit.layouts[0], step, indexes, record.instance_filter())
     if redactions:
         out["redactions"] = redactions
     if args.json:
@@ -274,9 +293,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     kinds = _kinds(args.kinds)
     out = index_stats(args, prepared.index, kinds)
     redactions = []
-    if getattr(args, "redactions", None):  # the audit trail over the --kind layout
-        layout = prepared.index.layout(layout_config(args))
-        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
+    if getattr(args, "redactions", None):  # the audit trail over the --kind layout (the one kind --kinds names)
+        layout = prepared.index.layout(_audited_layout(args, kinds))
+        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step, [prepared.index])
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

@@ -11,6 +11,7 @@ from typing import Any
 
 from detsampler.cli.against import report_against
 from detsampler.cli.checkpoint import after_checkpoint, open_audit
+from detsampler.cli.erase import print_erasure_proof
 from detsampler.cli.inputs import mixture_plan, prepare, verify_files
 from detsampler.cli.options import layout_config, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
@@ -33,8 +34,23 @@ def _print_epochs(rows: list[dict[str, Any]], indent: str) -> None:
         )
 
 
-def _print_verdict(report: dict, changed_before: int | None = None) -> int:
-    """The last line; ``changed_before``: the older checkpoint's step when ``--against`` found the past changed."""
+def _proved_erased(indexes: Sequence[Any], labels: Sequence[str] | None = None) -> bool:
+    """The erasure proof of each index that records erasures (:func:`~detsampler.cli.erase.print_erasure_proof`)."""
+    ok = True
+    for k, index in enumerate(indexes):
+        if getattr(index, "erasures", None):
+            if labels is not None:
+                print(f"source {labels[k]}:")
+            ok &= print_erasure_proof(index)
+    return ok
+
+
+def _print_verdict(report: dict, changed_before: int | None = None, erased: bool = True) -> int:
+    """The last line; ``changed_before``: the older checkpoint's step when ``--against`` found the past changed;
+    ``erased``: whether every recorded erasure's bytes read back as the neutral id."""
+    if not erased:
+        print("FAILED: an erased document's stored bytes are not all the neutral id")
+        return 1
     if not report["ok"]:
         print("FAILED: duplicates or gaps found")
     elif changed_before is not None:
@@ -86,15 +102,18 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         layout = audit.layouts[0]
         _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
         _print_epochs(report["epochs"], "  ")
-        print_redactions(redaction_rows(plan, layout, b), b)
+        indexes, instance_filter = [p.index for p in audit.prepared], record.instance_filter()
+        print_redactions(redaction_rows(plan, layout, b, indexes, instance_filter), b)
     else:
         report = verify_mixture_plan(plan, a, b)
         _print_mixture(report, plan, audit.layouts, audit.labels)
-        print_redactions(redaction_rows(plan, audit.layouts, b), b, audit.labels)
+        rows = redaction_rows(plan, audit.layouts, b, [p.index for p in audit.prepared], record.instance_filter())
+        print_redactions(rows, b, audit.labels)
+    erased = _proved_erased([p.index for p in audit.prepared], audit.labels)
     changed_before = None
     if against is not None and not report_against(audit, against, a, b):
         changed_before = against[0].step
-    return _print_verdict(report, changed_before)
+    return _print_verdict(report, changed_before, erased)
 
 
 def _print_mixture(report: dict, plan: Plan, layouts: list, labels: Sequence[str]) -> None:
@@ -129,8 +148,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify_plan(plan, a, b)
     _print_header(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
     _print_epochs(report["epochs"], "  ")
-    print_redactions(redaction_rows(plan, layout, b), b)
-    return _print_verdict(report)
+    print_redactions(redaction_rows(plan, layout, b, [prepared.index]), b)
+    return _print_verdict(report, erased=_proved_erased([prepared.index]))
 
 
 def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
@@ -141,5 +160,5 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     a, b = args.steps
     report = verify_mixture_plan(plan, a, b)
     _print_mixture(report, plan, layouts, config.labels)
-    print_redactions(redaction_rows(plan, layouts, b), b, config.labels)
-    return _print_verdict(report)
+    print_redactions(redaction_rows(plan, layouts, b, [p.index for p in prepared]), b, config.labels)
+    return _print_verdict(report, erased=_proved_erased([p.index for p in prepared], config.labels))

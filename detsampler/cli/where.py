@@ -1,6 +1,6 @@
-"""``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID``, ``--path FILE`` or
-``--sha256 HEX``, the sha256 of its text or chat row), with the token span each read: the reverse of ``show``,
-computed by :func:`detsampler.where.where` without a scan.
+"""``detsampler where``: which steps, micro steps, ranks and rows read a document (``--doc ID``, ``--path FILE``,
+``--sha256 HEX``, the sha256 of its text or chat row, or ``--id-column C --id X``, the row whose column C holds X),
+with the token span each read: the reverse of ``show``, computed by :func:`detsampler.where.where` without a scan.
 
 Invariant: every line printed is a (step, rank, micro step) that ``detsampler show`` prints the document for, with the
 same span (tests/test_where.py proves the library call equal to a scan of ``locate``).
@@ -45,13 +45,31 @@ def _by_content_hash(args: argparse.Namespace, prepared: Any) -> int:
     return found[0]
 
 
+def _by_id(args: argparse.Namespace, prepared: Any) -> int:
+    """The document whose ``--id-column`` value is ``--id`` (:func:`detsampler.content.documents_by_id`)."""
+    from detsampler.content import documents_by_id
+
+    if prepared.dataset is None:
+        raise ValueError(
+            f"--id needs the corpus's column {args.id_column!r}: pass --data with the corpus the index was built from"
+        )
+    found = documents_by_id(prepared.dataset, args.id_column, [args.id])
+    if len(found) > 1:
+        raise ValueError(
+            f"--id {args.id!r} names {len(found)} documents ({found[:10]}) in column {args.id_column!r}: give --doc ID"
+        )
+    return found[0]
+
+
 def _document(args: argparse.Namespace, prepared: Any) -> int:
-    """``--doc``, the document whose text has the sha256 ``--sha256``, or the document whose ``path`` is ``--path``
-    (exactly, else the one path ending with it)."""
+    """``--doc``, the document whose text has the sha256 ``--sha256``, the one whose ``--id-column`` holds ``--id``,
+    or the document whose ``path`` is ``--path`` (exactly, else the one path ending with it)."""
     if args.doc is not None:
         return args.doc
     if args.sha256 is not None:
         return _by_content_hash(args, prepared)
+    if args.id is not None:
+        return _by_id(args, prepared)
     paths = _paths(prepared.dataset)
     if paths is None:
         raise ValueError("--path needs a corpus whose documents are files (a path column): pass --doc ID instead")
@@ -83,12 +101,18 @@ def cmd_where(args: argparse.Namespace) -> int:
     """Print (or ``--json``) every read of the document by ``--steps A:B``."""
     from detsampler.where import document_samples, where
 
-    if sum(x is not None for x in (args.doc, args.path, args.sha256)) != 1:
-        raise ValueError("where needs one of --doc ID, --path FILE or --sha256 HEX")
+    if (args.id is None) != (args.id_column is None):
+        raise ValueError(
+            "--id needs --id-column (the dataset's column that holds the ids)"
+            if args.id_column is None
+            else "--id-column needs --id (the value that names the document)"
+        )
+    if sum(x is not None for x in (args.doc, args.path, args.sha256, args.id)) != 1:
+        raise ValueError("where needs one of --doc ID, --path FILE, --sha256 HEX or --id-column C --id X")
     config = mixture_config(args) if args.checkpoint is None else None
     trained_to = None  # the checkpoint's step: reads from it on are the plan's, not trained by the checkpoint
     if args.checkpoint is not None:
-        audit = open_audit(args, corpus=args.path is not None or args.sha256 is not None)
+        audit = open_audit(args, corpus=any(x is not None for x in (args.path, args.sha256, args.id)))
         prepared, layouts, plan, labels = audit.prepared, audit.layouts, audit.plan, audit.labels
         if args.steps is None and audit.record.step == 0:
             raise ValueError(f"checkpoint {audit.where} was saved at step 0: no step was trained; pass --steps A:B")

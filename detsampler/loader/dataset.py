@@ -53,6 +53,7 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.loader.erased import mask_erased
 from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats
 from detsampler.loader.token_cache import TokenCache
 from detsampler.plan import Plan
@@ -348,10 +349,9 @@ class PackedDataset(Dataset):
             out = {"tokens": tokens}
             if mask_grid is not None:
                 out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
-            if self.instance_filter is None:
-                return out
-            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
-            return {**out, "instance_mask": torch.from_numpy(~flagged)}
+            if self.instance_filter is not None:
+                out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
+            return self._without_erased(out, spans)
         block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
@@ -382,7 +382,14 @@ class PackedDataset(Dataset):
                 batch["loss_mask"][torch.from_numpy(flagged)] = False
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
-        return batch
+        return self._without_erased(batch, spans)
+
+    def _without_erased(self, batch: dict[str, torch.Tensor], spans: Any) -> dict[str, torch.Tensor]:
+        """The labels of the index's erased documents masked (:mod:`detsampler.loader.erased`)."""
+        erased = getattr(self.index, "erased_documents", None)
+        if erased is None or not len(erased):
+            return batch
+        return mask_erased(batch, spans, erased, self.layout.labels_cross_documents, self.layout.sample_len)
 
 
 def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
