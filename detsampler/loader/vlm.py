@@ -11,7 +11,10 @@ real transformers image processor, the planned token count checked against the p
   ``get_rope_index`` computes them per sequence (tests/test_media_loader.py compares them by value);
 - ``pixel_values``: the processor's output for the micro batch's images in sample and position order (Qwen2-VL:
   ``[sum of patches, C * T * P * P]``); ``image_grid_thw`` ``[num_images, 3]``; ``images_per_sample`` ``[B]``;
-- ``mm_token_type_ids`` (1 on image tokens), ``cu_seqlens`` and ``max_seqlen`` of the per-document segments.
+- ``mm_token_type_ids`` (1 on image tokens), ``cu_seqlens`` and ``max_seqlen`` of the per-document segments;
+- over chat data (an index built with ``chat=``), ``loss_mask`` (bool ``[B, L]``, ``labels != -100``): the labels are
+  -100 wherever the policy trains nothing and on every image token, and none crosses from one conversation into the
+  next (tests/test_media_chat.py checks them by value against the processor's ``apply_chat_template``).
 
 Each image's bytes are read by their recorded location and checked against their CRC-32, decoded, turned by the EXIF
 orientation recorded at build, and handed to the processor; its grid and patch count must equal the planned ones (a
@@ -253,6 +256,8 @@ class VLMDataset(Dataset):
             )
         labels = batch["labels"]
         labels[labels == image_id] = IGNORE_INDEX
+        if "loss_mask" in batch:  # chat data: the stored mask is 0 on image tokens already; kept equal to the labels'
+            batch["loss_mask"] &= labels != IGNORE_INDEX
         batch["mm_token_type_ids"] = torch.from_numpy(is_image.astype(np.int64))
         batch["images_per_sample"] = torch.from_numpy(np.diff(offsets).astype(np.int64))
         positions = batch["position_ids"].numpy()

@@ -9,6 +9,8 @@ Directory ``media-<key>/`` (written by :mod:`detsampler.media.build`)::
     doc_images.npy   int64[D + 1]    document d's images are rows doc_images[d] : doc_images[d + 1]
     doc_rows.npy     int64[D]        document d's position in the source (documents left out do not count)
     image_bytes.npy  uint8           the bytes of images that lived inside a dataset's tables (source 0)
+    loss_mask.npy    uint8           chat data (format 2): 1 where the token aligned with it is a trained target under
+                                     the policy (:mod:`detsampler.text.chat`), 0 on every image token
     meta.json        identity (source, tokenizer, count function, build config), the sources table, counts, the
                      documents left out and why, per file its size, sha256 and chunk CRC-32s; sealed
 
@@ -33,12 +35,22 @@ from detsampler.media.counts import ImageTokenCounts, counts_from_identity
 from detsampler.media.headers import IMAGE_FORMATS, MediaError
 from detsampler.media.layout import MediaLayout, MediaLayoutConfig
 from detsampler.media.packing import MediaRuns
+from detsampler.text.chat import ChatConfig
 from detsampler.text.policy import SpecialTokens
 
-__all__ = ["FORMAT_CODES", "IMAGE_COLUMNS", "MEDIA_FORMAT_VERSION", "MEDIA_INDEX_KIND", "MediaIndex"]
+__all__ = [
+    "FORMAT_CODES",
+    "IMAGE_COLUMNS",
+    "MEDIA_CHAT_FORMAT_VERSION",
+    "MEDIA_FORMAT_VERSION",
+    "MEDIA_INDEX_KIND",
+    "MediaIndex",
+]
 
 MEDIA_INDEX_KIND = "detsampler-media-index"
 MEDIA_FORMAT_VERSION = 1  # 1: expanded tokens, one int64 row per image (IMAGE_COLUMNS), embedded bytes beside them
+# 2: chat data, format 1 and its loss mask: a reader of format 1 alone would train on every token, so it refuses it
+MEDIA_CHAT_FORMAT_VERSION = 2
 IMAGE_COLUMNS = ("doc", "item", "start", "tokens", "patches", "grid_t", "grid_h", "grid_w", "source", "offset",
                  "size", "crc32", "format", "orientation", "width", "height")  # fmt: skip
 FORMAT_CODES = {name: i + 1 for i, name in enumerate(IMAGE_FORMATS)}
@@ -54,10 +66,15 @@ def _read_meta(path: Path) -> dict:
         raise TokenIndexError(f"media index {str(path)!r}: meta.json is not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("kind") != MEDIA_INDEX_KIND:
         raise TokenIndexError(f"{str(path)!r} is not a detsampler media index (kind is not {MEDIA_INDEX_KIND!r})")
-    if meta.get("format_version") != MEDIA_FORMAT_VERSION:
+    if meta.get("format_version") not in (MEDIA_FORMAT_VERSION, MEDIA_CHAT_FORMAT_VERSION):
         raise TokenIndexError(
             f"media index {str(path)!r} has format version {meta.get('format_version')!r}; this detsampler reads"
-            f" {MEDIA_FORMAT_VERSION}: rebuild it"
+            f" {MEDIA_FORMAT_VERSION} and {MEDIA_CHAT_FORMAT_VERSION}: rebuild it"
+        )
+    if (meta["format_version"] == MEDIA_CHAT_FORMAT_VERSION) != isinstance(meta.get("chat"), dict):
+        raise TokenIndexError(
+            f"media index {str(path)!r}: format {meta['format_version']} but meta.json"
+            f" {'has no' if meta['format_version'] == MEDIA_CHAT_FORMAT_VERSION else 'has a'} chat record"
         )
     if not seal_ok(meta):
         raise TokenIndexError(f"media index {str(path)!r}: meta.json fails its checksum (meta_sha256): edited")
@@ -69,8 +86,6 @@ def _read_meta(path: Path) -> dict:
 class MediaIndex:
     """An opened media index (see the module doc). Pickles as its path: workers reopen the memory maps."""
 
-    loss_mask = None
-    chat = None
     store_tokens = True
     text_column = "text"
 
@@ -79,6 +94,7 @@ class MediaIndex:
         self.lengths, self.offsets, self.tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays["tokens.npy"]
         self.images, self.doc_images = arrays["images.npy"], arrays["doc_images.npy"]
         self.doc_rows, self.image_bytes = arrays["doc_rows.npy"], arrays["image_bytes.npy"]
+        self.loss_mask = arrays.get("loss_mask.npy")  # chat data's, else None
         self._runs: MediaRuns | None = None
 
     @classmethod
@@ -97,6 +113,7 @@ class MediaIndex:
             "doc_images.npy": (np.int64, (n_docs + 1,)),
             "doc_rows.npy": (np.int64, (n_docs,)),
             "image_bytes.npy": (np.uint8, (int(meta["num_image_bytes"]),)),
+            **({"loss_mask.npy": (np.uint8, (n_tok,))} if "chat" in meta else {}),
         }
         arrays = {name: open_checked(path, meta["files"], name, np.dtype(dt), shape) for name, (dt, shape) in
                   shapes.items()}  # fmt: skip
@@ -144,6 +161,12 @@ class MediaIndex:
     @property
     def image_token_id(self) -> int:
         return int(self.meta["image_token_id"])
+
+    @property
+    def chat(self) -> ChatConfig | None:
+        """The chat configuration conversations were rendered under (its template text included), or None (text)."""
+        record = self.meta.get("chat")
+        return None if record is None else ChatConfig.from_meta(record)
 
     @property
     def special_tokens(self) -> SpecialTokens:
@@ -261,6 +284,7 @@ class MediaIndex:
             "counts": self.meta["counts"],
             "source": self.meta["source"],
             "fingerprint": self.fingerprint,
+            **({} if self.chat is None else {"chat": {k: v for k, v in self.meta["chat"].items() if k != "template"}}),
         }
 
 

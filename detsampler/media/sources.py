@@ -37,22 +37,26 @@ class ImageRef:
 @dataclass(frozen=True)
 class Document:
     """``name`` (e.g. ``shard-00001.tar:000042`` or ``row 17``), ``text`` (image placeholders in it, or none: see
-    ``MediaBuildConfig.placeholders``) and ``images`` in document order."""
+    ``MediaBuildConfig.placeholders``) and ``images`` in document order; for chat data ``messages`` (the conversation,
+    its ``{"type": "image"}`` parts in the order of ``images``) and ``text`` empty."""
 
     name: str
     text: str
     images: list[ImageRef]
+    messages: list | None = None
 
 
 @dataclass(frozen=True)
 class MediaSource:
     """A source of documents: ``kind``, ``identity`` (JSON-able; names the content, joins the cache key),
-    ``describe`` (what the index records of it) and ``documents`` (a function yielding them in order)."""
+    ``describe`` (what the index records of it) and ``documents`` (a function yielding them in order);
+    ``messages_column``: the column of conversations (chat data), or None (text)."""
 
     kind: str
     identity: dict
     describe: dict
     documents: Any = field(repr=False)
+    messages_column: str | None = None
 
     def __iter__(self) -> Iterator[Document]:
         return iter(self.documents())
@@ -88,21 +92,35 @@ def _dataset_images(value: Any, row: int, column: str, root: Path | None) -> lis
     return out
 
 
+def _check_column(dataset: Any, column: str) -> None:
+    if column not in dataset.column_names:
+        raise ValueError(f"dataset has no column {column!r} (its columns: {', '.join(dataset.column_names)})")
+
+
 def dataset_source(
-    dataset: Any, text_column: str = "text", images_column: str = "images", image_root: str | os.PathLike | None = None
+    dataset: Any,
+    text_column: str = "text",
+    images_column: str = "images",
+    image_root: str | os.PathLike | None = None,
+    messages_column: str | None = None,
 ) -> MediaSource:
     """The rows of a ``datasets.Dataset``: ``text_column`` holds the text, ``images_column`` a list of images per row
     (an ``Image`` feature or a list of them: read as stored, never decoded; or paths of files, relative to
     ``image_root``). Parquet files with image bytes load as such a dataset (``datasets.Dataset.from_parquet``).
+    Chat data: ``messages_column`` holds each row's conversation (contents of ``{"type": "image"}`` and
+    ``{"type": "text", "text"}`` parts, the images of ``images_column`` in the order of their parts) and
+    ``text_column`` is not read; build it with ``chat=ChatConfig(...)``.
 
     Its identity is the dataset's fingerprint: image files named by path are not in it (their CRC-32s, recorded at
     build, are checked at every read instead)."""
     from detsampler.index.format import dataset_fingerprint
     from detsampler.text.corpus import check_text_column
 
-    check_text_column(dataset, text_column)
-    if images_column not in dataset.column_names:
-        raise ValueError(f"dataset has no column {images_column!r} (its columns: {', '.join(dataset.column_names)})")
+    if messages_column is None:
+        check_text_column(dataset, text_column)
+    else:
+        _check_column(dataset, messages_column)
+    _check_column(dataset, images_column)
     root = None if image_root is None else Path(image_root).resolve()
     identity = {
         "kind": "dataset",
@@ -110,22 +128,28 @@ def dataset_source(
         "num_rows": len(dataset),
         "text_column": text_column,
         "images_column": images_column,
+        **({} if messages_column is None else {"text_column": None, "messages_column": messages_column}),
     }
+    column = text_column if messages_column is None else messages_column
 
     def documents() -> Iterator[Document]:
         table = dataset.with_format("arrow")
         for a in range(0, len(dataset), _BATCH_ROWS):
             batch = table[a : a + _BATCH_ROWS]
-            texts = batch.column(text_column).to_pylist()
+            values = batch.column(column).to_pylist()
             images = batch.column(images_column).to_pylist()
-            for i, (text, value) in enumerate(zip(texts, images)):
+            for i, (value, listed) in enumerate(zip(values, images)):
                 row = a + i
-                if not isinstance(text, str):
-                    raise ValueError(f"row {row} {text_column}: not a string, got {type(text).__name__}")
-                yield Document(f"row {row}", text, _dataset_images(value, row, images_column, root))
+                refs = _dataset_images(listed, row, images_column, root)
+                if messages_column is not None:
+                    yield Document(f"row {row}", "", refs, value)
+                    continue
+                if not isinstance(value, str):
+                    raise ValueError(f"row {row} {text_column}: not a string, got {type(value).__name__}")
+                yield Document(f"row {row}", value, refs)
 
     describe = {**identity, "image_root": None if root is None else str(root)}
-    return MediaSource("dataset", identity, describe, documents)
+    return MediaSource("dataset", identity, describe, documents, messages_column)
 
 
 def _wds_key(member: str) -> tuple[str, str]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHAT_POLICIES", "ChatConfig", "render_examples", "resolve_template"]
+__all__ = ["CHAT_POLICIES", "ChatConfig", "render_conversations", "render_examples", "resolve_template"]
 
 CHAT_POLICIES = ("assistant", "last_turn", "completion", "all")
 _MESSAGE_POLICIES = ("assistant", "last_turn", "all")
@@ -158,6 +158,14 @@ def _render_messages(
 ) -> tuple[list[list[int]], list[np.ndarray]]:
     for i, messages in enumerate(conversations):
         _check_messages(messages, first_doc + i, config.column)
+    return render_conversations(tokenizer, conversations, config, template)
+
+
+def render_conversations(
+    tokenizer: Any, conversations: Sequence[Any], config: ChatConfig, template: str
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Each conversation (checked by the caller) rendered with ``template``: its ids and its mask under
+    ``config.policy`` (see the module doc). Multimodal contents (lists of parts) render as the template writes them."""
     if not conversations:
         return [], []
     out = _chat_backend(tokenizer).apply_chat_template(
