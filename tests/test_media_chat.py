@@ -127,7 +127,7 @@ def test_the_policy_and_template_are_the_index_identity(chat_media):
     index = MediaIndex.open(build_media_index(source, tok, COUNTS, cache_dir=root / "cache", chat=ChatConfig()).path)
     assert index.meta["format_version"] == 2 and index.loss_mask is not None
     plain = build_media_index(dataset_source(to_dataset(documents(3))), tok, COUNTS, cache_dir=root / "plain")
-    assert plain.meta["format_version"] == 1 and plain.chat is None and plain.loss_mask is None
+    assert plain.meta["format_version"] == 2 and plain.chat is None and plain.loss_mask is None
 
 
 def test_bad_chat_rows_and_mismatched_settings_are_refused(chat_media, tmp_path):

@@ -376,7 +376,8 @@ class PackedDataset(Dataset):
             fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
-            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
+            inputs = fields[FIELDS.index("input_ids")]
+            flagged = self.instance_filter.flags(inputs, valid=_not_images(self.index, inputs), lengths=lengths)
             fields[FIELDS.index("labels")][flagged] = -100
             if mask_grid is not None:
                 batch["loss_mask"][torch.from_numpy(flagged)] = False
@@ -401,6 +402,17 @@ def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> t
         flat[:-1] *= mask_grid.reshape(-1)[1:]
     labels += IGNORE_INDEX
     return torch.from_numpy(labels != IGNORE_INDEX)
+
+
+def _not_images(index: Index, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray | None:
+    """Where the instance filter compares tokens: ``valid`` (None: everywhere) less a media index's image tokens. An
+    image is a run of one placeholder token as long as its token count (64 and more): never a repetition of text, so
+    its positions equal nothing, as padding's do (:mod:`detsampler.filter`)."""
+    image_id = getattr(index, "image_token_id", None)
+    if image_id is None:
+        return valid
+    text = input_ids != image_id
+    return text if valid is None else valid & text
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
@@ -478,7 +490,8 @@ def instance_filter_counts(
     for step in steps:
         batch = dataset.get_batch(plan.global_batch(step))
         valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
-        flagged = instance_filter.flags(batch["input_ids"].numpy(), valid)
+        inputs = batch["input_ids"].numpy()
+        flagged = instance_filter.flags(inputs, _not_images(index, inputs, valid))
         loss = (batch["labels"].numpy() != -100).sum(axis=1)
         out["samples"] += len(flagged)
         out["flagged_samples"] += int(flagged.sum())

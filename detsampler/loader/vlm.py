@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from detsampler.boundaries import sequence_boundaries
+from detsampler.filter import RepetitionFilter
 from detsampler.gather import IGNORE_INDEX
 from detsampler.keys import stable_hash64
 from detsampler.loader.dataset import MicroBatch, PackedDataset
@@ -140,7 +141,9 @@ class VLMDataset(Dataset):
     :class:`~detsampler.media.index.MediaIndex`, each micro batch made with ``image_processor`` (see the module doc).
 
     ``plan``: the plan the batch sampler reads (needed with ``augment``: it gives each sample's epoch); ``seed``: the
-    augmentation's seed; ``rope``: ``"1d"`` or ``"qwen2_vl"`` (the 4-row position ids of Qwen2-VL's rope)."""
+    augmentation's seed; ``rope``: ``"1d"`` or ``"qwen2_vl"`` (the 4-row position ids of Qwen2-VL's rope);
+    ``instance_filter``: a flagged sample's labels are -100 (its text's repetitions; its images' runs of image tokens
+    never count as one)."""
 
     def __init__(
         self,
@@ -152,6 +155,7 @@ class VLMDataset(Dataset):
         seed: int = 0,
         augment: Callable[[Any, np.random.Generator], Any] | None = None,
         rope: str = "1d",
+        instance_filter: RepetitionFilter | None = None,
     ) -> None:
         if not isinstance(index, MediaIndex) or not isinstance(layout, MediaLayout):
             raise TypeError(f"VLMDataset reads a MediaIndex and a MediaLayout, got {type(index).__name__} and"
@@ -169,7 +173,8 @@ class VLMDataset(Dataset):
         _check_processor(image_processor, index)
         self.index, self.layout, self.processor = index, layout, image_processor
         self.plan, self.seed, self.augment, self.rope = plan, int(seed), augment, rope
-        self.packed = PackedDataset(index, layout)
+        self.instance_filter = instance_filter
+        self.packed = PackedDataset(index, layout, instance_filter=instance_filter)
 
     def __len__(self) -> int:
         return self.layout.num_samples
@@ -184,11 +189,11 @@ class VLMDataset(Dataset):
             epochs = self.plan.stream.epochs(positions)
         return VLMBatch(self.get_batch(sample_ids, epochs))
 
-    def _decode(self, image: int, row: dict, k: int, epoch: int | None) -> Any:
-        """Image ``image`` (row ``k`` of ``row``) decoded, oriented as recorded, in RGB, augmented."""
+    def _decode(self, image: int, data: bytes, row: dict, k: int, epoch: int | None) -> Any:
+        """Image ``image`` (its bytes ``data``, its record row ``k`` of ``row``) decoded, oriented as recorded, in RGB,
+        augmented."""
         from PIL import Image
 
-        data = self.index.read_image(image, row, k)
         stored = (int(row["width"][k]), int(row["height"][k]))
         if int(row["orientation"][k]) >= 5:
             stored = stored[::-1]
@@ -212,7 +217,9 @@ class VLMDataset(Dataset):
         """The processor's output for ``images``, checked against their planned grids and patch counts."""
         if not len(images):
             return {"pixel_values": torch.zeros((0, 0)), "image_grid_thw": torch.zeros((0, 3), dtype=torch.long)}
-        decoded = [self._decode(int(i), rows, k, None if epochs is None else epochs[k]) for k, i in enumerate(images)]
+        data = self.index.read_images(images, rows)  # every image's CRC-32 checked
+        decoded = [self._decode(int(i), data[k], rows, k, None if epochs is None else epochs[k])
+                   for k, i in enumerate(images)]  # fmt: skip
         out = self.processor(images=decoded, return_tensors="np")
         pixels = np.asarray(out["pixel_values"])
         grid = np.asarray(out["image_grid_thw"]) if "image_grid_thw" in out else None
@@ -281,9 +288,11 @@ class VLMDataset(Dataset):
     def __reduce__(self):
         return (
             _rebuild_vlm,
-            (self.index, self.layout, self.processor, self.plan, self.seed, self.augment, self.rope),
-        )
+            (self.index, self.layout, self.processor, self.plan, self.seed, self.augment, self.rope,
+             self.instance_filter),
+        )  # fmt: skip
 
 
-def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope) -> VLMDataset:
-    return VLMDataset(index, layout, processor, plan=plan, seed=seed, augment=augment, rope=rope)
+def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope, instance_filter) -> VLMDataset:
+    return VLMDataset(index, layout, processor, plan=plan, seed=seed, augment=augment, rope=rope,
+                      instance_filter=instance_filter)  # fmt: skip

@@ -30,6 +30,7 @@ import numpy as np
 
 from detsampler.atomic import atomic_write, fsync_dir, removable_lock
 from detsampler.checks import check_int
+from detsampler.content import canonical_json, media_content
 from detsampler.index.checksums import write_checksums
 from detsampler.index.files import HEADER_BYTES, npy_header, save_npy
 from detsampler.index.format import default_cache_dir, seal_meta, token_dtype
@@ -39,7 +40,6 @@ from detsampler.media.headers import DEFAULT_MAX_PIXELS, MediaError, read_header
 from detsampler.media.index import (
     FORMAT_CODES,
     IMAGE_COLUMNS,
-    MEDIA_CHAT_FORMAT_VERSION,
     MEDIA_FORMAT_VERSION,
     MEDIA_INDEX_KIND,
     MediaIndex,
@@ -90,7 +90,7 @@ def media_cache_key(
     the build config, the BOS/EOS policy, the format version and, for chat data, the policy and the sha256 of the
     template text (:meth:`~detsampler.text.chat.ChatConfig.identity`)."""
     fields = {
-        "format_version": MEDIA_FORMAT_VERSION if chat is None else MEDIA_CHAT_FORMAT_VERSION,
+        "format_version": MEDIA_FORMAT_VERSION,
         "source": source.identity,
         "tokenizer": tokenizer.sha256,
         "counts": counts.identity(),
@@ -181,6 +181,7 @@ class _Builder:
         self.lengths: list[int] = []
         self.doc_rows: list[int] = []
         self.doc_images: list[int] = []
+        self.digests: list[bytes] = []  # each document's content hash (32 bytes)
         self.sources: dict[str, int] = {"": 0}  # source 0: the index's own image_bytes.npy
         self.skipped: list[dict] = []
         self.position = 0  # documents seen in the source
@@ -260,6 +261,8 @@ class _Builder:
         self.lengths.append(len(expanded) + bos)
         self.doc_rows.append(row)
         self.doc_images.append(len(found))
+        content = media_content(doc.text, [ref.data for ref in doc.images], doc.messages)
+        self.digests.append(hashlib.sha256(canonical_json(content)).digest())
         grid = planned.grid if planned.grid is not None else np.zeros((len(found), 3), np.int64)
         for k, (ref, header) in enumerate(zip(doc.images, found)):
             if ref.path is None:
@@ -310,7 +313,8 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
     images = np.stack(builder.rows) if builder.rows else np.zeros((0, len(IMAGE_COLUMNS)), np.int64)
     doc_images = np.concatenate([[0], np.cumsum(builder.doc_images)]).astype(np.int64)
     arrays = {"lengths.npy": lengths, "offsets.npy": offsets, "images.npy": images.reshape(-1),
-              "doc_images.npy": doc_images, "doc_rows.npy": np.array(builder.doc_rows, np.int64)}  # fmt: skip
+              "doc_images.npy": doc_images, "doc_rows.npy": np.array(builder.doc_rows, np.int64),
+              "doc_sha256.npy": np.frombuffer(b"".join(builder.digests), np.uint8)}  # fmt: skip
     for name, arr in arrays.items():
         save_npy(tmp / name, arr)
     names = [*arrays, "tokens.npy", "image_bytes.npy"] + ([] if builder.chat is None else ["loss_mask.npy"])
@@ -318,7 +322,7 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
                                               "num_trained_tokens": builder.num_trained}  # fmt: skip
     meta = {
         "kind": MEDIA_INDEX_KIND,
-        "format_version": MEDIA_FORMAT_VERSION if chat is None else MEDIA_CHAT_FORMAT_VERSION,
+        "format_version": MEDIA_FORMAT_VERSION,
         "detsampler_version": __version__,
         "cache_key": key,
         "source": source.describe,
