@@ -39,6 +39,7 @@ from detsampler.filter import RepetitionFilter
 from detsampler.gather import IGNORE_INDEX
 from detsampler.keys import stable_hash64
 from detsampler.loader.dataset import MicroBatch, PackedDataset
+from detsampler.loader.prefetch import PrefetchConfig, PrefetchStats
 from detsampler.media.headers import MediaError
 from detsampler.media.index import MediaIndex
 from detsampler.media.layout import MediaLayout
@@ -143,7 +144,9 @@ class VLMDataset(Dataset):
     ``plan``: the plan the batch sampler reads (needed with ``augment``: it gives each sample's epoch); ``seed``: the
     augmentation's seed; ``rope``: ``"1d"`` or ``"qwen2_vl"`` (the 4-row position ids of Qwen2-VL's rope);
     ``instance_filter``: a flagged sample's labels are -100 (its text's repetitions; its images' runs of image tokens
-    never count as one)."""
+    never count as one); ``prefetch`` (with ``plan``): each process fetches the blocks of the images (webdataset
+    shards in a bucket) and of the tokens (an index in a bucket) that its next micro batches read, exactly, before it
+    reads them (:mod:`detsampler.loader.prefetch`); every image's CRC-32 is checked as it is read, with or without."""
 
     def __init__(
         self,
@@ -156,6 +159,7 @@ class VLMDataset(Dataset):
         augment: Callable[[Any, np.random.Generator], Any] | None = None,
         rope: str = "1d",
         instance_filter: RepetitionFilter | None = None,
+        prefetch: PrefetchConfig | None = None,
     ) -> None:
         if not isinstance(index, MediaIndex) or not isinstance(layout, MediaLayout):
             raise TypeError(f"VLMDataset reads a MediaIndex and a MediaLayout, got {type(index).__name__} and"
@@ -173,11 +177,19 @@ class VLMDataset(Dataset):
         _check_processor(image_processor, index)
         self.index, self.layout, self.processor = index, layout, image_processor
         self.plan, self.seed, self.augment, self.rope = plan, int(seed), augment, rope
-        self.instance_filter = instance_filter
-        self.packed = PackedDataset(index, layout, instance_filter=instance_filter)
+        self.instance_filter, self.prefetch = instance_filter, prefetch
+        self.packed = PackedDataset(index, layout, instance_filter=instance_filter, prefetch=prefetch, plan=plan)
 
     def __len__(self) -> int:
         return self.layout.num_samples
+
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """What this process's prefetcher fetched (:meth:`PackedDataset.prefetch_stats`)."""
+        return self.packed.prefetch_stats()
+
+    def close(self) -> None:
+        """Stop this process's prefetcher."""
+        self.packed.close()
 
     def __getitem__(self, sample_id: int) -> dict[str, torch.Tensor]:
         return self.get_batch([sample_id])
@@ -213,11 +225,12 @@ class VLMDataset(Dataset):
             decoded = self.augment(decoded, rng)
         return decoded
 
-    def _pixels(self, images: np.ndarray, rows: dict, epochs: np.ndarray | None) -> dict[str, torch.Tensor]:
-        """The processor's output for ``images``, checked against their planned grids and patch counts."""
+    def _pixels(self, images: np.ndarray, rows: dict, epochs: np.ndarray | None, held: dict) -> dict[str, torch.Tensor]:
+        """The processor's output for ``images``, checked against their planned grids and patch counts; ``held``: the
+        prefetcher's objects holding their blocks."""
         if not len(images):
             return {"pixel_values": torch.zeros((0, 0)), "image_grid_thw": torch.zeros((0, 3), dtype=torch.long)}
-        data = self.index.read_images(images, rows)  # every image's CRC-32 checked
+        data = self.index.read_images(images, rows, held)  # every image's CRC-32 checked
         decoded = [self._decode(int(i), data[k], rows, k, None if epochs is None else epochs[k])
                    for k, i in enumerate(images)]  # fmt: skip
         out = self.processor(images=decoded, return_tensors="np")
@@ -246,12 +259,12 @@ class VLMDataset(Dataset):
                 "augment draws per (seed, epoch, document, item): read through DeterministicBatchSampler (its"
                 " PlannedIds carry the step) or pass epochs="
             )
-        batch = self.packed.get_batch(ids)
         offsets, images = self.layout.sample_images(ids)
         rows = self.index.image_rows(images)
         sample_of = np.repeat(np.arange(len(ids)), np.diff(offsets))
         image_epochs = None if epochs is None else np.asarray(epochs, np.int64).reshape(-1)[sample_of]
-        batch.update(self._pixels(images, rows, image_epochs))
+        with self.packed.reading(sample_ids) as (batch, held):  # the images read while their blocks are held
+            batch.update(self._pixels(images, rows, image_epochs, held))
         input_ids = batch["input_ids"].numpy()
         image_id = self.index.image_token_id
         is_image = input_ids == image_id
@@ -289,10 +302,10 @@ class VLMDataset(Dataset):
         return (
             _rebuild_vlm,
             (self.index, self.layout, self.processor, self.plan, self.seed, self.augment, self.rope,
-             self.instance_filter),
+             self.instance_filter, self.prefetch),
         )  # fmt: skip
 
 
-def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope, instance_filter) -> VLMDataset:
+def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope, instance_filter, prefetch) -> VLMDataset:
     return VLMDataset(index, layout, processor, plan=plan, seed=seed, augment=augment, rope=rope,
-                      instance_filter=instance_filter)  # fmt: skip
+                      instance_filter=instance_filter, prefetch=prefetch)  # fmt: skip

@@ -45,6 +45,7 @@ from detsampler.media.index import (
     MediaIndex,
 )
 from detsampler.media.sources import Document, MediaSource
+from detsampler.storage import store_for
 from detsampler.text.chat import ChatConfig, render_conversations, resolve_template
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
@@ -183,6 +184,7 @@ class _Builder:
         self.doc_images: list[int] = []
         self.digests: list[bytes] = []  # each document's content hash (32 bytes)
         self.sources: dict[str, int] = {"": 0}  # source 0: the index's own image_bytes.npy
+        self.source_sizes: list[int] = [0]  # each source file's (or object's) size: what a reader of it by blocks needs
         self.skipped: list[dict] = []
         self.position = 0  # documents seen in the source
 
@@ -269,7 +271,10 @@ class _Builder:
                 source, offset = 0, self.image_bytes.size
                 self.image_bytes.write(np.frombuffer(ref.data, np.uint8))
             else:
-                source, offset = self.sources.setdefault(ref.path, len(self.sources)), ref.offset
+                if ref.path not in self.sources:
+                    self.sources[ref.path] = len(self.sources)
+                    self.source_sizes.append(store_for(ref.path).size(ref.path))
+                source, offset = self.sources[ref.path], ref.offset
             values = {
                 "doc": doc_id, "item": k, "start": starts[k], "tokens": planned.tokens[k],
                 "patches": planned.patches[k], "grid_t": grid[k, 0], "grid_h": grid[k, 1], "grid_w": grid[k, 2],
@@ -327,6 +332,7 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
         "cache_key": key,
         "source": source.describe,
         "sources": sorted(builder.sources, key=builder.sources.__getitem__),
+        "source_sizes": builder.source_sizes,
         "tokenizer": builder.tokenizer.describe(),
         "special_tokens": builder.policy.to_meta(),
         "counts": builder.counts.identity(),

@@ -25,6 +25,7 @@ index is an :class:`~detsampler.index.protocol.Index`: ``PackedDataset`` reads i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from pathlib import Path
@@ -38,6 +39,7 @@ from detsampler.media.counts import ImageTokenCounts, counts_from_identity
 from detsampler.media.headers import IMAGE_FORMATS, MediaError
 from detsampler.media.layout import MediaLayout, MediaLayoutConfig
 from detsampler.media.packing import MediaRuns
+from detsampler.storage import RemotePath, as_path
 from detsampler.text.chat import ChatConfig
 from detsampler.text.policy import SpecialTokens
 
@@ -52,9 +54,10 @@ IMAGE_COLUMNS = ("doc", "item", "start", "tokens", "patches", "grid_t", "grid_h"
                  "size", "crc32", "format", "orientation", "width", "height")  # fmt: skip
 FORMAT_CODES = {name: i + 1 for i, name in enumerate(IMAGE_FORMATS)}
 _K = len(IMAGE_COLUMNS)
+log = logging.getLogger("detsampler.media")
 
 
-def _read_meta(path: Path) -> dict:
+def _read_meta(path: Path | RemotePath) -> dict:
     try:
         meta = json.loads((path / "meta.json").read_text())
     except FileNotFoundError:
@@ -83,7 +86,9 @@ class MediaIndex:
     store_tokens = True
     text_column = "text"
 
-    def __init__(self, path: Path, meta: dict, arrays: dict[str, VerifiedArray], counts: ImageTokenCounts) -> None:
+    def __init__(
+        self, path: Path | RemotePath, meta: dict, arrays: dict[str, VerifiedArray], counts: ImageTokenCounts
+    ) -> None:
         self.path, self.meta, self.counts = path, meta, counts
         self.lengths, self.offsets, self.tokens = arrays["lengths.npy"], arrays["offsets.npy"], arrays["tokens.npy"]
         self.images, self.doc_images = arrays["images.npy"], arrays["doc_images.npy"]
@@ -98,7 +103,7 @@ class MediaIndex:
         """Open the media index at ``path``, checking its kind, format, seal, every file's size, shape and checksum
         file; with ``tokenizer``, that it is the build's; ``counts``: the count function, needed only for a ``user``
         one (it must have the recorded identity)."""
-        path = Path(path)
+        path = as_path(path)
         meta = _read_meta(path)
         n_docs, n_tok, n_img = (int(meta[k]) for k in ("num_documents", "num_tokens", "num_images"))
         shapes = {
@@ -273,18 +278,30 @@ class MediaIndex:
         return f"image {image} (document {int(row['doc'][0])}, item {int(row['item'][0])}) at" \
                f" {self._source_name(int(row['source'][0]))} [{a}, {a + int(row['size'][0])})"  # fmt: skip
 
-    def read_images(self, images: Any, rows: dict[str, np.ndarray] | None = None) -> list[bytes]:
+    def read_images(
+        self, images: Any, rows: dict[str, np.ndarray] | None = None, held: dict[str, Any] | None = None
+    ) -> list[bytes]:
         """The bytes of ``images``, each checked against the CRC-32 recorded at build (a :class:`MediaError` naming
         the first that fails or cannot be read); ``rows``: their records already read (:meth:`image_rows`). One
         ranged read per source file (a shard or file on disk, or an object in a bucket), the embedded ones from
-        ``image_bytes.npy``."""
+        ``image_bytes.npy``; ``held``: objects a prefetcher fetched this batch's blocks of, by URL, read from first
+        (an image that fails its CRC-32 there is read once more from the store: bytes corrupted in transit recover)."""
         ids = np.asarray(images, np.int64).reshape(-1)
         rows = self.image_rows(ids) if rows is None else rows
+        held = held or {}
         out: list[bytes] = [b""] * len(ids)
         for source in np.unique(rows["source"]).tolist():
             ks = np.flatnonzero(rows["source"] == source)
             ranges = [(int(rows["offset"][k]), int(rows["offset"][k] + rows["size"][k])) for k in ks]
-            for k, data in zip(ks.tolist(), self._read_ranges(int(source), ranges, int(ids[ks[0]]))):
+            blocked = held.get(self.meta["sources"][source]) if source else None
+            got = [blocked.read(a, b) for a, b in ranges] if blocked is not None else None
+            if got is not None and any(zlib.crc32(d) != int(rows["crc32"][k]) for k, d in zip(ks, got)):
+                log.warning("media: %s: an image failed its CRC-32 as prefetched: read again from the store",
+                            self.meta["sources"][source])  # fmt: skip
+                got = None
+            if got is None:
+                got = self._read_ranges(int(source), ranges, int(ids[ks[0]]))
+            for k, data in zip(ks.tolist(), got):
                 out[k] = data
         for k, data in enumerate(out):
             crc = zlib.crc32(data)
@@ -306,6 +323,13 @@ class MediaIndex:
             return store_for(path).read_ranges(path, ranges)
         except OSError as exc:
             raise MediaError(f"{self.image_name(first)}: cannot read it ({exc.strerror or exc})") from None
+
+    def media_objects(self, layout: MediaLayout) -> list[Any]:
+        """The objects in a store this index's images are read from, for a prefetcher over ``layout``
+        (:mod:`detsampler.media.reads`)."""
+        from detsampler.media.reads import media_objects
+
+        return media_objects(self, layout)
 
     def read_image(self, image: int) -> bytes:
         """The bytes of image ``image``, checked against the CRC-32 recorded at build (:meth:`read_images`)."""
