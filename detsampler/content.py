@@ -7,7 +7,10 @@ A document's content is what the index tokenized from its row:
   with no trailing newline), as since issue 24;
 - a chat row (an index built with a loss policy: a ``messages`` column, or ``prompt`` / ``completion`` columns): the
   row's rendered columns, ``{column: value}``; the hash is the sha256 of :func:`canonical_json` of that mapping. Other
-  columns of the row (an id, a source) are not content and are left out.
+  columns of the row (an id, a source) are not content and are left out;
+- a multimodal document (a media index's): :func:`media_content`, ``{"text": text}`` or ``{"messages": conversation}``
+  and ``"images"``, the sha256 (hex) of each image's bytes in document order; the hash is the sha256 of its
+  :func:`canonical_json`, whatever the columns or tar members held them (the media build records it per document).
 
 Documents are also named by a value of any id column the dataset has (a ``conversation_id``, a ticket number: how a
 takedown request arrives): :func:`documents_by_id`, beside it.
@@ -33,7 +36,9 @@ __all__ = [
     "content_hash",
     "documents_by_content",
     "documents_by_content_hash",
+    "documents_by_hashes",
     "documents_by_id",
+    "media_content",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -68,6 +73,13 @@ def content_hash(content: str | Mapping[str, Any]) -> str:
     if isinstance(content, Mapping):
         return hashlib.sha256(canonical_json(content)).hexdigest()
     raise TypeError(f"a content hash covers a text (str) or a row (a mapping of columns), got {type(content).__name__}")
+
+
+def media_content(text: str | None, images: Sequence[bytes], messages: Any = None) -> dict:
+    """A multimodal document's content (see the module doc): its ``text`` (or, for chat data, ``messages``, the
+    conversation as its row holds it) and the sha256 of each image's bytes, in document order."""
+    digests = [hashlib.sha256(bytes(data)).hexdigest() for data in images]
+    return {"images": digests, **({"text": text} if messages is None else {"messages": messages})}
 
 
 def content_columns(text_column: str, chat: Any = None) -> str | tuple[str, ...]:
@@ -134,6 +146,13 @@ def documents_by_content(dataset: Any, hashes: Sequence[str], columns: str | tup
     full read of the corpus's text, about 0.5 GB/s on one core), once, when the hashes are resolved."""
     _check_hashes(hashes)
     return _matching(_hashes(dataset, columns), hashes, _describe(columns))
+
+
+def documents_by_hashes(found: Sequence[str], hashes: Sequence[str], what: str) -> list[int]:
+    """The positions of ``found`` (every document's content hash, hex, as recorded) that are one of ``hashes``,
+    sorted; a hash on none is an error naming it and ``what`` the hashes cover."""
+    _check_hashes(hashes)
+    return _matching(found, hashes, what)
 
 
 def documents_by_content_hash(contents: Sequence[str | Mapping[str, Any]], hashes: Sequence[str]) -> list[int]:

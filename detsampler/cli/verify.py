@@ -13,7 +13,7 @@ from detsampler.cli.against import report_against
 from detsampler.cli.checkpoint import after_checkpoint, open_audit
 from detsampler.cli.erase import print_erasure_proof
 from detsampler.cli.inputs import mixture_plan, prepare, verify_files
-from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.options import layout_for, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
 from detsampler.cli.redactions import print_redactions, redaction_rows
 from detsampler.mixture import MixtureConfig
@@ -142,7 +142,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     prepared = prepare(args)
     if getattr(args, "tokens", False):
         print(verify_files(prepared.index).line())
-    layout = prepared.index.layout(layout_config(args))
+    layout = layout_for(prepared.index, args)
     plan = plan_from_args(args, layout.num_samples)
     a, b = args.steps
     report = verify_plan(plan, a, b)

@@ -14,7 +14,8 @@ from typing import Any
 
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
-from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.options import is_media, layout_for, mixture_config, plan_from_args
+from detsampler.cli.report import image_line
 
 __all__ = ["cmd_where"]
 
@@ -31,6 +32,11 @@ def _by_content_hash(args: argparse.Namespace, prepared: Any) -> int:
     from detsampler.content import content_columns, documents_by_content
 
     index = prepared.index
+    if is_media(index):  # its build recorded each document's content hash (text or messages, images' sha256s)
+        found = index.documents_by_content([args.sha256])
+        if len(found) > 1:
+            raise ValueError(f"--sha256 names {len(found)} documents with equal content ({found[:10]}): give --doc ID")
+        return found[0]
     column = getattr(index, "text_column", None) or args.text_column
     dataset = prepared.dataset
     if dataset is None:
@@ -124,7 +130,7 @@ def cmd_where(args: argparse.Namespace) -> int:
         steps = args.steps
         if config is None:
             prepared = [prepare(args)]
-            layouts = [prepared[0].index.layout(layout_config(args))]
+            layouts = [layout_for(prepared[0].index, args)]
             plan = plan_from_args(args, layouts[0].num_samples)
             labels = None
         else:
@@ -149,6 +155,9 @@ def cmd_where(args: argparse.Namespace) -> int:
         "skip_steps": [list(r) for r in plan.skip_steps or ()],
         "reads": [r._asdict() for r in reads],
     }
+    index = prepared[k or 0].index
+    if is_media(index):
+        out["images"] = index.document_images(doc)
     redacted_from = next((r.from_step for r in plan.redactions or () if doc in r.documents and r.source == k), None)
     if redacted_from is not None:  # its labels are masked at the reads from that step on (nothing else moves)
         out["redacted_from"] = redacted_from
@@ -166,6 +175,10 @@ def cmd_where(args: argparse.Namespace) -> int:
         + (f" [{held}]" if held else " (none: it lies in the dropped tail)")
         + (" in epoch 0 (a new document order each epoch: its samples move)" if "epoch_order" in out["layout"] else "")
     )
+    if "images" in out:
+        print(f"its images: {len(out['images'])}")
+        for im in out["images"]:
+            print(f"  {image_line(im)}")
     skipped = " (reads by data steps in skip ranges left out)" if plan.skip_steps else ""
     if redacted_from is not None:
         skipped += f"; redacted from step {redacted_from} (labels masked there on)"

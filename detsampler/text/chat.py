@@ -30,7 +30,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHAT_POLICIES", "ChatConfig", "render_examples", "resolve_template", "with_tools"]
+__all__ = [
+    "CHAT_POLICIES",
+    "ChatConfig",
+    "render_conversations",
+    "render_examples",
+    "resolve_template",
+    "with_tools",
+]
 
 CHAT_POLICIES = ("assistant", "last_turn", "completion", "all")
 _MESSAGE_POLICIES = ("assistant", "last_turn", "all")
@@ -231,6 +238,20 @@ def _render_messages(
 ) -> tuple[list[list[int]], list[np.ndarray]]:
     for i, messages in enumerate(conversations):
         _check_messages(messages, first_doc + i, config.column)
+    return render_conversations(tokenizer, conversations, config, template, tools, first_doc)
+
+
+def render_conversations(
+    tokenizer: Any,
+    conversations: Sequence[Any],
+    config: ChatConfig,
+    template: str,
+    tools: Sequence[Any] | None = None,
+    first_doc: int = 0,
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Each conversation (checked by the caller) rendered with ``template``, with its row's ``tools`` where given
+    (documents ``first_doc, ...``): its ids and its mask under ``config.policy`` (see the module doc). Multimodal
+    contents (lists of parts) render as the template writes them."""
     if not conversations:
         return [], []
     render = dict(
