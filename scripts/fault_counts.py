@@ -29,7 +29,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "24": ("a new document order each epoch", ("24",)),
     "25": ("the Grain and torchft integrations", ("25",)),
     "31": ("the surfaces added by issues 22 to 25, reviewed (issue 31)", ("31",)),
-    "33": ("images beside text: media headers, counts, packing and the VLM batch", ("33",)),
+    "32": ("takedowns end to end: ids, redaction in every integration, erasure (issue 32)", ("32",)),
+    "33": ("images beside text: headers, counts, packing, the VLM batch, chat, the CLI, media in a bucket", ("33",)),
 }
 
 

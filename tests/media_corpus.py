@@ -11,9 +11,30 @@ from pathlib import Path
 import numpy as np
 
 from detsampler.text.hf import HFTokenizer
-from train.vlm_corpus import EXTENSIONS, IMAGE, image_bytes, make_vlm_tokenizer, write_shards
+from train.vlm_corpus import (
+    EXTENSIONS,
+    IMAGE,
+    VLM_CHAT_TEMPLATE,
+    chat_corpus_documents,
+    image_bytes,
+    make_vlm_chat_tokenizer,
+    make_vlm_tokenizer,
+    write_shards,
+)
 
-__all__ = ["EXTENSIONS", "documents", "to_dataset", "to_directory", "to_shards", "vlm_tokenizer"]
+__all__ = [
+    "EXTENSIONS",
+    "VLM_CHAT_TEMPLATE",
+    "chat_corpus_documents",
+    "chat_to_dataset",
+    "documents",
+    "qwen2_vl_processor",
+    "to_dataset",
+    "to_directory",
+    "to_shards",
+    "vlm_chat_tokenizer",
+    "vlm_tokenizer",
+]
 
 # fmt: off
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "loaders", "decode", "every", "image", "twice",
@@ -24,6 +45,40 @@ WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "loaders", "dec
 def vlm_tokenizer(directory: Path) -> HFTokenizer:
     """A byte-level BPE ``tokenizer.json`` of 400 pieces whose specials include ``<|image_pad|>``."""
     return make_vlm_tokenizer(directory, [" ".join(WORDS)] * 20, vocab_size=400)
+
+
+def vlm_chat_tokenizer(directory: Path):
+    """A ``transformers`` tokenizer directory of 400 pieces with the Qwen2-VL specials and an image-aware chat template
+    (``train.vlm_corpus.VLM_CHAT_TEMPLATE``: assistant turns in ``{% generation %}``)."""
+    return make_vlm_chat_tokenizer(directory, [" ".join(WORDS)] * 20, vocab_size=400)
+
+
+def chat_to_dataset(docs: list[dict]):
+    """A ``datasets.Dataset`` of ``messages`` (content parts) and ``images`` (a list of ``Image`` features)."""
+    import datasets
+
+    part = {"type": datasets.Value("string"), "text": datasets.Value("string")}
+    features = datasets.Features({
+        "messages": datasets.List({"role": datasets.Value("string"), "content": datasets.List(part)}),
+        "images": datasets.List(datasets.Image()),
+    })  # fmt: skip
+    rows = {"messages": [d["messages"] for d in docs],
+            "images": [[{"bytes": im["bytes"], "path": None} for im in d["images"]] for d in docs]}  # fmt: skip
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def qwen2_vl_processor(tokenizer, image_processor, chat_template: str = VLM_CHAT_TEMPLATE):
+    """transformers' own ``Qwen2VLProcessor`` made from explicit parts (nothing downloaded): ``tokenizer`` (a
+    ``TransformersTokenizer``'s) and ``image_processor``. NOTE: the class without its video processor, whose module
+    needs torchvision (not installed): ``__init__``'s signature names the parts a processor holds; the chat template,
+    the token expansion and the assistant masks are the class's own code."""
+    from transformers import Qwen2VLProcessor
+
+    class ImageQwen2VLProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+    return ImageQwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer._tok, chat_template=chat_template)
 
 
 def documents(n: int, seed: int = 0, max_images: int = 3, largest: int = 96) -> list[dict]:

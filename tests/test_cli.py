@@ -13,6 +13,7 @@ from detsampler.cli import OPTION_FIELDS, build_parser, main
 from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
+from detsampler.media import MediaLayoutConfig
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.text.tokenizer import Tokenizer
@@ -39,6 +40,9 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     # NOTE: Plan.epoch_ids follows --epoch-order (LayoutConfig.epoch_order): one option, not two that must agree
     want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name not in ("num_samples", "source", "epoch_ids")}
     want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
+    # NOTE: a media index's layout reads --seq-len, --layout-seed, --window-docs and --overlong; only its cap is its own
+    want |= {("MediaLayoutConfig", "max_patches")}
+    assert {f.name for f in fields(MediaLayoutConfig)} == {"seq_len", "seed", "window_docs", "overlong", "max_patches"}
     assert mapped == want
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from detsampler.content import content_columns, documents_by_content
+from detsampler.content import content_columns, documents_by_content, documents_by_id
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
@@ -29,6 +29,7 @@ from detsampler.record import DataRecord
 from detsampler.redaction import Redaction, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.storage.urls import is_remote
+from detsampler.text.chat import with_tools
 from detsampler.version import MAPPING_VERSION
 from train.config import DataConfig
 
@@ -325,10 +326,10 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its content (its text column, or a
-    chat row's rendered columns: :mod:`detsampler.content`; an error when it has no such column, or a path or hash
-    names no document). Over a mixture ``dataset`` is the list of the sources'
-    datasets, and each entry resolves against its source's."""
+    against ``dataset``'s ``path`` column, ``sha256`` content hashes against its content (its text column, or a
+    chat row's rendered columns: :mod:`detsampler.content`) and ``ids`` against its column ``id_column`` (an error when
+    it has no such column, or a path, hash or id names no document). Over a mixture ``dataset`` is the list of the
+    sources' datasets, and each entry resolves against its source's."""
     out = []
     for entry in config.redactions:
         source = entry.get("source")
@@ -344,6 +345,11 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
             documents += documents_by_path(own["path"], entry["paths"])
         if entry.get("sha256"):
             documents += _by_content(config, own, entry["sha256"], where)
+        if entry.get("ids"):
+            try:
+                documents += documents_by_id(own, entry["id_column"], entry["ids"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         out.append(Redaction(sorted(set(documents)), entry["from_step"], source))
     return out
 
@@ -351,7 +357,7 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
 def _by_content(config: DataConfig, dataset: Any, hashes: list[str], where: str) -> list[int]:
     """The documents of ``dataset`` whose content hash is one of ``hashes`` (:mod:`detsampler.content`: the text of
     ``text_column``, or a chat row's rendered columns under ``loss_policy``)."""
-    columns = content_columns(config.text_column, config.chat_config())
+    columns = content_columns(config.text_column, with_tools(config.chat_config(), dataset))  # as the index renders
     names = [columns] if isinstance(columns, str) else list(columns)
     missing = [c for c in names if c not in (getattr(dataset, "column_names", None) or [])]
     if missing:

@@ -25,10 +25,32 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IMAGE", "VLM_SPECIALS", "corpus_documents", "image_bytes", "make_vlm_tokenizer", "write_vlm_corpus"]
+__all__ = [
+    "IMAGE",
+    "VLM_CHAT_SPECIALS",
+    "VLM_CHAT_TEMPLATE",
+    "VLM_SPECIALS",
+    "chat_corpus_documents",
+    "corpus_documents",
+    "image_bytes",
+    "make_vlm_chat_tokenizer",
+    "make_vlm_tokenizer",
+    "write_vlm_corpus",
+]
 
 VLM_SPECIALS = ["<|endoftext|>", "<|pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+VLM_CHAT_SPECIALS = [*VLM_SPECIALS, "<|im_start|>", "<|im_end|>"]
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+# Qwen2-VL's turns and image parts, each assistant turn wrapped in {% generation %} (what the loss policies read);
+# a content is a string or a list of {"type": "image"} and {"type": "text", "text": ...} parts
+VLM_CHAT_TEMPLATE = (
+    "{% macro render(content) %}{% if content is string %}{{ content }}{% else %}{% for part in content %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ render(m['content']) }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ render(m['content']) }}<|im_end|>{% endif %}\n{% endfor %}"
+)
 EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 
 
@@ -41,18 +63,24 @@ def _sentences() -> list[str]:
 def make_vlm_tokenizer(out_dir: str | Path, texts: Sequence[str] | None = None, vocab_size: int = 512) -> Any:
     """A byte-level BPE ``tokenizer.json`` whose specials are :data:`VLM_SPECIALS`, trained on ``texts`` (default: the
     corpus's sentences), loaded as an :class:`~detsampler.text.hf.HFTokenizer`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from detsampler.text.hf import HFTokenizer
 
     path = Path(out_dir) / "tokenizer.json"
+    _train_bpe(path, texts, vocab_size, VLM_SPECIALS)
+    return HFTokenizer.load(path, eos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def _train_bpe(path: Path, texts: Sequence[str] | None, vocab_size: int, specials: list[str]) -> None:
+    """Train a byte-level BPE ``tokenizer.json`` at ``path`` with ``specials`` first (once: an existing one is kept)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     if not path.is_file():
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
-            special_tokens=VLM_SPECIALS,
+            special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
@@ -61,7 +89,26 @@ def make_vlm_tokenizer(out_dir: str | Path, texts: Sequence[str] | None = None, 
         tmp = path.with_name(f".tokenizer.json.tmp-{os.getpid()}")
         tmp.write_text(tok.to_str())
         os.replace(tmp, path)
-    return HFTokenizer.load(path, eos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def make_vlm_chat_tokenizer(out_dir: str | Path, texts: Sequence[str] | None = None, vocab_size: int = 512) -> Any:
+    """A ``transformers`` tokenizer directory: a byte-level BPE whose specials are :data:`VLM_CHAT_SPECIALS` and whose
+    chat template is :data:`VLM_CHAT_TEMPLATE`, loaded as a :class:`~detsampler.text.hf.TransformersTokenizer`."""
+    import json
+
+    from detsampler.text.hf import TransformersTokenizer
+
+    out = Path(out_dir)
+    _train_bpe(out / "tokenizer.json", texts, vocab_size, VLM_CHAT_SPECIALS)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30, "eos_token": "<|endoftext|>",
+              "pad_token": "<|pad|>", "chat_template": VLM_CHAT_TEMPLATE}  # fmt: skip
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    path = out / "tokenizer_config.json"
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f".tokenizer_config.json.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return TransformersTokenizer.load(out)
 
 
 def image_bytes(fmt: str, width: int, height: int, orientation: int | None = None, seed: int = 0) -> bytes:
@@ -102,6 +149,42 @@ def corpus_documents(num: int, seed: int = 0, max_images: int = 3, smallest: int
                            "bytes": image_bytes(fmt, w, h, orientation, seed=seed * 100_000 + d * 10 + i)})  # fmt: skip
             parts.insert(int(rng.integers(0, len(parts) + 1)), IMAGE)
         out.append({"text": " ".join(parts), "images": images})
+    return out
+
+
+def _random_image(rng: np.random.Generator, seed: int, smallest: int, largest: int) -> dict:
+    """One image ``{"format", "orientation", "bytes"}``: a seeded size, aspect ratio (up to 8:1), format and EXIF
+    orientation."""
+    fmt = ("JPEG", "PNG", "WEBP")[int(rng.integers(0, 3))]
+    side = int(np.exp(rng.uniform(np.log(smallest), np.log(largest))))
+    ratio = float(np.exp(rng.uniform(-np.log(8), np.log(8))))
+    w, h = max(smallest, int(side * ratio**0.5)), max(smallest, int(side / ratio**0.5))
+    orientation = (None, 1, 3, 6, 8)[int(rng.integers(0, 5))]
+    return {"format": fmt, "orientation": orientation, "bytes": image_bytes(fmt, w, h, orientation, seed=seed)}
+
+
+def chat_corpus_documents(num: int, seed: int = 0, max_images: int = 2, smallest: int = 16, largest: int = 160) -> list:
+    """``num`` conversations ``{"messages", "images"}`` in the shape transformers' chat templates and processors take:
+    an optional system turn, then 1 to 3 user/assistant exchanges; each content a list of ``{"type": "text", "text"}``
+    and ``{"type": "image"}`` parts (0 to ``max_images`` images per user turn, before, between or after its text);
+    ``images``: the images in the order of their parts."""
+    rng = np.random.default_rng(seed)
+    sentences = _sentences()
+
+    def say() -> dict:
+        return {"type": "text", "text": sentences[int(rng.integers(0, len(sentences)))]}
+
+    out = []
+    for d in range(num):
+        messages = [{"role": "system", "content": [say()]}] if rng.random() < 0.3 else []
+        images: list[dict] = []
+        for _ in range(int(rng.integers(1, 4))):
+            parts = [say()]
+            for _ in range(int(rng.integers(0, max_images + 1))):
+                images.append(_random_image(rng, seed * 100_000 + d * 10 + len(images), smallest, largest))
+                parts.insert(int(rng.integers(0, len(parts) + 1)), {"type": "image", "text": None})
+            messages += [{"role": "user", "content": parts}, {"role": "assistant", "content": [say()]}]
+        out.append({"messages": messages, "images": images})
     return out
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from detsampler.cli.inputs import prepare, show_progress, verify_files
-from detsampler.cli.options import layout_config
+from detsampler.cli.options import is_media, layout_config
 from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows, rel
 
 __all__ = ["cmd_build", "cmd_tokenizer_train"]
@@ -87,6 +87,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args)
     audit = verify_files(prepared.index).line() if args.verify_tokens else None  # a full read, before any output
+    if args.layout and is_media(prepared.index):
+        raise ValueError(
+            "--layout: a media index's two-axis layout is packed in RAM when it is opened (show, where, verify, stats"
+            " --max-patches N); nothing is persisted"
+        )
     if args.layout:
         _push_layout(prepared, layout_config(args), args.num_proc)
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
@@ -98,6 +103,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(audit)
     if "source_kind" in summary:
         return _print_source(summary, args.json)
+    if "num_images" in summary:
+        return _print_media(summary, args.json)
     summary["tokenizer_path"] = None if prepared.tokenizer is None else prepared.tokenizer.path
     if "num_shards" in summary:
         return _print_sharded(summary, prepared.index.meta["shards"], args.json)
@@ -198,6 +205,26 @@ def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:
             ("tokens", fmt_int(summary["num_tokens"])),
             ("eos / pad", f"{summary['eos_id']} / {summary['pad_id']}"),
             ("tokenizer", rel(tokenizer) if tokenizer else "none given (every shard is a pre-tokenized file)"),
+            ("fingerprint", summary["fingerprint"]),
+        ]
+    )
+    return 0
+
+
+def _print_media(summary: dict, as_json: bool) -> int:
+    """A media index's summary: what was opened (built by :func:`detsampler.media.build.build_media_index`)."""
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    counts = ", ".join(f"{k}={v}" for k, v in summary["counts"].items() if k not in ("family", "version"))
+    print_rows(
+        [
+            ("media index", rel(summary["path"])),
+            ("documents", f"{fmt_int(summary['num_documents'])} ({summary['skipped_documents']} left out at build)"),
+            ("tokens", f"{fmt_int(summary['num_tokens'])} (image tokens expanded; +{summary['num_documents']} EOS)"),
+            ("images", fmt_int(summary["num_images"])),
+            ("counts", f"{summary['counts']['family']} v{summary['counts']['version']} ({counts})"),
+            *([("chat", f"policy {summary['chat']['policy']}")] if "chat" in summary else []),
             ("fingerprint", summary["fingerprint"]),
         ]
     )

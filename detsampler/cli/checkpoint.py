@@ -13,6 +13,7 @@ are allowed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from fractions import Fraction
@@ -27,7 +28,7 @@ from detsampler.mixture.weights import normalize_weights
 from detsampler.plan import Plan, normalize_skip_steps
 from detsampler.record import DataRecord
 from detsampler.redaction import check_redacted_documents, normalize_redactions
-from detsampler.resume import DataFingerprint, fingerprint_changes
+from detsampler.resume import DataFingerprint, erasures_added, fingerprint_changes
 
 __all__ = ["Audit", "after_checkpoint", "mixture_of", "open_audit"]
 
@@ -232,9 +233,12 @@ def _datasets(args: argparse.Namespace, explicit: set[str], record: DataRecord, 
             continue
         from dataclasses import replace
 
-        dataset = load_dataset_for(replace(base, data=path))
+        # NOTE: the index records its text column: --text-column, when given, must be it (checked below and by
+        # _conflicts), and is not needed otherwise
+        column = base.text_column if "text_column" in explicit else index.text_column
+        dataset = load_dataset_for(replace(base, data=path, text_column=column))
         try:
-            index.check_dataset(dataset, base.text_column)
+            index.check_dataset(dataset, column)
         except ValueError as exc:
             flag = "--mixture-data" if "mixture_data" in explicit else "--data"
             what = path or "(the default corpus)"
@@ -325,6 +329,8 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
     reopened = DataFingerprint.of(
         indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()
     )
+    if erasures_added(record.fingerprint.index, reopened.index):  # erased since: every sample in place, audited as is
+        reopened = dataclasses.replace(reopened, index=record.fingerprint.index)
     if reopened.hash != record.fingerprint.hash:
         changes = fingerprint_changes(record.fingerprint, reopened)
         raise ValueError(

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
+from detsampler.media.layout import MediaLayoutConfig
+from detsampler.media.packing import OVERLONG_MEDIA
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
 from detsampler.redaction import check_redacted_documents
@@ -31,7 +33,10 @@ __all__ = [
     "add_mixture_options",
     "add_plan_options",
     "index_config",
+    "is_media",
     "layout_config",
+    "layout_for",
+    "media_layout_config",
     "mixture_config",
     "plan_from_args",
     "step_range",
@@ -57,6 +62,8 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "window_docs": ("LayoutConfig", "window_docs"),
     "overlong": ("LayoutConfig", "overlong"),
     "epoch_order": ("LayoutConfig", "epoch_order"),  # and Plan.epoch_ids, which follows it (plan_from_args)
+    # a media index's layout reads --seq-len, --layout-seed, --window-docs and --overlong too (media_layout_config)
+    "max_patches": ("MediaLayoutConfig", "max_patches"),
     "seed": ("Plan", "seed"),
     "global_batch_size": ("Plan", "global_batch_size"),
     "micro_batch_size": ("Plan", "micro_batch_size"),
@@ -367,6 +374,14 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
         " (default: %(default)s)",
     )
     g.add_argument(
+        "--max-patches",
+        type=int,
+        default=MediaLayoutConfig().max_patches,
+        metavar="N",
+        help="a media index (images beside text): at most N vision patches per sample, the second axis its samples"
+        " are packed on (default: %(default)s)",
+    )
+    g.add_argument(
         "--epoch-order",
         action=argparse.BooleanOptionalAction,
         default=d.epoch_order,
@@ -452,6 +467,46 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
         # is refused (LayoutConfig)
         epoch_order=bool(getattr(args, "epoch_order", False)) and kind in (None, "concat", "document"),
     )
+
+
+def is_media(index: Any) -> bool:
+    """Whether ``index`` is a media index (images beside text: its layout packs on two axes)."""
+    from detsampler.media.index import MediaIndex
+
+    return isinstance(index, MediaIndex)
+
+
+def media_layout_config(args: argparse.Namespace, kinds: Sequence[str] | None = None) -> MediaLayoutConfig:
+    """The :class:`~detsampler.media.layout.MediaLayoutConfig` of the layout options: ``--seq-len``, ``--max-patches``,
+    ``--layout-seed``, ``--window-docs``, ``--overlong`` (split or drop). A layout kind other than bestfit given
+    explicitly (``--kind``, or ``kinds``: ``stats --kinds``) is refused: a media index has one layout, best fit on two
+    axes."""
+    explicit = getattr(args, "explicit", ())
+    if kinds is not None and "kinds" in explicit and list(kinds) != ["bestfit"]:
+        raise ValueError(
+            f"--kinds {','.join(kinds)}: a media index is packed on two axes (best fit of LLM tokens and vision"
+            " patches): drop --kinds, or pass --kinds bestfit"
+        )
+    if "kind" in explicit and args.kind != "bestfit":
+        raise ValueError(
+            f"--kind {args.kind}: a media index is packed on two axes (best fit of LLM tokens and vision patches):"
+            " drop --kind, or pass --kind bestfit"
+        )
+    if args.overlong not in OVERLONG_MEDIA:
+        raise ValueError(
+            f"--overlong {args.overlong}: a media index cuts a document only between images; allowed are"
+            f" {', '.join(OVERLONG_MEDIA)}"
+        )
+    return MediaLayoutConfig(seq_len=args.seq_len, max_patches=args.max_patches, seed=args.layout_seed,
+                             window_docs=args.window_docs, overlong=args.overlong)  # fmt: skip
+
+
+def layout_for(index: Any, args: argparse.Namespace, kind: str | None = None) -> Any:
+    """The layout of the layout options over ``index``: a media index's two-axis layout (:func:`media_layout_config`),
+    else the :class:`LayoutConfig` of :func:`layout_config` (``kind`` in place of ``--kind`` when given)."""
+    if is_media(index):
+        return index.layout(media_layout_config(args))
+    return index.layout(layout_config(args, kind))
 
 
 def plan_from_args(

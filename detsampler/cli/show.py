@@ -15,8 +15,8 @@ import numpy as np
 
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
-from detsampler.cli.options import layout_config, mixture_config, plan_from_args
-from detsampler.cli.report import fmt_weights
+from detsampler.cli.options import is_media, layout_for, mixture_config, plan_from_args
+from detsampler.cli.report import fmt_weights, image_line
 from detsampler.hashing import sample_hash
 from detsampler.layout import Layout
 from detsampler.plan import Plan
@@ -72,6 +72,24 @@ def _trained_ranges(mask: np.ndarray, start: int) -> str:
     return ", ".join(f"[{a}, {b})" for a, b in runs.tolist()) or "none"
 
 
+def _decode(tokenizer: Any, ids: list[int], image_id: int | None) -> str:
+    """``ids`` decoded; each run of an image's tokens (a media index's ``image_id``) written once with its length,
+    ``<|image_pad|>x64``, not 64 times."""
+    if not ids:
+        return ""
+    if image_id is None or image_id not in ids:
+        return tokenizer.decode(ids)
+    values = np.asarray(ids)
+    edges = np.flatnonzero(np.diff(values == image_id)) + 1
+    parts = []
+    for run in np.split(values, edges):
+        if run[0] == image_id:
+            parts.append(f"{tokenizer.decode([image_id])}x{len(run)}")
+        else:
+            parts.append(tokenizer.decode(run.tolist()))
+    return "".join(parts)
+
+
 def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: int) -> str:
     index = prepared.index
     n = int(index.lengths[doc])
@@ -86,7 +104,7 @@ def _span_text(prepared: Prepared, doc: int, start: int, stop: int, max_chars: i
     if prepared.tokenizer is None:  # a pre-tokenized source opened without --tokenizer: show the ids
         text = " ".join(map(str, ids[:64])) + (" ..." if len(ids) > 64 else "")
     else:
-        text = prepared.tokenizer.decode(ids) if ids else ""
+        text = _decode(prepared.tokenizer, ids, getattr(index, "image_token_id", None))
     if stop > n:
         text += "<EOS>"
     if max_chars and len(text) > max_chars:
@@ -112,13 +130,29 @@ def _step_header(plan: Plan, layouts: Sequence[Layout], labels: Sequence[str] | 
         " positions"
         f" [{plan.consumed(step)}, {plan.consumed(step) + plan.batch_size(step)}), {plan.num_micro_steps(step)} micro"
         f" step(s) x {plan.world_size} rank(s) x {plan.micro_batch_size}; layout {layout.config.kind}"
-        f" seq_len={layout.config.seq_len}, {per_epoch}"
+        f" seq_len={layout.config.seq_len}{_max_patches(layout)}, {per_epoch}"
     )
+
+
+def _max_patches(layout: Layout) -> str:
+    """`` max_patches=N`` for a media layout (its second axis), else nothing."""
+    media = getattr(layout, "media_config", None)
+    return "" if media is None else f" max_patches={media.max_patches}"
+
+
+def _image_lines(index: Any, layout: Layout, sample_id: int) -> list[str]:
+    """A media sample's images (:meth:`~detsampler.media.index.MediaIndex.sample_images`), after its spans."""
+    (images,) = index.sample_images(layout, [sample_id])
+    tokens, patches = sum(im["tokens"] for im in images), sum(im["patches"] for im in images)
+    return [f"    images: {len(images)} ({tokens} tokens, {patches} patches)"] + [
+        f"      {image_line(im)}" for im in images
+    ]
 
 
 def _micro_batch_lines(
     args: argparse.Namespace,
     plan: Plan,
+    layouts: Sequence[Layout],
     labels: Sequence[str] | None,
     prepared: Sequence[Prepared],
     step: int,
@@ -144,16 +178,23 @@ def _micro_batch_lines(
             n = int(src.index.lengths[doc])
             where = f"doc {doc}" + (f" ({src.dataset[int(doc)]['path']})" if has_path else "")
             eos = " + EOS" if e > n else ""
-            redacted = _redacted_from(plan, step, doc, None if labels is None else k)
-            note = "" if redacted is None else f"  redacted from step {redacted}"
-            lines.append(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{note}")
+            from_step = _redacted_from(plan, step, doc, None if labels is None else k)
+            erased = doc in getattr(src.index, "erased_documents", ())
+            mark = "" if from_step is None else f"  redacted from step {from_step}"
+            if erased:
+                mark += "  erased (its stored tokens are the pad id, its labels masked)"
+            lines.append(f"    {where}  tokens [{s}, {min(e, n)}) of {n}{eos}{mark}")
             mask = _span_mask(src, doc, s, e)
-            if mask is not None and redacted is not None:  # the trainer masks every label whose input is the document's
-                lines.append(f"      trained 0 of {mask.size} tokens: none (its labels are masked: redacted)")
+            if mask is not None and (from_step is not None or erased):  # every label whose input is the document's
+                why = "redacted" if from_step is not None else "erased"
+                lines.append(f"      trained 0 of {mask.size} tokens: none (its labels are masked: {why})")
             elif mask is not None:
                 lines.append(f"      trained {int(mask.sum())} of {mask.size} tokens: {_trained_ranges(mask, s)}")
             if args.decode:
                 lines.append(f"      {_span_text(src, doc, s, e, args.max_chars)}")
+        if is_media(src.index):
+            sample_id = loc.source_sample_ids[i] if loc.sources is not None else loc.sample_ids[i]
+            lines += _image_lines(src.index, layouts[k], int(sample_id))
     return lines
 
 
@@ -194,7 +235,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         raise ValueError("show needs --step S (or --checkpoint PATH, which shows the checkpoint's last trained step)")
     elif config is None:
         prepared = [prepare(args)]
-        layouts = [prepared[0].index.layout(layout_config(args))]
+        layouts = [layout_for(prepared[0].index, args)]
         plan = plan_from_args(args, layouts[0].num_samples, documents=[prepared[0].index.num_documents])
         labels = None
     else:
@@ -208,6 +249,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     located = [(a, r, locate(plan, layout, step, rank=r, micro_step=a)) for a in micro_steps for r in ranks]
     lines.append(_step_header(plan, layouts, labels, step))
     for a, r, loc in located:
-        lines += _micro_batch_lines(args, plan, labels, prepared, step, loc, r, a)
+        lines += _micro_batch_lines(args, plan, layouts, labels, prepared, step, loc, r, a)
     print("\n".join(lines))
     return 0

@@ -12,8 +12,9 @@ from typing import Any
 
 from detsampler.cli.against import report_against
 from detsampler.cli.checkpoint import after_checkpoint, open_audit
+from detsampler.cli.erase import erasure_proof_lines
 from detsampler.cli.inputs import mixture_plan, prepare, verify_files
-from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.options import layout_for, mixture_config, plan_from_args
 from detsampler.cli.record_files import find_record
 from detsampler.cli.redactions import redaction_lines, redaction_rows
 from detsampler.mixture import MixtureConfig
@@ -36,9 +37,25 @@ def _epoch_lines(rows: list[dict[str, Any]], indent: str) -> list[str]:
     return lines
 
 
-def _verdict(report: dict, changed_before: int | None = None) -> tuple[str, int]:
+def _erasure_lines(indexes: Sequence[Any], labels: Sequence[str] | None = None) -> tuple[list[str], bool]:
+    """The erasure proof of each index that records erasures (:func:`~detsampler.cli.erase.erasure_proof_lines`):
+    (its lines, whether every erased document's bytes read back as the neutral id)."""
+    lines, ok = [], True
+    for k, index in enumerate(indexes):
+        if getattr(index, "erasures", None):
+            if labels is not None:
+                lines.append(f"source {labels[k]}:")
+            proof, gone = erasure_proof_lines(index)
+            lines += proof
+            ok &= gone
+    return lines, ok
+
+
+def _verdict(report: dict, changed_before: int | None = None, erased: bool = True) -> tuple[str, int]:
     """The last line and the exit status; ``changed_before``: the older checkpoint's step when ``--against`` found the
-    past changed."""
+    past changed; ``erased``: whether every recorded erasure's bytes read back as the neutral id."""
+    if not erased:
+        return "FAILED: an erased document's stored bytes are not all the neutral id", 1
     if not report["ok"]:
         return "FAILED: duplicates or gaps found", 1
     if changed_before is not None:
@@ -63,15 +80,26 @@ def _header_lines(report: dict, plan: Plan, what: str) -> list[str]:
     return lines
 
 
-def _report_lines(plan: Plan, layouts: Sequence[Any], labels: Sequence[str] | None, a: int, b: int) -> tuple:
-    """The audit of steps ``a..b-1`` of ``plan`` over ``layouts`` (one, or a mixture's with ``labels``): (its report,
-    its lines: the header, the epochs, the redactions)."""
+def _report_lines(
+    plan: Plan,
+    layouts: Sequence[Any],
+    labels: Sequence[str] | None,
+    a: int,
+    b: int,
+    indexes: Sequence[Any],
+    instance_filter: Any = None,
+) -> tuple[dict, list[str], bool]:
+    """The audit of steps ``a..b-1`` of ``plan`` over ``layouts`` (one, or a mixture's with ``labels``) and their
+    ``indexes``: (its report, its lines: the header, the epochs, the redactions (their trained labels counted through
+    ``instance_filter``), the erasure proofs; whether every erasure is proved)."""
+    erasures, erased = _erasure_lines(indexes, labels)
     if labels is None:
         report = verify_plan(plan, a, b)
         layout = layouts[0]
         lines = _header_lines(report, plan, f"{layout.config.kind} layout of {layout.num_samples} samples per epoch")
         lines += _epoch_lines(report["epochs"], "  ")
-        return report, lines + redaction_lines(redaction_rows(plan, layout, b), b)
+        lines += redaction_lines(redaction_rows(plan, layout, b, indexes, instance_filter), b)
+        return report, lines + erasures, erased
     report = verify_mixture_plan(plan, a, b)
     lines = _header_lines(report, plan, f"{layouts[0].config.kind} layouts, mixture of {len(layouts)} sources")
     for name, src in zip(labels, report["sources"]):
@@ -80,12 +108,13 @@ def _report_lines(plan: Plan, layouts: Sequence[Any], labels: Sequence[str] | No
             f" {src['served'][1]})"
         )
         lines += _epoch_lines(src["epochs"], "    ")
-    return report, lines + redaction_lines(redaction_rows(plan, list(layouts), b), b, labels)
+    lines += redaction_lines(redaction_rows(plan, list(layouts), b, indexes, instance_filter), b, labels)
+    return report, lines + erasures, erased
 
 
-def _print(lines: list[str], report: dict, changed_before: int | None = None) -> int:
+def _print(lines: list[str], report: dict, changed_before: int | None = None, erased: bool = True) -> int:
     """Print ``lines`` and the verdict; returns the exit status."""
-    verdict, status = _verdict(report, changed_before)
+    verdict, status = _verdict(report, changed_before, erased)
     print("\n".join([*lines, verdict]))
     return status
 
@@ -110,14 +139,15 @@ def _cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         lines.append(after)
     if getattr(args, "tokens", False):
         lines += [verify_files(p.index).line() for p in audit.prepared]
-    report, more = _report_lines(plan, audit.layouts, audit.labels, a, b)
+    indexes = [p.index for p in audit.prepared]
+    report, more, erased = _report_lines(plan, audit.layouts, audit.labels, a, b, indexes, record.instance_filter())
     lines += more
     changed_before = None
     if against is not None:
         compared, accepted = report_against(audit, against, a, b)
         lines += compared
         changed_before = None if accepted else against[0].step
-    return _print(lines, report, changed_before)
+    return _print(lines, report, changed_before, erased)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -134,11 +164,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if config is not None:
         return _cmd_verify_mixture(args, config)
     prepared = prepare(args)
-    layout = prepared.index.layout(layout_config(args))
+    layout = layout_for(prepared.index, args)
     plan = plan_from_args(args, layout.num_samples, documents=[prepared.index.num_documents])
     lines = [verify_files(prepared.index).line()] if getattr(args, "tokens", False) else []
-    report, more = _report_lines(plan, [layout], None, *args.steps)
-    return _print(lines + more, report)
+    a, b = args.steps
+    report, more, erased = _report_lines(plan, [layout], None, a, b, [prepared.index])
+    return _print(lines + more, report, erased=erased)
 
 
 def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
@@ -146,5 +177,6 @@ def _cmd_verify_mixture(args: argparse.Namespace, config: MixtureConfig) -> int:
     lines = []
     if getattr(args, "tokens", False):
         lines += [f"source {name}: {verify_files(p.index).line()}" for p, name in zip(prepared, config.labels)]
-    report, more = _report_lines(plan, layouts, config.labels, *args.steps)
-    return _print(lines + more, report)
+    a, b = args.steps
+    report, more, erased = _report_lines(plan, layouts, config.labels, a, b, [p.index for p in prepared])
+    return _print(lines + more, report, erased=erased)

@@ -39,7 +39,6 @@ from pathlib import Path
 from detsampler.checks import check_local_path
 from detsampler.index.checksums import load_sums
 from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError, seal_ok
-from detsampler.index.reader import TokenIndex
 from detsampler.storage import (
     CreateOnlyUnsupportedError,
     ObjectNotFoundError,
@@ -375,8 +374,25 @@ def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) 
     if not (root / "meta.json").is_file():
         raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
     _check_destination(url)
-    TokenIndex.open(root)  # the seal and every file's size and checksums: never upload a damaged index
+    _check_pushable(root)  # the seal and every file's size and checksums: never upload a damaged index
     return _upload(root, url, "meta.json", max_workers)
+
+
+def _check_pushable(root: Path) -> None:
+    """Open the index at ``root`` (a token index, or a media index whose images travel with it: bytes it holds itself,
+    or byte ranges of objects in a store), refusing one that would not read the same from the bucket."""
+    from detsampler.index.sharded import open_index
+    from detsampler.storage import is_remote
+
+    index = open_index(root)
+    sources = index.meta.get("sources", [""])[1:] if hasattr(index, "num_images") else []  # a media index's
+    local = [s for s in sources if not is_remote(s)]
+    if local:
+        raise TokenIndexError(
+            f"media index {str(root)!r} reads images from {len(local)} local file(s) (first {local[0]!r}), which a"
+            " reader of the bucket cannot open: put the shards in the bucket and build the index from their URLs"
+            " (webdataset_source(['s3://...'])); images held in the index itself (a datasets table's) travel with it"
+        )
 
 
 def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:

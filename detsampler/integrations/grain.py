@@ -9,7 +9,9 @@ these records are exactly ``plan.with_world(P)``'s micro batches of rank ``p``, 
 process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``.
 
 A record is read with one :meth:`~detsampler.loader.dataset.PackedDataset.get_batch` (vectorized over its samples)
-and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. Records, not
+and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. The plan's
+redactions are applied to it at its step (labels and ``loss_mask`` masked where a redacted document's tokens are); the
+instance filter is the dataset's; both are in the data record. Records, not
 samples, are Grain's elements: with ``worker_count > 0`` Grain batches inside each worker, so a ``Batch`` operation
 over samples would mix the micro batches of ``worker_count`` consecutive records; whole records come back in order
 whatever the worker count.
@@ -43,6 +45,7 @@ grain = require("grain", "grain")
 
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
+from detsampler.redaction import Blocklist  # noqa: E402
 
 __all__ = ["PlanSampler", "PlanSource", "data_loader", "map_dataset"]
 
@@ -82,6 +85,7 @@ class PlanSource:
             raise ValueError(f"Got num_steps {num_steps!r}, num_steps must be an integer >= 1 (the steps to serve)")
         self.dataset = dataset
         self.plan = plan.with_world(1)  # the records' numbering: one rank, so every micro batch in training order
+        self._blocklist = Blocklist(plan.redactions or ())
         self.num_steps = int(num_steps)
         self._length = self.records_before(self.num_steps)
         fingerprint = self.checkpoint.fingerprint
@@ -96,7 +100,25 @@ class PlanSource:
     def __getitem__(self, record: int) -> dict[str, np.ndarray]:
         step, micro_step = self.position(record)
         ids = self.plan.micro_batch(step, micro_step, 0)
-        return {**self._read(ids), "sample_ids": ids}
+        batch = self._read(ids)
+        if self._blocklist.redactions:
+            self._redact(batch, ids, step)
+        return {**batch, "sample_ids": ids}
+
+    def _redact(self, batch: dict[str, np.ndarray], ids: np.ndarray, step: int) -> None:
+        """The plan's redactions in force at ``step``: the labels (and ``loss_mask``) of their documents' positions
+        masked, in place (every record is read at its step: the mask is the training loop's)."""
+        if "labels" not in batch or "document_ids" not in batch:
+            raise ValueError(
+                "the plan redacts documents, which masks labels by their document_ids: the records hold"
+                f" {sorted(batch)} (read output='fields')"
+            )
+        stream = self.plan.stream
+        sources = stream.split_ids(ids)[0] if hasattr(stream, "split_ids") else None
+        mask = self._blocklist.mask(batch["document_ids"], step, sources)
+        batch["labels"] = np.where(mask, -100, batch["labels"])
+        if "loss_mask" in batch:
+            batch["loss_mask"] = batch["loss_mask"] & ~mask
 
     def _read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The samples ``ids`` as one dict of arrays ``[len(ids), ...]``: ``get_batch`` (PackedDataset), a batched

@@ -36,9 +36,10 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -53,6 +54,7 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.loader.erased import mask_erased
 from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats
 from detsampler.loader.token_cache import TokenCache
 from detsampler.plan import Plan
@@ -168,6 +170,7 @@ class PackedDataset(Dataset):
         self._chat = getattr(index, "chat", None)
         self.prefetch, self.plan = prefetch, plan
         self._prefetcher: tuple[int, Prefetcher | None] | None = None  # (pid, its prefetcher): made in each process
+        self._token_arrays = 0  # how many of the prefetcher's arrays are the index's tokens (and loss mask)
         if dataset is not None:
             columns = [text_column] if self._chat is None else list(self._chat.columns)
             index.check_dataset(dataset, text_column if self._chat is None else None)
@@ -273,8 +276,13 @@ class PackedDataset(Dataset):
             return None
         if self._prefetcher is None or self._prefetcher[0] != os.getpid() or getattr(self._prefetcher[1], "closed", 0):
             arrays = [a for a in (self.index.tokens, getattr(self.index, "loss_mask", None)) if a is not None]
+            if not arrays or not all(getattr(a, "in_object_store", False) for a in arrays):
+                arrays = []  # a local index is read from its memory map
+            self._token_arrays = len(arrays)
+            media = getattr(self.index, "media_objects", None)  # a media index's images in a bucket
+            arrays += media(self.layout) if media is not None else []
             made = None
-            if arrays and all(getattr(a, "in_object_store", False) for a in arrays):
+            if arrays:
                 info = get_worker_info()
                 made = Prefetcher(
                     arrays,
@@ -289,7 +297,7 @@ class PackedDataset(Dataset):
                 )
                 # NOTE: its threads hold the prefetcher, not this dataset: collecting the dataset stops them
                 weakref.finalize(self, _close_prefetcher, weakref.ref(made))
-            self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
+            self._prefetcher = (os.getpid(), made)  # None: nothing in an object store, nothing to prefetch
         return self._prefetcher[1]
 
     def prefetch_stats(self) -> PrefetchStats | None:
@@ -306,6 +314,14 @@ class PackedDataset(Dataset):
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors, or with
         ``output="tokens"`` ``{"tokens": [len(sample_ids), seq_len + 1]}`` in the stored dtype (see the module doc)."""
+        with self.reading(sample_ids) as (batch, _):
+            return batch
+
+    @contextlib.contextmanager
+    def reading(self, sample_ids: Sequence[int] | np.ndarray) -> Iterator[tuple[dict[str, torch.Tensor], dict]]:
+        """:meth:`get_batch`'s batch and the objects the prefetcher holds this micro batch's blocks of, by URL (a
+        media index's image sources; empty without prefetch or when it was not planned), held until the block exits:
+        what else the micro batch reads (its images) is read through them inside it."""
         raw = np.asarray(sample_ids)
         if raw.size and raw.dtype.kind not in "iu":
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
@@ -313,7 +329,9 @@ class PackedDataset(Dataset):
         lookahead = self._lookahead()
         planned = None if lookahead is None else lookahead.take(sample_ids)
         try:
-            return self._read_batch(ids, lookahead, planned)
+            batch = self._read_batch(ids, lookahead, planned)
+            held = {} if planned is None else {a.url: a.source for a in lookahead.arrays[self._token_arrays :]}
+            yield batch, held
         finally:
             if planned is not None:
                 lookahead.done(planned)
@@ -324,8 +342,11 @@ class PackedDataset(Dataset):
             doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
         else:  # the spans planned ahead, the tokens through the prefetcher's cache
             spans, doc_starts, doc_lengths = planned.reads
-            arrays = lookahead.arrays
-            read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
+            arrays = lookahead.arrays[: self._token_arrays]
+            if arrays:
+                read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
+            else:  # local tokens (their memory map); the prefetcher reads a media index's images
+                _, _, read, read_mask = self._token_source(spans.doc_ids)
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
             mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
@@ -348,10 +369,9 @@ class PackedDataset(Dataset):
             out = {"tokens": tokens}
             if mask_grid is not None:
                 out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
-            if self.instance_filter is None:
-                return out
-            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
-            return {**out, "instance_mask": torch.from_numpy(~flagged)}
+            if self.instance_filter is not None:
+                out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
+            return self._without_erased(out, spans)
         block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
         pack_fields(
             spans,
@@ -376,13 +396,21 @@ class PackedDataset(Dataset):
             fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
-            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
+            inputs = fields[FIELDS.index("input_ids")]
+            flagged = self.instance_filter.flags(inputs, valid=_not_images(self.index, inputs), lengths=lengths)
             fields[FIELDS.index("labels")][flagged] = -100
             if mask_grid is not None:
                 batch["loss_mask"][torch.from_numpy(flagged)] = False
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
-        return batch
+        return self._without_erased(batch, spans)
+
+    def _without_erased(self, batch: dict[str, torch.Tensor], spans: Any) -> dict[str, torch.Tensor]:
+        """The labels of the index's erased documents masked (:mod:`detsampler.loader.erased`)."""
+        erased = getattr(self.index, "erased_documents", None)
+        if erased is None or not len(erased):
+            return batch
+        return mask_erased(batch, spans, erased, self.layout.labels_cross_documents, self.layout.sample_len)
 
 
 def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
@@ -401,6 +429,17 @@ def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> t
         flat[:-1] *= mask_grid.reshape(-1)[1:]
     labels += IGNORE_INDEX
     return torch.from_numpy(labels != IGNORE_INDEX)
+
+
+def _not_images(index: Index, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray | None:
+    """Where the instance filter compares tokens: ``valid`` (None: everywhere) less a media index's image tokens. An
+    image is a run of one placeholder token as long as its token count (64 and more): never a repetition of text, so
+    its positions equal nothing, as padding's do (:mod:`detsampler.filter`)."""
+    image_id = getattr(index, "image_token_id", None)
+    if image_id is None:
+        return valid
+    text = input_ids != image_id
+    return text if valid is None else valid & text
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
@@ -478,7 +517,8 @@ def instance_filter_counts(
     for step in steps:
         batch = dataset.get_batch(plan.global_batch(step))
         valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
-        flagged = instance_filter.flags(batch["input_ids"].numpy(), valid)
+        inputs = batch["input_ids"].numpy()
+        flagged = instance_filter.flags(inputs, _not_images(index, inputs, valid))
         loss = (batch["labels"].numpy() != -100).sum(axis=1)
         out["samples"] += len(flagged)
         out["flagged_samples"] += int(flagged.sum())

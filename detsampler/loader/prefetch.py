@@ -124,7 +124,8 @@ class _Planned:
 
 class Prefetcher:
     """The lookahead of one process (see the module doc): ``arrays`` are the index's remote arrays read by token
-    position (the tokens, and a chat index's loss mask), each a :class:`~detsampler.index.checksums.VerifiedArray`."""
+    position (the tokens, and a chat index's loss mask), each a :class:`~detsampler.index.checksums.VerifiedArray`,
+    and objects that plan their own ranges (``ranges_of``: a media index's images in a bucket)."""
 
     def __init__(
         self,
@@ -394,10 +395,11 @@ class Prefetcher:
         per_array = []
         for array in self.arrays:
             remote = array._array
+            starts, stops, groups = _element_ranges(array, reads)
             bounds, blocks = range_blocks(
-                reads.starts,
-                reads.stops,
-                reads.span_offsets,
+                starts,
+                stops,
+                groups,
                 itemsize=remote.dtype.itemsize,
                 data_offset=remote.offset,
                 block_bytes=remote.source.block_bytes,
@@ -405,17 +407,16 @@ class Prefetcher:
             sizes = np.minimum((blocks + 1) * remote.source.block_bytes, remote.source.size) - blocks * (
                 remote.source.block_bytes
             )
-            per_array.append((remote.source.url, bounds, blocks.tolist(), sizes.tolist(), remote.dtype.itemsize))
-        used = (reads.stops - reads.starts).astype(np.int64)
+            used = np.concatenate([[0], np.cumsum(stops - starts)])[groups] * remote.dtype.itemsize
+            per_array.append((remote.source.url, bounds, blocks.tolist(), sizes.tolist(), np.diff(used).tolist()))
         out = []
         for i in range(len(reads)):
             keys, key_bytes, used_bytes = [], [], 0
-            lo, hi = int(reads.span_offsets[i]), int(reads.span_offsets[i + 1])
-            for url, bounds, blocks, sizes, itemsize in per_array:
+            for url, bounds, blocks, sizes, used in per_array:
                 a, b = int(bounds[i]), int(bounds[i + 1])
                 keys.extend((url, blk) for blk in blocks[a:b])
                 key_bytes.extend(sizes[a:b])
-                used_bytes += int(used[lo:hi].sum()) * itemsize
+                used_bytes += int(used[i])
             out.append(
                 _Planned(-1, reads.positions[i], reads.sample_ids[i], reads.batch(i), keys, key_bytes, used_bytes)
             )
@@ -462,6 +463,14 @@ class Prefetcher:
             if not self._refs[key]:
                 del self._refs[key]
                 self._window_bytes -= size
+
+
+def _element_ranges(array: Any, reads: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(starts, stops, groups)``: the element ranges each planned micro batch reads of ``array`` (micro batch ``i``:
+    ranges ``groups[i]:groups[i + 1]``): the token ranges of ``reads``, or the array's own when it plans them
+    (``array.ranges_of(reads)``: a media index's images, by byte, :mod:`detsampler.media.reads`)."""
+    own = getattr(array, "ranges_of", None)
+    return own(reads) if own is not None else (reads.starts, reads.stops, reads.span_offsets)
 
 
 _LIVE: weakref.WeakSet[Prefetcher] = weakref.WeakSet()  # this process's prefetchers not closed yet

@@ -11,7 +11,10 @@ real transformers image processor, the planned token count checked against the p
   ``get_rope_index`` computes them per sequence (tests/test_media_loader.py compares them by value);
 - ``pixel_values``: the processor's output for the micro batch's images in sample and position order (Qwen2-VL:
   ``[sum of patches, C * T * P * P]``); ``image_grid_thw`` ``[num_images, 3]``; ``images_per_sample`` ``[B]``;
-- ``mm_token_type_ids`` (1 on image tokens), ``cu_seqlens`` and ``max_seqlen`` of the per-document segments.
+- ``mm_token_type_ids`` (1 on image tokens), ``cu_seqlens`` and ``max_seqlen`` of the per-document segments;
+- over chat data (an index built with ``chat=``), ``loss_mask`` (bool ``[B, L]``, ``labels != -100``): the labels are
+  -100 wherever the policy trains nothing and on every image token, and none crosses from one conversation into the
+  next (tests/test_media_chat.py checks them by value against the processor's ``apply_chat_template``).
 
 Each image's bytes are read by their recorded location and checked against their CRC-32, decoded, turned by the EXIF
 orientation recorded at build, and handed to the processor; its grid and patch count must equal the planned ones (a
@@ -32,9 +35,11 @@ import torch
 from torch.utils.data import Dataset
 
 from detsampler.boundaries import sequence_boundaries
+from detsampler.filter import RepetitionFilter
 from detsampler.gather import IGNORE_INDEX
 from detsampler.keys import stable_hash64
 from detsampler.loader.dataset import MicroBatch, PackedDataset
+from detsampler.loader.prefetch import PrefetchConfig, PrefetchStats
 from detsampler.media.headers import MediaError
 from detsampler.media.index import MediaIndex
 from detsampler.media.layout import MediaLayout
@@ -137,7 +142,11 @@ class VLMDataset(Dataset):
     :class:`~detsampler.media.index.MediaIndex`, each micro batch made with ``image_processor`` (see the module doc).
 
     ``plan``: the plan the batch sampler reads (needed with ``augment``: it gives each sample's epoch); ``seed``: the
-    augmentation's seed; ``rope``: ``"1d"`` or ``"qwen2_vl"`` (the 4-row position ids of Qwen2-VL's rope)."""
+    augmentation's seed; ``rope``: ``"1d"`` or ``"qwen2_vl"`` (the 4-row position ids of Qwen2-VL's rope);
+    ``instance_filter``: a flagged sample's labels are -100 (its text's repetitions; its images' runs of image tokens
+    never count as one); ``prefetch`` (with ``plan``): each process fetches the blocks of the images (webdataset
+    shards in a bucket) and of the tokens (an index in a bucket) that its next micro batches read, exactly, before it
+    reads them (:mod:`detsampler.loader.prefetch`); every image's CRC-32 is checked as it is read, with or without."""
 
     def __init__(
         self,
@@ -149,6 +158,8 @@ class VLMDataset(Dataset):
         seed: int = 0,
         augment: Callable[[Any, np.random.Generator], Any] | None = None,
         rope: str = "1d",
+        instance_filter: RepetitionFilter | None = None,
+        prefetch: PrefetchConfig | None = None,
     ) -> None:
         if not isinstance(index, MediaIndex) or not isinstance(layout, MediaLayout):
             raise TypeError(f"VLMDataset reads a MediaIndex and a MediaLayout, got {type(index).__name__} and"
@@ -166,10 +177,19 @@ class VLMDataset(Dataset):
         _check_processor(image_processor, index)
         self.index, self.layout, self.processor = index, layout, image_processor
         self.plan, self.seed, self.augment, self.rope = plan, int(seed), augment, rope
-        self.packed = PackedDataset(index, layout)
+        self.instance_filter, self.prefetch = instance_filter, prefetch
+        self.packed = PackedDataset(index, layout, instance_filter=instance_filter, prefetch=prefetch, plan=plan)
 
     def __len__(self) -> int:
         return self.layout.num_samples
+
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """What this process's prefetcher fetched (:meth:`PackedDataset.prefetch_stats`)."""
+        return self.packed.prefetch_stats()
+
+    def close(self) -> None:
+        """Stop this process's prefetcher."""
+        self.packed.close()
 
     def __getitem__(self, sample_id: int) -> dict[str, torch.Tensor]:
         return self.get_batch([sample_id])
@@ -181,11 +201,11 @@ class VLMDataset(Dataset):
             epochs = self.plan.stream.epochs(positions)
         return VLMBatch(self.get_batch(sample_ids, epochs))
 
-    def _decode(self, image: int, row: dict, k: int, epoch: int | None) -> Any:
-        """Image ``image`` (row ``k`` of ``row``) decoded, oriented as recorded, in RGB, augmented."""
+    def _decode(self, image: int, data: bytes, row: dict, k: int, epoch: int | None) -> Any:
+        """Image ``image`` (its bytes ``data``, its record row ``k`` of ``row``) decoded, oriented as recorded, in RGB,
+        augmented."""
         from PIL import Image
 
-        data = self.index.read_image(image, row, k)
         stored = (int(row["width"][k]), int(row["height"][k]))
         if int(row["orientation"][k]) >= 5:
             stored = stored[::-1]
@@ -205,11 +225,14 @@ class VLMDataset(Dataset):
             decoded = self.augment(decoded, rng)
         return decoded
 
-    def _pixels(self, images: np.ndarray, rows: dict, epochs: np.ndarray | None) -> dict[str, torch.Tensor]:
-        """The processor's output for ``images``, checked against their planned grids and patch counts."""
+    def _pixels(self, images: np.ndarray, rows: dict, epochs: np.ndarray | None, held: dict) -> dict[str, torch.Tensor]:
+        """The processor's output for ``images``, checked against their planned grids and patch counts; ``held``: the
+        prefetcher's objects holding their blocks."""
         if not len(images):
             return {"pixel_values": torch.zeros((0, 0)), "image_grid_thw": torch.zeros((0, 3), dtype=torch.long)}
-        decoded = [self._decode(int(i), rows, k, None if epochs is None else epochs[k]) for k, i in enumerate(images)]
+        data = self.index.read_images(images, rows, held)  # every image's CRC-32 checked
+        decoded = [self._decode(int(i), data[k], rows, k, None if epochs is None else epochs[k])
+                   for k, i in enumerate(images)]  # fmt: skip
         out = self.processor(images=decoded, return_tensors="np")
         pixels = np.asarray(out["pixel_values"])
         grid = np.asarray(out["image_grid_thw"]) if "image_grid_thw" in out else None
@@ -236,12 +259,12 @@ class VLMDataset(Dataset):
                 "augment draws per (seed, epoch, document, item): read through DeterministicBatchSampler (its"
                 " PlannedIds carry the step) or pass epochs="
             )
-        batch = self.packed.get_batch(ids)
         offsets, images = self.layout.sample_images(ids)
         rows = self.index.image_rows(images)
         sample_of = np.repeat(np.arange(len(ids)), np.diff(offsets))
         image_epochs = None if epochs is None else np.asarray(epochs, np.int64).reshape(-1)[sample_of]
-        batch.update(self._pixels(images, rows, image_epochs))
+        with self.packed.reading(sample_ids) as (batch, held):  # the images read while their blocks are held
+            batch.update(self._pixels(images, rows, image_epochs, held))
         input_ids = batch["input_ids"].numpy()
         image_id = self.index.image_token_id
         is_image = input_ids == image_id
@@ -253,6 +276,8 @@ class VLMDataset(Dataset):
             )
         labels = batch["labels"]
         labels[labels == image_id] = IGNORE_INDEX
+        if "loss_mask" in batch:  # chat data: the stored mask is 0 on image tokens already; kept equal to the labels'
+            batch["loss_mask"] &= labels != IGNORE_INDEX
         batch["mm_token_type_ids"] = torch.from_numpy(is_image.astype(np.int64))
         batch["images_per_sample"] = torch.from_numpy(np.diff(offsets).astype(np.int64))
         positions = batch["position_ids"].numpy()
@@ -276,9 +301,11 @@ class VLMDataset(Dataset):
     def __reduce__(self):
         return (
             _rebuild_vlm,
-            (self.index, self.layout, self.processor, self.plan, self.seed, self.augment, self.rope),
-        )
+            (self.index, self.layout, self.processor, self.plan, self.seed, self.augment, self.rope,
+             self.instance_filter, self.prefetch),
+        )  # fmt: skip
 
 
-def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope) -> VLMDataset:
-    return VLMDataset(index, layout, processor, plan=plan, seed=seed, augment=augment, rope=rope)
+def _rebuild_vlm(index, layout, processor, plan, seed, augment, rope, instance_filter, prefetch) -> VLMDataset:
+    return VLMDataset(index, layout, processor, plan=plan, seed=seed, augment=augment, rope=rope,
+                      instance_filter=instance_filter, prefetch=prefetch)  # fmt: skip

@@ -2,8 +2,9 @@
 
 The core (numpy only): :mod:`~detsampler.media.counts` (an image's LLM tokens and vision patches from its size and the
 processor's config), :mod:`~detsampler.media.packing` and :mod:`~detsampler.media.layout` (packing on two axes).
-Reading image headers (Pillow) and building the index live in :mod:`~detsampler.media.headers` and the build modules,
-imported on first use, so that importing this package imports numpy only.
+Reading image headers (Pillow), the sources (datasets tables, webdataset shards on disk or in a bucket), chat data with
+image parts (:mod:`~detsampler.media.chat`), building and reading the index and its images' reads for the prefetcher
+(:mod:`~detsampler.media.reads`) are imported on first use, so that importing this package imports numpy only.
 """
 
 from __future__ import annotations

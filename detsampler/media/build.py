@@ -30,9 +30,11 @@ import numpy as np
 
 from detsampler.atomic import atomic_write, fsync_dir, removable_lock
 from detsampler.checks import check_int
+from detsampler.content import canonical_json, media_content
 from detsampler.index.checksums import write_checksums
 from detsampler.index.files import HEADER_BYTES, npy_header, save_npy
 from detsampler.index.format import default_cache_dir, seal_meta, token_dtype
+from detsampler.media.chat import check_conversation
 from detsampler.media.counts import ImageTokenCounts
 from detsampler.media.headers import DEFAULT_MAX_PIXELS, MediaError, read_header
 from detsampler.media.index import (
@@ -43,6 +45,8 @@ from detsampler.media.index import (
     MediaIndex,
 )
 from detsampler.media.sources import Document, MediaSource
+from detsampler.storage import store_for
+from detsampler.text.chat import ChatConfig, render_conversations, resolve_template
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
@@ -80,9 +84,12 @@ def media_cache_key(
     counts: ImageTokenCounts,
     config: MediaBuildConfig,
     special_tokens: SpecialTokens,
+    chat: ChatConfig | None = None,
+    template: str | None = None,
 ) -> str:
     """The cache name's hash: the source's content identity, the tokenizer's sha256, the count function's identity,
-    the build config, the BOS/EOS policy and :data:`MEDIA_FORMAT_VERSION`."""
+    the build config, the BOS/EOS policy, the format version and, for chat data, the policy and the sha256 of the
+    template text (:meth:`~detsampler.text.chat.ChatConfig.identity`)."""
     fields = {
         "format_version": MEDIA_FORMAT_VERSION,
         "source": source.identity,
@@ -90,8 +97,43 @@ def media_cache_key(
         "counts": counts.identity(),
         "config": asdict(config),
         "special_tokens": special_tokens.to_meta(),
+        **({} if chat is None else {"chat": chat.identity(template)}),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _check_chat(source: MediaSource, chat: ChatConfig | None, config: MediaBuildConfig) -> None:
+    """Refuse chat settings that do not fit the source: conversations without ``chat``, ``chat`` over text, another
+    column, prompt/completion columns, or placeholders the template does not place."""
+    column = source.messages_column
+    if chat is None:
+        if column is not None:
+            raise ValueError(
+                f"the media source reads the messages column {column!r}: pass chat=ChatConfig(policy=...) (the loss"
+                " policy and the chat template it is rendered with)"
+            )
+        return
+    if not isinstance(chat, ChatConfig):
+        raise TypeError(f"chat must be a ChatConfig or None, got {type(chat).__name__}")
+    if chat.is_prompt_completion:
+        raise ValueError(
+            f"chat={chat!r}: prompt/completion columns are for text, not for media; use a messages column whose"
+            " contents hold {'type': 'image'} parts"
+        )
+    if column is None:
+        raise ValueError(
+            "chat= renders conversations, but this is a media source of text (dataset_source(..., messages_column=...)"
+            " reads conversations)"
+        )
+    if chat.column != column:
+        raise ValueError(
+            f"chat=ChatConfig(column={chat.column!r}) names another column than the source's messages column {column!r}"
+        )
+    if config.placeholders != "in_text":
+        raise ValueError(
+            f"placeholders={config.placeholders!r} with chat data: a chat template places each image where its"
+            " {'type': 'image'} part is; use placeholders='in_text'"
+        )
 
 
 def _image_token_id(tokenizer: TokenizerLike, token: str) -> int:
@@ -128,22 +170,28 @@ class _Builder:
     """The state of one build: the streams, the sources table, the counters, the documents left out."""
 
     def __init__(self, tmp: Path, tokenizer: TokenizerLike, counts: ImageTokenCounts, config: MediaBuildConfig,
-                 policy: SpecialTokens) -> None:  # fmt: skip
+                 policy: SpecialTokens, chat: tuple[ChatConfig, str] | None = None) -> None:  # fmt: skip
         self.tokenizer, self.counts, self.config, self.policy = tokenizer, counts, config, policy
+        self.chat = chat  # (config, template text) for chat data
         self.image_id = _image_token_id(tokenizer, config.image_token)
         self.tokens = _Stream(tmp / "tokens.npy", token_dtype(tokenizer.vocab_size))
         self.image_bytes = _Stream(tmp / "image_bytes.npy", np.uint8)
+        self.mask = None if chat is None else _Stream(tmp / "loss_mask.npy", np.uint8)
+        self.num_trained = 0  # stored tokens whose mask is 1
         self.rows: list[np.ndarray] = []
         self.lengths: list[int] = []
         self.doc_rows: list[int] = []
         self.doc_images: list[int] = []
+        self.digests: list[bytes] = []  # each document's content hash (32 bytes)
         self.sources: dict[str, int] = {"": 0}  # source 0: the index's own image_bytes.npy
+        self.source_sizes: list[int] = [0]  # each source file's (or object's) size: what a reader of it by blocks needs
         self.skipped: list[dict] = []
         self.position = 0  # documents seen in the source
 
     def close(self, complete: bool) -> None:
-        self.tokens.close(complete)
-        self.image_bytes.close(complete)
+        for stream in (self.tokens, self.image_bytes, self.mask):
+            if stream is not None:
+                stream.close(complete)
 
     def add(self, batch: list[Document]) -> None:
         kept, headers = [], []
@@ -161,9 +209,25 @@ class _Builder:
                 self.position += 1
             kept.append((self.position - 1, doc))
             headers.append((found, planned))
-        ids = self.tokenizer.encode_batch([doc.text for _, doc in kept]) if kept else []
-        for (row, doc), (found, planned), text_ids in zip(kept, headers, ids):
-            self._write_document(row, doc, found, planned, np.asarray(text_ids, np.int64))
+        ids, masks = self._render([doc for _, doc in kept])
+        for (row, doc), (found, planned), text_ids, mask in zip(kept, headers, ids, masks):
+            self._write_document(row, doc, found, planned, np.asarray(text_ids, np.int64), mask)
+
+    def _render(self, docs: list[Document]) -> tuple[list, list]:
+        """Each document's ids, one placeholder per image, and (chat data) its mask under the policy, else None."""
+        if not docs:
+            return [], []
+        if self.chat is None:
+            return self.tokenizer.encode_batch([doc.text for doc in docs]), [None] * len(docs)
+        chat, template = self.chat
+        for doc in docs:
+            parts = check_conversation(doc.messages, doc.name, chat.column)
+            if parts != len(doc.images):
+                raise ValueError(
+                    f"{doc.name}: its conversation holds {parts} image parts {{'type': 'image'}} and it has"
+                    f" {len(doc.images)} images; each image needs one part, in order"
+                )
+        return render_conversations(self.tokenizer, [doc.messages for doc in docs], chat, template)
 
     def _placeholders(self, doc: Document, text_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The document's ids with one placeholder per image, and where the placeholders are."""
@@ -174,13 +238,16 @@ class _Builder:
             text_ids = np.concatenate([np.full(n, self.image_id, np.int64), text_ids])
         at = np.flatnonzero(text_ids == self.image_id)
         if len(at) != n:
+            what = "text" if self.chat is None else "rendered conversation"
             raise ValueError(
-                f"{doc.name}: its text holds {len(at)} image placeholders {self.config.image_token!r} and it has {n}"
+                f"{doc.name}: its {what} holds {len(at)} image placeholders {self.config.image_token!r} and it has {n}"
                 " images; each image needs one, in order (or placeholders='prepend' for texts without them)"
             )
         return text_ids, at
 
-    def _write_document(self, row: int, doc: Document, found: list, planned: Any, text_ids: np.ndarray) -> None:
+    def _write_document(
+        self, row: int, doc: Document, found: list, planned: Any, text_ids: np.ndarray, mask: np.ndarray | None
+    ) -> None:
         ids, at = self._placeholders(doc, text_ids)
         reps = np.ones(len(ids), np.int64)
         reps[at] = planned.tokens
@@ -190,17 +257,24 @@ class _Builder:
         parts = ([[self.tokenizer.bos_id]] if bos else []) + [expanded]
         parts += [[self.tokenizer.eos_id]] if self.policy.eos_stored else []
         self.tokens.write(np.concatenate(parts).astype(np.int64))
+        if self.mask is not None:
+            self._write_mask(np.asarray(mask, np.uint8), reps, expanded)
         doc_id = len(self.lengths)
         self.lengths.append(len(expanded) + bos)
         self.doc_rows.append(row)
         self.doc_images.append(len(found))
+        content = media_content(doc.text, [ref.data for ref in doc.images], doc.messages)
+        self.digests.append(hashlib.sha256(canonical_json(content)).digest())
         grid = planned.grid if planned.grid is not None else np.zeros((len(found), 3), np.int64)
         for k, (ref, header) in enumerate(zip(doc.images, found)):
             if ref.path is None:
                 source, offset = 0, self.image_bytes.size
                 self.image_bytes.write(np.frombuffer(ref.data, np.uint8))
             else:
-                source, offset = self.sources.setdefault(ref.path, len(self.sources)), ref.offset
+                if ref.path not in self.sources:
+                    self.sources[ref.path] = len(self.sources)
+                    self.source_sizes.append(store_for(ref.path).size(ref.path))
+                source, offset = self.sources[ref.path], ref.offset
             values = {
                 "doc": doc_id, "item": k, "start": starts[k], "tokens": planned.tokens[k],
                 "patches": planned.patches[k], "grid_t": grid[k, 0], "grid_h": grid[k, 1], "grid_w": grid[k, 2],
@@ -209,6 +283,17 @@ class _Builder:
                 "height": header.height,
             }  # fmt: skip
             self.rows.append(np.array([values[c] for c in IMAGE_COLUMNS], np.int64))
+
+    def _write_mask(self, mask: np.ndarray, reps: np.ndarray, expanded: np.ndarray) -> None:
+        """The stored tokens' loss mask: the rendered mask with each placeholder's value repeated over its image, then
+        0 on every image token (never a target), 0 for a BOS, the policy's value for a stored EOS."""
+        values = np.repeat(mask, reps)
+        values[expanded == self.image_id] = 0
+        parts = ([[0]] if self.policy.add_bos else []) + [values]
+        parts += [[int(self.chat[0].eos_trained)]] if self.policy.eos_stored else []
+        flat = np.concatenate(parts).astype(np.uint8)
+        self.mask.write(flat)
+        self.num_trained += int(flat.sum())
 
 
 def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
@@ -233,10 +318,13 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
     images = np.stack(builder.rows) if builder.rows else np.zeros((0, len(IMAGE_COLUMNS)), np.int64)
     doc_images = np.concatenate([[0], np.cumsum(builder.doc_images)]).astype(np.int64)
     arrays = {"lengths.npy": lengths, "offsets.npy": offsets, "images.npy": images.reshape(-1),
-              "doc_images.npy": doc_images, "doc_rows.npy": np.array(builder.doc_rows, np.int64)}  # fmt: skip
+              "doc_images.npy": doc_images, "doc_rows.npy": np.array(builder.doc_rows, np.int64),
+              "doc_sha256.npy": np.frombuffer(b"".join(builder.digests), np.uint8)}  # fmt: skip
     for name, arr in arrays.items():
         save_npy(tmp / name, arr)
-    names = [*arrays, "tokens.npy", "image_bytes.npy"]
+    names = [*arrays, "tokens.npy", "image_bytes.npy"] + ([] if builder.chat is None else ["loss_mask.npy"])
+    chat = None if builder.chat is None else {**builder.chat[0].to_meta(builder.chat[1]),
+                                              "num_trained_tokens": builder.num_trained}  # fmt: skip
     meta = {
         "kind": MEDIA_INDEX_KIND,
         "format_version": MEDIA_FORMAT_VERSION,
@@ -244,6 +332,7 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
         "cache_key": key,
         "source": source.describe,
         "sources": sorted(builder.sources, key=builder.sources.__getitem__),
+        "source_sizes": builder.source_sizes,
         "tokenizer": builder.tokenizer.describe(),
         "special_tokens": builder.policy.to_meta(),
         "counts": builder.counts.identity(),
@@ -257,6 +346,7 @@ def _write(tmp: Path, source: MediaSource, builder: _Builder, key: str) -> None:
         "skipped": builder.skipped,
         "files": {name: write_checksums(tmp, name) for name in names},
         "build": {"seconds": round(time.perf_counter() - start, 3), "documents_read": builder.position},
+        **({} if chat is None else {"chat": chat}),
     }
     atomic_write(tmp / "meta.json", json.dumps(seal_meta(meta), indent=2, sort_keys=True) + "\n")
 
@@ -268,6 +358,7 @@ def build_media_index(
     config: MediaBuildConfig | None = None,
     cache_dir: str | os.PathLike | None = None,
     special_tokens: SpecialTokens | None = None,
+    chat: ChatConfig | None = None,
 ) -> MediaIndex:
     """Open the cached media index of ``source`` under ``tokenizer`` and ``counts``, building it first if it does not
     exist (one process builds, under a file lock; the others wait and open).
@@ -280,6 +371,10 @@ def build_media_index(
         config: placeholders, the bad-media policy, the pixel limit (:class:`MediaBuildConfig`).
         cache_dir: where index directories live (default: the library's cache).
         special_tokens: the BOS/EOS policy (default: no BOS, a virtual EOS).
+        chat: for a source of conversations (``dataset_source(..., messages_column=...)``): the loss policy and the
+            chat template (:class:`~detsampler.text.chat.ChatConfig`; default: the tokenizer's); the mask is stored
+            beside the tokens (``loss_mask.npy``, 0 on every image token) and the policy and the template's sha256 join
+            the cache key.
     """
     config = MediaBuildConfig() if config is None else config
     if not isinstance(source, MediaSource):
@@ -289,7 +384,9 @@ def build_media_index(
     check_tokenizer_like(tokenizer)
     policy = SpecialTokens() if special_tokens is None else special_tokens
     policy.check(tokenizer)
-    key = media_cache_key(source, tokenizer, counts, config, policy)
+    _check_chat(source, chat, config)
+    template = None if chat is None else resolve_template(chat, tokenizer)
+    key = media_cache_key(source, tokenizer, counts, config, policy, chat, template)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"media-{key}"
@@ -302,7 +399,8 @@ def build_media_index(
             tmp = root / f".tmp-media-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
             try:
-                _write(tmp, source, _Builder(tmp, tokenizer, counts, config, policy), key)
+                rendering = None if chat is None else (chat, template)
+                _write(tmp, source, _Builder(tmp, tokenizer, counts, config, policy, rendering), key)
                 os.rename(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)

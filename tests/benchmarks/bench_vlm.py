@@ -19,12 +19,23 @@ of ``os.py``, 0 to 3 images a document. Token counts: Qwen2-VL's ``smart_resize`
   of each, summed (the machine is shared with other jobs: the sums of the medians are shown too).
 - Resume: a plan of global batch 8 over the demo layout; the first micro batch's sample ids, spans and image records at
   step 10^6 (a fresh sampler), against step 0; and the whole first micro batch (decode and processor included).
+- Images in a bucket: the first 8 shards (800 documents) put in moto's S3 server, run as its own process on loopback,
+  read through benchmark 17's latency proxy (each request's answer held 20 ms); a media index built from their URLs and
+  one from the same shards on disk; the same 40 micro batches of 2 x 512 tokens (one rank, seed 0) read in one process
+  by ``VLMDataset`` through ``DeterministicBatchSampler`` and a ``DataLoader`` without workers: from disk, from the
+  bucket on demand (each micro batch's images by ranged requests when it is read), and with the exact lookahead
+  prefetcher (``PrefetchConfig(block_bytes=64 KiB)``, an empty cache at the start). *Data wait*: the time
+  ``next(loader)`` takes, summed; the batches are compared with the ones from disk, byte for byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +141,96 @@ def _resume(index, layout, processor) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def _bucket_endpoint(latency_ms: int):
+    """moto's S3 server as its own process and the latency proxy in front of it; ``AWS_*`` pointing at the proxy."""
+    from tests.benchmarks.bench_remote import _ENV, _process, _server, _wait_port
+    from tests.s3_server import create_bucket, free_port
+
+    saved = {k: os.environ.get(k) for k in (*_ENV, "AWS_ENDPOINT_URL")}
+    os.environ.update(_ENV)
+    server_port, proxy_port = free_port(), free_port()
+    proxy = [sys.executable, "-m", "tests.benchmarks._latency_proxy", str(proxy_port), str(server_port)]
+    try:
+        with _server(server_port):
+            _wait_port(server_port)
+            create_bucket(f"http://127.0.0.1:{server_port}", "bench-vlm")
+            with _process([*proxy, str(latency_ms)], "ready"):
+                os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy_port}"
+                yield "s3://bench-vlm"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _read_all(dataset, plan, want=None) -> tuple[float, float, int]:
+    """Every micro batch of steps 0..39 through a DataLoader without workers: (seconds, data wait, batches equal to
+    ``want``'s)."""
+    import torch
+
+    from detsampler.loader import DeterministicBatchSampler, collate_micro_batch
+
+    sampler = DeterministicBatchSampler(plan, 0, stop_step=40)
+    loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_micro_batch))
+    wait, same, t0 = 0.0, 0, time.perf_counter()
+    for step in range(40):
+        t1 = time.perf_counter()
+        batch = next(loader)
+        wait += time.perf_counter() - t1
+        if want is not None:
+            ref = want.get_batch(plan.micro_batch(step, 0, 0))
+            same += all(torch.equal(batch[k], v) if torch.is_tensor(v) else batch[k] == v for k, v in ref.items())
+    return time.perf_counter() - t0, wait, same
+
+
+def _in_bucket(processor) -> tuple[Table, dict]:
+    """The same 40 micro batches from disk, from the bucket on demand and prefetched (see the module doc)."""
+    from detsampler import Plan
+    from detsampler.loader import PrefetchConfig
+    from detsampler.loader.vlm import VLMDataset
+    from detsampler.media import MediaLayoutConfig
+    from detsampler.media.build import build_media_index
+    from detsampler.media.sources import webdataset_source
+    from detsampler.storage import store_for
+    from train.train_vlm import COUNTS
+    from train.vlm_corpus import write_vlm_corpus
+
+    shards, tokenizer = write_vlm_corpus(CORPUS, DOCUMENTS)
+    shards = shards[:8]
+    config = MediaLayoutConfig(seq_len=512, max_patches=1024, window_docs=256)
+    cache = CORPUS / "cache"
+    local = build_media_index(webdataset_source(shards, cache_dir=cache), tokenizer, COUNTS, cache_dir=cache)
+    layout = local.layout(config)
+    plan = Plan(layout.num_samples, seed=0, global_batch_size=2, micro_batch_size=2)
+    want = VLMDataset(local, layout, processor)
+    rows, out = [], {}
+    seconds, wait, _ = _read_all(want, plan)
+    rows.append(["shards on disk", f"{seconds:.2f} s", f"{wait:.2f} s", "-", "-", "-"])
+    with _bucket_endpoint(20) as bucket:
+        urls = [f"{bucket}/shards/{p.name}" for p in shards]
+        for path, url in zip(shards, urls):
+            store_for(url).put(url, path)
+        with tempfile.TemporaryDirectory() as tmp:
+            remote = build_media_index(webdataset_source(urls), tokenizer, COUNTS, cache_dir=tmp)
+            for name, prefetch in (("bucket +20 ms, on demand", None),
+                                   ("bucket +20 ms, prefetched", PrefetchConfig(block_bytes=1 << 16))):  # fmt: skip
+                dataset = VLMDataset(remote, remote.layout(config), processor, plan=plan, prefetch=prefetch)
+                seconds, wait, same = _read_all(dataset, plan, want)
+                stats = dataset.prefetch_stats()
+                dataset.close()
+                fetched = f"{stats.fetched_bytes:,} in {stats.requests} requests" if stats else "each image's range"
+                rows.append([name, f"{seconds:.2f} s", f"{wait:.2f} s", f"{same}/40", fetched,
+                             "-" if stats is None else f"{stats.cache['misses']}"])  # fmt: skip
+                out[name] = (seconds, wait, same, stats)
+    table = Table("Images in a bucket (moto, +20 ms a request): 40 micro batches of 2 x 512 tokens, one process",
+                  ["images read from", "seconds", "data wait", "batches equal to disk's", "bytes fetched",
+                   "blocks missing at read"], rows)  # fmt: skip
+    return table, out
+
+
 def main() -> BenchResult:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -157,6 +258,7 @@ def main() -> BenchResult:
     res = Table("Resuming: the first micro batch of rank 1 (global batch 8 over 2 ranks), median of 7",
                 ["step", "sample ids + spans + image records", "the whole micro batch (decode, processor)"],
                 [[f"{s:,}", f"{1000 * a:.2f} ms", f"{1000 * b:.1f} ms"] for s, (a, b) in resume.items()])  # fmt: skip
+    bucket, in_bucket = _in_bucket(processor)
     per_token = demo.runs().patches.sum() / (np.asarray(demo.lengths[0 : demo.num_documents]) + 1).sum()
     tried = []
     for slack in (1.0, 1.01, 1.02, 1.03, 1.05):
@@ -189,6 +291,12 @@ def main() -> BenchResult:
             f" ({1000 * resume[0][0]:.2f} ms at step 0)",
         ),
         Verdict(
+            "images in a bucket: the batches of the shards on disk, byte for byte, prefetched and not",
+            all(v[2] == 40 for v in in_bucket.values()),
+            ", ".join(f"{name}: {v[2]}/40" for name, v in in_bucket.items())
+            + f"; prefetched, {in_bucket['bucket +20 ms, prefetched'][3].cache['misses']} blocks missing when read",
+        ),
+        Verdict(
             "planned == actual token count for 100% of the samples read",
             True,
             "checked on every sample VLMDataset reads (a ValueError otherwise); tests/test_media_loader.py reads a"
@@ -199,8 +307,9 @@ def main() -> BenchResult:
         "Energon's packing of the same sizes and its refusal to resume on another data-parallel size:"
         ' tests/integrations/test_energon_peer.py (docs/comparison.md, "Images beside text").'
     ]
-    return BenchResult(19, "Interleaved image-text data: packing fill, loader cost, resume", __doc__.split("\n", 2)[2]
-                       .strip(), [fills, cost, res], verdicts, notes, time.perf_counter() - t_start)  # fmt: skip
+    about = __doc__.split("\n", 2)[2].strip()
+    return BenchResult(19, "Interleaved image-text data: packing fill, loader cost, resume, images in a bucket", about,
+                       [fills, cost, res, bucket], verdicts, notes, time.perf_counter() - t_start)  # fmt: skip
 
 
 if __name__ == "__main__":
