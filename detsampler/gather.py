@@ -1,26 +1,37 @@
-"""Reading a batch of samples' spans into the packed dataset's four fields at once (numpy only), no per-token Python.
+"""Reading a batch of samples' spans into the packed dataset's four fields in one vectorized pass (numpy only).
 
 Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token
 array and how many tokens the document has, :func:`pack_fields` lays the spans' positions out in ``[B, sample_len]``
 rows: position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with
 ``eos_stored`` the stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's
 separator); cells after a sample's last span are padding (``pad_id``, document -1). tests/gather_reference.py holds the
-straightforward form it must equal.
+straightforward form it must equal, tests/pack_reference.py the per-span path it replaced (equal byte for byte, masks
+included: tests/test_pack_pass.py).
+
+The pass: every quantity is computed over arrays of spans (:class:`Cells`); the batch's stored tokens are copied in
+one ``bytes.join`` of memory views of the token array, one slice per span and one of a small constant buffer for each
+virtual EOS and each run of padding, so that the joined bytes are the whole ``[B, sample_len]`` grid in the stored
+dtype; the four int64 fields are each written from that grid, the pieces' documents and restarting positions by one
+``np.repeat`` (or a slice per piece when there are few). A stored loss mask is joined the same way, from the same
+element ranges. Nothing is done per token in Python; per span, two memory-view slices.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from detsampler.layout import Spans
 from detsampler.ranges import concat_ranges
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens", "token_ranges"]
+__all__ = ["FIELDS", "IGNORE_INDEX", "Cells", "lay_out", "pack_fields", "pack_tokens", "token_ranges"]
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
-_UNCACHED_CELLS = 1 << 17  # from this many cells (1 MiB of int64) a whole-grid pass costs more than a slice per piece
-_FEW_SPANS = 64  # at least this many cells per span on average: a slice copy per span beats building addresses
+_FEW_PIECES = 16  # up to this many pieces, a slice write per piece beats a whole-grid np.repeat
+_FEW_ROWS = 4  # up to this many padded rows, a slice per row beats a whole-grid mask
 
 
 def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_lengths: np.ndarray) -> None:
@@ -35,78 +46,29 @@ def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_leng
         )
 
 
-def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sample_len: int):
-    """The spans with a padding piece (document -1) after each sample's last span, so that their lengths tile the
-    flattened ``[B, sample_len]`` grid; and which pieces are real spans. Without padding, the spans themselves."""
-    pad = sample_len - per_sample
-    if not pad.any():
-        return span_len, spans.doc_ids.astype(np.int64, copy=False), None
-    at = spans.offsets[1:]
-    real = np.insert(np.ones(span_len.size, dtype=bool), at, False)
-    return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
+@dataclass(frozen=True)
+class Cells:
+    """Where a batch's spans fall in the flattened ``[B, sample_len]`` grid and what each reads of the flat token
+    array (int64, one value per span unless said otherwise).
 
+    Invariant: the cells ``[begin[j], begin[j] + length[j])`` of the spans and the ``gap[j]`` padding cells after each
+    (and ``lead`` before the first) tile the grid in order; span ``j`` reads ``reads[j]`` stored elements from
+    ``src[j]`` and, where ``eos[j]``, a virtual EOS after them (``length == reads + eos``)."""
 
-def _grid(out: np.ndarray, num_samples: int, sample_len: int, labels_cross_documents: bool) -> np.ndarray:
-    """Where the ``[B, sample_len]`` grid of cells is laid out: the input ids when a sample is one window; for a
-    window shifted into inputs and labels (``sample_len == seq_len + 1``), the memory of the labels and position ids
-    (not written yet), so that no temporary is allocated; else a new array."""
-    seq_len = out.shape[2]
-    if sample_len == seq_len:
-        return out[0]
-    if labels_cross_documents and sample_len == seq_len + 1 and out.flags.c_contiguous:
-        return out[1:3].reshape(-1)[: num_samples * sample_len].reshape(num_samples, sample_len)
-    return np.empty((num_samples, sample_len), dtype=np.int64)
+    num_samples: int
+    sample_len: int
+    src: np.ndarray
+    reads: np.ndarray
+    eos: np.ndarray | None  # bool; None: no span ends at a virtual EOS
+    begin: np.ndarray
+    length: np.ndarray
+    gap: np.ndarray | None  # None: no padding anywhere
+    lead: int
+    per_sample: np.ndarray  # positions each sample holds
 
-
-def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
-    """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
-    width = grid.shape[1]
-    for i in np.flatnonzero(first < width).tolist():
-        grid[i, max(int(first[i]), 0) :] = value
-
-
-def _fill_tokens(
-    grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read, mask: tuple | None = None
-) -> None:
-    """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
-    ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)`` (an array, or anything that takes an
-    integer index array). With ``mask = (mask_grid, mask_read)``, the same cells of ``mask_grid`` get the same ranges
-    of ``mask_read``'s array, in the same pass."""
-    flat = _plain(read(src, src + reads))
-    mask_grid, mask_flat = (None, None) if mask is None else (mask[0], _plain(mask[1](src, src + reads)))
-    if isinstance(flat, np.ndarray) and reads.size * _FEW_SPANS <= grid.size:  # else one call (e.g. a sharded array)
-        if mask_grid is None:
-            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
-                if m:
-                    grid[g : g + m] = flat[a : a + m]
-        else:
-            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
-                if m:
-                    to, of = slice(g, g + m), slice(a, a + m)
-                    grid[to] = flat[of]
-                    mask_grid[to] = mask_flat[of]
-    elif reads.size:
-        keep = reads > 0
-        cells, at = concat_ranges(grid_begin[keep], reads[keep])[0], concat_ranges(src[keep], reads[keep])[0]
-        grid[cells] = flat[at]
-        if mask_grid is not None:
-            mask_grid[cells] = mask_flat[at]
-
-
-def _plain(flat):
-    """A memory map as a plain view: slicing a memmap subclass costs a Python call per slice."""
-    return flat.view(np.ndarray) if isinstance(flat, np.memmap) else flat
-
-
-def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each span's number of positions, its first cell when the spans are laid end to end, and each sample's number of
-    positions, checked against ``sample_len`` and the documents."""
-    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
-    cum = np.zeros(span_len.size + 1, dtype=np.int64)
-    np.cumsum(span_len, out=cum[1:])
-    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
-    _check_spans(spans, per_sample, sample_len, doc_lengths)
-    return span_len, cum[:-1], per_sample
+    @property
+    def padded(self) -> bool:
+        return self.gap is not None
 
 
 def token_ranges(
@@ -114,39 +76,181 @@ def token_ranges(
 ) -> tuple[np.ndarray, np.ndarray]:
     """What a batch reads of the flat token array: span ``j`` reads elements ``[src[j], src[j] + reads[j])`` (int64;
     ``reads[j]`` may be 0: a span of a virtual EOS alone). Exactly the reads :func:`pack_fields` and :func:`pack_tokens`
-    make (they call this), so an exact prefetcher (:mod:`detsampler.reads`) knows them beforehand."""
+    make (the same :func:`lay_out`), so an exact prefetcher (:mod:`detsampler.reads`) knows them beforehand."""
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
     reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
     return doc_starts + spans.starts, reads.astype(np.int64, copy=False)
 
 
-def _write_tokens(
-    tokens: np.ndarray,
-    grid_begin: np.ndarray,
-    spans: Spans,
-    span_len: np.ndarray,
-    doc_starts: np.ndarray,
-    doc_lengths: np.ndarray,
-    read,
-    eos_id: int,
-    eos_stored: bool,
-    mask: tuple | None = None,
-) -> None:
-    """Span ``j``'s positions into ``tokens`` (flat) from cell ``grid_begin[j]``: its stored tokens, and at position
-    ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there. With
-    ``mask = (mask_grid, mask_read, mask_eos, mask_examples)``, the values of the array aligned with the tokens into
-    the same cells of ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS, and with
-    ``mask_examples`` 0 at each document's first position."""
-    src, reads = token_ranges(spans, doc_starts, doc_lengths, eos_stored)
-    _fill_tokens(tokens, grid_begin, reads, src, read, None if mask is None else mask[:2])
-    if not eos_stored:
-        eos_cells = (grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]
-        tokens[eos_cells] = eos_id
-        if mask is not None:
-            mask[0][eos_cells] = mask[2]
-    if mask is not None and mask[3]:
-        # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
-        # predicted from another example (concat's label at the previous example's EOS), so it is never trained
-        mask[0][grid_begin[(spans.starts == 0) & (span_len > 0)]] = 0
+def lay_out(spans: Spans, sample_len: int, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool) -> Cells:
+    """The :class:`Cells` of ``spans`` (checked against ``sample_len`` and the documents' lengths): a dozen numpy calls
+    over arrays of spans, whatever their number."""
+    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    starts = spans.starts.astype(np.int64, copy=False)
+    length = spans.stops - starts
+    cum = np.zeros(length.size + 1, dtype=np.int64)
+    np.cumsum(length, out=cum[1:])
+    first = cum[spans.offsets]
+    per_sample = first[1:] - first[:-1]
+    _check_spans(spans, per_sample, sample_len, doc_lengths)
+    src = doc_starts + starts
+    if eos_stored:  # a span never passes its document's stored last token (checked above): it reads all it spans
+        reads, eos = length, None
+    else:
+        eos = spans.stops > doc_lengths  # == lengths + 1: the position of the virtual EOS
+        reads = length - eos
+        eos = eos if eos.any() else None
+    num_samples = len(spans)
+    cells = num_samples * sample_len
+    if not num_samples or int(per_sample.min()) == sample_len:
+        return Cells(num_samples, sample_len, src, reads, eos, cum[:-1], length, None, 0, per_sample)
+    # each sample's spans start at its row: shift them by the row's start less the cells before it
+    shift = np.arange(0, cells, sample_len, dtype=np.int64) - first[:-1]
+    begin = cum[:-1] + np.repeat(shift, np.diff(spans.offsets))
+    gap = np.empty(length.size, dtype=np.int64)
+    ends = begin + length
+    gap[:-1] = begin[1:] - ends[:-1]
+    if length.size:
+        gap[-1] = cells - ends[-1]
+    lead = int(begin[0]) if length.size else cells
+    return Cells(num_samples, sample_len, src, reads, eos, begin, length, gap, lead, per_sample)
+
+
+@lru_cache(maxsize=32)
+def _fillers(dtype: np.dtype, eos: int, fill: int, size: int) -> memoryview:
+    """A read-only memory view of ``[eos, fill, fill, ...]`` (``size + 1`` elements of ``dtype``): the bytes a
+    virtual EOS and the padding after it are joined from."""
+    buf = np.full(size + 1, fill, dtype=dtype)
+    buf[0] = eos
+    buf.setflags(write=False)
+    return memoryview(buf)
+
+
+def _fits(value: int, dtype: np.dtype) -> bool:
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min <= value <= info.max
+    return dtype.kind == "f" or (dtype.kind == "b" and value in (0, 1))
+
+
+def _joined(flat, cells: Cells, eos_value: int, fill: int) -> np.ndarray:
+    """The ``num_samples * sample_len`` cells of the grid in ``flat``'s dtype (read-only): each span's stored
+    elements, ``eos_value`` at a virtual EOS, ``fill`` on padding; one ``bytes.join`` of memory views, two slices a
+    span. ``flat``: a 1-D array, or anything that takes an integer index array (e.g. a sharded array: then one
+    gather of the spans' elements first)."""
+    src, reads = cells.src, cells.reads
+    if not (isinstance(flat, np.ndarray) and flat.ndim == 1 and flat.flags.c_contiguous):
+        keep = reads > 0  # one call that takes every element read, in span order
+        flat = np.ascontiguousarray(flat[concat_ranges(src[keep], reads[keep])[0]])
+        src = np.zeros(reads.size, dtype=np.int64)
+        np.cumsum(reads[:-1], out=src[1:])
+    dtype = flat.dtype
+    view = memoryview(flat.view(np.ndarray) if isinstance(flat, np.memmap) else flat)
+    a = src.tolist()
+    parts = [view[i:j] for i, j in zip(a, (src + reads).tolist())]
+    if cells.eos is not None or cells.padded:
+        longest = max(cells.lead, int(cells.gap.max()) if cells.padded and cells.gap.size else 0)
+        fillers = _fillers(dtype, eos_value, fill, 1 << max(longest, 1).bit_length())
+        lo = np.ones(reads.size, dtype=np.int64) if cells.eos is None else 1 - cells.eos
+        hi = 1 + cells.gap if cells.padded else np.ones(reads.size, dtype=np.int64)
+        tail = [fillers[i:j] for i, j in zip(lo.tolist(), hi.tolist())]
+        joined = [fillers[1 : 1 + cells.lead]] + [None] * (2 * len(parts))
+        joined[1::2], joined[2::2] = parts, tail
+        parts = joined
+    out = np.frombuffer(b"".join(parts), dtype=dtype)
+    if out.size != cells.num_samples * cells.sample_len:
+        raise ValueError(
+            f"the batch's reads give {out.size} cells, its grid has {cells.num_samples * cells.sample_len}: the"
+            " token array returned by read is shorter than the ranges asked"
+        )
+    return out
+
+
+def _token_grid(cells: Cells, flat, eos_id: int, pad_id: int) -> tuple[np.ndarray, bool]:
+    """``[B, sample_len]`` tokens (the stored dtype, or int64 where ``eos_id`` does not fit it) and whether the padding
+    cells already hold ``pad_id``."""
+    dtype = flat.dtype if isinstance(flat, np.ndarray) else np.dtype(getattr(flat, "dtype", np.int64))
+    if not _fits(eos_id, dtype):
+        flat, dtype = _widened(flat, cells), np.dtype(np.int64)
+        cells = _restarted(cells)
+    padded = _fits(pad_id, dtype)
+    grid = _joined(flat, cells, eos_id, pad_id if padded else 0)
+    return grid.reshape(cells.num_samples, cells.sample_len), padded
+
+
+def _widened(flat, cells: Cells) -> np.ndarray:
+    """The elements the spans read, as int64, in span order (for an EOS id the stored dtype cannot hold)."""
+    keep = cells.reads > 0
+    return np.asarray(flat[concat_ranges(cells.src[keep], cells.reads[keep])[0]], dtype=np.int64)
+
+
+def _restarted(cells: Cells) -> Cells:
+    src = np.zeros(cells.reads.size, dtype=np.int64)
+    np.cumsum(cells.reads[:-1], out=src[1:])
+    return Cells(**{**cells.__dict__, "src": src})
+
+
+@lru_cache(maxsize=16)
+def _ramp(n: int) -> np.ndarray:
+    """``arange(n)`` (int64, read-only), made once per length."""
+    out = np.arange(n, dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def _padding(first: np.ndarray, value: int, grid: np.ndarray) -> None:
+    """``grid[i, first[i]:] = value`` for each row with ``first[i] < width`` (``grid``: ``[B, width]``): a slice per
+    such row when there are few, else one masked write."""
+    width = grid.shape[1]
+    rows = np.flatnonzero(first < width)
+    if rows.size <= _FEW_ROWS:
+        for i in rows.tolist():
+            grid[i, max(int(first[i]), 0) :] = value
+    else:
+        np.copyto(grid, value, where=_ramp(width)[None, :] >= first[:, None])
+
+
+def _pieces(cells: Cells, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces that tile the flattened grid, in order: ``(length, document)`` (-1 on padding)."""
+    doc_ids = doc_ids.astype(np.int64, copy=False)
+    if not cells.padded:
+        return cells.length, doc_ids
+    n = cells.length.size
+    length, doc = np.empty(2 * n + 1, dtype=np.int64), np.full(2 * n + 1, -1, dtype=np.int64)
+    length[0], length[1::2], length[2::2] = cells.lead, cells.length, cells.gap
+    doc[1::2] = doc_ids
+    return length, doc
+
+
+def _write_pieces(cells: Cells, doc_ids: np.ndarray, document_ids: np.ndarray, position_ids: np.ndarray | None) -> None:
+    """Each piece's document into ``document_ids`` (``[B, L]``, the first ``L`` columns of each ``sample_len`` row)
+    and, given ``position_ids``, the positions within it (restarting at each piece; padding is fixed by the caller)."""
+    B, width, sample_len = cells.num_samples, document_ids.shape[1], cells.sample_len
+    if cells.length.size <= _FEW_PIECES:  # the spans alone (each within a row); padding: -1 by row suffixes
+        ramp = _ramp(width)
+        for g, m, d in zip(cells.begin.tolist(), cells.length.tolist(), doc_ids.tolist()):
+            row, col = divmod(g, sample_len)
+            stop = min(col + m, width)
+            if col < stop:
+                document_ids[row, col:stop] = d
+                if position_ids is not None:
+                    position_ids[row, col:stop] = ramp[: stop - col]
+        if cells.padded:
+            _padding(cells.per_sample, -1, document_ids)
+        return
+    length, doc = _pieces(cells, doc_ids)
+    document_ids[:] = np.repeat(doc, length).reshape(B, sample_len)[:, :width]
+    if position_ids is not None:
+        begin = np.cumsum(length) - length
+        within = _ramp(B * sample_len) - np.repeat(begin, length)
+        position_ids[:] = within.reshape(B, sample_len)[:, :width]
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, ...], what: str) -> None:
+    if out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"{what} must be a C-contiguous array of shape {shape}, got shape {out.shape}")
 
 
 def pack_fields(
@@ -168,95 +272,79 @@ def pack_fields(
     mask_eos: int = 0,
     mask_examples: bool = False,
 ) -> np.ndarray:
-    """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 ``[4, B, seq_len]``); the values
-    are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields as the packed dataset
-    defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts one window into inputs
-    and labels; otherwise each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)``
-    returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
-    With ``mask_out`` (C-contiguous ``[B, sample_len]``), the positions' values of the array ``mask_read`` returns (a
-    loss mask aligned with the tokens) are laid out there in the same pass, cell for cell as the tokens (a virtual EOS
-    reads ``mask_eos``, padding 0). With ``mask_examples`` (each document is an example: chat data), a document's first
-    position reads 0 there: no label that the mask keeps predicts an example's first token, so none crosses from one
-    example into the next, whatever the layout (``concat`` included).
+    """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 C-contiguous ``[4, B,
+    seq_len]``); the values are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields
+    as the packed dataset defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts
+    one window into inputs and labels; otherwise (``sample_len == seq_len``) each span's last position and padding get
+    :data:`IGNORE_INDEX`. ``read(starts, stops)`` returns the flat token array, having checked whatever it guards for
+    those element ranges (the only ones read). With ``mask_out`` (C-contiguous ``[B, sample_len]``, any integer
+    dtype), the positions' values of the array ``mask_read`` returns (a loss mask aligned with the tokens) are laid out
+    there in the same pass, cell for cell as the tokens (a virtual EOS reads ``mask_eos``, padding 0). With
+    ``mask_examples`` (each document is an example: chat data), a document's first position reads 0 there: no label
+    that the mask keeps predicts an example's first token, so none crosses from one example into the next, whatever
+    the layout (``concat`` included).
 
-    Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
-    fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
-    whole-grid repeat; a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
+    Cost: :func:`lay_out` (a dozen calls over arrays of spans), one ``bytes.join`` of two memory-view slices per span
+    (and one more for the mask), one widening copy per field from the joined grid, the pieces' documents and positions
+    by one ``np.repeat`` each (a slice per piece when there are at most 16), padding by a slice per padded row (a
+    masked write when more than four): nothing per token in Python.
     """
     num_samples, L = len(spans), seq_len
-    doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
-    piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
-    if real is None:  # no padding: the pieces are the spans, which tile the flat grid
-        piece_begin = grid_begin = span_begin
-    else:
-        piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
-        grid_begin = piece_begin[real]
+    if sample_len != L + int(bool(labels_cross_documents)):
+        raise ValueError(
+            f"sample_len={sample_len} with seq_len={L}: a concat sample holds seq_len + 1 positions, any other seq_len"
+        )
+    _check_out(out, (len(FIELDS), num_samples, L), "out")
+    cells = lay_out(spans, sample_len, doc_starts, doc_lengths, eos_stored)
+    flat = read(cells.src, cells.src + cells.reads)
+    mask_flat = _mask_source(mask_out, mask_read, cells, num_samples)
+    tokens, padded = _token_grid(cells, flat, eos_id, pad_id)
     input_ids, labels, position_ids, document_ids = out
-    grid = _grid(out, num_samples, sample_len, labels_cross_documents)
-    tokens = grid.reshape(-1)
-    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
-    _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
-    _fill_suffixes(grid, per_sample, pad_id)
     if labels_cross_documents:
-        last = grid[:, L].copy()  # the grid may lie in the labels' memory: read it all before writing them
-        input_ids[:] = grid[:, :L]
-        labels[:, :-1], labels[:, -1] = input_ids[:, 1:], last
-        _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
+        input_ids[:] = tokens[:, :L]
+        labels[:] = tokens[:, 1:]
     else:
-        flat = labels.reshape(-1)
-        flat[:-1] = tokens[1:]
-        flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
-        _fill_suffixes(labels, per_sample, IGNORE_INDEX)
-        labels[:, -1] = IGNORE_INDEX
-    restart = position_ids if restart_position_ids else None
-    if piece_len.size * _FEW_SPANS <= grid.size and (restart is not None or grid.size >= _UNCACHED_CELLS):
-        _fill_pieces(document_ids, restart, piece_begin, piece_len, piece_doc, sample_len)
-    else:
-        document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
-        if restart is not None:
-            pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
-            position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
-            _fill_suffixes(position_ids, per_sample, 0)
-    if restart is None:
-        position_ids[:] = np.arange(L, dtype=np.int64)
+        input_ids[:] = tokens
+        flat_labels = labels.reshape(-1)
+        flat_labels[:-1] = tokens.reshape(-1)[1:]
+        flat_labels[-1] = IGNORE_INDEX
+        ends = cells.begin + cells.length - 1
+        flat_labels[ends[cells.length > 0]] = IGNORE_INDEX  # each span's last cell
+    _write_pieces(cells, spans.doc_ids, document_ids, position_ids if restart_position_ids else None)
+    if not restart_position_ids:
+        position_ids[:] = _ramp(L)
+    if cells.padded:
+        first = cells.per_sample
+        if not padded:
+            _padding(first, pad_id, input_ids)
+        _padding(first - int(bool(labels_cross_documents)), IGNORE_INDEX, labels)
+        if restart_position_ids:
+            _padding(first, 0, position_ids)
+    if mask_flat is not None:
+        _write_mask(cells, spans, mask_flat, mask_out, mask_eos, mask_examples)
     return out
 
 
-def _mask_args(mask_out: np.ndarray | None, mask_read, mask_eos: int, mask_examples: bool) -> tuple | None:
-    """``(flat mask grid zeroed, reader, EOS value, examples)`` for :func:`_write_tokens`, or None without
-    ``mask_out``."""
+def _mask_source(mask_out: np.ndarray | None, mask_read, cells: Cells, num_samples: int):
+    """The flat loss mask ``mask_read`` returns for the batch's ranges (read once, right after the tokens), or None
+    without ``mask_out``."""
     if mask_out is None:
         return None
-    if not mask_out.flags.c_contiguous or mask_read is None:
-        raise ValueError("mask_out must be C-contiguous, and comes with mask_read")
-    mask_out.fill(0)
-    return mask_out.reshape(-1), mask_read, mask_eos, bool(mask_examples)
+    if mask_read is None:
+        raise ValueError("mask_out comes with mask_read")
+    _check_out(mask_out, (num_samples, cells.sample_len), "mask_out")
+    return mask_read(cells.src, cells.src + cells.reads)
 
 
-def _fill_pieces(
-    document_ids: np.ndarray,
-    position_ids: np.ndarray | None,
-    begin: np.ndarray,
-    length: np.ndarray,
-    doc: np.ndarray,
-    sample_len: int,
-) -> None:
-    """Write each piece's document (and, given ``position_ids``, its restarting positions; 0 on padding) into the
-    cells it covers: piece ``j`` covers ``[begin[j], begin[j] + length[j])`` of the flattened ``[B, sample_len]`` grid,
-    within one row, whose first ``document_ids.shape[1]`` columns are kept. A slice per piece, no whole-grid
-    temporary."""
-    width = document_ids.shape[1]
-    ramp = np.arange(width, dtype=np.int64)
-    for g, m, d in zip(begin.tolist(), length.tolist(), doc.tolist()):
-        row, col = divmod(g, sample_len)
-        stop = min(col + m, width)
-        if col >= stop:
-            continue
-        document_ids[row, col:stop] = d
-        if position_ids is not None:
-            position_ids[row, col:stop] = ramp[: stop - col] if d >= 0 else 0
+def _write_mask(cells: Cells, spans: Spans, mask_flat, mask_out: np.ndarray, mask_eos: int, examples: bool) -> None:
+    """The mask values of the cells into ``mask_out`` (a virtual EOS reads ``mask_eos``, padding 0; with ``examples``
+    a document's first position 0)."""
+    flat_out = mask_out.reshape(-1)
+    flat_out[:] = _joined(mask_flat, cells, int(mask_eos), 0)
+    if examples:
+        # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
+        # predicted from another example (concat's label at the previous example's EOS), so it is never trained
+        flat_out[cells.begin[(spans.starts == 0) & (cells.length > 0)]] = 0
 
 
 def pack_tokens(
@@ -279,21 +367,22 @@ def pack_tokens(
     ``out[:, :-1]`` and its labels ``out[:, 1:]``). Every sample must fill its ``sample_len`` positions (a ``concat``
     sample always does): there is no padding to mark without the other fields.
 
-    Cost: per span, one slice copy of its stored tokens (or one fancy-index gather, see :func:`pack_fields`); no
+    Cost: :func:`lay_out`, one ``bytes.join`` of the spans' stored tokens and one copy into ``out``; no other
     whole-grid pass. ``mask_out`` / ``mask_read`` / ``mask_eos`` / ``mask_examples``: as for :func:`pack_fields`.
     """
-    doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
-    short = per_sample < sample_len
+    cells = lay_out(spans, sample_len, doc_starts, doc_lengths, eos_stored)
+    short = cells.per_sample < sample_len
     if short.any():
         raise ValueError(
-            f"sample {int(np.argmax(short))} of the batch holds {int(per_sample[short][0])} positions, fewer than"
+            f"sample {int(np.argmax(short))} of the batch holds {int(cells.per_sample[short][0])} positions, fewer than"
             f" sample_len={sample_len}: token ids alone cannot mark its padding (read the four fields instead)"
         )
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
-    # no padding: the spans tile the flat grid
-    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
-    _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
+    flat = read(cells.src, cells.src + cells.reads)
+    mask_flat = _mask_source(mask_out, mask_read, cells, len(spans))
+    tokens, _ = _token_grid(cells, flat, eos_id, 0)
+    out.reshape(-1)[:] = tokens.reshape(-1)
+    if mask_flat is not None:
+        _write_mask(cells, spans, mask_flat, mask_out, mask_eos, mask_examples)
     return out

@@ -325,7 +325,7 @@ class PackedDataset(Dataset):
             read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
         mask_grid, eos_value = None, 0
         if read_mask is not None:  # laid out in the same pass as the tokens
-            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
+            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.uint8)  # every cell written
             eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
         masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
         masking["mask_examples"] = self._chat is not None  # chat: no trained label crosses from one example to the next
@@ -368,7 +368,7 @@ class PackedDataset(Dataset):
         batch = dict(zip(FIELDS, block.unbind(0)))
         if mask_grid is not None:
             labels = block.numpy()[FIELDS.index("labels")]
-            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid, clip=self._chat is None)
+            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid)
         if self.instance_filter is not None:
             fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
@@ -382,21 +382,15 @@ class PackedDataset(Dataset):
         return batch
 
 
-def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
+def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray) -> torch.Tensor:
     """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
-    (``mask_grid``: int64 ``[B, sample_len]``, the positions' mask values as laid out; ``clip``: values other than 0 and
-    1 may occur, a foreign file's, and count as 1); returns the loss mask, ``labels != -100``."""
-    if clip:
-        np.minimum(mask_grid, 1, out=mask_grid)
-    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place, in three int64
-    # passes: 3x faster than a boolean-mask assignment
-    labels += -IGNORE_INDEX
+    (``mask_grid``: ``[B, sample_len]``, the positions' mask values as laid out, nonzero: trained; a foreign file's
+    values other than 0 and 1 count as 1); returns the loss mask, ``labels != -100``. Two passes over the labels
+    (one masked write, one comparison) and one over the mask's bytes."""
     if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
-        labels *= mask_grid[:, 1:]
-    else:  # the label of a position is the next position's token; the last one is -100 already (0 here)
-        flat = labels.reshape(-1)
-        flat[:-1] *= mask_grid.reshape(-1)[1:]
-    labels += IGNORE_INDEX
+        np.copyto(labels, IGNORE_INDEX, where=mask_grid[:, 1:] == 0)
+    else:  # the label of a position is the next position's token; the last one is -100 already
+        np.copyto(labels.reshape(-1)[:-1], IGNORE_INDEX, where=mask_grid.reshape(-1)[1:] == 0)
     return torch.from_numpy(labels != IGNORE_INDEX)
 
 
