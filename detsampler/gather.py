@@ -18,8 +18,8 @@ element ranges. Nothing is done per token in Python; per span, two memory-view s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,8 +30,7 @@ __all__ = ["FIELDS", "IGNORE_INDEX", "Cells", "lay_out", "pack_fields", "pack_to
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
-_FEW_PIECES = 16  # up to this many pieces, a slice write per piece beats a whole-grid np.repeat
-_FEW_ROWS = 4  # up to this many padded rows, a slice per row beats a whole-grid mask
+_FEW_PIECES = 4  # up to this many spans, a slice write per piece beats a whole-grid np.repeat
 
 
 def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_lengths: np.ndarray) -> None:
@@ -46,8 +45,7 @@ def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_leng
         )
 
 
-@dataclass(frozen=True)
-class Cells:
+class Cells(NamedTuple):
     """Where a batch's spans fall in the flattened ``[B, sample_len]`` grid and what each reads of the flat token
     array (int64, one value per span unless said otherwise).
 
@@ -83,32 +81,34 @@ def token_ranges(
     return doc_starts + spans.starts, reads.astype(np.int64, copy=False)
 
 
-def lay_out(spans: Spans, sample_len: int, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool) -> Cells:
-    """The :class:`Cells` of ``spans`` (checked against ``sample_len`` and the documents' lengths): a dozen numpy calls
-    over arrays of spans, whatever their number."""
-    doc_starts = np.asarray(doc_starts, dtype=np.int64)
+def lay_out(
+    spans: Spans, sample_len: int, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool
+) -> Cells:
+    """The :class:`Cells` of ``spans`` (checked against ``sample_len`` and the documents' lengths): about a dozen
+    numpy calls over arrays of spans, whatever their number."""
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    starts = spans.starts.astype(np.int64, copy=False)
-    length = spans.stops - starts
-    cum = np.zeros(length.size + 1, dtype=np.int64)
-    np.cumsum(length, out=cum[1:])
+    starts, stops = spans.starts, spans.stops
+    length = stops - starts
+    cum = np.empty(length.size + 1, dtype=np.int64)
+    cum[0] = 0
+    np.add.accumulate(length, out=cum[1:])  # NOTE: ufunc methods, not np.cumsum / ndarray.max: a µs less per call
     first = cum[spans.offsets]
     per_sample = first[1:] - first[:-1]
-    _check_spans(spans, per_sample, sample_len, doc_lengths)
-    src = doc_starts + starts
-    if eos_stored:  # a span never passes its document's stored last token (checked above): it reads all it spans
-        reads, eos = length, None
-    else:
-        eos = spans.stops > doc_lengths  # == lengths + 1: the position of the virtual EOS
-        reads = length - eos
-        eos = eos if eos.any() else None
+    over = stops - doc_lengths  # 1: the span ends at its document's EOS; more: past it
+    top = int(np.maximum.reduce(over)) if over.size else 0
+    widest = int(np.maximum.reduce(per_sample)) if per_sample.size else 0
+    if top > 1 or widest > sample_len:
+        _check_spans(spans, per_sample, sample_len, doc_lengths)
+    src = np.asarray(doc_starts, dtype=np.int64) + starts
+    eos = None if eos_stored or top < 1 else over > 0
+    reads = length if eos is None else length - eos  # a span never passes its document's stored last token
     num_samples = len(spans)
     cells = num_samples * sample_len
-    if not num_samples or int(per_sample.min()) == sample_len:
+    if int(first[-1]) == cells:  # every sample holds at most sample_len positions, so each holds exactly that many
         return Cells(num_samples, sample_len, src, reads, eos, cum[:-1], length, None, 0, per_sample)
     # each sample's spans start at its row: shift them by the row's start less the cells before it
     shift = np.arange(0, cells, sample_len, dtype=np.int64) - first[:-1]
-    begin = cum[:-1] + np.repeat(shift, np.diff(spans.offsets))
+    begin = cum[:-1] + np.repeat(shift, spans.offsets[1:] - spans.offsets[:-1])
     gap = np.empty(length.size, dtype=np.int64)
     ends = begin + length
     gap[:-1] = begin[1:] - ends[:-1]
@@ -129,43 +129,73 @@ def _fillers(dtype: np.dtype, eos: int, fill: int, size: int) -> memoryview:
 
 
 def _fits(value: int, dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly."""
+    low, high = _bounds(np.dtype(dtype))
+    return low <= value <= high
+
+
+@lru_cache(maxsize=32)
+def _bounds(dtype: np.dtype) -> tuple[float, float]:
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return info.min <= value <= info.max
-    return dtype.kind == "f" or (dtype.kind == "b" and value in (0, 1))
+        return info.min, info.max
+    if dtype.kind == "f":
+        return float("-inf"), float("inf")
+    return 0, 1 if dtype.kind == "b" else 0
 
 
 def _joined(flat, cells: Cells, eos_value: int, fill: int) -> np.ndarray:
     """The ``num_samples * sample_len`` cells of the grid in ``flat``'s dtype (read-only): each span's stored
-    elements, ``eos_value`` at a virtual EOS, ``fill`` on padding; one ``bytes.join`` of memory views, two slices a
-    span. ``flat``: a 1-D array, or anything that takes an integer index array (e.g. a sharded array: then one
-    gather of the spans' elements first)."""
+    elements, ``eos_value`` at a virtual EOS, ``fill`` on padding; one ``bytes.join`` of memory views, a slice per span
+    and one per virtual EOS or run of padding. ``flat``: a 1-D array, or anything that takes an integer index array
+    (e.g. a sharded array: then one gather of the spans' elements first)."""
     src, reads = cells.src, cells.reads
     if not (isinstance(flat, np.ndarray) and flat.ndim == 1 and flat.flags.c_contiguous):
         keep = reads > 0  # one call that takes every element read, in span order
         flat = np.ascontiguousarray(flat[concat_ranges(src[keep], reads[keep])[0]])
         src = np.zeros(reads.size, dtype=np.int64)
         np.cumsum(reads[:-1], out=src[1:])
-    dtype = flat.dtype
     view = memoryview(flat.view(np.ndarray) if isinstance(flat, np.memmap) else flat)
-    a = src.tolist()
-    parts = [view[i:j] for i, j in zip(a, (src + reads).tolist())]
-    if cells.eos is not None or cells.padded:
-        longest = max(cells.lead, int(cells.gap.max()) if cells.padded and cells.gap.size else 0)
-        fillers = _fillers(dtype, eos_value, fill, 1 << max(longest, 1).bit_length())
-        lo = np.ones(reads.size, dtype=np.int64) if cells.eos is None else 1 - cells.eos
-        hi = 1 + cells.gap if cells.padded else np.ones(reads.size, dtype=np.int64)
-        tail = [fillers[i:j] for i, j in zip(lo.tolist(), hi.tolist())]
-        joined = [fillers[1 : 1 + cells.lead]] + [None] * (2 * len(parts))
-        joined[1::2], joined[2::2] = parts, tail
-        parts = joined
-    out = np.frombuffer(b"".join(parts), dtype=dtype)
+    pairs = zip(src.tolist(), (src + reads).tolist())
+    if cells.eos is None and not cells.padded:
+        parts = [view[a:b] for a, b in pairs]
+    else:
+        parts = _with_fillers(view, pairs, cells, _fillers(flat.dtype, eos_value, fill, _longest_gap(cells)))
+    out = np.frombuffer(b"".join(parts), dtype=flat.dtype)
     if out.size != cells.num_samples * cells.sample_len:
         raise ValueError(
             f"the batch's reads give {out.size} cells, its grid has {cells.num_samples * cells.sample_len}: the"
             " token array returned by read is shorter than the ranges asked"
         )
     return out
+
+
+def _longest_gap(cells: Cells) -> int:
+    """The size of the filler buffer: a power of two above the longest run of padding (few distinct sizes)."""
+    longest = max(cells.lead, int(cells.gap.max()) if cells.padded and cells.gap.size else 0)
+    return 1 << max(longest, 1).bit_length()
+
+
+def _with_fillers(view: memoryview, pairs, cells: Cells, fillers: memoryview) -> list:
+    """The memory views to join: each span's elements, then its virtual EOS (``fillers[0]``) and the padding after it
+    (``fillers[1:]``), the padding before the first span first."""
+    eos = [False] * cells.reads.size if cells.eos is None else cells.eos.tolist()
+    parts = []
+    add = parts.append
+    if not cells.padded:
+        eos_piece = fillers[0:1]
+        for (a, b), e in zip(pairs, eos):
+            add(view[a:b])
+            if e:
+                add(eos_piece)
+        return parts
+    if cells.lead:
+        add(fillers[1 : 1 + cells.lead])
+    for (a, b), e, g in zip(pairs, eos, cells.gap.tolist()):
+        add(view[a:b])
+        if e or g:
+            add(fillers[1 - e : 1 + g])
+    return parts
 
 
 def _token_grid(cells: Cells, flat, eos_id: int, pad_id: int) -> tuple[np.ndarray, bool]:
@@ -189,7 +219,7 @@ def _widened(flat, cells: Cells) -> np.ndarray:
 def _restarted(cells: Cells) -> Cells:
     src = np.zeros(cells.reads.size, dtype=np.int64)
     np.cumsum(cells.reads[:-1], out=src[1:])
-    return Cells(**{**cells.__dict__, "src": src})
+    return cells._replace(src=src)
 
 
 @lru_cache(maxsize=16)
@@ -202,14 +232,10 @@ def _ramp(n: int) -> np.ndarray:
 
 def _padding(first: np.ndarray, value: int, grid: np.ndarray) -> None:
     """``grid[i, first[i]:] = value`` for each row with ``first[i] < width`` (``grid``: ``[B, width]``): a slice per
-    such row when there are few, else one masked write."""
+    such row (cheaper than a whole-grid masked write even with every row padded: tests/benchmarks/bench_loader.py)."""
     width = grid.shape[1]
-    rows = np.flatnonzero(first < width)
-    if rows.size <= _FEW_ROWS:
-        for i in rows.tolist():
-            grid[i, max(int(first[i]), 0) :] = value
-    else:
-        np.copyto(grid, value, where=_ramp(width)[None, :] >= first[:, None])
+    for i in np.flatnonzero(first < width).tolist():
+        grid[i, max(int(first[i]), 0) :] = value
 
 
 def _pieces(cells: Cells, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,11 +267,20 @@ def _write_pieces(cells: Cells, doc_ids: np.ndarray, document_ids: np.ndarray, p
             _padding(cells.per_sample, -1, document_ids)
         return
     length, doc = _pieces(cells, doc_ids)
-    document_ids[:] = np.repeat(doc, length).reshape(B, sample_len)[:, :width]
+    whole = sample_len == width  # the grid is the fields' own shape: write through flat views, no temporary
+    if whole:
+        document_ids.reshape(-1)[:] = np.repeat(doc, length)
+    else:
+        document_ids[:] = np.repeat(doc, length).reshape(B, sample_len)[:, :width]
     if position_ids is not None:
-        begin = np.cumsum(length) - length
-        within = _ramp(B * sample_len) - np.repeat(begin, length)
-        position_ids[:] = within.reshape(B, sample_len)[:, :width]
+        begin = np.empty(length.size, dtype=np.int64)
+        begin[0] = 0
+        np.add.accumulate(length[:-1], out=begin[1:])
+        if whole:
+            np.subtract(_ramp(B * sample_len), np.repeat(begin, length), out=position_ids.reshape(-1))
+        else:
+            within = _ramp(B * sample_len) - np.repeat(begin, length)
+            position_ids[:] = within.reshape(B, sample_len)[:, :width]
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, ...], what: str) -> None:

@@ -140,6 +140,7 @@ class VerifiedArray:
         self._sums = sums
         self._what = what
         self._checked = np.zeros(len(sums), dtype=bool)
+        self._unchecked = len(sums)  # chunks not checked yet: at 0 every read is a plain read of the map
         if isinstance(
             array, RemoteArray
         ):  # its blocks are checked against ``sums`` as they arrive (detsampler.index.remote)
@@ -211,6 +212,8 @@ class VerifiedArray:
 
     # -- checked reads
     def __getitem__(self, key: Any) -> Any:
+        if not self._unchecked:  # every chunk checked: nothing left to guard
+            return self._array[key]
         n = len(self._array)
         if isinstance(key, slice):
             lo, hi, _ = key.indices(n)
@@ -231,6 +234,8 @@ class VerifiedArray:
         """``np.searchsorted`` over the (sorted) array; each answer is confirmed on checked elements around it, so a
         corrupted element met on the way can never yield a wrong answer silently. With a fence, each value reads one
         block of the file (the fence, in RAM, says which), not the ~log2(n) scattered pages of a binary search."""
+        if not self._unchecked:  # every chunk checked: one search of the map (its pages were all read)
+            return np.searchsorted(self._array, v, side=side)
         if self._fence is not None:
             return self._fenced_search(v, side)
         pos = np.searchsorted(self._array, v, side=side)
@@ -272,6 +277,12 @@ class VerifiedArray:
         is checked: the caller reads only those ranges from it (the invariant holds for them). Cost when they are
         checked already: a few vectorized operations on ``len(starts)`` values, whatever the ranges' lengths."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        if not self._unchecked and starts.size <= _FEW_RANGES:  # every chunk checked: the bounds alone
+            n = len(self._array)
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                if b > a and (a < 0 or b > n):
+                    raise IndexError(f"ranges reach outside [0, {n}) of {self.path.name}")
+            return self._array
         if starts.size <= _FEW_RANGES:  # a micro batch's spans: Python ints beat a dozen numpy calls
             self._check_few_ranges(starts.reshape(-1).tolist(), stops.reshape(-1).tolist())
             return self._array
@@ -280,6 +291,8 @@ class VerifiedArray:
             lo, hi = starts[some], stops[some]
             if int(lo.min()) < 0 or int(hi.max()) > len(self._array):
                 raise IndexError(f"ranges reach outside [0, {len(self._array)}) of {self.path.name}")
+            if not self._unchecked:
+                return self._array
             isz = self.dtype.itemsize
             first = (self._data_offset + lo * isz) >> _SHIFT
             last = (self._data_offset + hi * isz - 1) >> _SHIFT
@@ -366,6 +379,7 @@ class VerifiedArray:
         raw = self._raw
         if raw is None:  # a remote array: every block it reads was checked on arrival (detsampler.index.remote)
             self._checked[chunks] = True
+            self._unchecked = len(self._checked) - int(np.count_nonzero(self._checked))
             return
         for c in chunks.tolist():
             if self._checked[c]:
@@ -380,6 +394,7 @@ class VerifiedArray:
                     self.path,
                 )
             self._checked[c] = True
+            self._unchecked -= 1
 
 
 def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
