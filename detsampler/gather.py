@@ -81,9 +81,7 @@ def token_ranges(
     return doc_starts + spans.starts, reads.astype(np.int64, copy=False)
 
 
-def lay_out(
-    spans: Spans, sample_len: int, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool
-) -> Cells:
+def lay_out(spans: Spans, sample_len: int, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool) -> Cells:
     """The :class:`Cells` of ``spans`` (checked against ``sample_len`` and the documents' lengths): about a dozen
     numpy calls over arrays of spans, whatever their number."""
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
