@@ -142,8 +142,9 @@ def _bounds(dtype: np.dtype) -> tuple[float, float]:
     return 0, 1 if dtype.kind == "b" else 0
 
 
-def _joined(flat, cells: Cells, eos_value: int, fill: int) -> np.ndarray:
-    """The ``num_samples * sample_len`` cells of the grid in ``flat``'s dtype (read-only): each span's stored
+def _joined(flat, cells: Cells, eos_value: int, fill: int, writable: bool = False) -> np.ndarray:
+    """The ``num_samples * sample_len`` cells of the grid in ``flat``'s dtype (read-only unless ``writable``): each
+    span's stored
     elements, ``eos_value`` at a virtual EOS, ``fill`` on padding; one ``bytes.join`` of memory views, a slice per span
     and one per virtual EOS or run of padding. ``flat``: a 1-D array, or anything that takes an integer index array
     (e.g. a sharded array: then one gather of the spans' elements first)."""
@@ -159,7 +160,7 @@ def _joined(flat, cells: Cells, eos_value: int, fill: int) -> np.ndarray:
         parts = [view[a:b] for a, b in pairs]
     else:
         parts = _with_fillers(view, pairs, cells, _fillers(flat.dtype, eos_value, fill, _longest_gap(cells)))
-    out = np.frombuffer(b"".join(parts), dtype=flat.dtype)
+    out = np.frombuffer((bytearray() if writable else b"").join(parts), dtype=flat.dtype)
     if out.size != cells.num_samples * cells.sample_len:
         raise ValueError(
             f"the batch's reads give {out.size} cells, its grid has {cells.num_samples * cells.sample_len}: the"
@@ -304,23 +305,28 @@ def pack_fields(
     mask_read=None,
     mask_eos: int = 0,
     mask_examples: bool = False,
+    mask_labels: bool = False,
 ) -> np.ndarray:
     """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 C-contiguous ``[4, B,
     seq_len]``); the values are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields
     as the packed dataset defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts
     one window into inputs and labels; otherwise (``sample_len == seq_len``) each span's last position and padding get
     :data:`IGNORE_INDEX`. ``read(starts, stops)`` returns the flat token array, having checked whatever it guards for
-    those element ranges (the only ones read). With ``mask_out`` (C-contiguous ``[B, sample_len]``, any integer
-    dtype), the positions' values of the array ``mask_read`` returns (a loss mask aligned with the tokens) are laid out
-    there in the same pass, cell for cell as the tokens (a virtual EOS reads ``mask_eos``, padding 0). With
-    ``mask_examples`` (each document is an example: chat data), a document's first position reads 0 there: no label
-    that the mask keeps predicts an example's first token, so none crosses from one example into the next, whatever
-    the layout (``concat`` included).
+    those element ranges (the only ones read).
 
-    Cost: :func:`lay_out` (a dozen calls over arrays of spans), one ``bytes.join`` of two memory-view slices per span
-    (and one more for the mask), one widening copy per field from the joined grid, the pieces' documents and positions
-    by one ``np.repeat`` each (a slice per piece when there are at most 16), padding by a slice per padded row (a
-    masked write when more than four): nothing per token in Python.
+    With ``mask_read`` (a reader of the same form for an array aligned with the tokens: a loss mask), its values are
+    laid out cell for cell as the tokens (a virtual EOS reads ``mask_eos``, padding 0), into ``mask_out`` when given
+    (C-contiguous ``[B, sample_len]``, any integer dtype). With ``mask_examples`` (each document is an example: chat
+    data), a document's first position reads 0 there: no label that the mask keeps predicts an example's first token,
+    so none crosses from one example into the next, whatever the layout (``concat`` included). With ``mask_labels``
+    the labels are masked in the same pass: a label is :data:`IGNORE_INDEX` wherever the mask at the position it
+    predicts is 0 (any other value trains), so that the loss mask is ``labels != IGNORE_INDEX``.
+
+    Cost: :func:`lay_out` (a dozen calls over arrays of spans), one ``bytes.join`` of a memory-view slice per span and
+    one per virtual EOS or run of padding (and as many for the mask), one widening copy per field from the joined grid
+    (with ``mask_labels``, a multiply-add for the labels instead), the pieces' documents and positions by one
+    ``np.repeat`` each (a slice per span when there are at most four), padding by a slice per padded row: nothing per
+    token in Python.
     """
     num_samples, L = len(spans), seq_len
     if sample_len != L + int(bool(labels_cross_documents)):
@@ -330,16 +336,17 @@ def pack_fields(
     _check_out(out, (len(FIELDS), num_samples, L), "out")
     cells = lay_out(spans, sample_len, doc_starts, doc_lengths, eos_stored)
     flat = read(cells.src, cells.src + cells.reads)
-    mask_flat = _mask_source(mask_out, mask_read, cells, num_samples)
+    mask = _mask_cells(cells, spans, mask_read, mask_out, mask_eos, mask_examples, mask_labels)
     tokens, padded = _token_grid(cells, flat, eos_id, pad_id)
+    keep = None if mask is None or not mask_labels else mask != 0
     input_ids, labels, position_ids, document_ids = out
     if labels_cross_documents:
         input_ids[:] = tokens[:, :L]
-        labels[:] = tokens[:, 1:]
+        _write_labels(labels, tokens[:, 1:], None if keep is None else keep.reshape(num_samples, sample_len)[:, 1:])
     else:
         input_ids[:] = tokens
         flat_labels = labels.reshape(-1)
-        flat_labels[:-1] = tokens.reshape(-1)[1:]
+        _write_labels(flat_labels[:-1], tokens.reshape(-1)[1:], None if keep is None else keep[1:])
         flat_labels[-1] = IGNORE_INDEX
         ends = cells.begin + cells.length - 1
         flat_labels[ends[cells.length > 0]] = IGNORE_INDEX  # each span's last cell
@@ -353,31 +360,43 @@ def pack_fields(
         _padding(first - int(bool(labels_cross_documents)), IGNORE_INDEX, labels)
         if restart_position_ids:
             _padding(first, 0, position_ids)
-    if mask_flat is not None:
-        _write_mask(cells, spans, mask_flat, mask_out, mask_eos, mask_examples)
     return out
 
 
-def _mask_source(mask_out: np.ndarray | None, mask_read, cells: Cells, num_samples: int):
-    """The flat loss mask ``mask_read`` returns for the batch's ranges (read once, right after the tokens), or None
-    without ``mask_out``."""
-    if mask_out is None:
-        return None
+def _write_labels(labels: np.ndarray, tokens: np.ndarray, keep: np.ndarray | None) -> None:
+    """``labels[:] = tokens`` (the next positions' tokens), and :data:`IGNORE_INDEX` where ``keep`` (bool, optional)
+    is False: ``(tokens + 100) * keep - 100`` in int64, three passes and no masked write (a boolean-mask assignment
+    costs twice as much on a mask of trained and untrained runs)."""
+    if keep is None:
+        labels[:] = tokens
+        return
+    np.add(tokens, -IGNORE_INDEX, out=labels, dtype=np.int64)
+    np.multiply(labels, keep, out=labels)
+    labels += IGNORE_INDEX
+
+
+def _mask_cells(
+    cells: Cells, spans: Spans, mask_read, mask_out: np.ndarray | None, mask_eos: int, examples: bool, labels: bool
+) -> np.ndarray | None:
+    """The mask values of the cells (flat ``[B * sample_len]``, writable; a virtual EOS reads ``mask_eos``, padding 0;
+    with ``examples`` a document's first position 0), read once right after the tokens and laid out in ``mask_out``
+    when given; None without ``mask_read``."""
     if mask_read is None:
-        raise ValueError("mask_out comes with mask_read")
-    _check_out(mask_out, (num_samples, cells.sample_len), "mask_out")
-    return mask_read(cells.src, cells.src + cells.reads)
-
-
-def _write_mask(cells: Cells, spans: Spans, mask_flat, mask_out: np.ndarray, mask_eos: int, examples: bool) -> None:
-    """The mask values of the cells into ``mask_out`` (a virtual EOS reads ``mask_eos``, padding 0; with ``examples``
-    a document's first position 0)."""
-    flat_out = mask_out.reshape(-1)
-    flat_out[:] = _joined(mask_flat, cells, int(mask_eos), 0)
+        if mask_out is not None or labels:
+            raise ValueError("mask_out and mask_labels come with mask_read")
+        return None
+    if mask_out is None and not labels:
+        raise ValueError("mask_read comes with mask_out or mask_labels")
+    if mask_out is not None:
+        _check_out(mask_out, (cells.num_samples, cells.sample_len), "mask_out")
+    mask = _joined(mask_read(cells.src, cells.src + cells.reads), cells, int(mask_eos), 0, writable=True)
     if examples:
         # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
         # predicted from another example (concat's label at the previous example's EOS), so it is never trained
-        flat_out[cells.begin[(spans.starts == 0) & (cells.length > 0)]] = 0
+        mask[cells.begin[(spans.starts == 0) & (cells.length > 0)]] = 0
+    if mask_out is not None:
+        mask_out.reshape(-1)[:] = mask
+    return mask
 
 
 def pack_tokens(
@@ -413,9 +432,7 @@ def pack_tokens(
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
     flat = read(cells.src, cells.src + cells.reads)
-    mask_flat = _mask_source(mask_out, mask_read, cells, len(spans))
+    _mask_cells(cells, spans, mask_read, mask_out, mask_eos, mask_examples, False)
     tokens, _ = _token_grid(cells, flat, eos_id, 0)
     out.reshape(-1)[:] = tokens.reshape(-1)
-    if mask_flat is not None:
-        _write_mask(cells, spans, mask_flat, mask_out, mask_eos, mask_examples)
     return out

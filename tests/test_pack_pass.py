@@ -106,10 +106,23 @@ def test_pack_fields_equals_the_per_span_path(
     np.testing.assert_array_equal(got[0], want[0])
     if masked:
         np.testing.assert_array_equal(got[1], want[1])
+        _check_masked_labels(run(pack_fields), want, spans, starts, lens, flat, mask, sharded, layout)
     ((a, b),) = got[2]  # one read, of exactly the ranges token_ranges names
     src, n = token_ranges(spans, starts, lens, eos_stored)
     np.testing.assert_array_equal(a, src)
     np.testing.assert_array_equal(b, src + n)
+
+
+def _check_masked_labels(call, want, spans, starts, lens, flat, mask, sharded, layout) -> None:
+    """``mask_labels``: the same fields, but each label whose predicted position's mask value is 0 is -100 (the
+    reference's labels masked by the reference's laid-out mask, any nonzero value trains)."""
+    got = call(spans, starts, lens, _reader(flat, sharded, []), mask_read=_reader(mask, sharded, []), mask_labels=True)
+    fields, laid_out = want[0].copy(), want[1]
+    if layout.labels_cross_documents:
+        fields[1][laid_out[:, 1:] == 0] = -100
+    else:
+        fields[1].reshape(-1)[:-1][laid_out.reshape(-1)[1:] == 0] = -100
+    np.testing.assert_array_equal(got, fields)
 
 
 @given(

@@ -324,33 +324,47 @@ class PackedDataset(Dataset):
             spans, doc_starts, doc_lengths = planned.reads
             arrays = lookahead.arrays
             read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
-        mask_grid, eos_value = None, 0
+        masking = {"mask_read": read_mask, "mask_examples": self._chat is not None}  # chat: no label crosses examples
         if read_mask is not None:  # laid out in the same pass as the tokens
-            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.uint8)  # every cell written
-            eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
-        masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
-        masking["mask_examples"] = self._chat is not None  # chat: no trained label crosses from one example to the next
+            masking["mask_eos"] = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
+        source = (spans, doc_starts, doc_lengths, read)
         if self.output == "tokens":
-            tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
-            pack_tokens(
-                spans,
-                self.layout.sample_len,
-                doc_starts,
-                doc_lengths,
-                read,
-                eos_id=self.index.eos_id,
-                eos_stored=self._eos_stored,
-                out=tokens.numpy(),
-                **masking,
-            )
-            out = {"tokens": tokens}
-            if mask_grid is not None:
-                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
-            if self.instance_filter is None:
-                return out
-            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
-            return {**out, "instance_mask": torch.from_numpy(~flagged)}
-        block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
+            return self._tokens_batch(source, masking)
+        return self._fields_batch(source, masking)
+
+    def _tokens_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """``output="tokens"``: the token ids in the stored dtype (and a chat index's ``loss_mask``)."""
+        spans, doc_starts, doc_lengths, read = source
+        num_samples, sample_len = len(spans), self.layout.sample_len
+        tokens = _new_block((num_samples, sample_len), self.token_dtype)
+        mask_grid = None if masking["mask_read"] is None else np.empty((num_samples, sample_len), dtype=np.uint8)
+        pack_tokens(
+            spans,
+            sample_len,
+            doc_starts,
+            doc_lengths,
+            read,
+            eos_id=self.index.eos_id,
+            eos_stored=self._eos_stored,
+            out=tokens.numpy(),
+            mask_out=mask_grid,
+            **masking,
+        )
+        out = {"tokens": tokens}
+        if mask_grid is not None:
+            out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
+        if self.instance_filter is None:
+            return out
+        flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
+        return {**out, "instance_mask": torch.from_numpy(~flagged)}
+
+    def _fields_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """The four int64 fields in one block (a chat index's labels masked in the same pass, and its ``loss_mask``);
+        the instance filter's flagged samples' labels -100."""
+        spans, doc_starts, doc_lengths, read = source
+        block = _new_block((len(FIELDS), len(spans), self.seq_len), np.dtype(np.int64))
+        fields = block.numpy()
+        masked = masking["mask_read"] is not None
         pack_fields(
             spans,
             self.seq_len,
@@ -363,36 +377,23 @@ class PackedDataset(Dataset):
             eos_stored=self._eos_stored,
             labels_cross_documents=self.layout.labels_cross_documents,
             restart_position_ids=self.restart_position_ids,
-            out=block.numpy(),
+            out=fields,
+            mask_labels=masked,
             **masking,
         )
         batch = dict(zip(FIELDS, block.unbind(0)))
-        if mask_grid is not None:
-            labels = block.numpy()[FIELDS.index("labels")]
-            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid)
+        labels = fields[FIELDS.index("labels")]
         if self.instance_filter is not None:
-            fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
             flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
-            fields[FIELDS.index("labels")][flagged] = -100
-            if mask_grid is not None:
-                batch["loss_mask"][torch.from_numpy(flagged)] = False
+            if flagged.any():
+                labels[flagged] = IGNORE_INDEX
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
+        if masked:
+            batch["loss_mask"] = torch.from_numpy(labels != IGNORE_INDEX)
         return batch
-
-
-def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray) -> torch.Tensor:
-    """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
-    (``mask_grid``: ``[B, sample_len]``, the positions' mask values as laid out, nonzero: trained; a foreign file's
-    values other than 0 and 1 count as 1); returns the loss mask, ``labels != -100``. Two passes over the labels
-    (one masked write, one comparison) and one over the mask's bytes."""
-    if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
-        np.copyto(labels, IGNORE_INDEX, where=mask_grid[:, 1:] == 0)
-    else:  # the label of a position is the next position's token; the last one is -100 already
-        np.copyto(labels.reshape(-1)[:-1], IGNORE_INDEX, where=mask_grid.reshape(-1)[1:] == 0)
-    return torch.from_numpy(labels != IGNORE_INDEX)
 
 
 class _BlockPool:
