@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from detsampler.gather import IGNORE_INDEX, _check_spans, token_ranges
+from detsampler.cells import check_spans as _check_spans
+from detsampler.gather import IGNORE_INDEX, token_ranges
 from detsampler.layout import Spans
 from detsampler.ranges import concat_ranges
 
