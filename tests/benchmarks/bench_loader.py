@@ -66,6 +66,7 @@ BUDGET_S = 3.0  # per run, after the first batch
 WORKERS = (0, 1, 2)
 TARGET_CEILING = 0.7
 LARGE_BATCH = 64  # the larger micro batch measured against its own ceiling
+TARGET_PEERS = 2.0  # issue 35: the four fields at least this many times the strongest stored-token peer
 
 
 def _setup():
@@ -137,10 +138,10 @@ class TokenChunks:
         return (TokenChunks, (self.path, self.seq_len))
 
 
-def grain_batches(path: Path, num_workers: int):
+def grain_batches(path: Path, num_workers: int, micro_batch: int = MICRO_BATCH):
     import grain
 
-    ds = grain.MapDataset.source(TokenChunks(path, SEQ_LEN)).shuffle(seed=0).repeat().batch(MICRO_BATCH)
+    ds = grain.MapDataset.source(TokenChunks(path, SEQ_LEN)).shuffle(seed=0).repeat().batch(micro_batch)
     ds = ds.map(lambda b: b[:, :-1])
     it = ds.to_iter_dataset()
     if num_workers:
@@ -209,23 +210,88 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
         )
     )
 
-    def olmo_loader(w: int):
-        loader = peers.olmo_fsl_loader(olmo(), MICRO_BATCH * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
+    def olmo_loader(w: int, b: int = MICRO_BATCH):
+        loader = peers.olmo_fsl_loader(olmo(), b * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
         loader.reshuffle(epoch=1)
         return loader
 
     return (
         {
-            "detsampler concat": lambda w: detsampler_loader(concat, w),
-            "detsampler concat, output='tokens'": lambda w: detsampler_loader(concat_tokens, w),
-            "detsampler bestfit": lambda w: detsampler_loader(bestfit, w),
-            "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron(), batch_size=MICRO_BATCH, num_workers=w),
+            "detsampler concat": lambda w, b=MICRO_BATCH: detsampler_loader(concat, w, b),
+            "detsampler concat, output='tokens'": lambda w, b=MICRO_BATCH: detsampler_loader(concat_tokens, w, b),
+            "detsampler bestfit": lambda w, b=MICRO_BATCH: detsampler_loader(bestfit, w, b),
+            "Megatron GPTDataset + DataLoader": lambda w, b=MICRO_BATCH: DataLoader(
+                megatron(), batch_size=b, num_workers=w
+            ),
             "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": olmo_loader,
-            "Grain MapDataset shuffle -> batch": lambda w: grain_batches(_need(inputs, "token_file"), w),
+            "Grain MapDataset shuffle -> batch": lambda w, b=MICRO_BATCH: grain_batches(
+                _need(inputs, "token_file"), w, b
+            ),
         },
         concat,
         bestfit,
     )
+
+
+ROUNDS = 3  # the 0-worker comparison: every contender once per round, the rounds in turn, best round kept
+
+
+def _zero_worker_rates(contenders: dict) -> dict:
+    """(name, micro batch) -> best tokens/s over ``ROUNDS`` rounds with ``num_workers=0``, each round running every
+    contender once (a fresh loader) at each micro batch in turn, so that load on the machine hits them alike; or an
+    error string."""
+    out: dict = {}
+    for _ in range(ROUNDS):
+        for batch in (MICRO_BATCH, LARGE_BATCH):
+            count = max(4, MAX_BATCHES * MICRO_BATCH // batch) - 2
+            for name, make in contenders.items():
+                if isinstance(out.get((name, batch)), str):
+                    continue
+                try:
+                    rate = _time_batches(make(0, batch), count, micro_batch=batch)[0]
+                    out[(name, batch)] = max(rate, out.get((name, batch), 0.0))
+                except Exception as exc:
+                    out[(name, batch)] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return out
+
+
+def _zero_worker_table(rates: dict, names: list[str]) -> tuple[Table, Verdict]:
+    """The like-for-like table at ``num_workers=0`` (each micro batch shape) and the verdict: detsampler concat's four
+    fields at least ``TARGET_PEERS`` x the strongest stored-token peer at both shapes."""
+    rows, detail, met = [], [], True
+    for batch in (MICRO_BATCH, LARGE_BATCH):
+        peer_rates = {n: rates[(n, batch)] for n in names if not n.startswith("detsampler")}
+        ok = {n: r for n, r in peer_rates.items() if isinstance(r, float)}
+        strongest = max(ok, key=ok.get) if ok else None
+        for n in names:
+            r = rates[(n, batch)]
+            vs = f"{r / ok[strongest]:.2f}x" if isinstance(r, float) and strongest else "—"
+            rate = fmt_rate(r, " tokens/s") if isinstance(r, float) else f"failed: {r}"
+            rows.append([f"{batch} x {SEQ_LEN:,}", n, rate, vs])
+        ours = rates[("detsampler concat", batch)]
+        ratio = ours / ok[strongest] if strongest and isinstance(ours, float) else 0.0
+        met &= ratio >= TARGET_PEERS
+        peer = fmt_rate(ok.get(strongest, 0.0), " tokens/s")
+        detail.append(f"{batch} x {SEQ_LEN:,}: {ratio:.2f}x {strongest} ({peer})")
+    table = Table(
+        f"Stored tokens, num_workers=0: tokens/s into the training loop, best of {ROUNDS} rounds (every contender once"
+        " a round, in turn)",
+        ["micro batch", "contender", "tokens/s", "/ strongest peer"],
+        rows,
+        [
+            "The peers read the same token ids as detsampler (their own writers' files); Megatron and OLMo-core yield"
+            " their own fields (tokens, labels, loss mask, position ids / input ids, indices), Grain the input ids"
+            " alone; detsampler concat its four int64 fields."
+        ],
+    )
+    verdict = Verdict(
+        f"detsampler's four fields at least {TARGET_PEERS:g}x the strongest stored-token peer (Megatron GPTDataset,"
+        f" OLMo-core NumpyFSLDataset, Grain) at {MICRO_BATCH} x {SEQ_LEN:,} and {LARGE_BATCH} x {SEQ_LEN:,},"
+        " num_workers=0",
+        met,
+        "; ".join(detail) + ".",
+    )
+    return table, verdict
 
 
 def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
@@ -414,19 +480,7 @@ def _shape_tables(rows: list, stages: dict) -> list[Table]:
                 vs_rows.append(
                     [shape, f"{OUTPUT_NAMES[output]}, {how}", fmt_rate(rate, " tokens/s"), f"{rate / best.median:.2%}"]
                 )
-    names = ["plan", "locate", "read + fields", "get_batch"]
-    stage_rows = [
-        [name]
-        + [
-            f"{stages[b][name + ' before'] if name + ' before' in stages[b] else stages[b][name]:.0f} -> "
-            f"{stages[b][name]:.0f}"
-            for b in stages
-        ]
-        for name in names
-    ]
-    for key, label in (("read, tokens", "read, output='tokens'"), ("get_batch tokens", "get_batch, output='tokens'")):
-        if all(key in stages[b] for b in stages):
-            stage_rows.append([label] + [f"— -> {stages[b][key]:.0f}" for b in stages])
+    stage_rows = _stage_rows(stages)
     return [
         Table(
             "The ceiling: copies of the same batches' tokens from the raw memory map of tokens.npy (median of 7 passes,"
@@ -440,18 +494,42 @@ def _shape_tables(rows: list, stages: dict) -> list[Table]:
             vs_rows,
         ),
         Table(
-            "Where a micro batch's time goes (µs, median of 7 interleaved passes; before -> now: the read path before "
-            "pack_fields against today's, the plan and the locate being the same code in both)",
+            "Where a micro batch's time goes (µs, best of 9 interleaved passes; detsampler concat, four fields)",
             ["stage"] + [f"{b} x {SEQ_LEN:,}" for b in stages],
             stage_rows,
             [
-                "read + fields: get_batch less the locate: the documents' offsets and lengths, the chunk checks, the "
-                "token copies and the four int64 fields. Before: every token address through the checked array and "
-                "gather_spans' five grids, then the fields by whole-grid masks (tests/benchmarks/ceiling.py, "
-                "get_batch_before; equal output, tests/test_gather.py). Now: pack_fields (a slice copy per span, the "
-                "fields written once into one block)."
+                "Each step of get_batch timed in turn (tests/benchmarks/read_stages.py: the same calls in the same"
+                " order, its batch equal to get_batch's): locate (the layout's spans), documents (their offsets and"
+                " lengths), cells (where each span falls in the grid), chunk checks (the CRC-32 state of the chunks"
+                " read), token join (the spans' stored tokens joined into the grid: one memory-view slice per span),"
+                " block + tensors (the batch's block from the pool, the four tensors), then one write per field, and"
+                " padding.",
+                "Per span: the same get_batch with the per-span pass issue 35 replaced (tests/pack_reference.py, equal"
+                " output); before pack_fields: the read path before that (tests/gather_reference.py); both timed in the"
+                " same passes.",
             ],
         ),
+    ]
+
+
+STAGE_LABELS = {
+    "plan": "plan (the sampler's next micro batch)",
+    "stages": "sum of the steps",
+    "get_batch": "get_batch, whole",
+    "get_batch tokens": "get_batch, output='tokens'",
+    "get_batch per span": "get_batch with the per-span pass (before issue 35)",
+    "get_batch before": "get_batch before pack_fields",
+}
+
+
+def _stage_rows(stages: dict) -> list[list[str]]:
+    from tests.benchmarks.read_stages import FIELD_STAGES
+
+    names = ["plan", *FIELD_STAGES, "stages", "get_batch", "get_batch tokens", "get_batch per span", "get_batch before"]
+    return [
+        [STAGE_LABELS.get(name, name)] + [f"{stages[b][name]:.1f}" if name in stages[b] else "—" for b in stages]
+        for name in names
+        if any(name in stages[b] for b in stages)
     ]
 
 
@@ -506,6 +584,7 @@ def main() -> BenchResult:
     stored_contenders, concat_ds, bestfit_ds = _stored_contenders(stored, inputs, tokenizer)
     fly_contenders, hf_tok, fly_dataset = _fly_contenders(corpus, tokenizer, counts, inputs)
     stored_rates = _run_group(stored_contenders, passes=2)
+    zero_table, peers_verdict = _zero_worker_table(_zero_worker_rates(stored_contenders), list(stored_contenders))
     fly_rates = _run_group(fly_contenders)
     resume_table = _resume_table(fly_contenders, fly_dataset)
 
@@ -550,7 +629,7 @@ def main() -> BenchResult:
     best_peer_stored = max(_best(stored_rates, n) for n in stored_contenders if not n.startswith("detsampler"))
     fly_ours = _best(fly_rates, "detsampler concat (sentencepiece)")
     best_peer_fly = max(_best(fly_rates, n) for n in fly_contenders if not n.startswith("detsampler"))
-    verdicts = [_ceiling_verdict(shape_rows, stages, stored.tokens.dtype.itemsize, floors, writes)]
+    verdicts = [peers_verdict, _ceiling_verdict(shape_rows, stages, stored.tokens.dtype.itemsize, floors, writes)]
     notes = [
         _like_for_like("stored", ours, best_peer_stored),
         _like_for_like("on the fly", fly_ours, best_peer_fly)
@@ -566,6 +645,7 @@ def main() -> BenchResult:
         "Loader throughput",
         __doc__.split("\n", 2)[2].strip(),
         [
+            zero_table,
             *_shape_tables(shape_rows, stages),
             _floor_table(floors, shape_rows, writes),
             stored_table,
