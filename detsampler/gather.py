@@ -61,14 +61,6 @@ def _ramp(n: int) -> np.ndarray:
     return out
 
 
-def _padding(first: np.ndarray, value: int, grid: np.ndarray) -> None:
-    """``grid[i, first[i]:] = value`` for each row with ``first[i] < width`` (``grid``: ``[B, width]``): a slice per
-    such row (cheaper than a whole-grid masked write even with every row padded: tests/benchmarks/bench_loader.py)."""
-    width = grid.shape[1]
-    for i in np.flatnonzero(first < width).tolist():
-        grid[i, max(int(first[i]), 0) :] = value
-
-
 def _pieces(cells: Cells, doc_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The pieces that tile the flattened grid, in order: ``(length, document)`` (-1 on padding; None without
     ``doc_ids``)."""
@@ -84,22 +76,22 @@ def _pieces(cells: Cells, doc_ids: np.ndarray | None) -> tuple[np.ndarray, np.nd
     return length, doc
 
 
-def _write_documents(cells: Cells, doc_ids: np.ndarray, document_ids: np.ndarray) -> None:
-    """Each span's document into ``document_ids`` (``[B, L]``, the first ``L`` columns of each ``sample_len`` row),
-    -1 on padding: a slice per span when there are few, else one ``np.repeat`` over the pieces."""
+def _write_documents(cells: Cells, doc_ids: np.ndarray, document_ids: np.ndarray) -> bool:
+    """Each span's document into ``document_ids`` (``[B, L]``, the first ``L`` columns of each ``sample_len`` row):
+    a slice per span when there are few (then True: the padding is left to :func:`_write_padding`), else one
+    ``np.repeat`` over the pieces, -1 on padding (False)."""
     B, width, sample_len = cells.num_samples, document_ids.shape[1], cells.sample_len
-    if cells.length.size <= _FEW_PIECES:  # the spans alone (each within a row); padding: -1 by row suffixes
+    if cells.length.size <= _FEW_PIECES:  # the spans alone (each within a row): padding by _write_padding
         for g, m, d in zip(cells.begin.tolist(), cells.length.tolist(), doc_ids.tolist()):
             row, col = divmod(g, sample_len)
             document_ids[row, col : min(col + m, width)] = d
-        if cells.padded:
-            _padding(cells.per_sample, -1, document_ids)
-        return
+        return True
     length, doc = _pieces(cells, doc_ids)
     if sample_len == width:  # the grid is the field's own shape: written through a flat view
         document_ids.reshape(-1)[:] = np.repeat(doc, length)
     else:
         document_ids[:] = np.repeat(doc, length).reshape(B, sample_len)[:, :width]
+    return False
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, ...], what: str) -> None:
@@ -160,9 +152,9 @@ def pack_fields(
     tokens, padded = _token_grid(cells, flat, eos_id, pad_id)
     _write_inputs(out[0], tokens, L)
     _write_labels(cells, out[1], tokens, mask if mask_labels else None)
-    _write_documents(cells, spans.doc_ids, out[3])
+    sliced = _write_documents(cells, spans.doc_ids, out[3])
     _write_positions(cells, out[2], restart_position_ids)
-    _write_padding(cells, out, labels_cross_documents, restart_position_ids, None if padded else pad_id)
+    _write_padding(cells, out, labels_cross_documents, restart_position_ids, None if padded else pad_id, sliced)
     return out
 
 
@@ -214,19 +206,29 @@ def _write_positions(cells: Cells, position_ids: np.ndarray, restart: bool) -> N
 
 
 def _write_padding(
-    cells: Cells, out: np.ndarray, labels_cross_documents: bool, restart: bool, pad_id: int | None
+    cells: Cells, out: np.ndarray, labels_cross_documents: bool, restart: bool, pad_id: int | None, documents: bool
 ) -> None:
-    """Padding (each padded row's tail): ``pad_id`` in the input ids (None: the joined grid holds it already),
-    IGNORE_INDEX in the labels (``concat``: from the last position on, which predicts padding), 0 in restarting
-    position ids; the document ids hold -1 there already."""
+    """Padding (each padded row's tail), a slice write per row: IGNORE_INDEX in the labels (``concat``: from the
+    position before on, which predicts padding) and 0 in restarting position ids (one write for both; without restart
+    the positions keep ``0 .. L-1``); ``pad_id`` in the input ids unless None (the joined grid holds it already), and
+    -1 in the document ids when ``documents`` (the ``np.repeat`` of the pieces wrote it already otherwise)."""
     if not cells.padded:
         return
-    first = cells.per_sample
-    if pad_id is not None:
-        _padding(first, pad_id, out[0])
-    _padding(first - int(bool(labels_cross_documents)), IGNORE_INDEX, out[1])
-    if restart:
-        _padding(first, 0, out[2])
+    first, width = cells.per_sample, out.shape[2]
+    shift = int(bool(labels_cross_documents))
+    tail = np.array([IGNORE_INDEX, 0], dtype=np.int64)[:, None]
+    for i in np.flatnonzero(first - shift < width).tolist():
+        f = int(first[i])
+        if restart and not shift:
+            out[1:3, i, f:] = tail
+        else:
+            out[1, i, max(f - shift, 0) :] = IGNORE_INDEX
+            if restart:
+                out[2, i, f:] = 0
+        if pad_id is not None:
+            out[0, i, f:] = pad_id
+        if documents:
+            out[3, i, f:] = -1
 
 
 def _next_tokens(labels: np.ndarray, tokens: np.ndarray, keep: np.ndarray | None) -> None:
