@@ -33,10 +33,15 @@ copy loop, and a vectorized gather, all from the raw memory map of the index's `
 mmap_mode="r")``, no checksums), page cache warm, over the batches detsampler's concat rows deliver; median of 7 passes
 with the spread; at the issue's micro batch (8 x 2,048) and a larger one (64 x 2,048). It writes the stored dtype only,
 so it bounds what any loader could deliver from this memory map, not what one with int64 tensors and labels could. The
-stage table times each step of detsampler's read per micro batch, now and as it was before ``pack_fields`` (the same
-output, computed the old way), interleaved in one run. **The DataLoader's floor**: the µs per batch torch's
-``DataLoader`` itself takes to hand over a batch made in advance (tests/benchmarks/ceiling.py, ``dataloader_floor``),
-with each worker count: what no loader behind a DataLoader can beat.
+stage table times each step of ``get_batch`` per micro batch (tests/benchmarks/read_stages.py: the same calls in the
+same order, in CPU time of the reading thread), beside the whole ``get_batch``, the same with the per-span pass issue
+35 replaced and the read path before ``pack_fields``, interleaved in one run. **The DataLoader's floor**: the µs per
+batch torch's ``DataLoader`` itself takes to hand over a batch made in advance (tests/benchmarks/ceiling.py,
+``dataloader_floor``), with each worker count: what no loader behind a DataLoader can beat.
+
+**Issue 35's comparison** (``num_workers=0``, 8 x 2,048 and 64 x 2,048): every stored-token contender once a round, the
+rounds in turn, best of 3, by the process's CPU time and by wall time; detsampler also as ``get_batch`` of each micro
+batch the sampler hands out (no DataLoader), Grain by indexing its ``MapDataset`` in the main thread.
 """
 
 from __future__ import annotations
