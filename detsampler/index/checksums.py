@@ -378,8 +378,10 @@ class VerifiedArray:
     def _verify(self, chunks: np.ndarray) -> None:
         raw = self._raw
         if raw is None:  # a remote array: every block it reads was checked on arrival (detsampler.index.remote)
-            self._checked[chunks] = True
-            self._unchecked = len(self._checked) - int(np.count_nonzero(self._checked))
+            new = np.sort(chunks[~self._checked[chunks]])
+            if new.size:  # counted once each (a chunk may be named twice): O(these chunks), not O(the file)
+                self._unchecked -= 1 + int(np.count_nonzero(new[1:] != new[:-1]))
+                self._checked[new] = True
             return
         for c in chunks.tolist():
             if self._checked[c]:
