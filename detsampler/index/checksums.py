@@ -235,7 +235,8 @@ class VerifiedArray:
         corrupted element met on the way can never yield a wrong answer silently. With a fence, each value reads one
         block of the file (the fence, in RAM, says which), not the ~log2(n) scattered pages of a binary search."""
         if not self._unchecked:  # every chunk checked: one search of the map (its pages were all read)
-            return np.searchsorted(self._array, v, side=side)
+            values = np.asarray(v)
+            return np.searchsorted(self._array, self._own_dtype(values.reshape(-1)), side=side).reshape(values.shape)
         if self._fence is not None:
             return self._fenced_search(v, side)
         pos = np.searchsorted(self._array, v, side=side)
@@ -256,12 +257,17 @@ class VerifiedArray:
                 )
         return pos
 
-    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
-        values = np.asarray(v).reshape(-1)
+    def _own_dtype(self, values: np.ndarray) -> np.ndarray:
+        """``values`` in the array's own integer dtype when they fit it: numpy would otherwise copy the searched
+        array (or block) to the values' dtype on every search."""
         if values.dtype != self.dtype and values.dtype.kind in "iu" and self.dtype.kind in "iu" and values.size:
-            info = np.iinfo(self.dtype)  # searched in the array's own dtype: numpy would copy each block to the values'
+            info = np.iinfo(self.dtype)
             if info.min <= int(values.min()) and int(values.max()) <= info.max:
-                values = values.astype(self.dtype)
+                return values.astype(self.dtype)
+        return values
+
+    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
+        values = self._own_dtype(np.asarray(v).reshape(-1))
         block = np.searchsorted(self._fence, values, side=side) - 1  # fence[block] < v <= fence[block + 1] (left)
         out = np.zeros(len(values), dtype=np.int64)
         n, every = len(self._array), self.fence_every
