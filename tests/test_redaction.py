@@ -421,3 +421,36 @@ def test_the_blocklist_mask_is_isin(blocked, doc_ids, from_step):
         want_changed[0, 0] = False
         assert changed == int(want_changed.sum())
         assert torch.equal(batch["labels"] == -100, torch.from_numpy(want) | (torch.arange(ids.size) == 0)[None, :])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 60),
+    st.integers(1, 12),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_redact_labels_equals_a_lookup_per_position_on_packed_batches(rows, width, longest, by_source, seed):
+    """On batches shaped like packed ones (document ids in runs of 1 to ``longest`` positions, padding -1 among them),
+    redact_labels' labels and count equal a lookup per position (np.isin of each row with its source's ids in force),
+    few and many runs redacted, with and without mixture sources."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, longest + 1, size=rows * width)
+    ids = np.repeat(rng.integers(-1, 25, size=lengths.size), lengths)[: rows * width].reshape(rows, width)
+    labels = rng.integers(-100, 50, size=(rows, width))
+    labels[labels < 0] = -100
+    source_of = rng.integers(0, 2, size=rows) if by_source else None
+    redactions = [
+        Redaction(sorted(set(rng.integers(0, 25, size=10).tolist())), int(rng.integers(0, 3)), k if by_source else None)
+        for k in range(2 if by_source else 1)
+    ]
+    blocklist = Blocklist(redactions)
+    for step in range(4):
+        want = np.zeros(ids.shape, dtype=bool)
+        for r in range(rows):
+            want[r] = np.isin(ids[r], blocklist.at(step, None if source_of is None else int(source_of[r])))
+        want &= labels != -100
+        batch = {"document_ids": torch.from_numpy(ids.copy()), "labels": torch.from_numpy(labels.copy())}
+        assert redact_labels(batch, step, blocklist, source_of) == int(want.sum())
+        assert np.array_equal(batch["labels"].numpy(), np.where(want, -100, labels))

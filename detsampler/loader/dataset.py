@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from collections.abc import Sequence as SequenceABC
@@ -347,32 +348,46 @@ class PackedDataset(Dataset):
                 read, read_mask = arrays[0].checked_ranges, arrays[1].checked_ranges if len(arrays) > 1 else None
             else:  # local tokens (their memory map); the prefetcher reads a media index's images
                 _, _, read, read_mask = self._token_source(spans.doc_ids)
-        mask_grid, eos_value = None, 0
+        masking = {"mask_read": read_mask, "mask_examples": self._chat is not None}  # chat: no label crosses examples
         if read_mask is not None:  # laid out in the same pass as the tokens
-            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
-            eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
-        masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
-        masking["mask_examples"] = self._chat is not None  # chat: no trained label crosses from one example to the next
+            masking["mask_eos"] = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
+        source = (spans, doc_starts, doc_lengths, read)
         if self.output == "tokens":
-            tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
-            pack_tokens(
-                spans,
-                self.layout.sample_len,
-                doc_starts,
-                doc_lengths,
-                read,
-                eos_id=self.index.eos_id,
-                eos_stored=self._eos_stored,
-                out=tokens.numpy(),
-                **masking,
-            )
-            out = {"tokens": tokens}
-            if mask_grid is not None:
-                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
-            if self.instance_filter is not None:
-                out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
-            return self._without_erased(out, spans)
-        block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
+            return self._tokens_batch(source, masking)
+        return self._fields_batch(source, masking)
+
+    def _tokens_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """``output="tokens"``: the token ids in the stored dtype (and a chat index's ``loss_mask``)."""
+        spans, doc_starts, doc_lengths, read = source
+        num_samples, sample_len = len(spans), self.layout.sample_len
+        tokens = _new_block((num_samples, sample_len), self.token_dtype)
+        mask_grid = None if masking["mask_read"] is None else np.empty((num_samples, sample_len), dtype=np.uint8)
+        pack_tokens(
+            spans,
+            sample_len,
+            doc_starts,
+            doc_lengths,
+            read,
+            eos_id=self.index.eos_id,
+            eos_stored=self._eos_stored,
+            out=tokens.numpy(),
+            mask_out=mask_grid,
+            **masking,
+        )
+        out = {"tokens": tokens}
+        if mask_grid is not None:
+            out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
+        if self.instance_filter is not None:
+            out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
+        return self._without_erased(out, spans)
+
+    def _fields_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """The four int64 fields in one block (a chat index's labels masked in the same pass, and its ``loss_mask``);
+        the instance filter's flagged samples' labels -100."""
+        spans, doc_starts, doc_lengths, read = source
+        block = _new_block((len(FIELDS), len(spans), self.seq_len), np.dtype(np.int64))
+        fields = block.numpy()
+        masked = masking["mask_read"] is not None
         pack_fields(
             spans,
             self.seq_len,
@@ -385,24 +400,23 @@ class PackedDataset(Dataset):
             eos_stored=self._eos_stored,
             labels_cross_documents=self.layout.labels_cross_documents,
             restart_position_ids=self.restart_position_ids,
-            out=block.numpy(),
+            out=fields,
+            mask_labels=masked,
             **masking,
         )
         batch = dict(zip(FIELDS, block.unbind(0)))
-        if mask_grid is not None:
-            labels = block.numpy()[FIELDS.index("labels")]
-            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid, clip=self._chat is None)
+        labels = fields[FIELDS.index("labels")]
         if self.instance_filter is not None:
-            fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
             inputs = fields[FIELDS.index("input_ids")]
             flagged = self.instance_filter.flags(inputs, valid=_not_images(self.index, inputs), lengths=lengths)
-            fields[FIELDS.index("labels")][flagged] = -100
-            if mask_grid is not None:
-                batch["loss_mask"][torch.from_numpy(flagged)] = False
+            if flagged.any():
+                labels[flagged] = IGNORE_INDEX
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
+        if masked:
+            batch["loss_mask"] = torch.from_numpy(labels != IGNORE_INDEX)
         return self._without_erased(batch, spans)
 
     def _without_erased(self, batch: dict[str, torch.Tensor], spans: Any) -> dict[str, torch.Tensor]:
@@ -413,22 +427,41 @@ class PackedDataset(Dataset):
         return mask_erased(batch, spans, erased, self.layout.labels_cross_documents, self.layout.sample_len)
 
 
-def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
-    """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
-    (``mask_grid``: int64 ``[B, sample_len]``, the positions' mask values as laid out; ``clip``: values other than 0 and
-    1 may occur, a foreign file's, and count as 1); returns the loss mask, ``labels != -100``."""
-    if clip:
-        np.minimum(mask_grid, 1, out=mask_grid)
-    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place, in three int64
-    # passes: 3x faster than a boolean-mask assignment
-    labels += -IGNORE_INDEX
-    if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
-        labels *= mask_grid[:, 1:]
-    else:  # the label of a position is the next position's token; the last one is -100 already (0 here)
-        flat = labels.reshape(-1)
-        flat[:-1] *= mask_grid.reshape(-1)[1:]
-    labels += IGNORE_INDEX
-    return torch.from_numpy(labels != IGNORE_INDEX)
+class _BlockPool:
+    """The main process's batch blocks, reused: a block is handed out again only once nothing references its memory
+    (every tensor made from it, every view, every numpy array of those, gone: the storage that ``torch.from_numpy``
+    makes holds a reference to the array until its last tensor is freed). A fresh 4 MiB block costs its page faults
+    on every batch (~1,000 at 64 x 2,048 int64); a reused one costs none. At most ``per_shape`` blocks per shape and
+    ``shapes`` shapes are kept (the last shapes asked)."""
+
+    def __init__(self, per_shape: int = 4, shapes: int = 4) -> None:
+        self.per_shape, self.shapes = per_shape, shapes
+        self._blocks: dict[tuple, list[np.ndarray]] = {}
+        self._blocks[()] = [np.empty(0)]  # NOTE: held by the list alone, as a free block is
+        self._free_refs = self._refs(())  # calibrated on this interpreter: the count of a block nothing else holds
+        del self._blocks[()]
+
+    def _refs(self, key: tuple) -> int:
+        for block in self._blocks[key]:
+            return sys.getrefcount(block)
+        return 0
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        key = (shape, np.dtype(dtype).str)
+        blocks = self._blocks.pop(key, [])
+        self._blocks[key] = blocks  # the last key asked is the newest
+        for block in blocks:
+            if sys.getrefcount(block) <= self._free_refs:
+                return torch.from_numpy(block)
+        block = np.empty(shape, dtype=dtype)
+        if len(blocks) < self.per_shape:
+            blocks.append(block)
+        while len(self._blocks) > self.shapes:
+            del self._blocks[next(iter(self._blocks))]
+        return torch.from_numpy(block)
+
+
+_POOL = _BlockPool()
 
 
 def _not_images(index: Index, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray | None:
@@ -445,10 +478,10 @@ def _not_images(index: Index, input_ids: np.ndarray, valid: np.ndarray | None = 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
     """An uninitialized tensor of numpy ``dtype`` for a batch: one storage, so a DataLoader worker hands the batch over
     in one block; in a worker it is allocated in shared memory at once (as torch's own collate does), so handing it
-    over copies nothing."""
-    proto = torch.from_numpy(np.empty(0, dtype=dtype))
+    over copies nothing; in the main process a block of the pool that nothing references any more (no page faults)."""
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=proto.dtype)
+        return _POOL.take(shape, dtype)
+    proto = torch.from_numpy(np.empty(0, dtype=dtype))
     storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
     return proto.new(storage).view(shape)
 
