@@ -32,7 +32,7 @@ a heap over ``W`` ranks: O(B log B) with the sort.
 Invariants (tests/test_balance.py): the order is a permutation of the step's samples (the global batch, hence the
 gradient up to summation order, is unchanged); every (rank, micro step) gets ``M`` of them; it is a pure function of
 the costs, the world size and the micro batch size. LPT is a heuristic, not an optimum (and the most expensive rank can
-never cost less than the step's heaviest sample): benchmark 19 measures how close to the mean it gets.
+never cost less than the step's heaviest sample): benchmark 20 measures how close to the mean it gets.
 """
 
 from __future__ import annotations

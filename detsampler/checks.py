@@ -48,12 +48,17 @@ def check_positive_int(value: Any, name: str) -> int:
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def check_local_path(path: str | os.PathLike, what: str) -> None:
-    """Raise a ValueError naming ``what`` when ``path`` is a URL (``s3://``, ``gs://``, ``hf://``, ...): only local
-    paths are read, and a URL taken as one would only be reported as a path that does not exist."""
-    match = _URL.match(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+def check_local_path(path: str | os.PathLike, what: str) -> str:
+    """``path`` as a local path: a ``file://`` URL is the path after it (as :func:`detsampler.storage.parse_location`
+    reads it); any other URL (``s3://``, ``gs://``, ``hf://``, ...) is a ValueError naming ``what``: only local paths
+    are read here, and a URL taken as one would only be reported as a path that does not exist."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    match = _URL.match(text) if isinstance(text, str) else None
+    if match and match.group(1).lower() == "file":
+        return text[match.end() :]
     if match:
         raise ValueError(
-            f"{what}: {os.fspath(path)!r} is on remote storage ({match.group(1)}://), which is not supported: copy it "
-            "to a local path"
+            f"{what}: {text!r} is on remote storage ({match.group(1)}://), which is not supported: copy it to a local"
+            " path"
         )
+    return text

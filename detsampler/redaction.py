@@ -18,8 +18,6 @@ the redacted documents at steps ``>= from_step`` (where the label was not alread
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from detsampler.checks import check_int, is_int
+from detsampler.content import content_hash, documents_by_content_hash  # re-exported: issue 24's names
 
 __all__ = [
     "Blocklist",
     "Redaction",
+    "check_redacted_documents",
     "check_redaction_sources",
     "content_hash",
     "documents_by_content_hash",
@@ -155,6 +155,21 @@ def check_redaction_sources(redactions: tuple[Redaction, ...], stream: Any) -> t
                 f" Redaction(documents, from_step, source=k), k in [0, {num_sources}) (document ids are per source)"
             )
     return redactions
+
+
+def check_redacted_documents(redactions: Any, num_documents: Sequence[int]) -> None:
+    """Refuse a redaction of a document its index (its mixture source's) does not hold: ``num_documents`` is the
+    document count of the index, or of each source in order. (A redacted id past the corpus masks nothing: it is a
+    typo or another corpus's id, never a redaction that happened.)"""
+    for r in redactions or ():
+        k = r.source or 0
+        n = int(num_documents[k])
+        if r.documents[-1] >= n:  # sorted
+            of = "" if r.source is None else f" of source {r.source}"
+            raise ValueError(
+                f"{r._name()}: Got document {r.documents[-1]}{of}, allowed documents are in [0, {n}): the index holds"
+                f" {n} documents"
+            )
 
 
 TABLE_LIMIT = 1 << 24  # the largest redacted id a lookup table serves (16 MiB of bools); beyond, np.isin
@@ -324,28 +339,3 @@ def documents_by_path(column: Sequence[str], paths: Sequence[str]) -> list[int]:
     if missing:
         raise ValueError(f"paths {missing} name no document of the index's dataset (its path column)")
     return np.flatnonzero(hit).tolist()
-
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def content_hash(text: str) -> str:
-    """A document's content hash: the sha256 of its UTF-8 text, 64 lower-case hex digits (``sha256sum`` of the text
-    saved as a file with no trailing newline gives the same)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def documents_by_content_hash(texts: Sequence[str], hashes: Sequence[str]) -> list[int]:
-    """The document ids (rows of the index's dataset) whose text has one of ``hashes`` (:func:`content_hash`; hex
-    digits in either case), sorted: ``texts`` is the dataset's text column. Equal texts on several rows are each named;
-    a hash on none is an error that names it. Cost: one sha256 over every document's text (a full read of the corpus's
-    text, about 0.5 GB/s on one core), once when the blocklist is resolved."""
-    if isinstance(hashes, (str, bytes)) or not all(isinstance(h, str) and _SHA256.match(h.lower()) for h in hashes):
-        raise ValueError(f"content hashes must be sha256 digests, 64 hexadecimal digits each, got {hashes!r}")
-    wanted = sorted({h.lower() for h in hashes})
-    found = np.isin(np.asarray([content_hash(t) for t in texts], dtype=object), np.asarray(wanted, dtype=object))
-    ids = np.flatnonzero(found)
-    missing = sorted(set(wanted) - {content_hash(texts[int(i)]) for i in ids})
-    if missing:
-        raise ValueError(f"content hashes {missing} name no document of the index's dataset (sha256 of its text)")
-    return ids.tolist()

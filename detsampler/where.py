@@ -107,6 +107,8 @@ def document_samples(layout: Layout, doc: int, epoch: int = 0) -> DocumentSample
     if isinstance(doc, bool) or not isinstance(doc, (int, np.integer)) or not 0 <= doc < inner.num_documents:
         raise ValueError(f"Got document {doc!r}, allowed documents are in [0, {inner.num_documents})")
     doc = int(doc)
+    if hasattr(inner, "document_samples"):  # a layout that inverts itself (the media layout: pieces cut between images)
+        return DocumentSamples(*inner.document_samples(doc))
     kind, seq_len = inner.config.kind, int(inner.config.seq_len)
     extent = _int(inner.lengths, doc) + 1
     if kind in ("concat", "document"):

@@ -14,10 +14,12 @@ __all__ = [
     "PLAIN_TEMPLATE",
     "chat_dataset",
     "conversations",
+    "crossing_labels",
     "expected_sample",
     "hand_rendered",
     "make_chat_tokenizer",
     "prompt_dataset",
+    "with_empty_prompts",
 ]
 
 # the same turns without the markers: what policy="all" accepts and "assistant" refuses
@@ -82,6 +84,29 @@ def expected_sample(rendered, spans, i: int, seq_len: int, concat: bool, pad_id:
     labels = np.full(seq_len, -100)
     for p in range(seq_len):
         nxt = p + 1
-        if nxt < len(cells) and cells[nxt][2] >= 0 and (concat or cells[nxt][2] == cells[p][2]) and cells[nxt][1]:
+        # no label crosses from one example into the next, concat included
+        if nxt < len(cells) and cells[nxt][2] >= 0 and cells[nxt][2] == cells[p][2] and cells[nxt][1]:
             labels[p] = cells[nxt][0]
     return {"input_ids": inputs, "labels": labels, "loss_mask": labels != -100}
+
+
+def crossing_labels(spans, sample_len: int, loss_mask: np.ndarray) -> int:
+    """How many labels ``loss_mask`` (``[B, seq_len]``, True where the label of a position is trained; ``spans``: the
+    layout's spans of the B samples, each ``sample_len`` cells wide) keeps whose position and target (the next cell)
+    lie in different spans or in padding: labels that cross from one example into the next."""
+    num_samples, seq_len = loss_mask.shape
+    span_of = np.full((num_samples, sample_len + 1), -1)
+    for i in range(num_samples):
+        col = 0
+        for j in range(spans.offsets[i], spans.offsets[i + 1]):
+            n = int(spans.stops[j] - spans.starts[j])
+            span_of[i, col : col + n] = j
+            col += n
+    crossing = (span_of[:, :seq_len] != span_of[:, 1 : seq_len + 1]) | (span_of[:, :seq_len] < 0)
+    return int((np.asarray(loss_mask, dtype=bool) & crossing).sum())
+
+
+def with_empty_prompts(dataset, every: int = 4):
+    """``dataset`` (prompt/completion rows) with every ``every``-th prompt empty: its completion is trained from its
+    first token on."""
+    return dataset.map(lambda row, i: {"prompt": "" if i % every == 0 else row["prompt"]}, with_indices=True)

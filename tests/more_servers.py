@@ -5,6 +5,9 @@
   that ``obstore`` (and every Azure SDK) reads is set for the block: ``az://CONTAINER/key`` then reaches it.
 - :func:`range_http_server` — an HTTP server of a local folder that serves byte ranges (``rangehttpserver``, the
   standard library's ``SimpleHTTPRequestHandler`` with ``Range``), for ``http(s)://`` reads.
+- :func:`fault_proxy` — an HTTP proxy on loopback in front of a real server (moto's S3) that injects faults into the
+  next requests it is told to: no answer at all (a stalled server), or one byte of the answer's body flipped (corruption
+  in transit); every other request is forwarded as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from pathlib import Path
 
 from tests.s3_server import free_port
 
-__all__ = ["AZURITE_BIN", "azurite", "create_container", "range_http_server"]
+__all__ = [
+    "AZURITE_BIN",
+    "FaultProxy",
+    "azurite",
+    "create_container",
+    "fault_proxy",
+    "precondition_dropping_proxy",
+    "range_http_server",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURITE_BIN = ROOT / ".venv" / "node" / "node_modules" / ".bin" / "azurite-blob"
@@ -101,3 +112,108 @@ def range_http_server(folder: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class FaultProxy:
+    """The faults a :func:`fault_proxy` injects: :meth:`stall` and :meth:`flip` arm a fault for the next ``times``
+    requests whose path contains ``path_part`` (GETs only for a flip); ``seen`` lists ``(method, path, fault)`` of every
+    request, in order (``fault``: ``"stall"``, ``"flip"`` or ``""``)."""
+
+    def __init__(self, endpoint: str, upstream: str) -> None:
+        self.endpoint, self.upstream = endpoint, upstream
+        self.seen: list[tuple[str, str, str]] = []
+        self._armed: list[list] = []  # [fault, path_part, times left]
+        self._lock = threading.Lock()
+        self.released = threading.Event()  # set when the proxy stops: a stalled request's thread then ends
+
+    def stall(self, path_part: str, times: int = 1) -> None:
+        with self._lock:
+            self._armed.append(["stall", path_part, times])
+
+    def flip(self, path_part: str, times: int = 1) -> None:
+        with self._lock:
+            self._armed.append(["flip", path_part, times])
+
+    def fault_for(self, method: str, path: str) -> str:
+        with self._lock:
+            fault = ""
+            for armed in self._armed:
+                kind, part, left = armed
+                if left > 0 and part in path and (kind == "stall" or method == "GET"):
+                    armed[2] -= 1
+                    fault = kind
+                    break
+            self.seen.append((method, path, fault))
+            return fault
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = ()) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` listening on a free loopback port (its ``endpoint``) that forwards every request to
+    ``upstream`` (``http://host:port``), without the request headers named in ``drop_headers`` (lower case), for the
+    block. Point a client at it with ``AWS_ENDPOINT_URL``."""
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    target = urlsplit(upstream)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            fault = proxy.fault_for(self.command, self.path)
+            if fault == "stall":  # read the request, answer nothing, hold the connection
+                proxy.released.wait()
+                self.close_connection = True
+                return
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in drop_headers}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                headers = answer.getheaders()
+            finally:
+                conn.close()
+            if fault == "flip" and data:
+                at = len(data) // 2
+                data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+            self.send_response(answer.status, answer.reason)
+            skip = {"content-length", "transfer-encoding", "connection", "date", "server"}
+            for name, value in headers:
+                if name.lower() not in skip or (self.command == "HEAD" and name.lower() == "content-length"):
+                    self.send_header(name, value)
+            if self.command != "HEAD":
+                self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    proxy = FaultProxy(f"http://127.0.0.1:{server.server_address[1]}", upstream)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.released.set()
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def precondition_dropping_proxy(upstream: str) -> Iterator[str]:
+    """``http://127.0.0.1:PORT``: a real HTTP proxy to ``upstream`` (e.g. moto's S3 server) that drops the
+    ``If-None-Match`` and ``If-Match`` request headers, as an S3-compatible store that ignores preconditions does
+    (the PUT succeeds and overwrites), for the block."""
+    with fault_proxy(upstream, drop_headers=("if-none-match", "if-match")) as proxy:
+        yield proxy.endpoint

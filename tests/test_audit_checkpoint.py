@@ -5,8 +5,10 @@ option's default); ``show`` prints the sample hash the trainer logs; ``stats`` s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
-from detsampler.record import RECORD_FILE, DataRecord, index_location
+from detsampler.record import RECORD_FILE, DataRecord, index_location, record_sha256
 from detsampler.resume import DataFingerprint
 from detsampler.verify import trained_and_skipped
 from tests.test_train_mixture import setup  # noqa: F401  (the fixture: three corpora and their tokenizer)
@@ -63,15 +65,8 @@ def _expected_spans(plan, layout, step, lengths) -> list[tuple[int, int, int]]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A real trainer run: 1 process, 6 steps (seed 1234 for layout and plan, skip range 2..3), a checkpoint every 3."""
-    from detsampler.text.corpus import default_corpus
-    from detsampler.text.tokenizer import train_tokenizer
-    from train.launch import run_training, train_command
-
-    root = tmp_path_factory.mktemp("audit")
-    train_tokenizer(None, 512, root / "tok.model", texts=default_corpus(max_documents=24)["text"])
+def _train_args(root: Path, run_dir: Path, resume: str) -> list[str]:
+    """The trainer's arguments of the audited run (its tokenizer and cache under ``root``)."""
     settings = {
         "data.cache_dir": f'"{root / "cache"}"',
         "data.tokenizer": f'"{root / "tok.model"}"',
@@ -89,9 +84,22 @@ def trained(tmp_path_factory):
         "checkpoint.every": 3,
         "runtime.threads": 1,
     }
-    args = ["--config", CONFIG, "--run-dir", str(root / "run"), "--resume", "none"]
+    args = ["--config", CONFIG, "--run-dir", str(run_dir), "--resume", resume]
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
+    return args
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real trainer run: 1 process, 6 steps (seed 1234 for layout and plan, skip range 2..3), a checkpoint every 3."""
+    from detsampler.text.corpus import default_corpus
+    from detsampler.text.tokenizer import train_tokenizer
+    from train.launch import run_training, train_command
+
+    root = tmp_path_factory.mktemp("audit")
+    train_tokenizer(None, 512, root / "tok.model", texts=default_corpus(max_documents=24)["text"])
+    args = _train_args(root, root / "run", "none")
     result = run_training(train_command(1, args, torchrun=False), timeout=300)
     assert result.returncode == 0, result.output[-4000:]
     from train.metrics import read_metrics
@@ -207,27 +215,45 @@ def small_record(small_index):
     return DataRecord.of(5, small_index, layout, plan, framework="hf"), layout, plan
 
 
-def _lightning_ckpt(record: DataRecord, path: Path) -> Path:
+def _lightning_ckpt(record: DataRecord, path: Path, global_step: int = 5, state: dict | None = None) -> Path:
     import torch
 
     torch.save(
         {
             "state_dict": {"w": torch.zeros(2)},
-            "global_step": 5,
-            "DetsamplerDataModule": {"data_record": record.to_dict()},
+            "global_step": global_step,
+            "DetsamplerDataModule": state or {"step": record.step, "data_record": record.to_dict()},
         },
         path,
     )
     return path
 
 
-def _dcp_dir(record: DataRecord, path: Path) -> Path:
+def _hf_checkpoint(record: DataRecord, path: Path, global_step: int | None = None) -> Path:
+    """A Hugging Face ``checkpoint-N`` as a Trainer with the mixin saves it: the record, then ``trainer_state.json``
+    written by transformers' own ``TrainerState`` at ``global_step`` (the record's step by default), its
+    ``stateful_callbacks`` holding the mixin's callback state (the record's sha256)."""
+    from transformers import TrainerState
+
+    from detsampler.integrations.hf import DetsamplerDataRecord
+
+    path.mkdir(parents=True)
+    saved = record.save(path)
+    named = DetsamplerDataRecord(record_sha256(saved.read_bytes()))
+    state = TrainerState(global_step=record.step if global_step is None else global_step, stateful_callbacks=[named])
+    state.save_to_json(str(path / "trainer_state.json"))
+    return path
+
+
+def _dcp_dir(record: DataRecord, path: Path, step: int = 5, train_step: int | None = None) -> Path:
     import warnings
 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    state = {"dataloader": {"step": 5, "samples_in_step": 0, "data_record": record.to_json()}, "w": torch.ones(3)}
+    state = {"dataloader": {"step": step, "samples_in_step": 0, "data_record": record.to_json()}, "w": torch.ones(3)}
+    if train_step is not None:  # torchtitan's own TrainState: {"step", "ntokens_seen"}
+        state["train_state"] = {"step": train_step, "ntokens_seen": 0}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, checkpoint_id=str(path), no_dist=True)
@@ -236,9 +262,7 @@ def _dcp_dir(record: DataRecord, path: Path) -> Path:
 
 def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_record, small_index, tmp_path):
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     forms = [record_dir, _lightning_ckpt(record, tmp_path / "epoch=0-step=5.ckpt"), _dcp_dir(record, tmp_path / "dcp")]
     outs = []
     for path in forms:
@@ -247,9 +271,7 @@ def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_re
         outs.append(out.splitlines()[1:])
     assert outs[0] == outs[1] == outs[2]
     # a Hugging Face output_dir: its newest checkpoint-N holding a record
-    later = tmp_path / "checkpoint-12"
-    later.mkdir()
-    DataRecord.from_dict({**record.to_dict(), "step": 12}).save(later)
+    _hf_checkpoint(dataclasses.replace(record, step=12), tmp_path / "checkpoint-12")
     code, out, _ = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
     assert code == 0 and "checkpoint-12 (the newest checkpoint of" in out and out.splitlines()[1:] == outs[0]
     assert f"sample hash {sample_hash(plan.global_batch(3))}," in outs[0][0]
@@ -268,7 +290,7 @@ def test_a_checkpoint_whose_index_changed_is_refused(capsys, small_record, small
     changed.save(tmp_path)
     err = _refused(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "0"])
     assert "the data it names changed since it was saved" in err and "0123456789abcdef" in err
-    gone = DataRecord.from_dict({**record.to_dict(), "indexes": [{"kind": "index", "path": str(tmp_path / "gone")}]})
+    gone = dataclasses.replace(record, indexes=({"kind": "index", "path": str(tmp_path / "gone")},))
     (tmp_path / "b").mkdir()
     gone.save(tmp_path / "b")
     err = _refused(capsys, ["stats", "--checkpoint", str(tmp_path / "b")])
@@ -280,6 +302,186 @@ def test_a_checkpoint_whose_index_changed_is_refused(capsys, small_record, small
     (old / "data_fingerprint.json").write_text("{}")
     err = _refused(capsys, ["show", "--checkpoint", str(old)])
     assert "written before detsampler saved its data record" in err
+
+
+def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, small_record, tmp_path):
+    """Issue 31: a record is read only when it is the one its checkpoint saved: a Hugging Face checkpoint-N holding a
+    re-sealed record of another step, or a truncated one; a Lightning .ckpt whose datamodule state is another
+    checkpoint's (its step and record 3, Lightning's global_step 5) or whose record was edited (world_size 2 -> 4); a
+    DCP checkpoint whose dataloader state names step 7 but its record step 5, or whose torchtitan train_state is at
+    step 4. Each is refused naming the file (or entry), the record's step and the checkpoint's."""
+    record, _, _ = small_record
+    hf = _hf_checkpoint(dataclasses.replace(record, step=7), tmp_path / "checkpoint-5", global_step=5)
+    err = _refused(capsys, ["show", "--checkpoint", str(hf)])
+    step = "the record's step 7 is not this checkpoint's step 5 (its directory name checkpoint-5)"
+    assert f"{hf / RECORD_FILE}: {step}" in err
+    text = (hf / RECORD_FILE).read_text()
+    (hf / RECORD_FILE).write_text(text[: len(text) // 2])
+    err = _refused(capsys, ["stats", "--checkpoint", str(hf)])
+    assert f"{hf / RECORD_FILE}: its sha256 is not the one trainer_state.json records" in err
+    plain = tmp_path / "plain"  # a record directory of no framework: only its own JSON says it is damaged
+    plain.mkdir()
+    (plain / RECORD_FILE).write_text(text[: len(text) // 2])
+    err = _refused(capsys, ["stats", "--checkpoint", str(plain)])
+    assert f"{plain / RECORD_FILE}: not valid JSON (" in err and "the file is truncated or damaged" in err
+
+    copied = {"step": 3, "data_record": dataclasses.replace(record, step=3).to_dict()}
+    ckpt = _lightning_ckpt(record, tmp_path / "copied.ckpt", global_step=5, state=copied)
+    err = _refused(capsys, ["where", "--checkpoint", str(ckpt), "--doc", "0"])
+    assert f"{ckpt} (DetsamplerDataModule): the record's step 3 is not this checkpoint's step 5 (global_step)" in err
+    edited = {"step": 5, "data_record": {**record.to_dict(), "world_size": 4}}
+    ckpt = _lightning_ckpt(record, tmp_path / "edited.ckpt", state=edited)
+    err = _refused(capsys, ["show", "--checkpoint", str(ckpt)])
+    assert f"{ckpt} (DetsamplerDataModule): the data record fails its seal (record_sha256)" in err
+
+    dcp_dir = _dcp_dir(record, tmp_path / "dcp-7", step=7)
+    err = _refused(capsys, ["verify", "--checkpoint", str(dcp_dir)])
+    assert "dataloader.data_record): the record's step 5 is not this checkpoint's step 7 (dataloader.step)" in err
+    dcp_dir = _dcp_dir(record, tmp_path / "dcp-train-4", train_step=4)
+    err = _refused(capsys, ["show", "--checkpoint", str(dcp_dir)])
+    assert "the record's step 5 is not this checkpoint's step 4 (train_state.step)" in err
+    code, _, _ = _run(capsys, ["show", "--checkpoint", str(_dcp_dir(record, tmp_path / "dcp-ok", train_step=5))])
+    assert code == 0
+
+
+def test_a_torch_checkpoint_must_state_its_step_and_a_tensor_step_is_read(capsys, small_record, tmp_path):
+    """Issue 31 (re-review): a hand-made `.ckpt` whose DetsamplerDataModule entry holds a record and no `step`, with no
+    `global_step`, was read bound to nothing; a `global_step` saved as `torch.tensor(7)` was ignored, so a record of
+    step 5 passed. Lightning always writes `global_step` (an int) and the datamodule's `step` (checked on a real
+    Lightning checkpoint in tests/integrations/test_lightning_labels.py): a state that states no step is refused, and a
+    0-d integer tensor is read as its integer; any other value of a step is refused."""
+    import torch
+
+    record, _, _ = small_record
+    entry = {"data_record": record.to_dict()}
+    bare = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "DetsamplerDataModule": entry}, bare)
+    for command in (["show", "--checkpoint", str(bare)], ["verify", "--checkpoint", str(bare)]):
+        err = _refused(capsys, command)
+        assert err.count("\n") == 1 and f"{bare} (DetsamplerDataModule): the checkpoint states no step" in err
+    for name, global_step, step, said in (
+        ("tensor-7", torch.tensor(7), None, "the record's step 5 is not this checkpoint's step 7 (global_step)"),
+        ("state-tensor-7", None, torch.tensor(7), "the record's step 5 is not this checkpoint's step 7 (step)"),
+        ("float", torch.tensor(5.0), None, "global_step is tensor(5.), not a step (an integer"),
+        ("vector", torch.tensor([5]), None, "global_step is tensor([5]), not a step (an integer"),
+        ("bool", True, None, "global_step is True, not a step (an integer"),
+        ("text", None, "5", "step is '5', not a step (an integer"),
+    ):
+        path = tmp_path / f"{name}.ckpt"
+        state = {**entry, **({"step": step} if step is not None else {})}
+        torch.save(
+            {"DetsamplerDataModule": state, **({"global_step": global_step} if global_step is not None else {})}, path
+        )
+        err = _refused(capsys, ["show", "--checkpoint", str(path)])
+        assert err.count("\n") == 1 and said in err, (name, err)
+    good = tmp_path / "tensor-5.ckpt"
+    torch.save({"global_step": torch.tensor(5), "DetsamplerDataModule": {**entry, "step": torch.tensor(5)}}, good)
+    code, out, err = _run(capsys, ["show", "--checkpoint", str(good), "--step", "3"])
+    assert code == 0 and err == "" and "saved at step 5" in out
+
+
+def test_a_hugging_face_checkpoint_without_its_trainer_state_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-review): a `checkpoint-N` with no `trainer_state.json` was checked against its directory name only,
+    so another run's record of the same step copied in passed. A Hugging Face Trainer writes `trainer_state.json` in
+    every checkpoint (and the mixin names the record's sha256 there): one without it is refused, naming the file."""
+    record, layout, _ = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="hf")
+    checkpoint = _hf_checkpoint(record, tmp_path / "run" / "checkpoint-5")
+    (checkpoint / "trainer_state.json").unlink()
+    other.save(checkpoint)  # another run's record of the same step, copied in
+    said = f"{checkpoint / RECORD_FILE}: its Hugging Face checkpoint has no trainer_state.json"
+    for argv in (
+        ["show", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(tmp_path / "run")],  # the output_dir's newest checkpoint-N
+        ["where", "--checkpoint", str(checkpoint), "--doc", "0"],
+    ):
+        err = _refused(capsys, argv)
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+    with pytest.raises(ValueError, match=re.escape(said)):
+        DataRecord.load(checkpoint)
+
+
+def test_a_record_saved_before_seals_is_audited_with_one_warning_line(capsys, small_record, tmp_path):
+    record, _, plan = small_record
+    saved = {k: v for k, v in record.to_dict().items() if k != "record_sha256"}
+    (tmp_path / RECORD_FILE).write_text(json.dumps(saved))
+    code, out, err = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
+    assert code == 0 and f"sample hash {sample_hash(plan.global_batch(3))}," in out
+    assert err == (
+        f"detsampler: warning: {tmp_path / RECORD_FILE}: the data record carries no seal (record_sha256; saved by a"
+        " detsampler before records were sealed): read as written, its content unchecked\n"
+    )
+
+
+@pytest.mark.slow
+def test_a_trainer_checkpoints_record_edited_replaced_or_uncovered_is_refused(capsys, trained, tmp_path):
+    """Issue 31, the trainer's checkpoints: COMPLETE holds the sha256 of every file, the record among them, and its
+    step; each audit command reads the record only when it is the one COMPLETE names and its step is the checkpoint's:
+    a hand edit (step 6 -> 7), another checkpoint's record copied in, a re-sealed record of step 9 with COMPLETE
+    rewritten to cover it, a record COMPLETE does not list, and another run's record of the same step copied in with
+    its COMPLETE are each refused naming the file."""
+    run_dir, _ = trained
+    source = run_dir / "checkpoints"
+    ckpt = tmp_path / "checkpoints" / "step_00000006"
+    shutil.copytree(source / "step_00000006", ckpt)
+    path, complete = ckpt / RECORD_FILE, json.loads((ckpt / "COMPLETE").read_text())
+    original = path.read_text()
+
+    def cover(text: str | None) -> None:
+        files = dict(complete["files"])
+        if text is None:
+            files.pop(RECORD_FILE)
+        else:
+            files[RECORD_FILE] = {"size": len(text.encode()), "sha256": record_sha256(text)}
+        (ckpt / "COMPLETE").write_text(json.dumps({**complete, "files": files}))
+
+    from train.launch import run_training, train_command
+
+    other = tmp_path / "other"  # another run (plan and layout seed 99), its checkpoint of the same step 6
+    args = [*_train_args(run_dir.parent, other, "none"), "--set", "data.seed=99"]
+    assert run_training(train_command(1, args, torchrun=False), timeout=300).returncode == 0
+    copied_run = other / "checkpoints" / "step_00000006"
+    theirs = DataRecord.load(copied_run)
+    assert (
+        theirs.step == 6
+        and theirs.fingerprint.plan["seed"] == 99 != DataRecord.from_json(original).fingerprint.plan["seed"]
+    )
+    faults = {
+        "edited": (original.replace('"step": 6', '"step": 7'), False, "its sha256 is not the one COMPLETE records"),
+        "copied": ((source / "step_00000003" / RECORD_FILE).read_text(), False, "its sha256 is not the one COMPLETE"),
+        "re-sealed": (
+            dataclasses.replace(DataRecord.from_json(original), step=9).to_json(),
+            True,
+            "the record's step 9 is not this checkpoint's step 6 (its directory name step_00000006)",
+        ),
+        "uncovered": (original, None, "the checkpoint's COMPLETE does not cover it"),
+        "another run": (
+            (copied_run / RECORD_FILE).read_text(),
+            "COMPLETE",
+            "the checkpoint's .metadata is not the one its COMPLETE records (sha256 differs)",
+        ),
+    }
+    for name, (text, covered, message) in faults.items():
+        path.write_text(text)
+        if covered == "COMPLETE":  # the other run's record with its COMPLETE
+            shutil.copy(copied_run / "COMPLETE", ckpt / "COMPLETE")
+        else:
+            cover(text if covered else (None if covered is None else original))
+        for command in (["show"], ["stats"], ["verify"], ["where", "--doc", "0"]):
+            err = _refused(capsys, [command[0], "--checkpoint", str(ckpt), *command[1:]])
+            assert f"{path}: {message}" in err, (name, command, err)
+        err = _refused(capsys, ["show", "--checkpoint", str(tmp_path)])  # the run directory: its newest checkpoint
+        assert f"{path}: {message}" in err, name
+    # the trainer's resume reads the record the same way: the re-sealed, covered record is refused before training
+    text, _, message = faults["re-sealed"]
+    path.write_text(text)
+    cover(text)
+    result = run_training(train_command(1, _train_args(run_dir.parent, tmp_path, "auto"), torchrun=False), timeout=300)
+    assert result.returncode == 2 and f"error: {path}: {message}" in result.output, result.output[-2000:]
+    path.write_text(original)
+    cover(original)
+    assert _run(capsys, ["stats", "--checkpoint", str(ckpt)])[0] == 0
 
 
 def test_explicit_options_are_told_from_defaults():
@@ -409,12 +611,117 @@ def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_recor
     from detsampler.where import where
 
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     doc = int(layout.locate(plan.global_batch(2)).doc_ids[0])  # read at step 2 (data step 3: step 1 is skipped)
     code, out, _ = _run(capsys, ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--json"])
     got = json.loads(out)
     assert code == 0 and got["steps"] == [0, 5] and got["skip_steps"] == [[1, 1]]
     assert got["reads"] == [r._asdict() for r in where(plan, layout, doc, range(5))]
     assert any(r["step"] == 2 for r in got["reads"])
+
+
+def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
+    capsys, small_record, small_index, tmp_path
+):
+    """Issue 31 (re-run): `where --checkpoint checkpoint-5 --doc D --steps 0:40` printed `read N time(s) by steps 0..39`
+    and every read alike, those of steps 5..39 (which the checkpoint never trained) included: a contamination audit read
+    the plan's future as the run's past. The reads at or after its step are now counted apart and marked."""
+    from detsampler.where import where
+
+    record, layout, plan = small_record
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    reads = {d: where(plan, layout, d, range(40)) for d in range(small_index.num_documents)}
+    doc = next(d for d, r in reads.items() if {x.step < 5 for x in r} == {True, False})
+    after = [r for r in reads[doc] if r.step >= 5]
+    argv = ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--steps", "0:40"]
+    code, out, _ = _run(capsys, argv)
+    lines = out.splitlines()
+    assert code == 0 and lines[1] == (
+        f"read {len(reads[doc])} time(s) by steps 0..39 (reads by data steps in skip ranges left out); {len(after)} of"
+        " them at steps 5..39, after the checkpoint's step 5: planned, not trained by it:"
+    )
+    marked = [line for line in lines[2:] if line.endswith("  after the checkpoint: not trained by it")]
+    assert [int(line.split()[1]) for line in marked] == [r.step for r in after]
+    assert len(lines) == 2 + len(reads[doc])
+    code, out, _ = _run(capsys, [*argv, "--json"])
+    got = json.loads(out)
+    assert got["checkpoint"] == {"step": 5} and got["reads"] == [r._asdict() for r in reads[doc]]
+    code, out, _ = _run(capsys, argv[:-2])  # by default every step it trained: nothing after it
+    assert "after the checkpoint" not in out
+    assert out.splitlines()[1].endswith(" by steps 0..4 (reads by data steps in skip ranges left out):")
+
+
+def test_a_torch_checkpoint_holding_two_different_data_records_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-run): a `.ckpt` whose callback state holds another run's record before its DetsamplerDataModule
+    entry was audited as that other run (`show` printed its fingerprint and samples): the first dict holding
+    "data_record" was taken. Two different records are refused, naming where each is; equal ones are one record."""
+    import torch
+
+    record, layout, plan = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="lightning")
+    state = {"step": 5, "data_record": record.to_dict()}
+    path = tmp_path / "two.ckpt"
+    torch.save(
+        {
+            "global_step": 5,
+            "callbacks": {"Recorder": {"step": 5, "data_record": other.to_dict()}},
+            "DetsamplerDataModule": state,
+        },
+        path,
+    )
+    err = _refused(capsys, ["show", "--checkpoint", str(path)])
+    assert err == (
+        f"detsampler: error: --checkpoint {str(path)!r} holds 2 different data records (at callbacks.Recorder,"
+        " DetsamplerDataModule): which one is the run's is not known; keep the DetsamplerDataModule entry's\n"
+    )
+    same = tmp_path / "same.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"Recorder": dict(state)}, "DetsamplerDataModule": state}, same)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(same), "--step", "3"])
+    assert code == 0 and f"data fingerprint {record.fingerprint.hash} " in out
+
+
+def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `verify --checkpoint C --against X` refused a missing X, or a file torch cannot read, as
+    `--checkpoint ...` (the other option), the latter with torch's advice to load it with weights_only=False."""
+    record, _, _ = small_record
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    (tmp_path / "COMPLETE").write_text("not a checkpoint")
+    for against, said in (
+        (tmp_path / "nothing", f"--against: no such file or directory: {str(tmp_path / 'nothing')!r}"),
+        (tmp_path / "COMPLETE", f"--against {str(tmp_path / 'COMPLETE')!r} is not a checkpoint torch.load reads: "),
+    ):
+        err = _refused(capsys, ["verify", "--checkpoint", str(checkpoint), "--against", str(against)])
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+        assert "weights_only" not in err
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "COMPLETE")])
+    assert err.startswith(f"detsampler: error: --checkpoint {str(tmp_path / 'COMPLETE')!r} is not a checkpoint")
+
+
+def test_stats_and_verify_past_a_checkpoints_step_say_those_steps_are_planned(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `stats --checkpoint C --step 9` of a checkpoint saved at step 5 printed `before step 9:
+    trained N tokens (72 samples, 9 steps)`, and `verify --checkpoint C --steps 0:9` checked steps 5..8 alike: steps
+    the checkpoint never trained were counted as trained. A line under the checkpoint's says which steps are the
+    plan's."""
+    record, _, _ = small_record
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    said = "  steps 5..8 are after the checkpoint's step 5: counted as the plan reads them, not trained by it"
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint), "--step", "9"],
+        ["verify", "--checkpoint", str(checkpoint), "--steps", "0:9"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        lines = out.splitlines()
+        assert code == 0 and lines[0].startswith(f"checkpoint {checkpoint}: saved at step 5") and lines[1] == said
+        assert out.count("after the checkpoint") == 1
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--step", "9", "--json"])
+    assert json.loads(out)["checkpoint"]["after"] == [5, 9]
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint)],
+        ["verify", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(checkpoint), "--step", "5"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        assert code == 0 and "after the checkpoint" not in out
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--json"])
+    assert "after" not in json.loads(out)["checkpoint"]

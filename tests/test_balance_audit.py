@@ -4,6 +4,7 @@ CLI's show, verify and where (with --balance and from a record) print what the l
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -50,6 +51,31 @@ def test_the_record_rebuilds_the_balanced_plan_and_a_resume_may_not_change_the_b
             check_resume(fp(plan), fp(other), 9)
     with pytest.raises(ValueError, match=r"changes the plan's balance from None to \{'algorithm': 'lpt'"):
         check_resume(fp(unbalanced), fp(plan), 9)  # turned on at a resume: refused as well
+
+
+def test_a_balanced_record_is_sealed_and_an_edited_balance_fails_the_seal(small_index, tmp_path):
+    """Issue 31's seal covers the balance (in the fingerprint's plan) like every other field: an edited cost model is
+    refused, re-sealed too (the fingerprint's hash); and a balanced resume keeps issue 32's redaction rules."""
+    from detsampler.record import RECORD_SEAL, _seal
+    from detsampler.redaction import Redaction
+
+    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=64))
+    path = DataRecord.of(9, small_index, layout, _plan(layout), framework="test").save(tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved[RECORD_SEAL] == _seal(saved) and saved["data_fingerprint"]["plan"]["balance"]["cost"]["attention"]
+    saved["data_fingerprint"]["plan"]["balance"]["cost"]["attention"] = 0.25
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: the data record fails its seal ({RECORD_SEAL})")):
+        DataRecord.load(tmp_path)
+    path.write_text(json.dumps({**saved, RECORD_SEAL: _seal(saved)}))
+    with pytest.raises(ValueError, match=r"the saved DataFingerprint's hash '\w+' does not match its content"):
+        DataRecord.load(tmp_path)
+
+    fp = lambda p: DataFingerprint.of(small_index, layout, p)
+    redacted = _plan(layout, redactions=[Redaction([3], 12)])
+    check_resume(fp(redacted), fp(_plan(layout, redactions=[Redaction([3], 10)])), 9)  # brought forward: allowed
+    with pytest.raises(ValueError, match=r"resuming at step 9 drops"):
+        check_resume(fp(redacted), fp(_plan(layout)), 9)
 
 
 def test_show_verify_and_where_take_balance(capsys, base_args, small_index):

@@ -15,10 +15,12 @@ from detsampler.text.chat import ChatConfig
 from tests.chat_data import (
     PLAIN_TEMPLATE,
     chat_dataset,
+    crossing_labels,
     expected_sample,
     hand_rendered,
     make_chat_tokenizer,
     prompt_dataset,
+    with_empty_prompts,
 )
 
 POLICIES = [
@@ -92,6 +94,32 @@ def test_loss_mask_and_labels_equal_hand_rendering(
         tokens = PackedDataset(index, layout, output="tokens", **extra).get_batch(ids)
         assert np.array_equal(tokens["loss_mask"].numpy(), batch["loss_mask"].numpy())
         assert np.array_equal(tokens["tokens"][:, :-1].numpy(), batch["input_ids"].numpy())
+
+
+EXAMPLE_LAYOUTS = [("concat", False), ("concat", True), ("document", False), ("document", True), ("bestfit", False)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "epoch_order"), EXAMPLE_LAYOUTS, ids=lambda v: {True: "epoch_order", False: ""}.get(v, v)
+)
+@pytest.mark.parametrize("config", POLICIES, ids=lambda c: c.policy)
+def test_no_trained_label_crosses_from_one_example_into_the_next(
+    kind, epoch_order, config, chat_tok, chat_rows, prompt_rows, tmp_path
+):
+    """Issue 31 item 6: under ``concat`` the label at each conversation's EOS was the next conversation's first token,
+    trained under policy ``all`` (and ``completion`` after an empty prompt). Now, in every layout and both outputs,
+    every trained label's position and target are of one span (one example, or a piece of one): the label at each
+    example's EOS is -100, as TRL's padding-free collator makes it."""
+    data = with_empty_prompts(prompt_rows) if config.is_prompt_completion else chat_rows
+    index = build_index(data, chat_tok, cache_dir=tmp_path, progress=False, chat=config)
+    layout = index.layout(LayoutConfig(kind=kind, seq_len=48, seed=3, epoch_order=epoch_order))
+    ids = np.arange(layout.num_samples) + (layout.num_samples if epoch_order else 0)  # epoch 1: its own order
+    spans = layout.locate(ids)
+    for output in ("fields", "tokens") if kind == "concat" else ("fields",):
+        batch = PackedDataset(index, layout, output=output).get_batch(ids)
+        mask = batch["loss_mask"].numpy()
+        assert crossing_labels(spans, layout.sample_len, mask) == 0, output
+        assert mask.any()
 
 
 def test_plain_index_has_no_loss_mask(small_index):

@@ -1,11 +1,14 @@
 """Indexes read from object storage (issue 22, items 3-5), against moto's real S3 server on loopback: batches from
 ``s3://`` equal the local ones byte for byte for every layout; opening reads the small files only; a tampered object is
 refused by its chunk checksum; a server that stops is retried then refused naming the object; a push killed midway
-leaves nothing that opens."""
+leaves nothing that opens. Issue 31: a stalled server at open is retried and each retry logged; a block corrupted in
+transit is fetched again and used (recovered), one stored wrong fails twice and is refused as such; a zero-byte
+object is named with its size."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +33,7 @@ from detsampler.loader import PackedDataset
 from detsampler.record import index_location
 from detsampler.storage import StorageError, store_for
 from tests.index_copies import copy_with_layouts
+from tests.more_servers import fault_proxy
 from tests.s3_server import create_bucket, moto_server
 
 CONFIGS = [
@@ -95,10 +99,68 @@ def test_a_tampered_object_is_refused_by_its_chunk_checksum(pushed, s3_bucket):
     raw = bytearray((local.path / "tokens.npy").read_bytes())
     raw[200_000] ^= 1  # one bit in chunk 3
     store_for(tampered).put(f"{tampered}/tokens.npy", bytes(raw))
-    with pytest.raises(ChecksumError, match=r"tokens\.npy chunk 3 \(bytes 196608\.\.262143\) fails its checksum"):
+    with pytest.raises(ChecksumError) as info:
         np.asarray(TokenIndex.open(tampered).tokens)  # (the header's block is the whole object here: met on open)
-    with pytest.raises(ChecksumError, match="fails its checksum"):
+    assert re.fullmatch(
+        rf"{tampered}: tokens\.npy chunk 3 \(bytes 196608\.\.262143\) fails its checksum on both of two reads \(crc32"
+        r" [0-9a-f]{8}, recorded [0-9a-f]{8}\): the stored object itself is wrong \(edited or replaced after it was"
+        r" written\), not a transfer error",
+        str(info.value),
+    ), str(info.value)
+    with pytest.raises(ChecksumError, match="fails its checksum on both of two reads"):
         TokenIndex.open(tampered, verify_tokens=True)
+
+
+def test_a_block_corrupted_in_transit_is_fetched_again_and_used(pushed, s3_endpoint, monkeypatch, caplog):
+    # before: one flipped byte in an answer (the stored object intact) was refused as "the object was edited or
+    # replaced after it was written", though a second read was correct
+    local, url = pushed
+    with fault_proxy(s3_endpoint) as proxy, caplog.at_level(logging.WARNING, logger="detsampler.storage"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.flip("tokens.npy")  # the first answer for tokens.npy: its first block, fetched on open
+        remote = TokenIndex.open(url)
+        np.testing.assert_array_equal(np.asarray(remote.tokens), np.asarray(local.tokens))
+    assert [fault for _, path, fault in proxy.seen if path.endswith("/tokens.npy")] == ["flip", ""]
+    source = remote.tokens._array.source
+    assert source.refetched == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "detsampler.storage"] == [
+        f"storage: {url}/tokens.npy: block 0 (bytes 0..{source.size - 1}) failed its checksum as fetched and passed"
+        " when fetched again: corrupted in transit, recovered"
+    ]
+
+
+def test_a_stalled_server_at_open_is_retried_and_each_retry_logged(pushed, s3_endpoint, monkeypatch, caplog):
+    # before: a stalled server was retried in silence (120 s by default): a job that looks hung
+    local, url = pushed
+    monkeypatch.setenv("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "0.5")
+    with fault_proxy(s3_endpoint) as proxy, caplog.at_level(logging.WARNING, logger="detsampler.storage"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.stall("meta.json")
+        remote = TokenIndex.open(url)
+        np.testing.assert_array_equal(remote.document_tokens(3), local.document_tokens(3))
+    assert [fault for _, path, fault in proxy.seen if path.endswith("/meta.json")][:2] == ["stall", ""]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "detsampler.storage"]
+    assert re.fullmatch(
+        rf"storage: {url}/meta\.json: [A-Za-z ]+ failed \(GenericError: no answer within the request timeout of 0\.5"
+        r" s: .*\); retry 1 of at most 5 in 0\.1 s, 1[01]\d\.\d s left of the 120 s allowed",
+        line,
+    ), line
+
+
+def test_a_zero_byte_object_of_a_pushed_index_is_named_with_its_size(pushed, s3_bucket, caplog):
+    # before: "GET failed after up to 5 retries within 120 s (... 416 Range Not Satisfiable ...)", in 0.0 s
+    local, _ = pushed
+    emptied = f"{s3_bucket}/emptied/{local.path.name}"
+    push_index(local.path, emptied)
+    store_for(emptied).put(f"{emptied}/tokens.npy", b"")
+    size = (local.path / "tokens.npy").stat().st_size
+    with caplog.at_level(logging.WARNING, logger="detsampler.storage"), pytest.raises(TokenIndexError) as info:
+        TokenIndex.open(emptied)
+    assert str(info.value) == (
+        f"'{emptied}': tokens.npy is 0 bytes, its record says {size} bytes: the object was truncated, edited or"
+        " removed; push the index again"
+    )
+    assert not [r for r in caplog.records if r.name == "detsampler.storage"]  # nothing retried
 
 
 def test_a_deleted_object_is_refused_naming_it(pushed, s3_bucket):
@@ -142,7 +204,7 @@ def test_a_server_that_stops_mid_run_is_retried_then_refused_naming_the_object(t
         remote = TokenIndex.open(url)
         assert int(remote.lengths[0]) == int(index.lengths[0])
         server.stop()
-        with pytest.raises(StorageError, match=rf"{url}/lengths\.npy: ranged GET of 1 ranges failed after up to 2"):
+        with pytest.raises(StorageError, match=rf"{url}/lengths\.npy: ranged GET of 1 ranges failed after 2 retries"):
             remote.lengths[999_999]
 
 
@@ -178,6 +240,9 @@ def test_a_push_killed_midway_leaves_nothing_that_opens(s3_bucket, s3_endpoint, 
     assert not store.exists(f"{url}/meta.json")
     with pytest.raises(TokenIndexError, match="no meta.json"):
         TokenIndex.open(url)
+    other = synthetic_index(tmp_path / "other", 1000)  # its claim says the prefix is being pushed for another index
+    with pytest.raises(TokenIndexError, match=f"push to {url} refused: another push holds this prefix"):
+        push_index(other.path, url)
     push_index(index.path, url)  # pushing again completes it
     assert TokenIndex.open(url).num_documents == 6_000_000
 

@@ -318,3 +318,49 @@ def test_foreign_format_mix_ups_are_refused(tmp_path):
     os.replace(tmp_path / "b.idx", tmp_path / "a.idx")
     with pytest.raises(TokenIndexError, match=r"^megatron source '.*a': \d+ of its 60 documents do not end in the EOS"):
         open_source("megatron", tmp_path / "a", eos_id=EOS)
+
+
+def test_a_source_over_http_without_an_etag_edited_in_place_is_scanned_again(tmp_path, monkeypatch, caplog):
+    """Issue 31: a server that sends no ETag (a plain HTTP server: Last-Modified only, to the second) cannot tell an
+    edit that keeps the size and mtime; its scan was reused and an id outside the vocabulary was served."""
+    from tests.more_servers import range_http_server
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "served" / "train.bin"
+    path.parent.mkdir()
+    tokens = np.full(4 << 20, 11, dtype=np.uint16)  # 8 MiB: bytes [1114112, 1310720) lie in no sampled block
+    tokens[1 << 19 :: 1 << 19] = 50256
+    tokens.tofile(path)
+    with range_http_server(path.parent) as server:
+        url = f"{server}/train.bin"
+        assert open_source("nanogpt", url, vocab_size=50257).num_documents == 8
+        assert f"{url}: the server sends no strong ETag" in caplog.text
+        assert not list((tmp_path / "cache" / "sources").glob("*.npz"))  # nothing cached under an untrusted key
+        _keep_mtime_write(path, 1_200_000, np.array([60000], dtype=np.uint16))
+        with pytest.raises(TokenIndexError, match=r"token ids span \[11, 60000\], outside the vocabulary \[0, 50257\)"):
+            open_source("nanogpt", url, vocab_size=50257)
+
+
+@pytest.mark.parametrize("damage", ["bit flip", "truncated"])
+def test_a_damaged_cached_scan_is_rescanned_with_one_warning_and_replaced(tmp_path, monkeypatch, caplog, damage):
+    """Issue 31: a bit-flipped or truncated ``.npz`` scan was a ``zipfile.BadZipFile`` traceback at every later open."""
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "train.bin"
+    np.array([11, 12, 50256, 13, 50256] * 100, dtype=np.uint16).tofile(path)
+    want = open_source("nanogpt", path).offsets.tolist()
+    (cached,) = (tmp_path / "cache" / "sources").glob("*.npz")
+    raw = bytearray(cached.read_bytes())
+    if damage == "bit flip":
+        raw[len(raw) // 2] ^= 0x10
+    else:
+        raw = raw[: len(raw) // 2]
+    cached.write_bytes(bytes(raw))
+    caplog.clear()
+    assert open_source("nanogpt", path).offsets.tolist() == want
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"detsampler: the cached scan {str(cached)!r} is damaged")
+    assert "scanned again" in warnings[0]
+    caplog.clear()
+    assert open_source("nanogpt", path).offsets.tolist() == want  # the replaced cache reads back, silently
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]  # replaced atomically: no temporary left

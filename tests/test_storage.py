@@ -1,9 +1,12 @@
 """The storage layer (issue 22, items 1-2): URL parsing, the local and remote stores against moto's real S3 server on
 loopback, reads by blocks with a bounded set of recent blocks, remote ``.npy`` arrays equal to numpy's, and retries
-that end in an error naming the object."""
+that end in an error naming the object. Issue 31: each retry is logged with the object and the time left (a stalled
+server, through a fault-injecting proxy); a range past the end of an empty or truncated object is named, not retried."""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
 import numpy as np
@@ -25,6 +28,7 @@ from detsampler.storage import (
     parse_location,
     store_for,
 )
+from tests.more_servers import fault_proxy
 from tests.s3_server import create_bucket, moto_server
 
 KIB = 1 << 10
@@ -158,9 +162,7 @@ def test_a_server_that_stops_is_retried_then_refused_naming_the_object(monkeypat
         assert store.read_ranges(f"{bucket}/x.bin", [(2, 4)]) == [b"23"]
         server.stop()
         t = time.perf_counter()
-        with pytest.raises(
-            StorageError, match=r"s3://stops/x.bin: ranged GET of 1 ranges failed after up to 3 retries"
-        ):
+        with pytest.raises(StorageError, match=r"s3://stops/x.bin: ranged GET of 1 ranges failed after 3 retries in"):
             store.read_ranges(f"{bucket}/x.bin", [(2, 4)])
         assert time.perf_counter() - t < 10
 
@@ -182,7 +184,7 @@ def test_bad_storage_arguments_are_refused_by_name(make, error):
 
 def test_a_retry_setting_that_is_not_a_number_is_refused(monkeypatch):
     monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "many")
-    with pytest.raises(ValueError, match="Got DETSAMPLER_STORAGE_MAX_RETRIES='many', it must be a number"):
+    with pytest.raises(ValueError, match="Got DETSAMPLER_STORAGE_MAX_RETRIES='many', it must be an integer >= 0"):
         RetryPolicy.from_env()
 
 
@@ -195,7 +197,7 @@ def test_a_manifest_shard_path_that_leaves_the_bucket_is_refused():
         shard_location(RemotePath("s3://b/runs/sharded-1"), "../../../x")
 
 
-def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object(monkeypatch):
+def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object(monkeypatch, caplog):
     """A real socket on loopback that accepts connections and never answers (a hung server)."""
     import socket
     import threading
@@ -225,7 +227,14 @@ def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object
     monkeypatch.setenv("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "0.5")
     t = time.perf_counter()
     try:
-        with pytest.raises(StorageError, match=r"s3://hung-bucket/x\.bin: ranged GET of 1 ranges failed after up to 1"):
+        with (
+            caplog.at_level(logging.WARNING, logger="detsampler.storage"),
+            pytest.raises(
+                StorageError,
+                match=r"s3://hung-bucket/x\.bin: ranged GET of 1 ranges failed after 1 retry in .* \(GenericError: no"
+                r" answer within the request timeout of 0\.5 s",
+            ),
+        ):
             store_for("s3://hung-bucket").read_ranges("s3://hung-bucket/x.bin", [(0, 10)])
     finally:
         stop.set()
@@ -234,6 +243,56 @@ def test_a_server_that_hangs_is_timed_out_retried_then_refused_naming_the_object
             conn.close()
         listener.close()
     assert 0.5 <= time.perf_counter() - t < 10 and len(held) >= 2  # timed out, then retried on a new connection
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "detsampler.storage"]  # the retry, said
+    assert re.fullmatch(
+        r"storage: s3://hung-bucket/x\.bin: ranged GET of 1 ranges failed \(GenericError: no answer within the request"
+        r" timeout of 0\.5 s: .*\); retry 1 of at most 1 in 0\.1 s, \d+\.\d s left of the 5 s allowed",
+        line,
+    ), line
+
+
+def test_a_stalled_server_is_logged_at_each_retry_naming_the_object_and_the_time_left(
+    s3_endpoint, s3_bucket, monkeypatch, caplog
+):
+    # before: a stalled server was retried in silence (120 s by default) before the StorageError: a hung job to see
+    store_for(s3_bucket).put(f"{s3_bucket}/stalls/x.bin", b"0123456789")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "3")
+    monkeypatch.setenv("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "30")
+    with fault_proxy(s3_endpoint) as proxy, caplog.at_level(logging.WARNING, logger="detsampler.storage"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.stall("stalls/x.bin", times=2)  # the first two requests get no answer: the third is served
+        assert store_for(s3_bucket).read_ranges(f"{s3_bucket}/stalls/x.bin", [(2, 4)]) == [b"23"]
+    assert [fault for _, path, fault in proxy.seen if "x.bin" in path] == ["stall", "stall", ""]
+    lines = [r.getMessage() for r in caplog.records if r.name == "detsampler.storage"]
+    assert len(lines) == 2
+    for retry, (line, wait) in enumerate(zip(lines, ["0.1", "0.2"]), 1):
+        assert re.fullmatch(
+            r"storage: s3://detsampler-test/stalls/x\.bin: ranged GET of 1 ranges failed \(GenericError: no answer"
+            rf" within the request timeout of 0\.5 s: .*\); retry {retry} of at most 3 in {wait} s, (\d+\.\d) s left of"
+            r" the 30 s allowed",
+            line,
+        ), line
+    left = [float(re.search(r"(\d+\.\d) s left", line).group(1)) for line in lines]
+    assert 30 > left[0] > left[1]
+
+
+def test_a_range_past_the_end_of_an_empty_or_truncated_object_is_named_and_not_retried(s3_bucket, tmp_path, caplog):
+    # before: "416 Range Not Satisfiable" reported "failed after up to 5 retries within 120 s" in 0.0 s (none made)
+    for root in (f"{s3_bucket}/short", str(tmp_path / "short")):
+        store = store_for(root)
+        store.put(f"{root}/empty.npy", b"")
+        store.put(f"{root}/ten.npy", b"0123456789")
+        assert store.read_head(f"{root}/empty.npy", 1 << 20) == (b"", 0)  # no first bytes: the caller checks the size
+        for name, ranges, message in [
+            ("empty.npy", [(0, 100)], "empty: it holds 0 bytes, and bytes [0, 100) were wanted"),
+            ("ten.npy", [(5, 100)], "truncated: it holds 10 bytes, and bytes [5, 100) were wanted"),
+            ("ten.npy", [(0, 4), (50, 100)], "truncated: it holds 10 bytes, and bytes [50, 100) were wanted"),
+        ]:
+            with caplog.at_level(logging.WARNING, logger="detsampler.storage"), pytest.raises(StorageError) as info:
+                store.read_ranges(f"{root}/{name}", ranges)
+            assert str(info.value) == f"{root}/{name}: the object is {message}"
+    assert not [r for r in caplog.records if r.name == "detsampler.storage"]  # not retried
 
 
 @given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 3000)), max_size=12))
@@ -263,3 +322,47 @@ def test_read_head_gives_the_first_bytes_and_the_size_in_both_stores(s3_bucket, 
         store.put(f"{root}/x", data)
         assert store.read_head(f"{root}/x", 10) == (data[:10], 200)
         assert store.read_head(f"{root}/x", 1000) == (data, 200) == store.read_head(f"{root}/x", -1)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "inf", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "nan", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "inf", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "-1", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_MAX_RETRIES", "1.5", "an integer >= 0"),
+        ("DETSAMPLER_STORAGE_MAX_RETRIES", "-2", "an integer >= 0"),
+    ],
+)
+def test_a_retry_setting_out_of_range_is_refused_naming_the_variable(monkeypatch, name, value, error):
+    """Issue 31 (re-run): `inf` or `nan` seconds were taken, then every request failed as `GET failed, a failure that
+    is not retried (OverflowError: cannot convert float infinity to integer)`, naming no setting; `1.5` retries was
+    said not to be a number, and -2 was named only inside a RetryPolicy repr."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(f"Got {name}={value!r}, it must be {error}")):
+        RetryPolicy.from_env()
+    with pytest.raises(ValueError, match=re.escape(f"Got {name}={value!r}")):
+        store_for("s3://bucket/x")
+
+
+def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket(s3_endpoint, small_index):
+    """Issue 31 (re-run): `detsampler push DIR s3://no-such-bucket/a` said `s3://no-such-bucket/a/push-claim.json: does
+    not exist (create-only PUT)`: the object a write creates was said to be missing. A write that finds no bucket (moto
+    answers NoSuchBucket) names the bucket, for a plain PUT, a tagged one and a create-only one."""
+    from detsampler.index.push import push_index
+
+    store = store_for("s3://no-such-bucket-31/a")
+    said = "s3://no-such-bucket-31/a/x: {} failed: the bucket 'no-such-bucket-31' does not exist (create it first)"
+    for what, write in (
+        ("PUT", lambda: store.put("s3://no-such-bucket-31/a/x", b"1")),
+        ("PUT", lambda: store.put_tagged("s3://no-such-bucket-31/a/x", b"1")),
+        ("create-only PUT", lambda: store.create("s3://no-such-bucket-31/a/x", b"1")),
+    ):
+        with pytest.raises(StorageError, match=re.escape(said.format(what))) as caught:
+            write()
+        assert not isinstance(caught.value, ObjectNotFoundError)
+    with pytest.raises(
+        StorageError, match=re.escape("the bucket 'no-such-bucket-31' does not exist (create it first)")
+    ):
+        push_index(small_index.path, "s3://no-such-bucket-31/a")

@@ -503,6 +503,41 @@ def test_sft_fields_map_onto_the_index_and_layout_configs() -> None:
     assert index_config(prompts).chat.columns == ("prompt", "completion")
 
 
+@pytest.mark.parametrize("store_tokens", [True, False], ids=["stored", "on-the-fly"])
+def test_the_sft_path_trains_no_label_across_conversations_under_concat(tmp_path: Path, store_tokens: bool) -> None:
+    """Issue 31 item 6 through the trainer's own data path (``build_pipeline``, its DataLoader and ``steps()``):
+    ``sft.toml`` with ``layout = "concat"`` and ``loss_policy = "all"`` trained the label at each conversation's EOS,
+    the next conversation's first token; now every trained label's target is of its position's example."""
+    from tests.chat_data import crossing_labels
+    from train.chat_corpus import write_chat_corpus
+    from train.data import build_pipeline
+    from train.recompute import step_batches
+
+    corpus, tokenizer = write_chat_corpus(tmp_path / "chat", num_conversations=60)
+    settings = {
+        "data.source": f'"{corpus}"',
+        "data.tokenizer": f'"{tokenizer}"',
+        "data.cache_dir": f'"{tmp_path / "cache"}"',
+        "data.layout": '"concat"',
+        "data.overlong": '"split"',
+        "data.loss_policy": '"all"',
+        "data.seq_len": 64,
+        "data.store_tokens": str(store_tokens).lower(),
+    }
+    cfg = load_config(CONFIGS / "sft.toml", [f"{k}={v}" for k, v in settings.items()])
+    pipeline = build_pipeline(cfg.data, world_size=2)
+    trained = 0
+    for step in range(3):
+        for rank, micro_batches in enumerate(step_batches(pipeline, step)):
+            for micro_step, mb in enumerate(micro_batches):
+                ids = pipeline.plan.micro_batch(step, micro_step, rank)
+                spans = pipeline.layout.locate(ids)
+                assert crossing_labels(spans, pipeline.layout.sample_len, mb["loss_mask"].numpy()) == 0
+                assert torch.equal(mb["loss_mask"], mb["labels"] != -100)
+                trained += int(mb["loss_mask"].sum())
+    assert trained > 0
+
+
 def test_toml_values_of_the_declared_types_are_taken() -> None:
     cfg = load_config(
         None,
@@ -678,6 +713,38 @@ def test_redaction_content_hashes_resolve_against_the_dataset_text() -> None:
         load_config(CONFIGS / "tiny.toml", ['data.redactions=[{sha256 = ["xyz"], from_step = 2}]'])
 
 
+def test_redaction_content_hashes_resolve_against_chat_rows() -> None:
+    """Issue 31: ``sha256 = [...]`` over a ``messages`` corpus (``sft.toml``) raised ``AttributeError: 'list' object has
+    no attribute 'encode'``. A chat row's hash is the sha256 of the canonical JSON of its rendered columns
+    (``detsampler.content``), over a mixture of chat sources too; a text's hash would name no row, and says so."""
+    import hashlib
+
+    import datasets
+
+    from detsampler.redaction import Redaction
+    from train.chat_corpus import conversations
+    from train.data import resolve_redactions
+
+    def row_hash(row: dict) -> str:
+        text = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    convs = conversations(6, seed=2)
+    ds = datasets.Dataset.from_dict({"messages": convs, "id": list(range(6))})
+    h = row_hash({"messages": convs[4]})
+    cfg = load_config(CONFIGS / "sft.toml", [f'data.redactions=[{{sha256 = ["{h}"], from_step = 2}}]'])
+    assert resolve_redactions(cfg.data, ds) == [Redaction([4], 2)]
+    prompts = datasets.Dataset.from_dict({"prompt": ["p1", "p2"], "completion": ["c1", "c2"]})
+    h = row_hash({"prompt": "p2", "completion": "c2"})
+    pc = ["data.text_column=prompt", "data.completion_column=completion", "data.loss_policy=completion"]
+    cfg = load_config(CONFIGS / "sft.toml", [*pc, f'data.redactions=[{{sha256 = ["{h}"], from_step = 1}}]'])
+    assert resolve_redactions(cfg.data, prompts) == [Redaction([1], 1)]
+    text = hashlib.sha256(convs[4][0]["content"].encode()).hexdigest()
+    cfg = load_config(CONFIGS / "sft.toml", [f'data.redactions=[{{sha256 = ["{text}"], from_step = 2}}]'])
+    with pytest.raises(ValueError, match=r"name no document .* canonical JSON of its columns \['messages'\]"):
+        resolve_redactions(cfg.data, ds)
+
+
 def test_instance_filter_maps_one_to_one_and_reaches_the_dataset(small_index) -> None:
     from types import SimpleNamespace
 
@@ -714,10 +781,13 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
     assert data("data.prefetch=false").prefetch is None
     cfg = load_config(
         CONFIGS / "tiny.toml",
-        ["data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072}"],
+        [
+            "data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, threads = 4, block_bytes = 131_072,"
+            " max_micro_batches_ahead = 16}"
+        ],
     )
     assert cfg.data.prefetch == PrefetchConfig(
-        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17
+        budget_bytes=1 << 20, cache_bytes=2 << 20, threads=4, block_bytes=1 << 17, max_micro_batches_ahead=16
     )
     assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round trip
     assert data("data.worker_start_method=spawn").worker_start_method == "spawn"
@@ -725,7 +795,16 @@ def test_prefetch_maps_one_to_one_onto_prefetch_config_and_is_validated() -> Non
         (
             "data.prefetch={budget_mb = 64}",
             "DataConfig.prefetch: unknown key(s) ['budget_mb']; allowed keys are ['block_bytes', 'budget_bytes',"
-            " 'cache_bytes', 'threads']",
+            " 'cache_bytes', 'max_micro_batches_ahead', 'threads']",
+        ),
+        (
+            "data.prefetch={max_micro_batches_ahead = 0}",
+            "DataConfig.prefetch: PrefetchConfig.max_micro_batches_ahead must be an integer >= 1, got 0",
+        ),
+        (
+            "data.prefetch={budget_bytes = 1_048_576, cache_bytes = 2_097_152, block_bytes = 16_777_216}",
+            "DataConfig.prefetch: PrefetchConfig.cache_bytes (2097152) must be >= block_bytes (16777216): a block"
+            " larger than the cache is never held, so every read would fetch it again",
         ),
         ("data.prefetch={threads = 0}", "DataConfig.prefetch: PrefetchConfig.threads must be an integer >= 1, got 0"),
         (

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from detsampler.atomic import atomic_write, fsync_dir
-from detsampler.record import DataRecord
+from detsampler.record import RECORD_FILE, DataRecord
 from detsampler.resume import DataFingerprint, check_resume, fingerprint_changes
 from train.integrity import (
     COMPLETE,
@@ -68,6 +68,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "read_meta",
+    "read_record",
     "remove_incomplete",
     "save_checkpoint",
     "saved_mapping_version",
@@ -225,6 +226,25 @@ def read_meta(path: str | Path) -> dict:
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         raise CheckpointLoadError(f"checkpoint {path} cannot be read: {_first_line(exc)}") from None
     return {"step": int(state["meta"]["step"]), "data": json.loads(state["meta"]["data"])}
+
+
+def read_record(path: str | Path, meta: dict) -> DataRecord | None:
+    """The data record of the verified checkpoint ``path`` whose DCP meta is ``meta`` (:func:`read_meta`), read as
+    every reader reads it (:meth:`DataRecord.load`: its seal, the sha256 and step ``COMPLETE`` records, the step of the
+    directory's name) and bound to the meta too: its step and data fingerprint must be the meta's. None for a checkpoint
+    saved before records; a ValueError naming the file otherwise (the trainer resumes from the meta, so a record that
+    disagrees with it would make every later audit of this checkpoint show other data)."""
+    path = Path(path)
+    if not (path / RECORD_FILE).is_file():
+        return None
+    record = DataRecord.load(path, steps={"its DCP meta": int(meta["step"])})
+    saved = meta["data"].get("hash") if isinstance(meta.get("data"), dict) else None
+    if record.fingerprint.hash != saved:
+        raise DataFingerprintError(
+            f"{path / RECORD_FILE}: the record's data fingerprint {record.fingerprint.hash} is not the checkpoint's"
+            f" {saved} (its DCP meta): it is not the record this checkpoint saved"
+        )
+    return record
 
 
 # -- save and load

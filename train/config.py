@@ -134,23 +134,47 @@ def _redaction_source(entry: dict, name: str, labels: tuple[str, ...] | None) ->
     )
 
 
+def _redaction_ids(entry: dict, name: str) -> dict[str, Any]:
+    """An entry's ``id_column`` and ``ids`` (both or neither; ids strings or integers), as given, or ``{}``."""
+    if ("ids" in entry) != ("id_column" in entry):
+        missing = "id_column" if "ids" in entry else "ids"
+        given = "ids" if missing == "id_column" else "id_column"
+        raise ValueError(
+            f"{name}.{given} needs {missing}: ids = [...] are values of the dataset's column id_column = C (a"
+            " conversation_id)"
+        )
+    if "ids" not in entry:
+        return {}
+    column, ids = entry["id_column"], entry["ids"]
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"{name}.id_column must be a column name, got {column!r}")
+    if (
+        not isinstance(ids, (list, tuple))
+        or not ids
+        or not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids)
+    ):
+        raise ValueError(f"{name}.ids must be a list of strings or integers (values of column {column!r}), got {ids!r}")
+    return {"id_column": column, "ids": list(ids)}
+
+
 def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[dict, ...]:
     """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], sha256 = [content hashes],
-    from_step = s}`` tables (at least one of the three), sorted by step (then source); over a mixture (``labels``: its
-    source names) each names ``source``, kept as the source's index. Ids are checked (and duplicates across entries
-    refused) here, paths and content hashes when the pipeline resolves them against the dataset's ``path`` and text
-    columns."""
+    id_column = C, ids = [values of column C], from_step = s}`` tables (at least one way of naming documents), sorted
+    by step (then source); over a mixture (``labels``: its source names) each names ``source``, kept as the source's
+    index. Document ids are checked (and duplicates across entries refused) here, paths, content hashes and id values
+    when the pipeline resolves them against the dataset's ``path``, text and id columns."""
     from detsampler.redaction import Redaction, normalize_redactions
 
     out = []
     for i, entry in enumerate(entries):
         name = f"DataConfig.redactions[{i}]"
-        allowed = {"documents", "paths", "sha256", "from_step", "source"}
+        allowed = {"documents", "paths", "sha256", "id_column", "ids", "from_step", "source"}
         if not isinstance(entry, dict) or set(entry) - allowed or "from_step" not in entry:
             raise ValueError(
-                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], from_step = s}} (and"
-                f" source = NAME over a mixture), got {entry!r}"
+                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], id_column = C, ids ="
+                f" [...], from_step = s}} (and source = NAME over a mixture), got {entry!r}"
             )
+        by_id = _redaction_ids(entry, name)
         source = _redaction_source(entry, name, labels)
         paths = entry.get("paths", [])
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
@@ -161,8 +185,11 @@ def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[di
         ):
             raise ValueError(f"{name}.sha256 must be a list of sha256 hex digests (64 hex digits each), got {hashes!r}")
         documents = entry.get("documents", [])
-        if not documents and not paths and not hashes:
-            raise ValueError(f"{name} names no document: give documents = [ids], paths = [...] or sha256 = [...]")
+        if not documents and not paths and not hashes and not by_id:
+            raise ValueError(
+                f"{name} names no document: give documents = [ids], paths = [...], sha256 = [...] or id_column = C"
+                " with ids = [...]"
+            )
         try:
             ids = Redaction(documents, entry["from_step"]).documents if documents else ()
             Redaction([0], entry["from_step"])
@@ -175,6 +202,7 @@ def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[di
             row["paths"] = sorted(set(paths))
         if hashes:
             row["sha256"] = sorted({h.lower() for h in hashes})
+        row.update(by_id)
         out.append(row)
     out.sort(key=lambda r: (r["from_step"], r.get("source", -1)))
     try:
@@ -324,10 +352,10 @@ class DataConfig:
     (:class:`detsampler.filter.RepetitionFilter`, a table of its fields, ``{}`` or ``true`` for its defaults; absent or
     ``false``: off); a flagged sample is still read, its labels are all -100 (its loss is masked, the stream
     unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables (or ``paths = [...]``, ``sha256 = [...]``
-    content hashes, resolved when the pipeline is built), whose documents' labels are masked (-100)
-    from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`); over a mixture
-    each names ``source = "NAME"`` (a ``mixture_names`` entry, else a ``mixture_sources`` one, or the source's index),
-    whose document ids (paths, texts) it lists.
+    content hashes, ``id_column = "C", ids = [...]`` values of an id column, resolved when the pipeline is built), whose
+    documents' labels are masked (-100) from training step ``s`` on, every step still reading what it read
+    (:mod:`detsampler.redaction`); over a mixture each names ``source = "NAME"`` (a ``mixture_names`` entry, else a
+    ``mixture_sources`` one, or the source's index), whose document ids (paths, texts, id values) it lists.
 
     Reading from a bucket (an index at an ``s3://``, ``gs://``, ``az://`` or ``https://`` URL, as ``source`` or found
     in a ``cache_dir`` URL): ``prefetch`` turns on the exact lookahead prefetcher
@@ -380,7 +408,9 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
-    redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
+    redactions: tuple[
+        Any, ...
+    ] = ()  # {documents/paths/sha256/ids = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
     loss_policy: str = (

@@ -21,13 +21,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from detsampler.content import content_columns, documents_by_content, documents_by_id
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
 from detsampler.record import DataRecord
-from detsampler.redaction import Redaction, documents_by_content_hash, documents_by_path
+from detsampler.redaction import Redaction, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.storage.urls import is_remote
+from detsampler.text.chat import with_tools
 from train.config import DataConfig
 
 __all__ = [
@@ -323,9 +325,10 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its text column (an error when it has
-    no such column, or a path or hash names no document). Over a mixture ``dataset`` is the list of the sources'
-    datasets, and each entry resolves against its source's."""
+    against ``dataset``'s ``path`` column, ``sha256`` content hashes against its content (its text column, or a
+    chat row's rendered columns: :mod:`detsampler.content`) and ``ids`` against its column ``id_column`` (an error when
+    it has no such column, or a path, hash or id names no document). Over a mixture ``dataset`` is the list of the
+    sources' datasets, and each entry resolves against its source's."""
     out = []
     for entry in config.redactions:
         source = entry.get("source")
@@ -340,15 +343,31 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
                 raise ValueError(f"{where} names paths, but the index's dataset has no path column: give document ids")
             documents += documents_by_path(own["path"], entry["paths"])
         if entry.get("sha256"):
-            column = getattr(own, "column_names", None) or []
-            if config.text_column not in column:
-                raise ValueError(
-                    f"{where} names content hashes, but the index's dataset has no text column {config.text_column!r}:"
-                    " give document ids"
-                )
-            documents += documents_by_content_hash(own[config.text_column], entry["sha256"])
+            documents += _by_content(config, own, entry["sha256"], where)
+        if entry.get("ids"):
+            try:
+                documents += documents_by_id(own, entry["id_column"], entry["ids"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         out.append(Redaction(sorted(set(documents)), entry["from_step"], source))
     return out
+
+
+def _by_content(config: DataConfig, dataset: Any, hashes: list[str], where: str) -> list[int]:
+    """The documents of ``dataset`` whose content hash is one of ``hashes`` (:mod:`detsampler.content`: the text of
+    ``text_column``, or a chat row's rendered columns under ``loss_policy``)."""
+    columns = content_columns(config.text_column, with_tools(config.chat_config(), dataset))  # as the index renders
+    names = [columns] if isinstance(columns, str) else list(columns)
+    missing = [c for c in names if c not in (getattr(dataset, "column_names", None) or [])]
+    if missing:
+        kind = "text column" if isinstance(columns, str) else "chat column"
+        raise ValueError(
+            f"{where} names content hashes, but the index's dataset has no {kind} {missing[0]!r}: give document ids"
+        )
+    try:
+        return documents_by_content(dataset, hashes, columns)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _source_label(config: DataConfig, source: int) -> str:

@@ -299,6 +299,8 @@ def train(
         choice = choose_checkpoint(resume, ckpt_dir)  # nothing is moved before the resume is accepted (_run)
         resume_path = choice.path
         meta = ckpt.read_meta(resume_path) if resume_path is not None else None
+        if meta is not None:
+            ckpt.read_record(resume_path, meta)  # the record beside the meta must be this checkpoint's (issue 31)
         data = build_pipeline(_data_config(cfg.data, meta), rt.world_size, rt.rank)
         fingerprint = data.fingerprint()
         start_step = 0

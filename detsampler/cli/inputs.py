@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from detsampler.cli.options import index_config, layout_config, plan_from_args
+from detsampler.cli.options import index_config, layout_for, plan_from_args
 from detsampler.layout import Layout
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -19,12 +20,12 @@ if TYPE_CHECKING:
     from detsampler.index.prepare import Prepared
 
 __all__ = [
+    "FilesAudit",
     "mixture_plan",
     "prepare",
     "prepare_sources",
     "quiet_progress",
     "show_progress",
-    "verified_line",
     "verify_files",
 ]
 
@@ -49,48 +50,88 @@ def show_progress() -> bool:
     return not _QUIET and sys.stderr.isatty()
 
 
-def verify_files(index: Any) -> None:
-    """Every chunk checksum and file sha256 of ``index`` (of each tokenized shard of a sharded index; a pre-tokenized
-    file records no checksum): a full read."""
-    from detsampler.index import TokenIndex
+@dataclass(frozen=True)
+class FilesAudit:
+    """What :func:`verify_files` read in full, counted as each check returned: the only thing :meth:`line` reads, so no
+    line can name a check that did not run. ``tokens``: stored tokens whose every chunk and file sha256 were checked,
+    in ``with_tokens`` indexes (or shards); ``without_tokens``: indexes that store no tokens (their lengths and offsets
+    checked); ``unchecked``: pre-tokenized files (they record no checksum); ``media``: media indexes whose images were
+    read, ``images`` of ``image_bytes`` bytes in all, each checked against its CRC-32, from ``image_files`` source files
+    and ``embedded`` from the index's own ``image_bytes.npy``."""
 
-    for part in getattr(index, "shards", [index]):
-        if isinstance(part, TokenIndex):
-            TokenIndex.open(part.path, verify_tokens=True)
+    tokens: int = 0
+    with_tokens: int = 0
+    without_tokens: int = 0
+    unchecked: int = 0
+    media: int = 0
+    images: int = 0
+    image_bytes: int = 0
+    image_files: int = 0
+    embedded: int = 0
 
+    def line(self) -> str:
+        """One line saying what was verified and what was not."""
+        if not self.with_tokens and not self.without_tokens:
+            return f"index files: nothing verified: {self.unchecked} pre-tokenized file(s) record no checksum"
+        if not self.with_tokens:
+            line = (
+                "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no"
+                " tokens (--no-store-tokens): the text is tokenized on the fly, no token was checked"
+            )
+        else:
+            line = f"index files: every chunk checksum and sha256 verified ({self.tokens} tokens)"
+            if self.without_tokens:
+                line += f"; {self.without_tokens} shard(s) store no tokens: their lengths and offsets verified"
+        if self.unchecked:
+            line += f"; {self.unchecked} pre-tokenized file(s) record no checksum: not verified"
+        return line + self._images()
 
-def verified_line(index: Any) -> str:
-    """What :func:`verify_files` checked of ``index``, as one line (pre-tokenized files are named as not checked, and an
-    index that stores no tokens as having none to check)."""
-    from detsampler.index import TokenIndex
-
-    parts = getattr(index, "shards", [index])
-    checked = [part for part in parts if isinstance(part, TokenIndex)]
-    stored = [part for part in checked if part.tokens is not None]
-    if checked and not stored:
-        line = (
-            "index files: lengths and offsets verified (every chunk checksum and sha256); the index stores no tokens"
-            " (--no-store-tokens): the text is tokenized on the fly, no token was checked"
+    def _images(self) -> str:
+        """What the media audit read (nothing without a media index: no image was checked, none is claimed)."""
+        if not self.media:
+            return ""
+        if not self.images:
+            return "; images: none in the index (nothing to check)"
+        where = [f"{self.image_files} file{'s' if self.image_files != 1 else ''}"] if self.image_files else []
+        where += [f"{self.embedded} from the index's image_bytes.npy"] if self.embedded else []
+        return (
+            f"; images: every one's bytes checked against its CRC-32 ({self.images:,} images,"
+            f" {self.image_bytes:,} bytes, in {' and '.join(where)})"
         )
-    else:
-        line = f"index files: every chunk checksum and sha256 verified ({sum(p.num_tokens for p in stored)} tokens)"
-        if len(stored) < len(checked):
-            line += f"; {len(checked) - len(stored)} shard(s) store no tokens: their lengths and offsets verified"
-    if len(checked) < len(parts):
-        line += f"; {len(parts) - len(checked)} pre-tokenized file(s) record no checksum: not verified"
-    return line
 
 
-def prepare(args: argparse.Namespace, verify_tokens: bool = False) -> Prepared:
-    """The prepared index of the index options (built once, cached); with ``verify_tokens``, its
-    token sha256 checked."""
+def verify_files(index: Any) -> FilesAudit:
+    """Every chunk checksum and file sha256 of ``index`` (of each tokenized shard of a sharded index; a pre-tokenized
+    file records no checksum), on disk or in an object store: a full read. Returns what was checked."""
+    from detsampler.cli.options import is_media
+    from detsampler.index import TokenIndex
+
+    tokens = with_tokens = without_tokens = unchecked = 0
+    media = {"media": 0, "images": 0, "image_bytes": 0, "image_files": 0, "embedded": 0}
+    for part in getattr(index, "shards", [index]):
+        if is_media(part):  # every file, then every image's bytes: raises on the first that fails
+            checked = part.verify_files()
+            tokens, with_tokens = tokens + checked.pop("tokens"), with_tokens + 1
+            media["media"] += 1
+            for key, value in checked.items():
+                media[key] += value
+            continue
+        if not isinstance(part, TokenIndex):
+            unchecked += 1
+            continue
+        checked = TokenIndex.open(part.path, verify_tokens=True)  # raises on the first chunk or sha256 that fails
+        if checked.tokens is None:
+            without_tokens += 1
+        else:
+            tokens, with_tokens = tokens + checked.num_tokens, with_tokens + 1
+    return FilesAudit(tokens, with_tokens, without_tokens, unchecked, **media)
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """The prepared index of the index options (built once, cached)."""
     from detsampler.index.prepare import prepare_index
 
-    prepared = prepare_index(index_config(args), progress=show_progress())
-    # a pre-tokenized source has no recorded token checksum
-    if (verify_tokens and prepared.dataset is not None) or (verify_tokens and hasattr(prepared.index, "shards")):
-        verify_files(prepared.index)
-    return prepared
+    return prepare_index(index_config(args), progress=show_progress())
 
 
 def prepare_sources(args: argparse.Namespace, config: MixtureConfig) -> list[Prepared]:
@@ -105,5 +146,6 @@ def mixture_plan(
 ) -> tuple[list[Prepared], list[Layout], Plan]:
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
-    layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, source=config.build(layouts))
+    layouts = [layout_for(p.index, args, kind) for p in prepared]
+    documents = [p.index.num_documents for p in prepared]
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts), documents=documents)

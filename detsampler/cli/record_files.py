@@ -8,19 +8,25 @@ checkpoint, under ``checkpoints/`` or itself, that holds a record and its ``COMP
 holds ``"data_record"``); a torchtitan DCP checkpoint directory (``.metadata``; the ``"data_record"`` of its
 ``"dataloader"`` state). torch is imported only for the last two.
 
-Invariant: a record is returned only as :meth:`DataRecord.from_dict` checked it; anything else is one ValueError naming
-the path and what was expected.
+Invariant: a record is returned only as :func:`~detsampler.record.read_record` checked it against its checkpoint (its
+seal; the step the checkpoint states: a trainer's or Hugging Face directory name, ``COMPLETE`` and
+``trainer_state.json``, a Lightning state's ``step`` and ``global_step`` (an int or a 0-d integer tensor; a state
+that states neither is refused: Lightning writes both), a DCP ``dataloader.step`` and torchtitan's
+``train_state.step``; the sha256 ``COMPLETE`` or ``trainer_state.json`` records of its file); anything else is one
+ValueError naming the path and what was expected.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from detsampler.cli.report import rel
-from detsampler.record import RECORD_FILE, DataRecord
+from detsampler.record import RECORD_FILE, DataRecord, read_record
 
 __all__ = ["find_record"]
 
@@ -30,9 +36,25 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE = "COMPLETE"
 
 
-def find_record(path: str | Path) -> tuple[DataRecord, str]:
-    """The data record of the checkpoint at ``path`` and where it was read (a path, and how)."""
-    p = Path(path)
+def find_record(path: str | Path, option: str = "--checkpoint") -> tuple[DataRecord, str]:
+    """The data record of the checkpoint at ``path`` and where it was read (a path, and how). A warning of the read (a
+    record saved before seals) is one ``detsampler: warning: ...`` line on stderr. ``option``: the option that gave
+    ``path``, which its refusals name (``--against`` was refused as ``--checkpoint``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            found = _find_record(Path(path))
+        except ValueError as exc:
+            text = str(exc)
+            if option == "--checkpoint" or not text.startswith("--checkpoint"):
+                raise
+            raise ValueError(option + text[len("--checkpoint") :]) from None
+    for warning in caught:
+        print(f"detsampler: warning: {warning.message}", file=sys.stderr)
+    return found
+
+
+def _find_record(p: Path) -> tuple[DataRecord, str]:
     if not p.exists():
         raise ValueError(f"--checkpoint: no such file or directory: {str(p)!r}")
     if p.is_file():
@@ -80,54 +102,100 @@ def _latest_step_dir(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _record_in(value: Any, depth: int = 0) -> Any:
-    """The first ``"data_record"`` value in the nested dicts (and lists) of ``value``."""
-    if depth > 6:
-        return None
+def _holders_of_record(value: Any, path: tuple[str, ...] = ()) -> list[tuple[dict, tuple[str, ...]]]:
+    """Every dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, with its keys, in order."""
+    if len(path) > 6:
+        return []
     if isinstance(value, dict):
         if "data_record" in value:
-            return value["data_record"]
-        items = list(value.values())
+            return [(value, path)]
+        items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):
-        items = list(value)
+        items = [(str(i), v) for i, v in enumerate(value)]
     else:
-        return None
-    for item in items:
-        found = _record_in(item, depth + 1)
-        if found is not None:
-            return found
-    return None
+        return []
+    return [found for key, item in items for found in _holders_of_record(item, (*path, key))]
 
 
-def _as_record(saved: Any, where: str) -> DataRecord:
-    if isinstance(saved, (str, bytes)):
-        return DataRecord.from_json(saved)
-    if isinstance(saved, dict):
-        return DataRecord.from_dict(saved)
+def _holder_of_record(value: Any, where: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """The one entry of ``value`` holding ``"data_record"`` (several holding one equal record are one), or None.
+
+    NOTE: the first one found was taken: a callback holding another run's record before the datamodule's was audited
+    as that run."""
+    found = _holders_of_record(value)
+    records = {json.dumps(h["data_record"], sort_keys=True, default=str) for h, _ in found}
+    if len(records) > 1:
+        at = ", ".join(".".join(keys) or "top level" for _, keys in found)
+        raise ValueError(
+            f"--checkpoint {str(where)!r} holds {len(found)} different data records (at {at}): which one is the run's"
+            " is not known; keep the DetsamplerDataModule entry's"
+        )
+    return found[0] if found else None
+
+
+def _step_of(value: Any, what: str, where: str) -> int:
+    """A step (or count) a torch checkpoint states: an int, or a 0-d integer tensor read as its integer; any other
+    value is refused (a tensor step was ignored, so any record passed beside it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0:
+        import torch
+
+        if not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool:
+            return int(value.item())
+    raise ValueError(f"{where}: {what} is {value!r}, not a step (an integer, or a 0-d integer tensor)")
+
+
+def _state_binding(holder: dict, prefix: str, where: str) -> tuple[dict[str, int], tuple[str, int] | None]:
+    """The step (and samples into it) an integration's state states beside its record (``{"step": s, ...}``)."""
+    steps = {f"{prefix}step": _step_of(holder["step"], "step", where)} if "step" in holder else {}
+    samples = holder.get("samples_in_step")
+    if "samples_in_step" in holder:
+        return steps, (f"{prefix}samples_in_step", _step_of(samples, "samples_in_step", where))
+    return steps, None
+
+
+def _as_record(saved: Any, where: str, steps: dict[str, int], samples: tuple[str, int] | None) -> DataRecord:
+    if isinstance(saved, (str, bytes, dict)):
+        return read_record(saved, where, steps=steps, samples_in_step=samples)
     raise ValueError(f"{where}: 'data_record' is a {type(saved).__name__}, expected a DataRecord's JSON or dict")
 
 
 def _from_torch_file(path: Path) -> DataRecord:
-    """A Lightning ``.ckpt`` (any ``torch.save`` file): the datamodule entry holding ``"data_record"``."""
+    """A Lightning ``.ckpt`` (any ``torch.save`` file): the datamodule entry holding ``"data_record"``, bound to its
+    ``"step"`` and to Lightning's ``global_step``."""
     import torch
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first.split(". ")[0]  # NOTE: torch's advice to load it with weights_only=False is not ours to give
         raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
-    found = _record_in(saved)
+    found = _holder_of_record(saved, path)
     if found is None:
         keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(
             f"--checkpoint {str(path)!r} holds no 'data_record' (top-level keys {keys}); a Lightning checkpoint holds"
             " one in its DetsamplerDataModule entry"
         )
-    return _as_record(found, str(path))
+    holder, keys = found
+    where = f"{path} ({'.'.join(keys) or 'top level'})"
+    steps, samples = _state_binding(holder, "", where)
+    if isinstance(saved, dict) and "global_step" in saved:  # Lightning's own step, beside the datamodule's state
+        steps["global_step"] = _step_of(saved["global_step"], "global_step", where)
+    if not steps:
+        # NOTE: a hand-made state with neither was read bound to nothing; Lightning writes both in every checkpoint
+        raise ValueError(
+            f"{where}: the checkpoint states no step (no 'step' beside its data record, no 'global_step'; a checkpoint"
+            " Lightning saves holds both), so nothing shows the record is the one it saved"
+        )
+    return _as_record(holder["data_record"], where, steps, samples)
 
 
 def _from_dcp(path: Path) -> DataRecord:
-    """A DCP checkpoint directory: read only the ``dataloader`` state's ``data_record`` (no process group)."""
+    """A DCP checkpoint directory: read only the ``dataloader`` state's ``data_record`` and the steps beside it (its
+    ``step`` and ``samples_in_step``, torchtitan's ``train_state.step``), with no process group."""
     import torch.distributed.checkpoint as dcp
 
     keys = list(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
@@ -139,15 +207,33 @@ def _from_dcp(path: Path) -> DataRecord:
             f" {sorted(keys)[:8]}); a torchtitan run saves one with the DetsamplerDataLoader"
         )
     key = wanted[0]
+    prefix = key[: -len("data_record")]
+    beside = [k for k in (f"{prefix}step", f"{prefix}samples_in_step", "train_state.step") if k in keys]
+    values = _dcp_values(path, [key, *beside])
+    steps = {k: v for k, v in values.items() if k != key and k.endswith(".step") and isinstance(v, int)}
+    samples = values.get(f"{prefix}samples_in_step")
+    samples_in_step = (f"{prefix}samples_in_step", samples) if isinstance(samples, int) else None
+    return _as_record(values[key], f"{path} ({key})", steps, samples_in_step)
+
+
+def _dcp_values(path: Path, keys: list[str]) -> dict[str, Any]:
+    """The non-tensor entries ``keys`` (dotted) of a DCP checkpoint, read without a process group."""
+    import torch.distributed.checkpoint as dcp
+
     state: dict[str, Any] = {}
-    node = state
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = ""
+    for key in keys:
+        node = state
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = ""
     with warnings.catch_warnings():  # "torch.distributed is disabled ...": no process group is the intent here
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    for part in parts:
-        state = state[part]
-    return _as_record(state, f"{path} ({key})")
+    values = {}
+    for key in keys:
+        node = state
+        for part in key.split("."):
+            node = node[part]
+        values[key] = node
+    return values

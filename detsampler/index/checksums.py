@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
-from detsampler.index.remote import first_block, open_remote, reblocked
+from detsampler.index.remote import first_block, open_remote, read_in_full, reblocked
 from detsampler.ranges import concat_ranges
 from detsampler.storage import BlockCache, RemoteArray, RemotePath
 
@@ -140,6 +140,8 @@ class VerifiedArray:
         self._sums = sums
         self._what = what
         self._checked = np.zeros(len(sums), dtype=bool)
+        self._read_in_full: str | None = None  # a remote object's sha256, once a full read checked every block
+        self._unchecked = len(sums)  # chunks not checked yet: at 0 every read is a plain read of the map
         if isinstance(
             array, RemoteArray
         ):  # its blocks are checked against ``sums`` as they arrive (detsampler.index.remote)
@@ -187,6 +189,11 @@ class VerifiedArray:
         return f"VerifiedArray({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._raw is None:  # a remote array: the read fetches every block, each checked as it arrives
+            out = np.asarray(self._array, dtype=dtype)
+            self._checked[:] = True
+            self._unchecked = 0
+            return out
         self.verify_all()
         return np.asarray(self._array, dtype=dtype)
 
@@ -211,6 +218,8 @@ class VerifiedArray:
 
     # -- checked reads
     def __getitem__(self, key: Any) -> Any:
+        if not self._unchecked:  # every chunk checked: nothing left to guard
+            return self._array[key]
         n = len(self._array)
         if isinstance(key, slice):
             lo, hi, _ = key.indices(n)
@@ -231,6 +240,9 @@ class VerifiedArray:
         """``np.searchsorted`` over the (sorted) array; each answer is confirmed on checked elements around it, so a
         corrupted element met on the way can never yield a wrong answer silently. With a fence, each value reads one
         block of the file (the fence, in RAM, says which), not the ~log2(n) scattered pages of a binary search."""
+        if not self._unchecked:  # every chunk checked: one search of the map (its pages were all read)
+            values = np.asarray(v)
+            return np.searchsorted(self._array, self._own_dtype(values.reshape(-1)), side=side).reshape(values.shape)
         if self._fence is not None:
             return self._fenced_search(v, side)
         pos = np.searchsorted(self._array, v, side=side)
@@ -251,12 +263,17 @@ class VerifiedArray:
                 )
         return pos
 
-    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
-        values = np.asarray(v).reshape(-1)
+    def _own_dtype(self, values: np.ndarray) -> np.ndarray:
+        """``values`` in the array's own integer dtype when they fit it: numpy would otherwise copy the searched
+        array (or block) to the values' dtype on every search."""
         if values.dtype != self.dtype and values.dtype.kind in "iu" and self.dtype.kind in "iu" and values.size:
-            info = np.iinfo(self.dtype)  # searched in the array's own dtype: numpy would copy each block to the values'
+            info = np.iinfo(self.dtype)
             if info.min <= int(values.min()) and int(values.max()) <= info.max:
-                values = values.astype(self.dtype)
+                return values.astype(self.dtype)
+        return values
+
+    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
+        values = self._own_dtype(np.asarray(v).reshape(-1))
         block = np.searchsorted(self._fence, values, side=side) - 1  # fence[block] < v <= fence[block + 1] (left)
         out = np.zeros(len(values), dtype=np.int64)
         n, every = len(self._array), self.fence_every
@@ -272,6 +289,8 @@ class VerifiedArray:
         is checked: the caller reads only those ranges from it (the invariant holds for them). Cost when they are
         checked already: a few vectorized operations on ``len(starts)`` values, whatever the ranges' lengths."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        if not self._unchecked and starts.size and self._inside(starts, stops):  # every chunk checked: bounds alone
+            return self._array
         if starts.size <= _FEW_RANGES:  # a micro batch's spans: Python ints beat a dozen numpy calls
             self._check_few_ranges(starts.reshape(-1).tolist(), stops.reshape(-1).tolist())
             return self._array
@@ -280,6 +299,8 @@ class VerifiedArray:
             lo, hi = starts[some], stops[some]
             if int(lo.min()) < 0 or int(hi.max()) > len(self._array):
                 raise IndexError(f"ranges reach outside [0, {len(self._array)}) of {self.path.name}")
+            if not self._unchecked:
+                return self._array
             isz = self.dtype.itemsize
             first = (self._data_offset + lo * isz) >> _SHIFT
             last = (self._data_offset + hi * isz - 1) >> _SHIFT
@@ -291,6 +312,10 @@ class VerifiedArray:
             if todo.size:
                 self._verify(todo)
         return self._array
+
+    def _inside(self, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Whether every range lies inside the array (two reductions; False says nothing of empty ranges outside)."""
+        return int(np.minimum.reduce(starts, axis=None)) >= 0 and int(np.maximum.reduce(stops, axis=None)) <= len(self)
 
     def block_keys(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[str, int]]:
         """For an array in an object store, the ``(url, block)`` keys a read of the element ranges
@@ -315,22 +340,27 @@ class VerifiedArray:
         return CHUNK_BYTES // self.dtype.itemsize
 
     def verify_all(self) -> None:
-        """Check every chunk not checked yet (reads the whole file once)."""
+        """Check every chunk not checked yet (reads the whole file once). A remote object is read in full from the
+        store, every block fetched and checked (:func:`~detsampler.index.remote.read_in_full`: streamed, bounded
+        memory), once per array, whatever its reads fetched before; its sha256 is taken in the same pass."""
+        if self._raw is None:
+            if self._read_in_full is None:
+                self._read_in_full = read_in_full(self._array, self._sums, self._what)
+                self._checked[:] = True
+                self._unchecked = 0
+            return
         self._verify(np.flatnonzero(~self._checked))
 
     def sha256(self) -> str:
-        """The sha256 (hex) of the whole file or object (a full read; a remote one block by block, each checked)."""
+        """The sha256 (hex) of the whole file or object (a full read; a remote one by :meth:`verify_all`, every block
+        checked, once)."""
         if self._raw is not None:
             from detsampler.index.files import sha256_file
 
             return sha256_file(self.path)
-        source, h = self._array.source, hashlib.sha256()
-        step = max(1, (64 << 20) // source.block_bytes)
-        for first in range(0, source.num_blocks, step):
-            got = source.blocks(range(first, min(first + step, source.num_blocks)))
-            for b in sorted(got):
-                h.update(got[b])
-        return h.hexdigest()
+        self.verify_all()
+        assert self._read_in_full is not None
+        return self._read_in_full
 
     # -- internals
     def _check_few_ranges(self, starts: list[int], stops: list[int]) -> None:
@@ -365,7 +395,10 @@ class VerifiedArray:
     def _verify(self, chunks: np.ndarray) -> None:
         raw = self._raw
         if raw is None:  # a remote array: every block it reads was checked on arrival (detsampler.index.remote)
-            self._checked[chunks] = True
+            new = np.sort(chunks[~self._checked[chunks]])
+            if new.size:  # counted once each (a chunk may be named twice): O(these chunks), not O(the file)
+                self._unchecked -= 1 + int(np.count_nonzero(new[1:] != new[:-1]))
+                self._checked[new] = True
             return
         for c in chunks.tolist():
             if self._checked[c]:
@@ -380,6 +413,7 @@ class VerifiedArray:
                     self.path,
                 )
             self._checked[c] = True
+            self._unchecked -= 1
 
 
 def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -418,9 +452,11 @@ def open_checked(
     f = path / name
     head, size = first_block(f, block_cache)
     if size != record["size"]:
+        kind = "object" if isinstance(f, RemotePath) else "file"
+        again = "push the index again" if isinstance(f, RemotePath) else "delete the directory and rebuild"
         raise TokenIndexError(
             f"{str(path)!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
-            f"{record['size']} bytes: the file was truncated, edited or removed; delete the directory and rebuild"
+            f"{record['size']} bytes: the {kind} was truncated, edited or removed; {again}"
         )
     what = str(path)
     sums = load_sums(path / sums_name(name), record["sums"], size, what)

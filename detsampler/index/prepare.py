@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from detsampler.checks import check_int, check_positive_int
+from detsampler.checks import check_int, check_local_path, check_positive_int
 from detsampler.index.build import build_index, build_key
 from detsampler.index.format import default_cache_dir
 from detsampler.index.reader import TokenIndex
@@ -56,6 +56,10 @@ class IndexConfig:
     completion_column: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("data", "cache_dir"):  # file:// is the local path, everywhere (detsampler.storage.parse_location)
+            value = getattr(self, name)
+            if isinstance(value, str) and value[:7].lower() == "file://":
+                object.__setattr__(self, name, check_local_path(value, name))
         _ = self.special_tokens  # validates add_bos / add_eos
         if self.completion_column is not None and self.loss_policy is None:
             raise ValueError("completion_column is for chat data: pass loss_policy too (completion or all)")
@@ -139,10 +143,44 @@ def _prepare_sharded(config: IndexConfig) -> Prepared:
             f"data {config.data!r} is a sharded index and {tokenized} of its {len(index.shards)} shards are tokenized: "
             "pass the tokenizer they were built with (--tokenizer)"
         )
+    _check_as_built(config, index)
     tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer)
     if tokenizer is not None:
         index.check_tokenizer(tokenizer)
     return Prepared(config, None, tokenizer, index)
+
+
+def _check_as_built(config: IndexConfig, index: Any) -> None:
+    """Refuse an option of ``config`` that asks a built index given as ``data`` for another build (NOTE: they were
+    dropped in silence: ``--max-documents 4`` read every document); what the index was built with is accepted."""
+    special, chat = getattr(index, "special_tokens", None), getattr(index, "chat", None)
+    wrong = []
+    if config.max_documents is not None:
+        wrong.append(("max_documents", config.max_documents, f"it holds its {index.num_documents} documents"))
+    if not config.store_tokens:
+        wrong.append(("store_tokens", False, "it stores its tokens"))
+    if config.text_column != "text" and config.text_column != getattr(index, "text_column", "text"):
+        wrong.append(("text_column", config.text_column, f"it was built from {getattr(index, 'text_column', '?')!r}"))
+    if special is not None and config.add_bos and not special.add_bos:
+        wrong.append(("add_bos", True, "it was built without a BOS"))
+    if special is not None and config.add_eos is not None and config.add_eos != special.add_eos:
+        wrong.append(("add_eos", config.add_eos, f"its EOS is {special.add_eos!r}"))
+    for name, built in (("loss_policy", "policy"), ("completion_column", "completion_column")):
+        value = getattr(config, name)
+        if value is not None and (chat is None or getattr(chat, built) != value):
+            why = (
+                "it was built without a loss policy" if chat is None else f"it was built with {getattr(chat, built)!r}"
+            )
+            wrong.append((name, value, why))
+    if wrong:
+        flag = {"store_tokens": "--no-store-tokens"}
+        said = "; ".join(
+            f"{name} {value!r} ({flag.get(name, '--' + name.replace('_', '-'))}): {why}" for name, value, why in wrong
+        )
+        raise ValueError(
+            f"data {config.data!r} is a built index, read as it was built: {said}; drop the option, or build an index"
+            " with it"
+        )
 
 
 def _in_object_store(data: str) -> bool:
@@ -153,9 +191,10 @@ def _in_object_store(data: str) -> bool:
         return False
 
 
-def _prepare_remote(config: IndexConfig) -> Prepared:
-    """A built index in an object store given as ``data`` (``s3://…/index-…``, uploaded by ``detsampler push``), read
-    by ranged requests; there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
+def _prepare_built(config: IndexConfig) -> Prepared:
+    """A built index given as ``data``: in an object store (``s3://…/index-…``, uploaded by ``detsampler push``, read by
+    ranged requests) or a local index directory (one holding ``meta.json``), opened as it is, as the one and the other;
+    there is no dataset, so it must store its tokens. Its tokenizer is checked when given."""
     from detsampler.index.sharded import MANIFEST, open_index
     from detsampler.storage import as_path
 
@@ -169,13 +208,48 @@ def _prepare_remote(config: IndexConfig) -> Prepared:
     index = open_index(config.data)
     if not getattr(index, "store_tokens", True):
         raise ValueError(
-            f"data {config.data!r} is an index that stores no tokens (built with --no-store-tokens): read from an "
-            "object store it has no dataset to tokenize; build it with stored tokens and push it again"
+            f"data {config.data!r} is an index that stores no tokens (built with --no-store-tokens): opened as data it "
+            "has no dataset to tokenize; build it with stored tokens"
+            + (" and push it again" if _in_object_store(config.data) else "")
         )
+    _check_as_built(config, index)
     tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer)
     if tokenizer is not None:
         index.check_tokenizer(tokenizer)
     return Prepared(config, None, tokenizer, index)
+
+
+def _check_as_built(config: IndexConfig, index: Any) -> None:
+    """Refuse an option of ``config`` that asks a built index given as ``data`` for another build (NOTE: they were
+    dropped in silence: ``--max-documents 4`` read every document); what the index was built with is accepted."""
+    special, chat = getattr(index, "special_tokens", None), getattr(index, "chat", None)
+    wrong = []
+    if config.max_documents is not None:
+        wrong.append(("max_documents", config.max_documents, f"it holds its {index.num_documents} documents"))
+    if not config.store_tokens:
+        wrong.append(("store_tokens", False, "it stores its tokens"))
+    if config.text_column != "text" and config.text_column != getattr(index, "text_column", "text"):
+        wrong.append(("text_column", config.text_column, f"it was built from {getattr(index, 'text_column', '?')!r}"))
+    if special is not None and config.add_bos and not special.add_bos:
+        wrong.append(("add_bos", True, "it was built without a BOS"))
+    if special is not None and config.add_eos is not None and config.add_eos != special.add_eos:
+        wrong.append(("add_eos", config.add_eos, f"its EOS is {special.add_eos!r}"))
+    for name, built in (("loss_policy", "policy"), ("completion_column", "completion_column")):
+        value = getattr(config, name)
+        if value is not None and (chat is None or getattr(chat, built) != value):
+            why = (
+                "it was built without a loss policy" if chat is None else f"it was built with {getattr(chat, built)!r}"
+            )
+            wrong.append((name, value, why))
+    if wrong:
+        flag = {"store_tokens": "--no-store-tokens"}
+        said = "; ".join(
+            f"{name} {value!r} ({flag.get(name, '--' + name.replace('_', '-'))}): {why}" for name, value, why in wrong
+        )
+        raise ValueError(
+            f"data {config.data!r} is a built index, read as it was built: {said}; drop the option, or build an index"
+            " with it"
+        )
 
 
 def open_prepared_source(config: IndexConfig) -> Prepared:
@@ -214,8 +288,8 @@ def prepare_index(config: IndexConfig, progress: bool = True) -> Prepared:
 
     if is_source_spec(config.data):
         return open_prepared_source(config)
-    if config.data is not None and _in_object_store(config.data):
-        return _prepare_remote(config)
+    if config.data is not None and (_in_object_store(config.data) or (Path(config.data) / "meta.json").is_file()):
+        return _prepare_built(config)
     if config.data is not None and (Path(config.data) / MANIFEST).is_file():
         return _prepare_sharded(config)
     dataset = load_dataset_for(config)

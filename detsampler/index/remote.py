@@ -9,6 +9,8 @@ block with the object's size (:func:`first_block`).
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +30,12 @@ from detsampler.storage import (
     store_for,
 )
 
-__all__ = ["block_check", "first_block", "open_remote", "reblocked"]
+__all__ = ["block_check", "first_block", "open_remote", "read_in_full", "reblocked"]
+
+logger = logging.getLogger("detsampler")
+
+FULL_READ_BLOCKS = 16  # blocks fetched per request by a full read (16 MiB held at a time)
+PROGRESS_BYTES = 1 << 30  # a full read logs its progress every this many bytes
 
 
 def first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[bytes | None, int | None]:
@@ -44,23 +51,29 @@ def first_block(f: Path | RemotePath, cache: BlockCache | None = None) -> tuple[
         return None, None
 
 
-def block_check(url: str, sums: np.ndarray, what: str, block_bytes: int) -> Callable[[int, bytes], None]:
+def block_check(url: str, sums: np.ndarray, what: str, block_bytes: int) -> Callable[..., None]:
     """The check of a fetched block: the CRC-32 of each chunk it holds against ``sums`` (a ChecksumError naming the
-    object, the chunk and its bytes)."""
+    object, the chunk and its bytes; ``again=True``: the block failed when fetched a second time too, so the stored
+    object itself is wrong, which the error says — a block corrupted in transit passes the second time)."""
     per_block = block_bytes // CHUNK_BYTES
     name = url.rsplit("/", 1)[-1]
 
-    def check(block: int, data: bytes) -> None:
+    def check(block: int, data: bytes, again: bool = False) -> None:
         view = memoryview(data)
         for k in range(-(-len(data) // CHUNK_BYTES)):
             c, lo = block * per_block + k, k * CHUNK_BYTES
             got = zlib.crc32(view[lo : lo + CHUNK_BYTES])
             if c >= len(sums) or got != int(sums[c]):
                 start, recorded = block * block_bytes + lo, f"{int(sums[c]):08x}" if c < len(sums) else "none"
+                reads = " on both of two reads" if again else ""
+                cause = (
+                    "the stored object itself is wrong (edited or replaced after it was written), not a transfer error"
+                    if again
+                    else "the object was edited or replaced after it was written"
+                )
                 raise ChecksumError(
                     f"{what}: {name} chunk {c} (bytes {start}..{start + len(view[lo : lo + CHUNK_BYTES]) - 1}) fails"
-                    f" its checksum (crc32 {got:08x}, recorded {recorded}): the object was edited or replaced after it"
-                    " was written",
+                    f" its checksum{reads} (crc32 {got:08x}, recorded {recorded}): {cause}",
                     RemotePath(url),
                 )
 
@@ -99,3 +112,26 @@ def reblocked(
     check = block_check(old.url, sums, what, block_bytes)
     source = BlockedObject(old.url, old.size, block_bytes=block_bytes, check=check, cache=cache, reader=old._reader)
     return RemoteArray(source, array.dtype, len(array), array.offset)
+
+
+def read_in_full(array: RemoteArray, sums: np.ndarray, what: str) -> str:
+    """Fetch every block of ``array``'s object anew (from the store: never from a cache), check each chunk against
+    ``sums`` as it arrives (a ChecksumError names the first that fails) and return the sha256 of the whole object.
+
+    The full check of an audit (``verify --tokens``): memory is :data:`FULL_READ_BLOCKS` blocks whatever the object's
+    size (blocks are hashed and dropped, never kept, so no cache is filled); for an object of more than one block, one
+    line is logged when it starts and one every :data:`PROGRESS_BYTES`."""
+    url, size = array.source.url, array.source.size
+    source = BlockedObject(url, size, check=block_check(url, sums, what, DEFAULT_BLOCK_BYTES), recent_blocks=1)
+    if size > DEFAULT_BLOCK_BYTES:  # long work: say what is read (a small file is read in one request)
+        logger.info("verify: reading %s in full (%s bytes)", url, f"{size:,}")
+    h, done, logged = hashlib.sha256(), 0, 0
+    for first in range(0, source.num_blocks, FULL_READ_BLOCKS):
+        got = source.fetch(range(first, min(first + FULL_READ_BLOCKS, source.num_blocks)))
+        for b in sorted(got):
+            h.update(got[b])
+            done += len(got[b])
+        if done - logged >= PROGRESS_BYTES and done < size:
+            logged = done
+            logger.info("verify: %s: %s of %s bytes checked (%.0f%%)", url, f"{done:,}", f"{size:,}", 100 * done / size)
+    return h.hexdigest()

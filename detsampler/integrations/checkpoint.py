@@ -12,17 +12,22 @@ for any other dataset they are passed explicitly (``index=``, ``layout=``). With
 start: a check of the plan alone would pass a changed index or layout (``bestfit`` -> ``concat`` on the same seed) in
 silence, which is the failure the record exists to catch. ``allow_data_change=True`` is the explicit opt-out: a
 mismatch, a checkpoint without a record or a dataset whose data is unknown is then a warning, never an error.
+
+The record is read as every reader reads it (:func:`~detsampler.record.read_record`): its seal must hold and its step
+must be the step of the state (or checkpoint) that holds it, even with ``allow_data_change=True``: an edited record, or
+one of another step, does not say where the run stands, so nothing can resume from it.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from detsampler.loader.dataset import PackedDataset
 from detsampler.loader.mixture_dataset import MixtureDataset
 from detsampler.plan import Plan
-from detsampler.record import DataRecord
+from detsampler.record import DataRecord, read_record
 from detsampler.resume import DataFingerprint
 
 __all__ = ["CheckpointData", "data_of"]
@@ -72,14 +77,6 @@ class CheckpointData:
         layout: Any = None,
         allow_data_change: bool = False,
     ) -> None:
-        if plan.redactions:
-            # NOTE: a redaction masks labels by training step, in the training loop (loader.redact.redact_labels); the
-            # integrations hand batches to loops they do not own, so they would record it and train on the documents.
-            raise ValueError(
-                f"the plan redacts documents ({len(plan.redactions)} entries), which {framework}'s training loop does"
-                " not apply: call detsampler.loader.redact.redact_labels(batch, step, redactions) in your training"
-                " step with a plan without redactions, or train with the repository's trainer (data.redactions)"
-            )
         self.plan, self.framework, self.allow_data_change = plan, framework, bool(allow_data_change)
         self.data = data_of(dataset, index, layout)
         if self.data is None:
@@ -100,18 +97,31 @@ class CheckpointData:
             return None
         return DataRecord.of(step, *self.data, plan, framework=self.framework, instance_filter=self.instance_filter)
 
-    def check(self, saved: DataRecord | dict | None, step: int, where: str) -> None:
+    def check(
+        self,
+        saved: DataRecord | Mapping | str | bytes | None,
+        step: int,
+        where: str,
+        *,
+        samples_in_step: int | None = None,
+    ) -> DataRecord | None:
         """Raise ValueError (the library's message) unless this run resuming at ``step`` reads what the run that saved
-        ``saved`` (from ``where``; None: the checkpoint holds no record) read before it."""
+        ``saved`` (from ``where``; None: the checkpoint holds no record) read before it. The record is read by
+        :func:`~detsampler.record.read_record` and bound to the state that holds it: its step must be ``step`` (and
+        its ``samples_in_step`` the state's, when given), whatever ``allow_data_change`` says, since a state whose
+        record is another step's or edited does not say where to resume. Returns the record read (None when none)."""
         if self.fingerprint is None:
-            return  # allow_data_change without data: warned at construction
+            return None  # allow_data_change without data: warned at construction
+        record = None
+        if saved is not None:
+            samples = ("its samples_in_step", samples_in_step) if samples_in_step is not None else None
+            record = read_record(saved, where, steps={"its step": step}, samples_in_step=samples)
         try:
-            if saved is None:
+            if record is None:
                 raise ValueError(
                     f"{where} holds no detsampler data record (written by a detsampler before records, or not by "
                     "this integration): what it trained on cannot be checked"
                 )
-            record = saved if isinstance(saved, DataRecord) else DataRecord.from_dict(saved)
             record.check_resume(self.fingerprint, step)
         except ValueError as error:
             if not self.allow_data_change:
@@ -119,3 +129,4 @@ class CheckpointData:
                     f"refusing to resume from {where}: {error} (allow_data_change=True resumes anyway)"
                 ) from error
             warnings.warn(f"resuming from {where} with allow_data_change=True: {error}", stacklevel=3)
+        return record

@@ -15,6 +15,10 @@ Batches are the dataset's fields as they are (``collate_micro_batch``: one dict 
 batch): ``input_ids``, ``labels`` already the next token (``-100`` where the layout masks: do not shift them again),
 ``position_ids`` and ``document_ids``; the ``training_step`` of docs/integrations.md computes the next-token loss.
 
+Redactions (``Plan(..., redactions=...)``) are applied in the loader
+(:class:`~detsampler.loader.redact.RedactedDataset`: each micro batch's labels masked at the step it is read for), the
+instance filter by the dataset; both are recorded.
+
 Data record: the state also holds ``"data_record"`` (:class:`~detsampler.record.DataRecord`, ``framework="lightning"``);
 ``load_state_dict`` checks it against this run with the library's ``check_resume`` and refuses a resume onto other data
 (:class:`~detsampler.integrations.checkpoint.CheckpointData`). A state without one (``{"step": s}``, saved before
@@ -37,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from detsampler.integrations.checkpoint import CheckpointData
 from detsampler.loader.dataset import collate_micro_batch
+from detsampler.loader.redact import RedactedDataset
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan, _check_step
 
@@ -76,6 +81,7 @@ class DetsamplerDataModule(pl.LightningDataModule):
             dataset, plan, framework="lightning", index=index, layout=layout, allow_data_change=allow_data_change
         )
         self.start_step = 0
+        self.loaded_step: int | None = None  # the step of a state loaded from a checkpoint, until checked
         self.sampler: DeterministicBatchSampler | None = None
 
     def train_dataloader(self) -> DataLoader:
@@ -94,14 +100,26 @@ class DetsamplerDataModule(pl.LightningDataModule):
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: resume with the checkpoint's "
                 "accumulate_grad_batches (on another world size the micro batch size follows)"
             )
+        self._check_loaded_step(int(trainer.global_step))
         self.sampler = DeterministicBatchSampler(plan, trainer.global_rank, start_step=self.start_step)
         return DataLoader(
-            self.dataset,
+            RedactedDataset(self.dataset, plan) if plan.redactions else self.dataset,
             batch_sampler=self.sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
         )
+
+    def _check_loaded_step(self, global_step: int) -> None:
+        """A loaded state's step must be the checkpoint's own: Lightning's ``global_step``, restored from its loops
+        (a state copied from another checkpoint would start the sampler elsewhere, in silence)."""
+        if self.loaded_step is not None and self.loaded_step != global_step:
+            raise ValueError(
+                f"the checkpoint's DetsamplerDataModule state is not this checkpoint's: the sampler would start at"
+                f" step {self.loaded_step} but Lightning resumes at global_step {global_step} (a state copied from"
+                " another checkpoint)"
+            )
+        self.loaded_step = None
 
     def _run_plan(self, world_size: int, accumulate: int) -> Plan:
         """The plan cut for this run: ``micro_batch_size = global_batch_size / (world_size *
@@ -128,4 +146,4 @@ class DetsamplerDataModule(pl.LightningDataModule):
             )
         step = _check_step(state_dict["step"], "step")
         self.data_check.check(state_dict.get("data_record"), step, "the checkpoint's DetsamplerDataModule state")
-        self.start_step = step
+        self.start_step = self.loaded_step = step

@@ -38,15 +38,18 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
 from detsampler.balance import Balance, CostModel  # noqa: E402
+from detsampler.filter import RepetitionFilter  # noqa: E402
 from detsampler.index.sharded import open_index  # noqa: E402
 from detsampler.index.sources import is_source_spec, open_source, parse_source_spec  # noqa: E402
 from detsampler.layout import OVERLONG_POLICIES, LayoutConfig  # noqa: E402
 from detsampler.loader.dataset import PackedDataset, collate_micro_batch  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
+from detsampler.loader.redact import RedactedDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.mixture.config import MixtureConfig  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
-from detsampler.record import DataRecord  # noqa: E402
+from detsampler.record import DataRecord, read_record  # noqa: E402
+from detsampler.redaction import Redaction  # noqa: E402
 
 __all__ = ["IGNORE_INDEX", "DetsamplerDataLoader"]
 
@@ -151,6 +154,25 @@ class DetsamplerDataLoader(BaseDataLoader):
         balance_fixed: float = CostModel().fixed
         """CostModel.fixed (with balance): the cost per sample."""
 
+        redactions: list[str] = field(default_factory=list)
+        """Plan.redactions, as ``detsampler --redact`` writes them: ``"FROM_STEP:DOC,DOC"`` (over a mixture
+        ``"SOURCE:FROM_STEP:DOC,DOC"``, SOURCE a ``mixture_names`` entry or the source's index): those documents'
+        labels are -100 from training step FROM_STEP on, every step still reading what it read; recorded in the data
+        record."""
+
+        instance_filter: bool = False
+        """OLMo-core's repetition filter (``InstanceFilterConfig``, its fields below): a flagged sample's labels are all
+        -100; recorded in the data record."""
+
+        repetition_max_period: int = 13
+        """The filter's longest period (InstanceFilterConfig.repetition_max_period)."""
+
+        repetition_min_period: int = 1
+        """The filter's shortest period (InstanceFilterConfig.repetition_min_period)."""
+
+        repetition_max_count: int = 32
+        """Repeats of a period that flag a sample (InstanceFilterConfig.repetition_max_count)."""
+
         allow_missing_data_record: bool = False
         """Load a checkpointed state that holds no ``data_record`` (saved before it existed): its data cannot be
         checked, so this is refused unless set."""
@@ -185,9 +207,14 @@ class DetsamplerDataLoader(BaseDataLoader):
             batch_size_schedule=schedule,
             skip_steps=[tuple(r) for r in config.skip_steps] or None,
             mapping_version=config.mapping_version or None,
+            redactions=_redactions(config) or None,
         )
         restart = config.restart_positions
-        datasets = [PackedDataset(i, lay, restart_position_ids=restart) for i, lay in zip(indexes, layouts)]
+        repetition = _instance_filter(config)
+        datasets = [
+            PackedDataset(i, lay, restart_position_ids=restart, instance_filter=repetition)
+            for i, lay in zip(indexes, layouts)
+        ]
         if len(indexes) == 1 and not config.weights:
             _refuse_mixture_fields(config)
             balance = _balance(config, layouts[0])
@@ -213,7 +240,9 @@ class DetsamplerDataLoader(BaseDataLoader):
         self.micro_steps_per_step = global_batch_size // (local_batch_size * dp_world_size)
         self.seq_len = seq_len
         self.pad_id = int(indexes[0].pad_id)
-        self.record = DataRecord.of(0, recorded_index, recorded_layout, self.plan, framework=FRAMEWORK, names=names)
+        self.record = DataRecord.of(
+            0, recorded_index, recorded_layout, self.plan, framework=FRAMEWORK, names=names, instance_filter=repetition
+        )
         self.sampler = DeterministicBatchSampler(self.plan, dp_rank)
         self.num_workers = config.num_workers
 
@@ -223,8 +252,9 @@ class DetsamplerDataLoader(BaseDataLoader):
         return self.record.fingerprint
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        dataset = RedactedDataset(self.dataset, self.plan) if self.plan.redactions else self.dataset
         loader = DataLoader(
-            self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers, collate_fn=collate_micro_batch
+            dataset, batch_sampler=self.sampler, num_workers=self.num_workers, collate_fn=collate_micro_batch
         )
         for _, micro_batches in self.sampler.steps(loader):
             for batch in micro_batches:
@@ -258,13 +288,11 @@ class DetsamplerDataLoader(BaseDataLoader):
                     " DetsamplerDataLoader.Config.allow_missing_data_record=True to resume at its step anyway"
                 )
         else:
-            record = DataRecord.from_json(saved.decode() if isinstance(saved, bytes) else saved)
-            step = int(state.get("step", record.step))
-            if (step, int(state.get("samples_in_step", 0))) != (record.step, record.samples_in_step):
-                raise ValueError(
-                    f"the checkpoint's data loader state names step {step} but its data_record step {record.step}"
-                )
-            record.check_resume(self.fingerprint, step)
+            where = "the checkpoint's data loader state"
+            stated = {"its step": int(state["step"])} if "step" in state else {}
+            samples = ("its samples_in_step", int(state.get("samples_in_step", 0)))
+            record = read_record(saved, where, steps=stated, samples_in_step=samples if stated else None)
+            record.check_resume(self.fingerprint, record.step)
         self.sampler.load_state_dict(state)
 
 
@@ -288,6 +316,42 @@ def _layout_config(config: DetsamplerDataLoader.Config, seq_len: int) -> LayoutC
         )
     except ValueError as exc:
         raise ValueError(f"DetsamplerDataLoader.Config: {exc}") from None
+
+
+def _instance_filter(config: DetsamplerDataLoader.Config) -> RepetitionFilter | None:
+    """The repetition filter ``config`` turns on (None: off); a bad field is a ValueError naming it."""
+    if not config.instance_filter:
+        return None
+    try:
+        return RepetitionFilter(
+            max_period=config.repetition_max_period,
+            min_period=config.repetition_min_period,
+            max_count=config.repetition_max_count,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"DetsamplerDataLoader.Config.repetition_*: {exc}") from None
+
+
+def _redactions(config: DetsamplerDataLoader.Config) -> list[Redaction]:
+    """``config.redactions`` (``[SOURCE:]FROM_STEP:DOC,DOC`` each) as Redaction entries; a malformed entry is a
+    ValueError naming it and the form."""
+    names = list(config.mixture_names) or [str(k) for k in range(len(config.index_paths))]
+    out = []
+    for entry in config.redactions:
+        parts = str(entry).split(":")
+        try:
+            source = None
+            if len(parts) == 3:
+                source = names.index(parts[0]) if parts[0] in names else int(parts[0])
+            if len(parts) not in (2, 3) or not parts[-1]:
+                raise ValueError(entry)
+            out.append(Redaction([int(d) for d in parts[-1].split(",")], int(parts[-2]), source))
+        except ValueError:
+            raise ValueError(
+                f"DetsamplerDataLoader.Config.redactions entry {entry!r}: expected FROM_STEP:DOC[,DOC...] (over a"
+                " mixture SOURCE:FROM_STEP:DOC[,DOC...], SOURCE a mixture_names entry or the source's index)"
+            ) from None
+    return out
 
 
 def _checked_paths(config: DetsamplerDataLoader.Config) -> list[str]:

@@ -93,11 +93,13 @@ class DeterministicBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> _MicroBatches:
         caller = sys._getframe(1)
         _refuse_resharding(self, caller)
-        reads_ahead = _read_ahead_driver(self, caller)
+        loader, package = _driver(caller)
+        refusal = _out_of_order(loader)
+        reads_ahead = _read_ahead(loader, package)
         with self._lock:
             self._generation += 1
             self._iter_start = self._position
-            return _MicroBatches(self, self._position, self._generation, reads_ahead)
+            return _MicroBatches(self, self._position, self._generation, reads_ahead, refusal)
 
     def __len__(self) -> int:
         """Micro batches from the state up to ``stop_step``: what a new iteration yields."""
@@ -134,6 +136,9 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         at the next one, however far the DataLoader has run the sampler ahead.
         """
         _check_snapshots(batches)
+        refusal = _out_of_order(batches)
+        if refusal is not None:
+            raise ValueError(refusal)
         it = iter(batches)
         with self._lock:
             self._tracked_up_to = self._generation
@@ -240,12 +245,20 @@ class _MicroBatches:
     """
 
     def __init__(
-        self, sampler: DeterministicBatchSampler, position: tuple[int, int], generation: int, reads_ahead: str | None
+        self,
+        sampler: DeterministicBatchSampler,
+        position: tuple[int, int],
+        generation: int,
+        reads_ahead: str | None,
+        refusal: str | None = None,
     ) -> None:
         self._sampler = sampler
         self._position = position
         self._generation = generation
         self._reads_ahead = reads_ahead  # why its driver reads ahead of consumption (None: it does not)
+        # NOTE: a refusal is raised by the first next(), not by iter(): torch's DataLoader iterator calls iter() before
+        # it can shut down, and an error there prints a second traceback when the half-made iterator is collected
+        self._refusal = refusal
         self._thread = threading.get_ident()  # the thread that started it
         self._ahead: list[list[int]] = []  # planned micro batches, the next one last: at _ahead_at[-1]
         self._ahead_at: list[tuple[int, int]] = []  # their positions, then the one after them (reversed likewise)
@@ -254,6 +267,8 @@ class _MicroBatches:
         return self
 
     def __next__(self) -> list[int]:
+        if self._refusal is not None:
+            raise ValueError(self._refusal)
         if not self._ahead or self._ahead_at[-1] != self._position:
             self._plan_ahead()
             if not self._ahead:
@@ -307,9 +322,26 @@ _READ_AHEAD_PACKAGES = ("accelerate", "lightning", "pytorch_lightning", "lightni
 _MAX_CALLER_FRAMES = 48
 
 
-def _read_ahead_driver(sampler: DeterministicBatchSampler, frame: FrameType | None) -> str | None:
-    """Why the loop starting this iteration reads ahead of consumption, or None when each yielded micro batch is
-    consumed before the next is asked for (the sampler iterated directly, or by a DataLoader without workers).
+def _out_of_order(loader: Any) -> str | None:
+    """Why ``loader`` is refused when it hands out batches in the order its workers finish them (``in_order=False``,
+    torch >= 2.6, and torchdata's ``StatefulDataLoader``), else None.
+
+    NOTE: the micro batches carry no step once collated, so :meth:`DeterministicBatchSampler.steps` labels them by
+    their count, and a training loop accumulates them in the order they come: out of order, a step would train micro
+    batches of other steps. Without workers, ``in_order`` changes nothing and is accepted.
+    """
+    workers = getattr(loader, "num_workers", 0)
+    if workers and getattr(loader, "in_order", True) is False:
+        return (
+            f"{type(loader).__name__}(in_order=False) with num_workers={workers} hands out micro batches in the order"
+            " its workers finish them, not the plan's: a step would train micro batches of other steps;"
+            " use in_order=True (the default)"
+        )
+
+
+def _driver(frame: FrameType | None) -> tuple[DataLoader | None, str | None]:
+    """The DataLoader that starts this iteration (None: none is among the calling frames), and the module of the first
+    calling frame in a package whose loader reads ahead (None: none).
 
     NOTE: torch's DataLoader iterator calls ``iter(batch_sampler)`` in its constructor, so the loader and whoever
     iterates it are ``self`` and module of the calling frames; this runs once per iteration, never per batch.
@@ -321,10 +353,19 @@ def _read_ahead_driver(sampler: DeterministicBatchSampler, frame: FrameType | No
         owner = frame.f_locals.get("self")
         if loader is None and isinstance(owner, DataLoader):
             loader = owner
-        package = str(frame.f_globals.get("__name__", "")).partition(".")[0]
-        if package in _READ_AHEAD_PACKAGES:
-            return f"it is iterated through {frame.f_globals['__name__']}, whose loader fetches batches ahead"
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.partition(".")[0] in _READ_AHEAD_PACKAGES:
+            return loader, module
         frame = frame.f_back
+    return loader, None
+
+
+def _read_ahead(loader: DataLoader | None, package: str | None) -> str | None:
+    """Why the loop starting this iteration reads ahead of consumption (see :func:`_driver`), or None when each
+    yielded micro batch is consumed before the next is asked for (the sampler iterated directly, or by a DataLoader
+    without workers)."""
+    if package is not None:
+        return f"it is iterated through {package}, whose loader fetches batches ahead"
     workers = getattr(loader, "num_workers", 0)
     if workers:
         ahead = workers * (getattr(loader, "prefetch_factor", None) or 2)

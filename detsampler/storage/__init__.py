@@ -12,6 +12,7 @@ from detsampler.storage.arrays import RemoteArray, open_npy
 from detsampler.storage.blocks import DEFAULT_BLOCK_BYTES, BlockCache, BlockedObject, BlockKey
 from detsampler.storage.path import RemotePath, as_path
 from detsampler.storage.store import (
+    CreateOnlyUnsupportedError,
     LocalStore,
     ObjectNotFoundError,
     ObjectStore,
@@ -28,6 +29,7 @@ __all__ = [
     "BlockCache",
     "BlockKey",
     "BlockedObject",
+    "CreateOnlyUnsupportedError",
     "LocalStore",
     "Location",
     "ObjectNotFoundError",

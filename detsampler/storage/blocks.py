@@ -2,7 +2,10 @@
 
 Block ``b`` of an object is its bytes ``[b * block_bytes, (b + 1) * block_bytes)`` (the last block may be shorter);
 ``block_bytes`` is a multiple of the index's 64 KiB checksum chunk, so a block holds whole chunks and is checked once,
-when it arrives, by the ``check`` its owner gives (the chunk CRC-32s: :mod:`detsampler.index.checksums`).
+when it arrives, by the ``check`` its owner gives (the chunk CRC-32s: :mod:`detsampler.index.checksums`). A block that
+fails its check as it arrives is fetched again, once: bytes corrupted in transit pass the second time (the block is
+used, and a warning says it was recovered); a stored object that is itself wrong fails again, and ``check`` (told
+``again=True``) raises its error.
 
 Invariants: every byte :meth:`BlockedObject.read` returns comes from a block that passed ``check`` in this process (a
 block met in a shared :class:`BlockCache` that this object did not put there is checked on first use); without a
@@ -15,6 +18,7 @@ reader's): its bookkeeping is under a lock, made anew in a forked child (a paren
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -27,6 +31,7 @@ from detsampler.storage.store import RangeReader, store_for
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "RECENT_BLOCKS", "BlockCache", "BlockKey", "BlockedObject"]
 
+log = logging.getLogger("detsampler.storage")
 BlockKey = tuple[str, int]  # (object url, block number)
 DEFAULT_BLOCK_BYTES = 1 << 20  # 16 checksum chunks: a ranged GET's latency dominates below ~1 MiB on S3
 RECENT_BLOCKS = 8  # without a cache: the blocks kept (8 MiB per array): a batch reads an array in one or two calls
@@ -45,7 +50,9 @@ class BlockCache(Protocol):
 class BlockedObject:
     """The bytes of the object ``url`` (``size`` bytes), fetched by blocks (see the module invariants).
 
-    ``fetched_bytes`` and ``requests`` count what this object fetched (for logs and the benchmark)."""
+    ``check(block, data, again=False)`` raises a ``ValueError`` when ``data`` is not block ``block``'s bytes
+    (``again``: the block was fetched a second time and failed again). ``fetched_bytes`` and ``requests`` count what
+    this object fetched (for logs and the benchmark); ``refetched`` the blocks fetched again after a failed check."""
 
     def __init__(
         self,
@@ -53,7 +60,7 @@ class BlockedObject:
         size: int,
         *,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
-        check: Callable[[int, bytes], None] | None = None,
+        check: Callable[..., None] | None = None,
         cache: BlockCache | None = None,
         reader: RangeReader | None = None,
         recent_blocks: int = RECENT_BLOCKS,
@@ -73,6 +80,7 @@ class BlockedObject:
         self._held: dict[int, bytes] = {}  # blocks one read of many pieces holds (hold), served before the cache
         self.fetched_bytes = 0
         self.requests = 0
+        self.refetched = 0
 
     @property
     def _lock(self) -> threading.Lock:
@@ -86,10 +94,10 @@ class BlockedObject:
         kept as if this object had fetched them."""
         if len(data) != self.block_range(block)[1] - self.block_range(block)[0]:
             raise ValueError(f"{self.url}: block {block} is {len(data)} bytes, not {self.block_range(block)}")
-        if self._check is not None:
-            self._check(block, data)
         with self._lock:
             self.fetched_bytes += len(data)
+        data = self._checked({block: data})[block]
+        with self._lock:
             self._keep(block, data)
 
     def block_range(self, block: int) -> tuple[int, int]:
@@ -136,6 +144,14 @@ class BlockedObject:
         want = sorted(set(numbers))
         if not want:
             return {}
+        out = self._checked(self._read(want))
+        with self._lock:
+            for block, data in out.items():
+                self._keep(block, data)
+        return out
+
+    def _read(self, want: list[int]) -> dict[int, bytes]:
+        """Blocks ``want`` (sorted, distinct) as the store returns them, in one ranged read, unchecked."""
         runs = _runs(want)
         ranges = [(self.block_range(a)[0], self.block_range(b)[1]) for a, b in runs]
         got = self._reader.read_ranges(self.url, ranges, coalesce_bytes=0)
@@ -145,15 +161,40 @@ class BlockedObject:
             for block in range(a, b + 1):
                 lo, hi = self.block_range(block)
                 out[block] = bytes(view[lo - base : hi - base]) if a != b else bytes(data)
-        for block, data in out.items():
-            if self._check is not None:
-                self._check(block, data)
         with self._lock:
             self.requests += 1
             self.fetched_bytes += sum(len(d) for d in out.values())
-            for block, data in out.items():
-                self._keep(block, data)
         return out
+
+    def _checked(self, got: dict[int, bytes]) -> dict[int, bytes]:
+        """``got``, fetched blocks, once each has passed ``check``: a block that fails is fetched again, once; it is
+        used when it passes then (corrupted in transit: recovered, said in a warning), else ``check`` raises."""
+        if self._check is None:
+            return got
+        failed = []
+        for block, data in got.items():
+            try:
+                self._check(block, data)
+            except ValueError:
+                failed.append(block)
+        if not failed:
+            return got
+        again = self._read(failed)
+        with self._lock:
+            self.refetched += len(failed)
+        for block in failed:
+            self._check(block, again[block], again=True)  # the stored object itself is wrong: its error
+            lo, hi = self.block_range(block)
+            log.warning(
+                "storage: %s: block %d (bytes %d..%d) failed its checksum as fetched and passed when fetched again:"
+                " corrupted in transit, recovered",
+                self.url,
+                block,
+                lo,
+                hi - 1,
+            )
+            got[block] = again[block]
+        return got
 
     def read(self, start: int, end: int) -> bytes:
         """The bytes ``[start, end)`` of the object."""

@@ -6,23 +6,32 @@ extra ``remote``). :func:`store_for` picks it from a location (:mod:`detsampler.
 
 Invariants: ``read_ranges(url, ranges)`` returns exactly the bytes ``[start, end)`` of each range, in order, or raises;
 ``put`` is atomic (a reader sees the old object, or none, or all of the new one: a local file is renamed into place,
-an object PUT or multipart upload becomes visible only once complete); a request that fails is retried with exponential
-backoff (:class:`RetryPolicy`), and when the retries run out a :class:`StorageError` names the object and the cause.
+an object PUT or multipart upload becomes visible only once complete); a request that fails for a reason that may pass
+(no answer, a lost connection, a 5xx but 501 and 505, 408 or 429 status) is retried with exponential backoff
+(:class:`RetryPolicy`), each retry logged (logger ``detsampler.storage``: the object, the request, the cause, the time
+left), and when the retries run out a :class:`StorageError` names the object, the retries made and the cause; any other
+failure is not retried. A range the object does not hold (it is empty or shorter: HTTP 416, or fewer bytes returned) is
+refused naming the object's size and the range wanted.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
-from collections.abc import Sequence
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from detsampler.atomic import atomic_write
 from detsampler.storage.urls import Location, join, parse_location
 
 __all__ = [
+    "CreateOnlyUnsupportedError",
     "LocalStore",
     "ObjectNotFoundError",
     "ObjectStore",
@@ -34,6 +43,8 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("detsampler.storage")
+T = TypeVar("T")
 COALESCE_BYTES = 1 << 20  # a remote store merges ranges closer than this into one request (0: only what is asked)
 
 
@@ -43,6 +54,10 @@ class StorageError(OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object that does not exist."""
+
+
+class CreateOnlyUnsupportedError(StorageError):
+    """A create-only write (:meth:`ObjectStore.create`) asked of a store that offers none."""
 
 
 @runtime_checkable
@@ -78,6 +93,24 @@ def _check_ranges(url: str, ranges: Sequence[tuple[int, int]]) -> list[tuple[int
     return out
 
 
+def _too_short(url: str, size: int, ranges: Sequence[tuple[int, int]]) -> StorageError:
+    """The error of a read of ``ranges`` reaching past the end of an object of ``size`` bytes (not retried)."""
+    a, b = next(((a, b) for a, b in ranges if b > size), ranges[-1])
+    return _ShortObjectError(
+        f"{url}: the object is {'empty' if size == 0 else 'truncated'}: it holds {size} bytes, and bytes [{a}, {b})"
+        " were wanted",
+        size,
+    )
+
+
+class _ShortObjectError(StorageError):
+    """A read past the end of an object (``size``: the object's bytes)."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class LocalStore:
     """Files on a local or POSIX-shared filesystem (``url``: a path or ``file://`` URL)."""
 
@@ -97,7 +130,10 @@ class LocalStore:
         ranges = _check_ranges(url, ranges)
         try:
             with open(self._path(url), "rb") as f:
-                return [os.pread(f.fileno(), b - a, a) for a, b in ranges]
+                out = [os.pread(f.fileno(), b - a, a) for a, b in ranges]
+                if any(len(data) != b - a for (a, b), data in zip(ranges, out)):
+                    raise _too_short(url, os.fstat(f.fileno()).st_size, ranges)
+                return out
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{url}: does not exist") from None
 
@@ -141,31 +177,38 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_retries < 0 or min(self.init_backoff_s, self.max_backoff_s) <= 0:
             raise ValueError(f"Got {self!r}: max_retries must be >= 0 and the backoffs > 0")
-        if min(self.retry_timeout_s, self.request_timeout_s) <= 0:
-            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds")
+        times = (self.init_backoff_s, self.max_backoff_s, self.retry_timeout_s, self.request_timeout_s)
+        if not all(math.isfinite(t) for t in times) or min(self.retry_timeout_s, self.request_timeout_s) <= 0:
+            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds, and every time finite")
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         env = os.environ
         fields: dict[str, Any] = {}
-        for name, field, cast in (
-            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int),
-            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float),
-            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float),
+        for name, field, cast, rule in (
+            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int, "an integer >= 0"),
+            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float, "a number of seconds, finite and > 0"),
+            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float, "a number of seconds, finite and > 0"),
         ):
             if env.get(name):
                 try:
-                    fields[field] = cast(env[name])
+                    value = cast(env[name])
                 except ValueError:
-                    raise ValueError(f"Got {name}={env[name]!r}, it must be a number") from None
+                    value = None
+                # NOTE: inf or nan seconds passed here and failed every request later, naming no setting
+                if value is None or not math.isfinite(value) or value < 0 or (cast is float and value == 0):
+                    raise ValueError(f"Got {name}={env[name]!r}, it must be {rule}") from None
+                fields[field] = value
         return cls(**fields)
 
     def client_options(self, allow_http: bool) -> dict:
         return {"allow_http": allow_http, "timeout": timedelta(seconds=self.request_timeout_s)}
 
     def retry_config(self) -> dict:
+        """The client's own retry settings: none (NOTE: :class:`ObjectStore` retries each request itself, so that
+        every retry is logged with the time left; the client's retries are silent)."""
         return {
-            "max_retries": self.max_retries,
+            "max_retries": 0,
             "backoff": {
                 "init_backoff": timedelta(seconds=self.init_backoff_s),
                 "max_backoff": timedelta(seconds=self.max_backoff_s),
@@ -228,23 +271,73 @@ class ObjectStore:
             self._clients[key] = client
         return client
 
-    def _fail(self, url: str, what: str, exc: BaseException) -> StorageError:
+    def _call(self, url: str, what: str, request: Callable[[], T], ranges: Sequence[tuple[int, int]] = ()) -> T:
+        """``request()``, retried while its failure may pass and the policy allows: each retry is logged (the object,
+        the request, the cause, the wait and the time left), and the last failure is a :class:`StorageError` that
+        says how many retries were made in how long. ``ranges``: the byte ranges it reads (a 416 names them)."""
+        policy, start, retries = self.retry, time.monotonic(), 0
+        while True:
+            try:
+                return request()
+            except BaseException as exc:
+                panic = type(exc).__name__ == "PanicException"  # the client's Rust panic (a BaseException)
+                if not isinstance(exc, Exception) and not panic:
+                    raise
+                status = _status(exc)
+                if ranges and (status == 416 or panic):  # a range past the end: 416, or a panic slicing a merged one
+                    size = self.size(url)
+                    if any(b > size for _, b in ranges):
+                        raise _too_short(url, size, ranges) from None
+                if not _transient(exc, status):
+                    raise self._fail(url, what, exc) from None
+                elapsed = time.monotonic() - start
+                wait = min(policy.init_backoff_s * 2**retries, policy.max_backoff_s)
+                left = policy.retry_timeout_s - elapsed
+                if retries >= policy.max_retries or wait >= left:
+                    raise self._fail(url, what, exc, (retries, elapsed)) from None
+                retries += 1
+                log.warning(
+                    "storage: %s: %s failed (%s); retry %d of at most %d in %.1f s, %.1f s left of the %g s allowed",
+                    url,
+                    what,
+                    self._why(exc, 200),
+                    retries,
+                    policy.max_retries,
+                    wait,
+                    left,
+                    policy.retry_timeout_s,
+                )
+                time.sleep(wait)
+
+    def _why(self, exc: BaseException, limit: int = 400) -> str:
+        """The cause of a failed request in one line (a timeout said as such)."""
+        text = str(exc)
+        why = " ".join(text.split("\n\nDebug source")[0].split())[:limit]
+        if "kind: Timeout" in text or "TimedOut" in text:
+            why = f"no answer within the request timeout of {self.retry.request_timeout_s:g} s: {why}"
+        return f"{type(exc).__name__}: {why}"
+
+    def _fail(self, url: str, what: str, exc: BaseException, retried: tuple[int, float] | None = None) -> StorageError:
         if isinstance(exc, StorageError):  # refused before any request (a forked process)
             return exc
+        if isinstance(exc, FileNotFoundError) and what in _WRITES:  # a write creates its object: no bucket to put it in
+            loc = parse_location(url)
+            kind = "container" if loc.scheme in _CONTAINERS else "bucket"  # NOTE: Azure's was called a bucket
+            return StorageError(f"{url}: {what} failed: the {kind} {loc.bucket!r} does not exist (create it first)")
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{url}: does not exist ({what})")
-        why = " ".join(str(exc).split("\n\nDebug source")[0].split())
+        if retried is None:
+            return StorageError(f"{url}: {what} failed, a failure that is not retried ({self._why(exc)})")
+        retries, elapsed = retried
         return StorageError(
-            f"{url}: {what} failed after up to {self.retry.max_retries} retries within {self.retry.retry_timeout_s:g} s"
-            f" ({type(exc).__name__}: {why[:400]})"
+            f"{url}: {what} failed after {retries} {'retry' if retries == 1 else 'retries'} in {elapsed:.1f} s (at"
+            f" most {self.retry.max_retries} within {self.retry.retry_timeout_s:g} s: DETSAMPLER_STORAGE_MAX_RETRIES,"
+            f" DETSAMPLER_STORAGE_RETRY_TIMEOUT_S) ({self._why(exc)})"
         )
 
     def size(self, url: str) -> int:
         loc = parse_location(url)
-        try:
-            return int(_obstore().head(self._client(loc), loc.key)["size"])
-        except Exception as exc:
-            raise self._fail(url, "HEAD", exc) from None
+        return int(self._call(url, "HEAD", lambda: _obstore().head(self._client(loc), loc.key))["size"])
 
     def read_ranges(
         self, url: str, ranges: Sequence[tuple[int, int]], *, coalesce_bytes: int = COALESCE_BYTES
@@ -254,45 +347,50 @@ class ObjectStore:
         ranges = _check_ranges(url, ranges)
         loc = parse_location(url)
         nonempty = [(a, b) for a, b in ranges if b > a]
-        try:
-            got = (
-                _obstore().get_ranges(
+        what = f"ranged GET of {len(nonempty)} ranges"
+        got = (
+            self._call(
+                url,
+                what,
+                lambda: _obstore().get_ranges(
                     self._client(loc),
                     loc.key,
                     starts=[a for a, _ in nonempty],
                     ends=[b for _, b in nonempty],
                     coalesce=int(coalesce_bytes),
-                )
-                if nonempty
-                else []
+                ),
+                nonempty,
             )
-        except Exception as exc:
-            raise self._fail(url, f"ranged GET of {len(nonempty)} ranges", exc) from None
+            if nonempty
+            else []
+        )
         it = iter(got)
         out = [bytes(next(it)) if b > a else b"" for a, b in ranges]
-        for (a, b), data in zip(ranges, out):
-            if len(data) != b - a:
-                raise StorageError(f"{url}: bytes [{a}, {b}) returned {len(data)} bytes: the object is shorter")
+        if any(len(data) != b - a for (a, b), data in zip(ranges, out)):
+            raise _too_short(url, self.size(url), ranges)
         return out
 
     def read_head(self, url: str, num_bytes: int) -> tuple[bytes, int]:
         """The first ``num_bytes`` bytes of the object (fewer when it is shorter) and its size, in one request (the
         whole object for ``num_bytes`` < 0)."""
         loc = parse_location(url)
-        try:
-            options = {"range": (0, num_bytes)} if num_bytes >= 0 else {}
+        options = {"range": (0, num_bytes)} if num_bytes >= 0 else {}
+
+        def get() -> tuple[bytes, int]:
             got = _obstore().get(self._client(loc), loc.key, options=options)
             return bytes(got.bytes()), int(got.meta["size"])
-        except Exception as exc:
-            raise self._fail(url, "GET", exc) from None
+
+        try:
+            return self._call(url, "GET", get, [(0, num_bytes)] if num_bytes > 0 else ())
+        except _ShortObjectError as exc:
+            if exc.size == 0:  # an empty object holds no first bytes (HTTP 416): the caller checks its size
+                return b"", 0
+            raise
 
     def version(self, url: str) -> tuple:
         """What changes whenever the object is written: its size, ETag and last write time."""
         loc = parse_location(url)
-        try:
-            meta = _obstore().head(self._client(loc), loc.key)
-        except Exception as exc:
-            raise self._fail(url, "HEAD", exc) from None
+        meta = self._call(url, "HEAD", lambda: _obstore().head(self._client(loc), loc.key))
         return int(meta["size"]), str(meta.get("e_tag")), str(meta.get("last_modified"))
 
     def exists(self, url: str) -> bool:
@@ -306,25 +404,74 @@ class ObjectStore:
         loc = parse_location(url)
         prefix = f"{loc.key}/" if loc.key else ""
         base = f"{loc.scheme}://{loc.bucket}"
-        try:
+
+        def listing() -> list[str]:
             pages = _obstore().list(self._client(loc), prefix=prefix or None)
             return sorted(join(base, meta["path"]) for page in pages for meta in page)
-        except Exception as exc:
-            raise self._fail(url, "LIST", exc) from None
+
+        return self._call(url, "LIST", listing)
 
     def put(self, url: str, data: bytes | Path) -> None:
         loc = parse_location(url)
+        self._call(url, "PUT", lambda: _obstore().put(self._client(loc), loc.key, data))
+
+    def put_tagged(
+        self, url: str, data: bytes | Path | Iterable[bytes], *, multipart: bool | None = None
+    ) -> str | None:
+        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none). ``data`` may
+        be an iterable of bytes, read once, in order, as it is sent: an exception it raises ends the upload before it
+        completes (a single PUT is never sent, a multipart upload is aborted) and is raised. ``multipart``: whether to
+        upload in parts (obstore's default: a file over 5 MiB, or an iterable)."""
+        loc = parse_location(url)
         try:
-            _obstore().put(self._client(loc), loc.key, data)
+            return _obstore().put(self._client(loc), loc.key, data, use_multipart=multipart).get("e_tag")
         except Exception as exc:
             raise self._fail(url, "PUT", exc) from None
 
-    def delete(self, url: str) -> None:
+    def create(self, url: str, data: bytes) -> bool:
+        """Write ``data`` at ``url`` only if no object is there: one conditional PUT (``If-None-Match: *``; Azure's
+        equivalent). True when written, False when an object was there already (nothing written). Raises
+        :class:`CreateOnlyUnsupportedError` when the store offers no create-only write (obstore's ``NotImplemented``:
+        e.g. S3 with ``AWS_CONDITIONAL_PUT=disabled``, an HTTP server)."""
+        from obstore.exceptions import AlreadyExistsError
+
         loc = parse_location(url)
         try:
-            _obstore().delete(self._client(loc), loc.key)
+            _obstore().put(self._client(loc), loc.key, data, mode="create")
+        except AlreadyExistsError:
+            return False
+        except NotImplementedError:
+            raise CreateOnlyUnsupportedError(f"{url}: this store does not support create-only writes") from None
         except Exception as exc:
-            raise self._fail(url, "DELETE", exc) from None
+            raise self._fail(url, "create-only PUT", exc) from None
+        return True
+
+    def delete(self, url: str) -> None:
+        loc = parse_location(url)
+        self._call(url, "DELETE", lambda: _obstore().delete(self._client(loc), loc.key))
+
+
+_WRITES = ("PUT", "create-only PUT")  # requests that create their object (a "not found" names the bucket)
+_CONTAINERS = ("az", "abfs", "abfss")  # Azure Blob storage: objects live in containers (S3 and GCS: buckets)
+_STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status a failed request got, when it got one."""
+    match = _STATUS.search(str(exc))
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+def _transient(exc: BaseException, status: int | None) -> bool:
+    """Whether a failure may pass when the request is made again: no answer or a lost connection (the client's
+    ``GenericError`` without a status), a server error (5xx but 501 and 505), a timeout (408) or throttling (429). Not:
+    a missing object, refused credentials, a bad request, a refusal before any request (a forked process)."""
+    if isinstance(exc, (StorageError, FileNotFoundError, PermissionError)):
+        return False
+    if type(exc).__name__ not in ("GenericError", "JoinError") and not isinstance(exc, (TimeoutError, ConnectionError)):
+        return False
+    # NOTE: 501 (Not Implemented: a read-only HTTP server's PUT) and 505 say the server never does it: not retried
+    return status is None or (status >= 500 and status not in (501, 505)) or status in (408, 429)
 
 
 _LOCAL = LocalStore()

@@ -103,8 +103,7 @@ def load_corpus(
     if source is None:
         ds = default_corpus()
     else:
-        check_local_path(source, "data")
-        ds = _load_local(Path(source), cache_dir)
+        ds = _load_local(Path(check_local_path(source, "data")), cache_dir)
     check_text_column(ds, text_column)
     return ds
 

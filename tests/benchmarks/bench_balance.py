@@ -1,4 +1,4 @@
-"""Benchmark 19: the compute-balanced plan (issue 34): per-rank cost, modeled and measured, and what balancing costs.
+"""Benchmark 20: the compute-balanced plan (issue 34): per-rank cost, modeled and measured, and what balancing costs.
 
 The corpus: the default corpus's token lengths (the standard library, 1,790 documents, tokenized as ``make demo``
 does), tiled ``--copies`` times, plus 0.5% long documents (log-uniform between 16k and 512k tokens, seeded): a
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         ),
     ]
     return BenchResult(
-        number=19,
+        number=20,
         title="A compute-balanced plan: per-rank cost, modeled and measured",
         method=__doc__.split("\n\n", 1)[1].split("\n\nUsage")[0],
         tables=[modeled, *measured, timing, sft],

@@ -233,6 +233,25 @@ def test_a_resume_onto_other_data_is_refused(small_index):
         other.position_of_grain_state(iter(data_loader(PlanSource(ds, plan, NUM_STEPS), 0, 1)).get_state())
 
 
+def test_a_state_whose_step_is_not_its_records_is_refused(small_index):
+    """Issue 31: a Grain state naming step 7 over the record of step 5 resumed at 7 (torchtitan's loader refuses
+    this); so did another samples_in_step, and a record edited by hand (world_size 2 -> 4). Each is refused naming
+    the state, the record's value and the state's."""
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=5, global_batch_size=8, micro_batch_size=2)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    saved = source.state_dict(5)
+    with pytest.raises(ValueError, match=r"the Grain state: the record's step 5 is not this checkpoint's step 7"):
+        source.resume_position({**saved, "step": 7})
+    mid = source.state_dict(2, samples_in_step=4, world_size=2)
+    with pytest.raises(ValueError, match=r"the record's samples_in_step 4 is not this checkpoint's 0"):
+        source.resume_position({**mid, "samples_in_step": 0})
+    edited = json.dumps({**json.loads(saved["data_record"]), "world_size": 4})
+    with pytest.raises(ValueError, match=r"the Grain state: the data record fails its seal \(record_sha256\)"):
+        source.resume_position({**saved, "data_record": edited})
+    assert source.resume_position(saved) == (5, 0) and source.resume_position(mid) == (2, 4)
+
+
 def test_bad_positions_and_shards_are_refused(small_index):
     ds = dataset(small_index)
     plan = ramp_plan(ds)
@@ -378,3 +397,30 @@ def test_a_balanced_plan_deals_its_one_rank_micro_batches_to_the_processes(small
         assert union(per_process, s) == sorted(plan.global_batch(s).tolist())
     cells = sample_costs(plan.balance, one.stream, one.step_positions(0)).reshape(8, 2).sum(axis=1)
     assert cells.max() / cells.mean() < 1.1  # the one-rank deal: micro batches of near-equal cost
+
+
+def test_a_position_of_a_rank_outside_the_world_or_of_a_fractional_step_is_refused(small_index):
+    """Issue 31 (re-run): `position_of_map_state(state, rank=5, world_size=2)` returned `{"step": 2, "samples_in_step":
+    -4}` and rank -1 a position as if valid; a state or start of step 7.9 (or True) resumed at step 7 (1); a Grain state
+    whose `last_seen_indices` is empty was `max() arg is an empty sequence`; a negative `next_index` named an internal
+    record."""
+    ds = dataset(small_index)
+    source = PlanSource(ds, ramp_plan(ds), NUM_STEPS)
+    assert source.position_of_map_state({"next_index": 3}, 1, 2) == {"step": 2, "samples_in_step": 4}
+    for rank in (5, 2, -1, True):
+        with pytest.raises(ValueError, match=re.escape(f"Got rank {rank!r}, allowed ranks are in [0, 2)")):
+            source.position_of_map_state({"next_index": 3}, rank, 2)
+    with pytest.raises(ValueError, match=re.escape("the Grain state's next_index must be an integer >= 0, got -4")):
+        source.position_of_map_state({"next_index": -4}, 0, 2)
+    state = source.state_dict(2)
+    for step in (2.5, True, "2"):
+        with pytest.raises(ValueError, match=re.escape(f"the Grain state's step must be an integer, got {step!r}")):
+            source.resume_position({**state, "step": step})
+        with pytest.raises(ValueError, match=re.escape(f"start's step must be an integer, got {step!r}")):
+            data_loader(source, 0, 1, start={"step": step})
+    with pytest.raises(ValueError, match=re.escape("start must be a step (an integer) or a state, got 2.5")):
+        data_loader(source, 0, 1, start=2.5)
+    assert source.resume_position(state) == (2, 0)
+    grain_state = json.loads(iter(data_loader(source, 0, 1)).get_state())
+    with pytest.raises(ValueError, match="not a Grain DataLoader iterator state"):
+        source.position_of_grain_state(json.dumps({**grain_state, "last_seen_indices": {}}))

@@ -6,8 +6,10 @@ data record each checkpoint saves and the resume check, in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -21,13 +23,14 @@ from transformers import LlamaForCausalLM, TrainingArguments  # noqa: E402
 from detsampler import LayoutConfig, PackedDataset, Plan  # noqa: E402
 from detsampler.integrations.hf import (  # noqa: E402
     CausalLMCollator,
+    DetsamplerDataRecord,
     DetsamplerTrainer,
     causal_lm_collator,
     prepare_data_loader,
 )
 from detsampler.layout import make_layout  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
-from detsampler.record import RECORD_FILE, DataRecord  # noqa: E402
+from detsampler.record import HF_STATE_KEY, RECORD_FILE, DataRecord, record_sha256  # noqa: E402
 from tests.tiny_llama import tiny_llama  # noqa: E402
 
 SEQ_LEN = 32
@@ -224,13 +227,20 @@ def test_a_trainer_step_computes_the_next_token_cross_entropy_of_its_samples(sma
     assert record.fingerprint.index == small_index.fingerprint
 
 
+def _name_in_trainer_state(checkpoint, global_step: int, record: bytes) -> None:
+    """A trainer_state.json at ``global_step`` naming the sha256 of ``record`` as the integration does."""
+    named = {HF_STATE_KEY: {"args": {"sha256": record_sha256(record)}, "attributes": {}}}
+    state = {"global_step": global_step, "stateful_callbacks": named}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+
+
 def test_resume_checks_the_checkpoints_data_record(small_index, tmp_path):
     ds = dataset(small_index, "bestfit")
     plan = Plan(len(ds), seed=0, global_batch_size=4, micro_batch_size=2)
     checkpoint = tmp_path / "checkpoint-3"
     checkpoint.mkdir()
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
-    DataRecord.of(3, ds.index, ds.layout, plan.with_world(2, 1), framework="hf").save(checkpoint)
+    saved = DataRecord.of(3, ds.index, ds.layout, plan.with_world(2, 1), framework="hf").save(checkpoint)
+    _name_in_trainer_state(checkpoint, 3, saved.read_bytes())
     model = llama(small_index.vocab_size)
 
     def check(ds, plan, **kwargs):
@@ -255,6 +265,69 @@ def test_resume_checks_the_checkpoints_data_record(small_index, tmp_path):
     os.remove(checkpoint / RECORD_FILE)
     with pytest.raises(ValueError, match="holds no detsampler data record"):
         check(ds, plan)
+
+
+def test_a_checkpoint_record_edited_copied_or_out_of_step_is_refused(small_index, tmp_path, capsys):
+    """Issue 31, a real Trainer's checkpoint-2 (trainer_state.json names the sha256 of its record): the record with its
+    step edited by hand (2 -> 5), checkpoint-1's record copied in, another run's record of step 2 copied in (it was
+    shown as this run), a re-sealed record of step 5 with trainer_state.json rewritten to name it, another run's record
+    in a copy without trainer_state.json. The resume check and the audit refuse each, naming the file; the checkpoint
+    as saved resumes."""
+    import shutil
+
+    from detsampler.cli import main
+
+    ds = dataset(small_index, "bestfit")
+
+    def run(out, seed=4, steps=2, resume=None):
+        settings = dict(output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, save_steps=1)
+        args = TrainingArguments(**settings, gradient_accumulation_steps=2, use_cpu=True, report_to=[])
+        the_plan = Plan(len(ds), seed=seed, global_batch_size=4, micro_batch_size=2)
+        trainer = _Recording(model=llama(small_index.vocab_size), args=args, train_dataset=ds, plan=the_plan)
+        trainer.seen = []
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    trainer = run(tmp_path / "run")
+    saved = tmp_path / "run" / "checkpoint-2"
+    state = json.loads((saved / "trainer_state.json").read_text())
+    original = (saved / RECORD_FILE).read_bytes()
+    assert state["stateful_callbacks"][HF_STATE_KEY]["args"]["sha256"] == record_sha256(original)
+    assert DetsamplerDataRecord.__name__ == HF_STATE_KEY  # the Trainer keys the state by the callback's class name
+    run(tmp_path / "other", seed=9)
+    resealed = dataclasses.replace(DataRecord.load(saved), step=5).to_json().encode()
+    named = "its sha256 is not the one trainer_state.json records"
+    faults = {
+        "edited": (original.replace(b'"step": 2', b'"step": 5'), named),
+        "copied": ((saved.parent / "checkpoint-1" / RECORD_FILE).read_bytes(), named),
+        "another run": ((tmp_path / "other" / "checkpoint-2" / RECORD_FILE).read_bytes(), named),
+        "re-sealed": (resealed, "the record's step 5 is not this checkpoint's step 2 (its directory name checkpoint-2"),
+    }
+    for name, (data, message) in faults.items():
+        checkpoint = tmp_path / name / "checkpoint-2"
+        shutil.copytree(saved, checkpoint)
+        (checkpoint / RECORD_FILE).write_bytes(data)
+        if name == "re-sealed":
+            _name_in_trainer_state(checkpoint, 2, data)
+        with pytest.raises(ValueError, match=re.escape(f"{checkpoint / RECORD_FILE}: {message}")):
+            trainer.check_data_resume(str(checkpoint))
+        with pytest.raises(SystemExit):
+            main(["show", "--checkpoint", str(checkpoint)])
+        assert f"{checkpoint / RECORD_FILE}: {message}" in capsys.readouterr().err, name
+    # Issue 31 (re-review): without trainer_state.json, another run's record of step 2 passed its directory name
+    bare = tmp_path / "no-trainer-state" / "checkpoint-2"
+    shutil.copytree(saved, bare)
+    (bare / "trainer_state.json").unlink()
+    (bare / RECORD_FILE).write_bytes((tmp_path / "other" / "checkpoint-2" / RECORD_FILE).read_bytes())
+    said = f"{bare / RECORD_FILE}: its Hugging Face checkpoint has no trainer_state.json"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        trainer.check_data_resume(str(bare))
+    with pytest.raises(SystemExit):
+        main(["show", "--checkpoint", str(bare)])
+    assert said in capsys.readouterr().err
+    resumed = run(tmp_path / "run", steps=3, resume=str(saved))
+    assert [s for s, _, _ in resumed.seen] == [2, 2]
+    assert DataRecord.load(tmp_path / "run" / "checkpoint-3").step == 3
 
 
 def test_a_dataset_whose_data_is_unknown_needs_the_index_and_layout(small_index, tmp_path):

@@ -86,3 +86,60 @@ def test_load_state_dict_checks_the_data_record(small_index):
     assert old.start_step == 3
     with pytest.raises(ValueError, match="pass index= and layout="):
         DetsamplerDataModule(torch.utils.data.TensorDataset(torch.zeros(len(ds), 8)), plan)
+
+
+def test_a_state_step_other_than_its_records_or_an_edited_record_is_refused(small_index):
+    """Issue 31: a state naming step 7 over the record of step 5 resumed at 7; a record edited by hand (world_size
+    2 -> 4) loaded as written. Both are refused naming the state."""
+    ds = dataset(small_index, "bestfit")
+    plan = Plan(len(ds), seed=0, global_batch_size=8, micro_batch_size=8)
+    record = DataRecord.of(5, ds.index, ds.layout, plan.with_world(2, 2), framework="lightning").to_dict()
+    with pytest.raises(ValueError, match=r"DetsamplerDataModule state: the record's step 5 is not this checkpoint's "):
+        DetsamplerDataModule(ds, plan).load_state_dict({"step": 7, "data_record": record})
+    with pytest.raises(ValueError, match=r"DetsamplerDataModule state: the data record fails its seal"):
+        DetsamplerDataModule(ds, plan).load_state_dict({"step": 5, "data_record": {**record, "world_size": 4}})
+    module = DetsamplerDataModule(ds, plan)
+    module.load_state_dict({"step": 5, "data_record": record})
+    assert module.start_step == 5
+
+
+def test_a_checkpoint_holding_another_checkpoints_datamodule_state_is_refused(small_index, tmp_path, capsys):
+    """Issue 31: a real Lightning checkpoint after 2 steps whose datamodule state is the one saved after step 1 (a
+    whole valid state, copied): Lightning resumed at global_step 2 and the sampler at step 1, training step 2 on step
+    1's data in silence. The resume is refused naming both steps, and so is its audit."""
+    from detsampler.cli import main
+
+    ds = dataset(small_index, "bestfit")
+    plan = Plan(len(ds), seed=5, global_batch_size=4, micro_batch_size=4)
+
+    def fit(max_steps, ckpt_path=None):
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=max_steps,
+            accumulate_grad_batches=2,
+            use_distributed_sampler=False,
+            logger=False,
+            callbacks=[L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+        )
+        module = _Recording(tiny_llama(small_index.vocab_size))
+        module.seen = []
+        trainer.fit(module, datamodule=DetsamplerDataModule(ds, plan), ckpt_path=ckpt_path)
+        return module.seen
+
+    fit(2)
+    first, second = sorted(tmp_path.glob("*.ckpt"), key=lambda p: torch.load(p, weights_only=False)["global_step"])
+    saved = torch.load(second, weights_only=True)  # as the CLI reads it: Lightning states both steps, as ints
+    assert type(saved["global_step"]) is int and saved["DetsamplerDataModule"]["step"] == saved["global_step"] == 2
+    forged = torch.load(second, weights_only=False)
+    forged["DetsamplerDataModule"] = torch.load(first, weights_only=False)["DetsamplerDataModule"]
+    torch.save(forged, tmp_path / "forged.ckpt")
+    with pytest.raises(ValueError, match=r"the sampler would start at step 1 but Lightning resumes at global_step 2"):
+        fit(3, str(tmp_path / "forged.ckpt"))
+    with pytest.raises(SystemExit):
+        main(["show", "--checkpoint", str(tmp_path / "forged.ckpt")])
+    assert "the record's step 1 is not this checkpoint's step 2 (global_step)" in capsys.readouterr().err
+    assert [s for s, _ in fit(3, str(second))] == [2, 2]  # the checkpoint as saved resumes

@@ -312,6 +312,22 @@ def test_a_state_without_a_data_record_is_refused_unless_allowed(small_index):
     json.loads(allowed.state_dict()["data_record"])
 
 
+def test_an_edited_or_truncated_data_record_is_refused_naming_the_state(small_index):
+    """Issue 31: a record edited by hand (world_size 2 -> 4, step and state kept) loaded as written; a truncated one
+    raised a JSONDecodeError naming nothing."""
+    first = build([small_index.path], 2, 0)
+    train_steps([first, build([small_index.path], 2, 1)], 3)
+    state = first.state_dict()
+    edited = json.dumps({**json.loads(state["data_record"]), "world_size": 4})
+    loader = build([small_index.path], 1, 0)
+    with pytest.raises(ValueError, match=r"data loader state: the data record fails its seal \(record_sha256\)"):
+        loader.load_state_dict({**state, "data_record": edited})
+    with pytest.raises(ValueError, match=r"data loader state: not valid JSON \(.*\): the file is truncated"):
+        loader.load_state_dict({**state, "data_record": state["data_record"][:100]})
+    loader.load_state_dict(state)
+    assert loader.state_dict()["step"] == 3
+
+
 def test_config_errors_are_named(small_index):
     with pytest.raises(ValueError, match="index_paths names no index"):
         build([], 1, 0)

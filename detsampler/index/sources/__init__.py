@@ -72,8 +72,8 @@ def open_source(
         raise ValueError(f"source kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     if eos not in EOS_SOURCE_MODES:
         raise ValueError(f"eos must be one of {', '.join(EOS_SOURCE_MODES)}, got {eos!r}")
-    if not _in_object_store(path):  # a URL of another scheme (hf://, ...) is refused by name
-        check_local_path(path, f"{kind} source")
+    if not _in_object_store(path):  # file:// is the local path; a URL of another scheme (hf://, ...) is refused by name
+        path = check_local_path(path, f"{kind} source")
     if tokenizer is not None:
         for name in ("eos_id", "pad_id", "vocab_size"):
             options.setdefault(name, getattr(tokenizer, name))

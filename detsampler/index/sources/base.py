@@ -7,17 +7,20 @@ stored token sits at its EOS position (``lengths[d] = stored - 1``), so samples 
 added or dropped; with ``eos="virtual"`` an EOS (``eos_id``) is read after each document's stored tokens. The
 ``identity`` hashes the files' sizes, their small index files whole and sampled blocks of the token file, never a path.
 The first open reads the token file once (:func:`scan_source`: per 64 KiB chunk its id bounds, the EOS boundaries of a
-flat file, documents that do not end in the EOS), cached under the stat of every file with its ctime, so that a write
-(its mtime restored or not) is scanned again; every open refuses ids outside the vocabulary and the signs of a foreign
-format (:func:`check_scan`).
+flat file, documents that do not end in the EOS), cached under the stat of every file with its ctime (an object: its
+size and strong ETag), so that a write (its mtime restored or not) is scanned again; an object whose server sends no
+strong ETag is scanned at every open, never cached; a damaged cached scan is scanned again and replaced. Every open
+refuses ids outside the vocabulary and the signs of a foreign format (:func:`check_scan`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import uuid
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +43,8 @@ __all__ = [
     "sampled_sha256",
     "scan_source",
 ]
+
+logger = logging.getLogger("detsampler")
 
 EOS_SOURCE_MODES = ("real", "virtual")
 _BLOCK = 1 << 16  # bytes per sampled block of a token file
@@ -262,17 +267,24 @@ class SourceScan:
     first_bad_end: int
 
 
-def _stamp(files: Sequence[Path]) -> str:
-    """The files' device, inode, size, mtime and ctime. ctime cannot be set from user space, so any write (its mtime
-    restored or not) names another cache entry; a copy (new inode and ctime) is scanned again: content decides."""
+def _stamp(files: Sequence[Path | RemotePath]) -> tuple[str | None, str | None]:
+    """(the files' stamp, None), or (None, the URL of an object no stamp can be trusted for).
+
+    A file: its device, inode, size, mtime and ctime. ctime cannot be set from user space, so any write (its mtime
+    restored or not) names another cache entry; a copy (new inode and ctime) is scanned again: content decides. An
+    object: its URL, size and version (ETag and time of the last write), where its server sends a strong ETag (which
+    changes with the bytes, RFC 9110); without one (a plain HTTP server: Last-Modified alone, to the second) or with a
+    weak one (``W/``), an edit that keeps the size and time would keep the stamp: no stamp."""
     remote = [f for f in files if isinstance(f, RemotePath)]
-    if remote:  # an object: its URL, size and version (ETag and time of the last write)
-        return hashlib.sha256(repr([(str(f), store_for(str(f)).version(str(f))) for f in remote]).encode()).hexdigest()[
-            :16
-        ]
+    if remote:
+        versions = [(str(f), store_for(str(f)).version(str(f))) for f in remote]
+        for url, (_, etag, _) in versions:
+            if etag in ("None", "") or etag.startswith("W/"):
+                return None, url
+        return hashlib.sha256(repr(versions).encode()).hexdigest()[:16], None
     stats = [os.stat(f) for f in files]
     key = [(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats]
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16], None
 
 
 @contextlib.contextmanager
@@ -353,41 +365,79 @@ def scan_source(
 ) -> SourceScan:
     """One pass over ``token_file`` (see :class:`SourceScan`): document starts from ``starts()`` (a metadata parse) or
     split after each ``split_eos``; with ``end_eos``, the documents whose last token is not it. Kept in
-    ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stat (with ctime) of every one of its ``files``,
-    with a CRC-32 of its arrays checked on every load, so that only the first open of a file pays for the pass. The
-    cache file is written atomically; an unwritable cache only means scanning again."""
+    ``$DETSAMPLER_CACHE/sources`` under the source's identity and the stamp of every one of its ``files``
+    (:func:`_stamp`), with a CRC-32 of its arrays checked on every load, so that only the first open of a file pays
+    for the pass. A cached scan that cannot be read or fails its CRC is scanned again with one warning line and
+    replaced (written atomically); an object whose server sends no strong ETag is scanned at every open, never cached
+    (one warning line says why); an unwritable cache only means scanning again."""
     files = [as_path(f) for f in files]
+
+    def scan() -> SourceScan:
+        return _scan(token_file, dtype, num_tokens, starts() if starts is not None else None, split_eos, end_eos)
+
+    stamp, untrusted = _stamp(files)
+    if stamp is None:
+        logger.warning(
+            "detsampler: %s: the server sends no strong ETag, so an edit that keeps the object's size and time could"
+            " not be told from a cached scan: scanned again at every open, not cached",
+            untrusted,
+        )
+        return scan()
     mode = f"{dtype.name}-split{split_eos}-end{end_eos}"
-    name = f"{kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{_stamp(files)}-v{_SCAN_VERSION}"
+    name = f"{kind}-{identity[:32]}-{hashlib.sha256(mode.encode()).hexdigest()[:8]}-{stamp}-v{_SCAN_VERSION}"
     path = default_cache_dir() / "sources" / f"{name}.npz"
-    fields = ("starts", "chunk_min", "chunk_max", "ints")
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in fields}
-                crc = int(z["crc"])
-            if crc == _crc(arrays):
-                ints = arrays["ints"]
-                return SourceScan(arrays["starts"], arrays["chunk_min"], arrays["chunk_max"], *map(int, ints))
-        except (ValueError, OSError, KeyError, TypeError):
-            pass  # a damaged cache file: scan again and rewrite it
-    given = starts() if starts is not None else None
-    scan = _scan(token_file, dtype, num_tokens, given, split_eos, end_eos)
+    cached = _load_scan(path)
+    if cached is not None:
+        return cached
+    found = scan()
+    _save_scan(path, found)
+    return found
+
+
+_SCAN_FIELDS = ("starts", "chunk_min", "chunk_max", "ints")
+
+
+def _load_scan(path: Path) -> SourceScan | None:
+    """The scan cached at ``path``; None when there is none, or (with one warning line) when it cannot be read or
+    fails its CRC-32 (a bit flip, a truncation: the caller scans again and replaces it)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in _SCAN_FIELDS}
+            crc = int(z["crc"])
+        if crc != _crc(arrays):
+            raise ValueError("its CRC-32 does not match its arrays")
+        ints = arrays["ints"]
+        return SourceScan(arrays["starts"], arrays["chunk_min"], arrays["chunk_max"], *map(int, ints))
+    except (ValueError, OSError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        why = " ".join(str(exc).split())
+        logger.warning(
+            "detsampler: the cached scan %r is damaged (%s: %s): scanned again, and the cache replaced",
+            str(path),
+            type(exc).__name__,
+            why,
+        )
+        return None
+
+
+def _save_scan(path: Path, scan: SourceScan) -> None:
+    """Write ``scan`` at ``path`` atomically (a temporary file renamed over it); an unwritable cache is skipped."""
     arrays = {
         "starts": scan.starts,
         "chunk_min": scan.chunk_min,
         "chunk_max": scan.chunk_max,
         "ints": np.array([scan.odd_max, scan.bad_ends, scan.first_bad_end], dtype=np.int64),
     }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
         with open(tmp, "wb") as f:
             np.savez(f, crc=np.int64(_crc(arrays)), **arrays)
         os.replace(tmp, path)
     except OSError:
-        pass
-    return scan
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _crc(arrays: dict[str, np.ndarray]) -> int:
