@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: demo demo-sft test bench venv clean format gpu-check
+.PHONY: demo demo-sft demo-vlm test bench venv clean format gpu-check
 
 # Rewrite the code in the house format (what `make test` checks).
 format: $(VENV)/.installed
@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train]"
 	$(PY) -m pip install -q --no-deps "torchtitan==0.3.0"
+	# the multimodal peer (issue 33): its imports are in the test extra; its s3fs dependency is left out (see there)
+	$(PY) -m pip install -q --no-deps "megatron-energon==7.4.1"
 	# Microsoft's Azure Storage emulator, for the az:// tests (tests/more_servers.py); skipped where npm is missing
 	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node "azurite@3.35.0"; \
 	else echo "npm not found: the az:// tests (azurite) will be skipped"; fi
@@ -35,12 +37,18 @@ test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
+# ARGS: the demo's options, e.g. make demo ARGS="--set data.balance=true" (a compute-balanced plan, issue 34)
 demo: $(VENV)/.installed
-	$(PY) -m train.demo
+	$(PY) -m train.demo $(ARGS)
 
 # Supervised fine-tuning (train/configs/sft.toml) on a local chat corpus: killed, resumed, compared (under a minute).
 demo-sft: $(VENV)/.installed
-	$(PY) -m train.demo_sft
+	$(PY) -m train.demo_sft $(ARGS)
+
+# A tiny Qwen2-VL (random weights, built from its config) on a local image-text corpus: killed, resumed, then resumed
+# on one rank; every step's global batch (pixels included) compared (a few minutes on 2 cores).
+demo-vlm: $(VENV)/.installed
+	$(PY) -m train.demo_vlm
 
 # The GPU check (issue 26), on a GPU machine with the packages of scripts/gpu_wheels.sh on PYTHONPATH (no .venv: the
 # machine's own python3 and torch); docs/usage.md, "The GPU check".

@@ -7,10 +7,17 @@ A document's content is what the index tokenized from its row:
   with no trailing newline), as since issue 24;
 - a chat row (an index built with a loss policy: a ``messages`` column, or ``prompt`` / ``completion`` columns): the
   row's rendered columns, ``{column: value}``; the hash is the sha256 of :func:`canonical_json` of that mapping. Other
-  columns of the row (an id, a source) are not content and are left out.
+  columns of the row (an id, a source) are not content and are left out;
+- a multimodal document (a media index's): :func:`media_content`, ``{"text": text}`` or ``{"messages": conversation}``
+  and ``"images"``, the sha256 (hex) of each image's bytes in document order; the hash is the sha256 of its
+  :func:`canonical_json`, whatever the columns or tar members held them (the media build records it per document).
 
-Invariant: :func:`documents_by_content` is the one function that resolves hashes to document ids; every caller (the
-CLI, the trainer, the API) goes through it, so another way of naming documents (an id column) goes beside it.
+Documents are also named by a value of any id column the dataset has (a ``conversation_id``, a ticket number: how a
+takedown request arrives): :func:`documents_by_id`, beside it.
+
+Invariant: :func:`documents_by_content` is the one function that resolves hashes to document ids, and
+:func:`documents_by_id` the one that resolves id values; every caller (the CLI, the trainer, the API) goes through
+them.
 """
 
 from __future__ import annotations
@@ -23,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["canonical_json", "content_columns", "content_hash", "documents_by_content", "documents_by_content_hash"]
+__all__ = [
+    "canonical_json",
+    "content_columns",
+    "content_hash",
+    "documents_by_content",
+    "documents_by_content_hash",
+    "documents_by_hashes",
+    "documents_by_id",
+    "media_content",
+]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -57,6 +73,13 @@ def content_hash(content: str | Mapping[str, Any]) -> str:
     if isinstance(content, Mapping):
         return hashlib.sha256(canonical_json(content)).hexdigest()
     raise TypeError(f"a content hash covers a text (str) or a row (a mapping of columns), got {type(content).__name__}")
+
+
+def media_content(text: str | None, images: Sequence[bytes], messages: Any = None) -> dict:
+    """A multimodal document's content (see the module doc): its ``text`` (or, for chat data, ``messages``, the
+    conversation as its row holds it) and the sha256 of each image's bytes, in document order."""
+    digests = [hashlib.sha256(bytes(data)).hexdigest() for data in images]
+    return {"images": digests, **({"text": text} if messages is None else {"messages": messages})}
 
 
 def content_columns(text_column: str, chat: Any = None) -> str | tuple[str, ...]:
@@ -125,9 +148,59 @@ def documents_by_content(dataset: Any, hashes: Sequence[str], columns: str | tup
     return _matching(_hashes(dataset, columns), hashes, _describe(columns))
 
 
+def documents_by_hashes(found: Sequence[str], hashes: Sequence[str], what: str) -> list[int]:
+    """The positions of ``found`` (every document's content hash, hex, as recorded) that are one of ``hashes``,
+    sorted; a hash on none is an error naming it and ``what`` the hashes cover."""
+    _check_hashes(hashes)
+    return _matching(found, hashes, what)
+
+
 def documents_by_content_hash(contents: Sequence[str | Mapping[str, Any]], hashes: Sequence[str]) -> list[int]:
     """The positions in ``contents`` (each document's text, or its row of rendered columns) whose
     :func:`content_hash` is one of ``hashes``, sorted; see :func:`documents_by_content`, which reads them from a
     dataset."""
     _check_hashes(hashes)
     return _matching([content_hash(c) for c in contents], hashes, "sha256 of its text, or of its row's canonical JSON")
+
+
+def _check_ids(ids: Sequence[str | int]) -> list[str]:
+    """``ids`` (strings or integers, at least one) in their string form, the form an id column's values are compared
+    in (so ``"7004"`` typed at a command line names the integer 7004)."""
+    ok = not isinstance(ids, (str, bytes, Mapping)) and isinstance(ids, (Sequence, np.ndarray)) and len(ids) > 0
+    if not ok or not all(isinstance(i, (str, int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in ids):
+        raise ValueError(f"ids must be a list of strings or integers (the values of an id column), got {ids!r}")
+    return [str(int(i)) if not isinstance(i, str) else i for i in ids]
+
+
+def _id_values(dataset: Any, column: str) -> np.ndarray:
+    """The string form of every row's ``column`` value (None where the row holds none); a ValueError names a missing
+    column or the first value that is not an id (a string or an integer)."""
+    names = list(getattr(dataset, "column_names", None) or [])
+    if column not in names:
+        raise ValueError(f"the dataset has no column {column!r} (its columns: {names}): give the column of the ids")
+    values = list(dataset[column])
+    out = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):
+        if value is None:
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, int, np.integer)):
+            raise ValueError(
+                f"row {row}: column {column!r} holds {type(value).__name__} ({value!r}), not an id: an id column holds"
+                " strings or integers"
+            )
+        out[row] = value if isinstance(value, str) else str(int(value))
+    return out
+
+
+def documents_by_id(dataset: Any, column: str, ids: Sequence[str | int]) -> list[int]:
+    """The document ids (rows of ``dataset``, the index's) whose ``column`` value is one of ``ids``, sorted. Values are
+    compared in their string form (an integer column's 7004 is named by ``7004`` or ``"7004"``); a row whose value is
+    null is named by no id; an id on several rows names each of them; an id on none is an error that names it. Cost: one
+    read of the column."""
+    wanted = _check_ids(ids)
+    values = _id_values(dataset, column)
+    hit = np.isin(values, np.asarray(wanted, dtype=object))
+    missing = sorted(set(wanted) - set(values[hit].tolist()))
+    if missing:
+        raise ValueError(f"ids {missing} name no document of the index's dataset (its column {column!r})")
+    return np.flatnonzero(hit).tolist()

@@ -1,152 +1,102 @@
-"""Reading a batch of samples' spans into the packed dataset's four fields at once (numpy only), no per-token Python.
+"""Reading a batch of samples' spans into the packed dataset's four fields in one vectorized pass (numpy only).
 
 Given :class:`~detsampler.layout.Spans` for B samples and, per span, where its document's tokens start in a flat token
 array and how many tokens the document has, :func:`pack_fields` lays the spans' positions out in ``[B, sample_len]``
 rows: position ``lengths[d]`` of document ``d`` reads ``eos_id`` (the EOS is virtual, never stored), or with
 ``eos_stored`` the stored token there (the document's own last token: a real EOS, or a pre-tokenized corpus's
 separator); cells after a sample's last span are padding (``pad_id``, document -1). tests/gather_reference.py holds the
-straightforward form it must equal.
+straightforward form it must equal, tests/pack_reference.py the per-span path it replaced (equal byte for byte, masks
+included: tests/test_pack_pass.py).
+
+The pass (:mod:`detsampler.cells` for the first two steps): the spans' cells computed over arrays of spans; the
+batch's stored tokens joined into the whole grid in the stored dtype (one memory-view slice per span); then each field
+written from that grid once: the input ids and the labels by one widening copy each (with a loss mask, a multiply-add
+for the labels), the position ids by one broadcast copy (restarting: one ``np.repeat``), the document ids by one
+``np.repeat`` over the pieces (a slice per span when there are at most four), padding by a slice per padded row.
+Nothing is done per token in Python.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from detsampler.layout import Spans
-from detsampler.ranges import concat_ranges
+from detsampler.cells import Cells, fits, joined, lay_out, restarted, token_ranges, widened
+from detsampler.spans import Spans
 
-__all__ = ["FIELDS", "IGNORE_INDEX", "pack_fields", "pack_tokens", "token_ranges"]
+__all__ = [
+    "FIELDS",
+    "IGNORE_INDEX",
+    "Cells",
+    "lay_out",
+    "pack_fields",
+    "pack_tokens",
+    "token_ranges",
+]  # Cells, lay_out and
+# token_ranges: from detsampler.cells, where they live
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # the label of a position that has no next token to predict
-_UNCACHED_CELLS = 1 << 17  # from this many cells (1 MiB of int64) a whole-grid pass costs more than a slice per piece
-_FEW_SPANS = 64  # at least this many cells per span on average: a slice copy per span beats building addresses
+_FEW_PIECES = 4  # up to this many spans, a slice write per piece beats a whole-grid np.repeat
 
 
-def _check_spans(spans: Spans, per_sample: np.ndarray, sample_len: int, doc_lengths: np.ndarray) -> None:
-    if per_sample.size and int(per_sample.max()) > sample_len:
-        raise ValueError(f"a sample spans {int(per_sample.max())} positions, more than sample_len={sample_len}")
-    past_eos = spans.stops > doc_lengths + 1
-    if past_eos.any():
-        j = int(np.argmax(past_eos))
-        raise ValueError(
-            f"span of document {int(spans.doc_ids[j])} reaches position {int(spans.stops[j]) - 1}, but the document has"
-            f" only {int(doc_lengths[j])} tokens and an EOS: the layout does not match the index"
-        )
+def _token_grid(cells: Cells, flat, eos_id: int, pad_id: int) -> tuple[np.ndarray, bool]:
+    """``[B, sample_len]`` tokens (the stored dtype, or int64 where ``eos_id`` does not fit it) and whether the padding
+    cells already hold ``pad_id``."""
+    dtype = flat.dtype if isinstance(flat, np.ndarray) else np.dtype(getattr(flat, "dtype", np.int64))
+    if not fits(eos_id, dtype):
+        flat, dtype = widened(flat, cells), np.dtype(np.int64)
+        cells = restarted(cells)
+    padded = fits(pad_id, dtype)
+    grid = joined(flat, cells, eos_id, pad_id if padded else 0)
+    return grid.reshape(cells.num_samples, cells.sample_len), padded
 
 
-def _with_padding(spans: Spans, span_len: np.ndarray, per_sample: np.ndarray, sample_len: int):
-    """The spans with a padding piece (document -1) after each sample's last span, so that their lengths tile the
-    flattened ``[B, sample_len]`` grid; and which pieces are real spans. Without padding, the spans themselves."""
-    pad = sample_len - per_sample
-    if not pad.any():
-        return span_len, spans.doc_ids.astype(np.int64, copy=False), None
-    at = spans.offsets[1:]
-    real = np.insert(np.ones(span_len.size, dtype=bool), at, False)
-    return np.insert(span_len, at, pad), np.insert(spans.doc_ids.astype(np.int64, copy=False), at, -1), real
+@lru_cache(maxsize=16)
+def _ramp(n: int) -> np.ndarray:
+    """``arange(n)`` (int64, read-only), made once per length."""
+    out = np.arange(n, dtype=np.int64)
+    out.setflags(write=False)
+    return out
 
 
-def _grid(out: np.ndarray, num_samples: int, sample_len: int, labels_cross_documents: bool) -> np.ndarray:
-    """Where the ``[B, sample_len]`` grid of cells is laid out: the input ids when a sample is one window; for a
-    window shifted into inputs and labels (``sample_len == seq_len + 1``), the memory of the labels and position ids
-    (not written yet), so that no temporary is allocated; else a new array."""
-    seq_len = out.shape[2]
-    if sample_len == seq_len:
-        return out[0]
-    if labels_cross_documents and sample_len == seq_len + 1 and out.flags.c_contiguous:
-        return out[1:3].reshape(-1)[: num_samples * sample_len].reshape(num_samples, sample_len)
-    return np.empty((num_samples, sample_len), dtype=np.int64)
+def _pieces(cells: Cells, doc_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The pieces that tile the flattened grid, in order: ``(length, document)`` (-1 on padding; None without
+    ``doc_ids``)."""
+    if not cells.padded:
+        return cells.length, None if doc_ids is None else doc_ids.astype(np.int64, copy=False)
+    n = cells.length.size
+    length = np.empty(2 * n + 1, dtype=np.int64)
+    length[0], length[1::2], length[2::2] = cells.lead, cells.length, cells.gap
+    if doc_ids is None:
+        return length, None
+    doc = np.full(2 * n + 1, -1, dtype=np.int64)
+    doc[1::2] = doc_ids
+    return length, doc
 
 
-def _fill_suffixes(grid: np.ndarray, first: np.ndarray, value: int) -> None:
-    """``grid[i, first[i]:] = value`` for each row ``i`` with ``first[i] < width`` (a slice per such row)."""
-    width = grid.shape[1]
-    for i in np.flatnonzero(first < width).tolist():
-        grid[i, max(int(first[i]), 0) :] = value
+def _write_documents(cells: Cells, doc_ids: np.ndarray, document_ids: np.ndarray) -> bool:
+    """Each span's document into ``document_ids`` (``[B, L]``, the first ``L`` columns of each ``sample_len`` row):
+    a slice per span when there are few (then True: the padding is left to :func:`_write_padding`), else one
+    ``np.repeat`` over the pieces, -1 on padding (False)."""
+    B, width, sample_len = cells.num_samples, document_ids.shape[1], cells.sample_len
+    if cells.length.size <= _FEW_PIECES:  # the spans alone (each within a row): padding by _write_padding
+        for g, m, d in zip(cells.begin.tolist(), cells.length.tolist(), doc_ids.tolist()):
+            row, col = divmod(g, sample_len)
+            document_ids[row, col : min(col + m, width)] = d
+        return True
+    length, doc = _pieces(cells, doc_ids)
+    if sample_len == width:  # the grid is the field's own shape: written through a flat view
+        document_ids.reshape(-1)[:] = np.repeat(doc, length)
+    else:
+        document_ids[:] = np.repeat(doc, length).reshape(B, sample_len)[:, :width]
+    return False
 
 
-def _fill_tokens(
-    grid: np.ndarray, grid_begin: np.ndarray, reads: np.ndarray, src: np.ndarray, read, mask: tuple | None = None
-) -> None:
-    """Write the stored tokens of each span into ``grid`` (flat): span ``j``'s first ``reads[j]`` cells get
-    ``flat[src[j] : src[j] + reads[j]]`` where ``flat = read(src, src + reads)`` (an array, or anything that takes an
-    integer index array). With ``mask = (mask_grid, mask_read)``, the same cells of ``mask_grid`` get the same ranges
-    of ``mask_read``'s array, in the same pass."""
-    flat = _plain(read(src, src + reads))
-    mask_grid, mask_flat = (None, None) if mask is None else (mask[0], _plain(mask[1](src, src + reads)))
-    if isinstance(flat, np.ndarray) and reads.size * _FEW_SPANS <= grid.size:  # else one call (e.g. a sharded array)
-        if mask_grid is None:
-            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
-                if m:
-                    grid[g : g + m] = flat[a : a + m]
-        else:
-            for g, a, m in zip(grid_begin.tolist(), src.tolist(), reads.tolist()):
-                if m:
-                    to, of = slice(g, g + m), slice(a, a + m)
-                    grid[to] = flat[of]
-                    mask_grid[to] = mask_flat[of]
-    elif reads.size:
-        keep = reads > 0
-        cells, at = concat_ranges(grid_begin[keep], reads[keep])[0], concat_ranges(src[keep], reads[keep])[0]
-        grid[cells] = flat[at]
-        if mask_grid is not None:
-            mask_grid[cells] = mask_flat[at]
-
-
-def _plain(flat):
-    """A memory map as a plain view: slicing a memmap subclass costs a Python call per slice."""
-    return flat.view(np.ndarray) if isinstance(flat, np.memmap) else flat
-
-
-def _span_sizes(spans: Spans, sample_len: int, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each span's number of positions, its first cell when the spans are laid end to end, and each sample's number of
-    positions, checked against ``sample_len`` and the documents."""
-    span_len = (spans.stops - spans.starts).astype(np.int64, copy=False)
-    cum = np.zeros(span_len.size + 1, dtype=np.int64)
-    np.cumsum(span_len, out=cum[1:])
-    per_sample = cum[spans.offsets[1:]] - cum[spans.offsets[:-1]]
-    _check_spans(spans, per_sample, sample_len, doc_lengths)
-    return span_len, cum[:-1], per_sample
-
-
-def token_ranges(
-    spans: Spans, doc_starts: np.ndarray, doc_lengths: np.ndarray, eos_stored: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """What a batch reads of the flat token array: span ``j`` reads elements ``[src[j], src[j] + reads[j])`` (int64;
-    ``reads[j]`` may be 0: a span of a virtual EOS alone). Exactly the reads :func:`pack_fields` and :func:`pack_tokens`
-    make (they call this), so an exact prefetcher (:mod:`detsampler.reads`) knows them beforehand."""
-    reads = np.maximum(np.minimum(spans.stops, doc_lengths + int(eos_stored)) - spans.starts, 0)
-    return doc_starts + spans.starts, reads.astype(np.int64, copy=False)
-
-
-def _write_tokens(
-    tokens: np.ndarray,
-    grid_begin: np.ndarray,
-    spans: Spans,
-    span_len: np.ndarray,
-    doc_starts: np.ndarray,
-    doc_lengths: np.ndarray,
-    read,
-    eos_id: int,
-    eos_stored: bool,
-    mask: tuple | None = None,
-) -> None:
-    """Span ``j``'s positions into ``tokens`` (flat) from cell ``grid_begin[j]``: its stored tokens, and at position
-    ``lengths[d]`` of its document ``eos_id`` (a virtual EOS) or, with ``eos_stored``, the stored token there. With
-    ``mask = (mask_grid, mask_read, mask_eos, mask_examples)``, the values of the array aligned with the tokens into
-    the same cells of ``mask_grid`` (flat, zeroed by the caller), ``mask_eos`` at a virtual EOS, and with
-    ``mask_examples`` 0 at each document's first position."""
-    src, reads = token_ranges(spans, doc_starts, doc_lengths, eos_stored)
-    _fill_tokens(tokens, grid_begin, reads, src, read, None if mask is None else mask[:2])
-    if not eos_stored:
-        eos_cells = (grid_begin + span_len - 1)[spans.stops == doc_lengths + 1]
-        tokens[eos_cells] = eos_id
-        if mask is not None:
-            mask[0][eos_cells] = mask[2]
-    if mask is not None and mask[3]:
-        # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
-        # predicted from another example (concat's label at the previous example's EOS), so it is never trained
-        mask[0][grid_begin[(spans.starts == 0) & (span_len > 0)]] = 0
+def _check_out(out: np.ndarray, shape: tuple[int, ...], what: str) -> None:
+    if out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"{what} must be a C-contiguous array of shape {shape}, got shape {out.shape}")
 
 
 def pack_fields(
@@ -167,96 +117,156 @@ def pack_fields(
     mask_read=None,
     mask_eos: int = 0,
     mask_examples: bool = False,
+    mask_labels: bool = False,
 ) -> np.ndarray:
-    """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 ``[4, B, seq_len]``); the values
-    are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields as the packed dataset
-    defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts one window into inputs
-    and labels; otherwise each span's last position and padding get :data:`IGNORE_INDEX`. ``read(starts, stops)``
-    returns the flat token array, having checked whatever it guards for those element ranges (the only ones read).
-    With ``mask_out`` (C-contiguous ``[B, sample_len]``), the positions' values of the array ``mask_read`` returns (a
-    loss mask aligned with the tokens) are laid out there in the same pass, cell for cell as the tokens (a virtual EOS
-    reads ``mask_eos``, padding 0). With ``mask_examples`` (each document is an example: chat data), a document's first
-    position reads 0 there: no label that the mask keeps predicts an example's first token, so none crosses from one
-    example into the next, whatever the layout (``concat`` included).
+    """Write the four :data:`FIELDS` of the samples of ``spans`` into ``out`` (int64 C-contiguous ``[4, B,
+    seq_len]``); the values are exactly those tests/gather_reference.py's ``gather_spans`` lays out, turned into fields
+    as the packed dataset defines them: ``concat`` (``labels_cross_documents``, ``sample_len == seq_len + 1``) shifts
+    one window into inputs and labels; otherwise (``sample_len == seq_len``) each span's last position and padding get
+    :data:`IGNORE_INDEX`. ``read(starts, stops)`` returns the flat token array, having checked whatever it guards for
+    those element ranges (the only ones read).
 
-    Cost: per span, one slice copy of its stored tokens (or, with spans of fewer than 64 cells on average, one
-    fancy-index gather); per piece, a slice write of its document and restarting positions where that beats a
-    whole-grid repeat; a slice per padded sample, and a few whole-grid passes; nothing per token in Python.
+    With ``mask_read`` (a reader of the same form for an array aligned with the tokens: a loss mask), its values are
+    laid out cell for cell as the tokens (a virtual EOS reads ``mask_eos``, padding 0), into ``mask_out`` when given
+    (C-contiguous ``[B, sample_len]``, any integer dtype). With ``mask_examples`` (each document is an example: chat
+    data), a document's first position reads 0 there: no label that the mask keeps predicts an example's first token,
+    so none crosses from one example into the next, whatever the layout (``concat`` included). With ``mask_labels``
+    the labels are masked in the same pass: a label is :data:`IGNORE_INDEX` wherever the mask at the position it
+    predicts is 0 (any other value trains), so that the loss mask is ``labels != IGNORE_INDEX``.
+
+    Cost: :func:`lay_out` (a dozen calls over arrays of spans), one ``bytes.join`` of a memory-view slice per span and
+    one per virtual EOS or run of padding (and as many for the mask), one widening copy per field from the joined grid
+    (with ``mask_labels``, a multiply-add for the labels instead), the pieces' documents and positions by one
+    ``np.repeat`` each (a slice per span when there are at most four), padding by a slice per padded row: nothing per
+    token in Python.
     """
     num_samples, L = len(spans), seq_len
-    doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
-    piece_len, piece_doc, real = _with_padding(spans, span_len, per_sample, sample_len)
-    if real is None:  # no padding: the pieces are the spans, which tile the flat grid
-        piece_begin = grid_begin = span_begin
-    else:
-        piece_begin = np.cumsum(piece_len) - piece_len  # pieces tile the flat grid
-        grid_begin = piece_begin[real]
-    input_ids, labels, position_ids, document_ids = out
-    grid = _grid(out, num_samples, sample_len, labels_cross_documents)
-    tokens = grid.reshape(-1)
-    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
-    _write_tokens(tokens, grid_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
-    _fill_suffixes(grid, per_sample, pad_id)
-    if labels_cross_documents:
-        last = grid[:, L].copy()  # the grid may lie in the labels' memory: read it all before writing them
-        input_ids[:] = grid[:, :L]
-        labels[:, :-1], labels[:, -1] = input_ids[:, 1:], last
-        _fill_suffixes(labels, per_sample - 1, IGNORE_INDEX)
-    else:
-        flat = labels.reshape(-1)
-        flat[:-1] = tokens[1:]
-        flat[(grid_begin + span_len - 1)[span_len > 0]] = IGNORE_INDEX  # each span's last cell
-        _fill_suffixes(labels, per_sample, IGNORE_INDEX)
-        labels[:, -1] = IGNORE_INDEX
-    restart = position_ids if restart_position_ids else None
-    if piece_len.size * _FEW_SPANS <= grid.size and (restart is not None or grid.size >= _UNCACHED_CELLS):
-        _fill_pieces(document_ids, restart, piece_begin, piece_len, piece_doc, sample_len)
-    else:
-        document_ids[:] = np.repeat(piece_doc, piece_len).reshape(num_samples, sample_len)[:, :L]
-        if restart is not None:
-            pos = np.arange(num_samples * sample_len, dtype=np.int64) - np.repeat(piece_begin, piece_len)
-            position_ids[:] = pos.reshape(num_samples, sample_len)[:, :L]
-            _fill_suffixes(position_ids, per_sample, 0)
-    if restart is None:
-        position_ids[:] = np.arange(L, dtype=np.int64)
+    if sample_len != L + int(bool(labels_cross_documents)):
+        raise ValueError(
+            f"sample_len={sample_len} with seq_len={L}: a concat sample holds seq_len + 1 positions, any other seq_len"
+        )
+    _check_out(out, (len(FIELDS), num_samples, L), "out")
+    cells = lay_out(spans, sample_len, doc_starts, doc_lengths, eos_stored)
+    flat = read(cells.src, cells.src + cells.reads)
+    mask = _mask_cells(cells, spans, mask_read, mask_out, mask_eos, mask_examples, mask_labels)
+    tokens, padded = _token_grid(cells, flat, eos_id, pad_id)
+    _write_inputs(out[0], tokens, L)
+    _write_labels(cells, out[1], tokens, mask if mask_labels else None)
+    sliced = _write_documents(cells, spans.doc_ids, out[3])
+    _write_positions(cells, out[2], restart_position_ids)
+    _write_padding(cells, out, labels_cross_documents, restart_position_ids, None if padded else pad_id, sliced)
     return out
 
 
-def _mask_args(mask_out: np.ndarray | None, mask_read, mask_eos: int, mask_examples: bool) -> tuple | None:
-    """``(flat mask grid zeroed, reader, EOS value, examples)`` for :func:`_write_tokens`, or None without
-    ``mask_out``."""
-    if mask_out is None:
-        return None
-    if not mask_out.flags.c_contiguous or mask_read is None:
-        raise ValueError("mask_out must be C-contiguous, and comes with mask_read")
-    mask_out.fill(0)
-    return mask_out.reshape(-1), mask_read, mask_eos, bool(mask_examples)
+def _write_inputs(input_ids: np.ndarray, tokens: np.ndarray, seq_len: int) -> None:
+    """The input ids: each row's first ``seq_len`` tokens, widened to int64."""
+    input_ids[:] = tokens[:, :seq_len]
 
 
-def _fill_pieces(
-    document_ids: np.ndarray,
-    position_ids: np.ndarray | None,
-    begin: np.ndarray,
-    length: np.ndarray,
-    doc: np.ndarray,
-    sample_len: int,
+def _write_labels(cells: Cells, labels: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+    """The labels: the next position's token (``concat``: the window shifted by one; otherwise within the flat grid,
+    then IGNORE_INDEX at each span's last cell), and IGNORE_INDEX where ``mask`` (the laid-out mask, optional) is 0 at
+    the position predicted. Padding is written by :func:`_write_padding`."""
+    num_samples, sample_len = tokens.shape
+    keep = None if mask is None else mask != 0
+    if sample_len == labels.shape[1] + 1:
+        _next_tokens(labels, tokens[:, 1:], None if keep is None else keep.reshape(num_samples, sample_len)[:, 1:])
+        return
+    flat_labels = labels.reshape(-1)
+    if not flat_labels.size:  # an empty micro batch (torchft's share while a group heals)
+        return
+    _next_tokens(flat_labels[:-1], tokens.reshape(-1)[1:], None if keep is None else keep[1:])
+    flat_labels[-1] = IGNORE_INDEX
+    ends = cells.begin + cells.length - 1
+    flat_labels[ends[cells.length > 0]] = IGNORE_INDEX  # each span's last cell
+
+
+def _write_positions(cells: Cells, position_ids: np.ndarray, restart: bool) -> None:
+    """Position ids: ``0 .. L-1`` in every row, or (``restart``) the position within each span's piece of its
+    document (padding is fixed by :func:`_write_padding`)."""
+    if not restart:
+        position_ids[:] = _ramp(position_ids.shape[1])
+        return
+    B, width, sample_len = cells.num_samples, position_ids.shape[1], cells.sample_len
+    if cells.length.size <= _FEW_PIECES:
+        ramp = _ramp(width)
+        for g, m in zip(cells.begin.tolist(), cells.length.tolist()):
+            row, col = divmod(g, sample_len)
+            stop = min(col + m, width)
+            if col < stop:
+                position_ids[row, col:stop] = ramp[: stop - col]
+        return
+    length, _ = _pieces(cells, None)
+    begin = np.empty(length.size, dtype=np.int64)
+    begin[0] = 0
+    np.add.accumulate(length[:-1], out=begin[1:])
+    if sample_len == width:  # the grid is the field's own shape: written through a flat view, no temporary
+        np.subtract(_ramp(B * sample_len), np.repeat(begin, length), out=position_ids.reshape(-1))
+    else:
+        within = _ramp(B * sample_len) - np.repeat(begin, length)
+        position_ids[:] = within.reshape(B, sample_len)[:, :width]
+
+
+def _write_padding(
+    cells: Cells, out: np.ndarray, labels_cross_documents: bool, restart: bool, pad_id: int | None, documents: bool
 ) -> None:
-    """Write each piece's document (and, given ``position_ids``, its restarting positions; 0 on padding) into the
-    cells it covers: piece ``j`` covers ``[begin[j], begin[j] + length[j])`` of the flattened ``[B, sample_len]`` grid,
-    within one row, whose first ``document_ids.shape[1]`` columns are kept. A slice per piece, no whole-grid
-    temporary."""
-    width = document_ids.shape[1]
-    ramp = np.arange(width, dtype=np.int64)
-    for g, m, d in zip(begin.tolist(), length.tolist(), doc.tolist()):
-        row, col = divmod(g, sample_len)
-        stop = min(col + m, width)
-        if col >= stop:
-            continue
-        document_ids[row, col:stop] = d
-        if position_ids is not None:
-            position_ids[row, col:stop] = ramp[: stop - col] if d >= 0 else 0
+    """Padding (each padded row's tail), a slice write per row: IGNORE_INDEX in the labels (``concat``: from the
+    position before on, which predicts padding) and 0 in restarting position ids (one write for both; without restart
+    the positions keep ``0 .. L-1``); ``pad_id`` in the input ids unless None (the joined grid holds it already), and
+    -1 in the document ids when ``documents`` (the ``np.repeat`` of the pieces wrote it already otherwise)."""
+    if not cells.padded:
+        return
+    first, width = cells.per_sample, out.shape[2]
+    shift = int(bool(labels_cross_documents))
+    tail = np.array([IGNORE_INDEX, 0], dtype=np.int64)[:, None]
+    for i in np.flatnonzero(first - shift < width).tolist():
+        f = int(first[i])
+        if restart and not shift:
+            out[1:3, i, f:] = tail
+        else:
+            out[1, i, max(f - shift, 0) :] = IGNORE_INDEX
+            if restart:
+                out[2, i, f:] = 0
+        if pad_id is not None:
+            out[0, i, f:] = pad_id
+        if documents:
+            out[3, i, f:] = -1
+
+
+def _next_tokens(labels: np.ndarray, tokens: np.ndarray, keep: np.ndarray | None) -> None:
+    """``labels[:] = tokens`` (the next positions' tokens), and :data:`IGNORE_INDEX` where ``keep`` (bool, optional)
+    is False: ``(tokens + 100) * keep - 100`` in int64, three passes and no masked write (a boolean-mask assignment
+    costs twice as much on a mask of trained and untrained runs)."""
+    if keep is None:
+        labels[:] = tokens
+        return
+    np.add(tokens, -IGNORE_INDEX, out=labels, dtype=np.int64)
+    np.multiply(labels, keep, out=labels)
+    labels += IGNORE_INDEX
+
+
+def _mask_cells(
+    cells: Cells, spans: Spans, mask_read, mask_out: np.ndarray | None, mask_eos: int, examples: bool, labels: bool
+) -> np.ndarray | None:
+    """The mask values of the cells (flat ``[B * sample_len]``, writable; a virtual EOS reads ``mask_eos``, padding 0;
+    with ``examples`` a document's first position 0), read once right after the tokens and laid out in ``mask_out``
+    when given; None without ``mask_read``."""
+    if mask_read is None:
+        if mask_out is not None or labels:
+            raise ValueError("mask_out and mask_labels come with mask_read")
+        return None
+    if mask_out is None and not labels:
+        raise ValueError("mask_read comes with mask_out or mask_labels")
+    if mask_out is not None:
+        _check_out(mask_out, (cells.num_samples, cells.sample_len), "mask_out")
+    mask = joined(mask_read(cells.src, cells.src + cells.reads), cells, int(mask_eos), 0, writable=True)
+    if examples:
+        # NOTE: a document's first token has nothing of its own document before it: as a target it could only be
+        # predicted from another example (concat's label at the previous example's EOS), so it is never trained
+        mask[cells.begin[(spans.starts == 0) & (cells.length > 0)]] = 0
+    if mask_out is not None:
+        mask_out.reshape(-1)[:] = mask
+    return mask
 
 
 def pack_tokens(
@@ -279,21 +289,20 @@ def pack_tokens(
     ``out[:, :-1]`` and its labels ``out[:, 1:]``). Every sample must fill its ``sample_len`` positions (a ``concat``
     sample always does): there is no padding to mark without the other fields.
 
-    Cost: per span, one slice copy of its stored tokens (or one fancy-index gather, see :func:`pack_fields`); no
+    Cost: :func:`lay_out`, one ``bytes.join`` of the spans' stored tokens and one copy into ``out``; no other
     whole-grid pass. ``mask_out`` / ``mask_read`` / ``mask_eos`` / ``mask_examples``: as for :func:`pack_fields`.
     """
-    doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    span_len, span_begin, per_sample = _span_sizes(spans, sample_len, doc_lengths)
-    short = per_sample < sample_len
+    cells = lay_out(spans, sample_len, doc_starts, doc_lengths, eos_stored)
+    short = cells.per_sample < sample_len
     if short.any():
         raise ValueError(
-            f"sample {int(np.argmax(short))} of the batch holds {int(per_sample[short][0])} positions, fewer than"
+            f"sample {int(np.argmax(short))} of the batch holds {int(cells.per_sample[short][0])} positions, fewer than"
             f" sample_len={sample_len}: token ids alone cannot mark its padding (read the four fields instead)"
         )
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: its rows are written through one flat view")
-    # no padding: the spans tile the flat grid
-    mask = _mask_args(mask_out, mask_read, mask_eos, mask_examples)
-    _write_tokens(out.reshape(-1), span_begin, spans, span_len, doc_starts, doc_lengths, read, eos_id, eos_stored, mask)
+    flat = read(cells.src, cells.src + cells.reads)
+    _mask_cells(cells, spans, mask_read, mask_out, mask_eos, mask_examples, False)
+    tokens, _ = _token_grid(cells, flat, eos_id, 0)
+    out.reshape(-1)[:] = tokens.reshape(-1)
     return out

@@ -15,5 +15,6 @@ __all__ = ["sample_hash"]
 
 
 def sample_hash(sample_ids: np.ndarray) -> str:
-    """A short hash of a step's global sample ids in position order (the same for any number of ranks)."""
+    """A short hash of a step's global sample ids in position order (the same for any number of ranks; a balanced
+    plan's slots are put back in position order first, ``Plan.by_position``)."""
     return hashlib.sha256(np.ascontiguousarray(sample_ids, dtype="<i8").tobytes()).hexdigest()[:12]

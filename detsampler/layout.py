@@ -221,6 +221,9 @@ def _check_sample_ids(sample_ids: np.ndarray, num_samples: int) -> np.ndarray:
     if raw.dtype.kind not in "iu":
         raise ValueError(f"Got sample ids of dtype {raw.dtype}, sample ids must be integers")
     raw = raw.reshape(-1)
+    # NOTE: as uint64 a negative id is above every valid one: one reduction checks both ends
+    if raw.dtype == np.int64 and int(np.maximum.reduce(raw.view(np.uint64))) < num_samples:
+        return raw
     bad = (raw < 0) | (raw >= num_samples)  # in the ids' own dtype: a uint64 never wraps to a valid id
     if bad.any():
         raise ValueError(f"Got sample id {int(raw[bad][0])}, allowed sample ids are in [0, {num_samples})")
@@ -337,17 +340,17 @@ class ConcatLayout(_Ordered):
 
     def locate(self, sample_ids: np.ndarray) -> Spans:
         ids = _check_sample_ids(sample_ids, self.num_samples)
-        begin = ids * self.config.seq_len
-        end = begin + self.config.seq_len + 1
-        found = np.asarray(self.ends.searchsorted(np.concatenate([begin, end - 1]), side="right"), dtype=np.int64)
-        first, last = found[: len(ids)], found[len(ids) :]
-        pos, offsets = concat_ranges(first, last - first + 1)
+        L, n = self.config.seq_len, len(ids)
+        begin = ids * L  # a sample reads stream positions [begin, begin + L]: its documents are those found there
+        found = np.asarray(self.ends.searchsorted(np.concatenate([begin, begin + L]), side="right"), dtype=np.int64)
+        first = found[:n]
+        counts = found[n:] - first + 1
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.add.accumulate(counts, out=offsets[1:])
+        pos = np.arange(offsets[-1], dtype=np.int64) + np.repeat(first - offsets[:-1], counts)
         doc_begin, doc_end = _bounds(self.ends, pos)
-        extent = doc_end - doc_begin
-        counts = np.diff(offsets)
-        starts = np.maximum(np.repeat(begin, counts) - doc_begin, 0)
-        stops = np.minimum(np.repeat(end, counts) - doc_begin, extent)
-        return Spans(offsets, self._docs(pos), starts, stops)
+        rel = np.repeat(begin, counts) - doc_begin  # the sample's start, relative to each of its documents
+        return Spans(offsets, self._docs(pos), np.maximum(rel, 0), np.minimum(rel + (L + 1), doc_end - doc_begin))
 
     def describe(self) -> dict:
         used = self.num_samples * self.config.seq_len

@@ -51,10 +51,23 @@ def _source_layouts(mixture: Mixture, layout: Layout | Sequence[Layout] | Mixtur
     return layouts
 
 
+def _check_balance_layouts(plan: Plan, layouts: Sequence[Layout]) -> None:
+    """A balanced plan's costs come from its own layouts: they must describe the layouts it is read with."""
+    for k, (own, given) in enumerate(zip(plan.balance.layouts, layouts)):  # type: ignore[union-attr]
+        if own is not given and own.describe() != given.describe():
+            raise ValueError(
+                f"the plan balances by the spans of another layout than the one given (source {k}: {own.describe()}"
+                f" against {given.describe()}): build Balance over the layout the plan is read with"
+            )
+
+
 def check_compatible(plan: Plan, layout: Layout) -> None:
-    """Raise unless ``plan`` draws from exactly the samples of ``layout`` (for a mixture: of the sources' layouts)."""
+    """Raise unless ``plan`` draws from exactly the samples of ``layout`` (for a mixture: of the sources' layouts), and,
+    for a balanced plan, balances by that layout's spans."""
     if isinstance(plan.stream, Mixture):
-        _source_layouts(plan.stream, layout)
+        layouts = _source_layouts(plan.stream, layout)
+        if plan.balance is not None:
+            _check_balance_layouts(plan, layouts)
         return
     if plan.stream.num_samples != layout.num_samples:
         raise ValueError(
@@ -68,6 +81,8 @@ def check_compatible(plan: Plan, layout: Layout) -> None:
             f" but the plan has epoch_ids={not ordered}: build the plan with epoch_ids={ordered}, so that its sample"
             " ids carry their epoch exactly when the layout needs it"
         )
+    if plan.balance is not None:
+        _check_balance_layouts(plan, [layout])
 
 
 def locate(plan: Plan, layout: Layout, step: int, rank: int | None = None, micro_step: int | None = None) -> Located:

@@ -3,7 +3,8 @@
 ``permute(x, n, key, version)`` dispatches on the mapping version (:data:`detsampler.version.MAPPING_VERSION` by
 default): version 2 (:mod:`detsampler.permutation_v2`) is an exact keyed shuffle for ``n <= 1024`` and a mixed-radix
 Feistel network with modular addition above; version 1 (:mod:`detsampler.permutation_v1`) is the XOR Feistel network of
-the first release, kept unchanged so that runs started on it resume exactly.
+the first release, kept unchanged so that runs started on it resume exactly. Version 3 (a balanced plan,
+:mod:`detsampler.balance`) permutes as version 2 does.
 
 Invariants (tests/test_permutation.py, tests/test_permutation_stats.py):
 - ``permute(·, n, key, v)`` is a bijection of ``[0, n)`` for every ``n >= 1``, every 64-bit key and every version;
@@ -26,7 +27,8 @@ from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
 __all__ = ["MAX_DOMAIN", "Permutation", "check_mapping_version", "permute", "permute_within", "unpermute"]
 
 MAX_DOMAIN = 1 << 62
-_VERSIONS = {1: permutation_v1, 2: permutation_v2}
+# NOTE: version 3 changes which rank reads which of a step's samples (a balanced plan), not the permutation
+_VERSIONS = {1: permutation_v1, 2: permutation_v2, 3: permutation_v2}
 
 
 def _check_domain(n: int) -> None:

@@ -13,6 +13,12 @@ The steps: step ``s`` takes positions ``[consumed(s), consumed(s) + B(s))``, wit
 ``s`` and ``consumed(s)`` the sum of ``B`` over earlier steps. Within a step, micro step ``a`` and data-parallel rank
 ``r`` take the ``micro_batch_size`` positions starting at ``a * world_size * micro_batch_size + r * micro_batch_size``.
 
+Balance: ``Plan(..., balance=Balance(layout, cost))`` (mapping version 3) keeps each step's positions and deals them
+to the (micro step, rank, row) slots by their samples' modeled cost (:mod:`detsampler.balance`) instead of in position
+order: the step's samples are the same, only which rank reads which changes. Slot ``k`` of step ``s`` reads position
+``consumed(s) + order_s[k]``, ``order_s`` a pure function of the step's samples, their spans, the world size and the
+micro batch size; without balance ``order_s[k] = k``.
+
 Skip ranges: ``skip_steps=[(a, b), ...]`` (inclusive, in *data* steps: the steps of the stream above) name data that is
 never trained on. Training step ``s`` reads data step ``d(s)``, the ``s``-th data step (from 0) that lies in no range,
 and takes its batch size; without ranges ``d(s) = s`` and nothing changes. Every data step outside the ranges reads
@@ -34,12 +40,13 @@ from typing import Protocol
 
 import numpy as np
 
+from detsampler.balance import Balance, balanced_order, sample_costs
 from detsampler.checks import check_int, check_positive_int, is_int
 from detsampler.keys import stable_hash64, subkeys
 from detsampler.permutation import check_mapping_version, permute, permute_within
 from detsampler.redaction import Redaction, check_redaction_sources, normalize_redactions
 from detsampler.schedule import parse_step_schedule
-from detsampler.version import MAPPING_VERSION
+from detsampler.version import BALANCED_MAPPING_VERSION, MAPPING_VERSION
 
 __all__ = [
     "MAX_GLOBAL_BATCH_SIZE",
@@ -55,6 +62,7 @@ __all__ = [
 # (1.1e12 steps, 4.2M samples per step) is beyond any run, and their product 2**62 stays below 2**63.
 MAX_STEP = 2**40
 MAX_GLOBAL_BATCH_SIZE = 2**22
+_CACHED_ORDERS = 4  # a balanced plan keeps the slot orders of its last few data steps (the sampler asks step by step)
 
 
 class SampleStream(Protocol):
@@ -221,6 +229,9 @@ class Plan:
     the layout has ``epoch_order`` (its samples differ from epoch to epoch); :func:`~detsampler.locate.check_compatible`
     refuses a plan and a layout that disagree. A mixture qualifies the ids of its own ``epoch_order`` sources.
 
+    ``balance`` (:class:`~detsampler.balance.Balance`): each step's samples dealt to (rank, micro step) by their modeled
+    cost, mapping version 3 (the default when given; another version is refused). None: position order.
+
     ``seed`` keys the epoch shuffles of ``num_samples``; with ``source=`` it is unused (a mixture is keyed by its own
     seed),
     and :func:`~detsampler.resume.check_resume` lets a resume change it.
@@ -238,18 +249,21 @@ class Plan:
     batch_size_schedule: Sequence[tuple[int, int]] | None = None
     skip_steps: Sequence[tuple[int, int]] | None = None
     source: SampleStream | None = field(default=None, kw_only=True)
-    mapping_version: int = field(default=MAPPING_VERSION, kw_only=True)
+    mapping_version: int = field(default=None, kw_only=True)  # type: ignore[assignment]  # None: 2, or 3 balanced
     redactions: Sequence[Redaction] | None = field(default=None, kw_only=True)
     epoch_ids: bool = field(default=False, kw_only=True)
+    balance: Balance | None = field(default=None, kw_only=True)
     stream: SampleStream = field(init=False, repr=False, compare=False)
     _schedule: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _skips: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    _orders: dict[int, np.ndarray] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int(self.seed, "seed"))
         for name in ("global_batch_size", "micro_batch_size", "world_size"):
             check_int(getattr(self, name), name, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
-        object.__setattr__(self, "mapping_version", check_mapping_version(self.mapping_version))
+        object.__setattr__(self, "mapping_version", self._checked_version())
+        object.__setattr__(self, "_orders", {})
         object.__setattr__(self, "stream", self._unplaced_stream())
         schedule = self._normalized_schedule()
         for _, size in schedule:
@@ -272,6 +286,30 @@ class Plan:
         redactions = check_redaction_sources(redactions, self.stream)
         object.__setattr__(self, "redactions", redactions or None)
         object.__setattr__(self, "stream", self.stream.with_step_positions(self.data_consumed))
+        if self.balance is not None:
+            self.balance.check(self.stream)
+
+    def _checked_version(self) -> int:
+        """The mapping version: 3 for a balanced plan, else 2 unless given; a version that contradicts balance=
+        is refused."""
+        balanced = self.balance is not None
+        if balanced and not isinstance(self.balance, Balance):
+            raise ValueError(f"balance must be a Balance or None, got {type(self.balance).__name__}")
+        if self.mapping_version is None:
+            return BALANCED_MAPPING_VERSION if balanced else MAPPING_VERSION
+        version = check_mapping_version(self.mapping_version)
+        if balanced and version != BALANCED_MAPPING_VERSION:
+            raise ValueError(
+                f"a balanced plan is mapping version {BALANCED_MAPPING_VERSION} (it deals each step's samples to ranks"
+                f" by cost), got mapping_version={version}: leave mapping_version out, or resume a version {version}"
+                " run without balance"
+            )
+        if not balanced and version == BALANCED_MAPPING_VERSION:
+            raise ValueError(
+                f"mapping version {BALANCED_MAPPING_VERSION} is the balanced plan's: give balance=Balance(layout),"
+                f" or mapping_version={MAPPING_VERSION}"
+            )
+        return version
 
     def _unplaced_stream(self) -> SampleStream:
         if self.source is not None:
@@ -368,14 +406,55 @@ class Plan:
         return self.consumed(step) // self.stream.num_samples
 
     def step_positions(self, step: int) -> np.ndarray:
-        """The global positions of ``step``, in micro-step-major, then rank order."""
+        """The global positions of ``step``, in slot order: micro-step-major, then rank, then row (a balanced plan: a
+        permutation of the positions ``[consumed(step), consumed(step) + batch_size(step))``; else those in order)."""
         start = self.consumed(step)
-        return np.arange(start, start + self.batch_size(step), dtype=np.int64)
+        order = self.slot_order(step)
+        return start + order if order is not None else np.arange(start, start + self.batch_size(step), dtype=np.int64)
 
     def micro_batch_positions(self, step: int, micro_step: int, rank: int) -> np.ndarray:
         """The global positions that ``rank`` reads at ``micro_step`` of ``step``."""
         start = self._micro_batch_starts(step, micro_step, rank, 1)[0][0]
-        return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+        positions = np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+        return self._balanced(positions, step) if self.balance is not None else positions
+
+    # -- balance: which of a step's positions each slot reads
+    # ------------------------------------------------------------------------------
+
+    def slot_order(self, step: int) -> np.ndarray | None:
+        """None without balance; else the balanced order of training step ``step`` (read-only int64): slot ``k =
+        (micro_step * world_size + rank) * micro_batch_size + row`` reads position ``consumed(step) + order[k]``. A pure
+        function of the step's samples, their spans, ``world_size`` and ``micro_batch_size``
+        (:func:`~detsampler.balance.balanced_order`); O(B log B) per step, the last few steps' orders kept."""
+        if self.balance is None:
+            return None
+        d = self.data_step(step)
+        order = self._orders.get(d)
+        if order is None:
+            first_step, size, first_consumed = self._segment(d)
+            start = first_consumed + (d - first_step) * size
+            costs = sample_costs(self.balance, self.stream, np.arange(start, start + size, dtype=np.int64))
+            order = balanced_order(costs, self.world_size, self.micro_batch_size)
+            order.setflags(write=False)
+            if len(self._orders) >= _CACHED_ORDERS:
+                self._orders.clear()  # NOTE: bounded memory, whatever the number of steps
+            self._orders[d] = order
+        return order
+
+    def by_position(self, step: int, values: np.ndarray) -> np.ndarray:
+        """``values`` given per slot of ``step`` (micro-step-major, then rank, then row, as ``global_batch``), put in
+        position order: the same for every ``world_size`` and ``micro_batch_size`` (without balance: ``values``)."""
+        order = self.slot_order(step)
+        if order is None:
+            return values
+        out = np.empty_like(values)
+        out[order] = values
+        return out
+
+    def _balanced(self, positions: np.ndarray, step: int) -> np.ndarray:
+        """Positions of ``step`` in position order (the unbalanced plan's slots) -> the positions their slots read."""
+        consumed = self.consumed(step)
+        return consumed + self.slot_order(step)[positions - consumed]  # type: ignore[index]
 
     def _micro_batch_starts(
         self, step: int, micro_step: int, rank: int, count: int, stop_step: int | None = None
@@ -413,6 +492,10 @@ class Plan:
         micro_step)`` followed by the position after the last (``k + 1`` entries). One stream call for all ``k``."""
         starts, where = self._micro_batch_starts(step, micro_step, rank, count, stop_step)
         positions = np.add.outer(np.array(starts, dtype=np.int64), np.arange(self.micro_batch_size, dtype=np.int64))
+        if self.balance is not None:
+            steps = np.array([w[0] for w in where[:-1]], dtype=np.int64)
+            for s in np.unique(steps).tolist():
+                positions[steps == s] = self._balanced(positions[steps == s], s)
         return self.stream.sample_ids(positions.reshape(-1)).reshape(len(starts), self.micro_batch_size), where
 
     # -- positions -> sample ids
@@ -463,7 +546,7 @@ class Plan:
 
     def fingerprint(self) -> dict:
         """What fixes the data of every step: neither ``world_size`` nor ``micro_batch_size``, which may change on
-        resume."""
+        resume (a balanced plan deals a step's samples anew for them: the step's set stays)."""
         out = {
             "mapping_version": self.mapping_version,
             "stream": self.stream.describe(),
@@ -474,4 +557,6 @@ class Plan:
             out["skip_steps"] = [list(r) for r in self._skips]
         if self.redactions:  # likewise: plans without redactions keep their fingerprint
             out["redactions"] = [r.to_list() for r in self.redactions]
+        if self.balance is not None:  # likewise (and the mapping version is 3)
+            out["balance"] = self.balance.describe()
         return out

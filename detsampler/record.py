@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import warnings
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from detsampler.atomic import atomic_write
+from detsampler.balance import Balance, CostModel
 from detsampler.checks import check_int, check_positive_int
 from detsampler.filter import RepetitionFilter
 from detsampler.layout import LayoutConfig
@@ -235,7 +237,8 @@ class DataRecord:
             data = path.read_bytes()
         except OSError as exc:
             raise ValueError(f"no detsampler data record at {str(path)!r}: {exc.strerror or exc}") from None
-        stated, covered_by = _directory_binding(path.parent, str(path))
+        # NOTE: the directory's own name states its step: `.` (or a bare file name) from inside it names none
+        stated, covered_by = _directory_binding(Path(os.path.abspath(path)).parent, str(path))
         return read_record(data, str(path), steps={**stated, **(steps or {})}, covered_by=covered_by)
 
     # -- what a record rebuilds
@@ -262,9 +265,11 @@ class DataRecord:
         *,
         world_size: int | None = None,
         micro_batch_size: int | None = None,
+        layout: Any = None,
     ) -> Plan:
         """The recorded plan over ``num_samples`` (a single index's layout) or ``source`` (the rebuilt mixture), cut
-        for ``world_size`` x ``micro_batch_size`` (the record's by default). Raises ValueError naming what differs
+        for ``world_size`` x ``micro_batch_size`` (the record's by default); a balanced plan's costs come from
+        ``layout`` (a mixture's: from ``source``, built over its layouts). Raises ValueError naming what differs
         unless its fingerprint is the recorded one."""
         recorded = self.fingerprint.plan
         schedule = [tuple(row) for row in recorded["batch_size_schedule"]]
@@ -280,6 +285,7 @@ class DataRecord:
             mapping_version=recorded["mapping_version"],
             redactions=recorded.get("redactions") or None,
             epoch_ids=bool(recorded["stream"].get("epoch_ids", False)),
+            balance=_balance(recorded, layout if layout is not None else source),
         )
         rebuilt = _jsonable(plan.fingerprint())
         if rebuilt != recorded:
@@ -293,6 +299,15 @@ class DataRecord:
         """Raise ValueError (the library's :func:`~detsampler.resume.check_resume` message) unless a run with
         fingerprint ``current`` resuming at ``resume_step`` (the record's step by default) reads what this run read."""
         check_resume(self.fingerprint, current, self.step if resume_step is None else resume_step)
+
+
+def _balance(recorded: dict, layout: Any) -> Balance | None:
+    """The recorded plan's balance over ``layout`` (None when it has none)."""
+    if "balance" not in recorded:
+        return None
+    if layout is None:
+        raise ValueError("the record's plan is balanced: its costs need the layout (DataRecord.plan(..., layout=))")
+    return Balance(layout, CostModel(**recorded["balance"]["cost"]))
 
 
 # -- reading a record from its checkpoint: the one check every reader goes through
@@ -383,7 +398,8 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
     """What checkpoint ``directory`` states of the record in it: ``({what: step}, covered_by)`` (:func:`read_record`).
     The trainer's ``step_N`` states its step in its name and in ``COMPLETE``, which holds the sha256 of every file (the
     record among them); a Hugging Face ``checkpoint-N`` in its name and ``trainer_state.json``'s ``global_step``, where
-    the integration names the record's sha256 too."""
+    the integration names the record's sha256 too (a ``checkpoint-N`` without ``trainer_state.json`` is refused: a
+    Trainer always writes it)."""
     steps: dict[str, int] = {}
     for pattern in (_TRAINER_DIR, _HF_DIR):
         if match := pattern.match(directory.name):
@@ -404,6 +420,12 @@ def _directory_binding(directory: Path, where: str) -> tuple[dict[str, int], tup
         raise ValueError(
             f"{where}: its trainer checkpoint has no {_COMPLETE} marker (a partial copy, or a save that did not"
             " finish), so nothing shows the record is the one it saved"
+        )
+    if _HF_DIR.match(directory.name) and not (directory / _TRAINER_STATE).is_file():
+        # NOTE: checked against its name alone, another run's record of the same step copied in passed
+        raise ValueError(
+            f"{where}: its Hugging Face checkpoint has no {_TRAINER_STATE} (a Trainer writes it in every"
+            " checkpoint-N, naming the record's sha256), so nothing shows the record is the one this checkpoint saved"
         )
     if (directory / _TRAINER_STATE).is_file():
         state = _json_file(directory / _TRAINER_STATE)

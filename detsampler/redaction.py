@@ -30,6 +30,7 @@ from detsampler.content import content_hash, documents_by_content_hash  # re-exp
 __all__ = [
     "Blocklist",
     "Redaction",
+    "check_redacted_documents",
     "check_redaction_sources",
     "content_hash",
     "documents_by_content_hash",
@@ -154,6 +155,21 @@ def check_redaction_sources(redactions: tuple[Redaction, ...], stream: Any) -> t
                 f" Redaction(documents, from_step, source=k), k in [0, {num_sources}) (document ids are per source)"
             )
     return redactions
+
+
+def check_redacted_documents(redactions: Any, num_documents: Sequence[int]) -> None:
+    """Refuse a redaction of a document its index (its mixture source's) does not hold: ``num_documents`` is the
+    document count of the index, or of each source in order. (A redacted id past the corpus masks nothing: it is a
+    typo or another corpus's id, never a redaction that happened.)"""
+    for r in redactions or ():
+        k = r.source or 0
+        n = int(num_documents[k])
+        if r.documents[-1] >= n:  # sorted
+            of = "" if r.source is None else f" of source {r.source}"
+            raise ValueError(
+                f"{r._name()}: Got document {r.documents[-1]}{of}, allowed documents are in [0, {n}): the index holds"
+                f" {n} documents"
+            )
 
 
 TABLE_LIMIT = 1 << 24  # the largest redacted id a lookup table serves (16 MiB of bools); beyond, np.isin

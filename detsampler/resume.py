@@ -2,7 +2,7 @@
 
 What fixes the data of every step is a :class:`DataFingerprint`: the identity of the index (or indexes, for a mixture),
 the layout (its kind, ``seq_len``, seed, window and corpus counts), the plan (mapping version, stream, seed, batch
-schedule, skip ranges, redactions) and the instance filter, when there is one. Save
+schedule, skip ranges, redactions, balance) and the instance filter, when there is one. Save
 ``DataFingerprint.of(...).to_dict()`` with a checkpoint and call :func:`check_resume` with it on resume.
 
 A run may be resumed with a different ``world_size`` or ``micro_batch_size`` (elastic resume), with new batch-size or
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from detsampler.filter import RepetitionFilter
 from detsampler.plan import Plan, data_step, normalize_skip_steps
 from detsampler.redaction import normalize_redactions
 
-__all__ = ["DataFingerprint", "check_resume", "fingerprint_changes"]
+__all__ = ["DataFingerprint", "check_resume", "erasures_added", "fingerprint_changes"]
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,11 @@ def _describe_filter(instance_filter: Any) -> dict | None:
 
 
 def _identity(index: Any) -> str:
-    value = index if isinstance(index, str) else getattr(index, "fingerprint", None)
+    """An index's identity: a string, its ``data_identity`` (a TokenIndex: with its erasures), else its
+    ``fingerprint``."""
+    value = index
+    if not isinstance(index, str):
+        value = getattr(index, "data_identity", None) or getattr(index, "fingerprint", None)
     if not isinstance(value, str) or not value:
         raise ValueError(f"index must be an identity string or have a string 'fingerprint', got {type(index).__name__}")
     return value
@@ -170,11 +175,14 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     """Raise ValueError unless ``new`` reads what ``old`` read at every training step before ``resume_step``.
 
     ``old`` is the checkpointed run's fingerprint (or its saved ``to_dict()``, JSON round trips allowed), ``new`` the
-    resuming run's. The index and the layout must be the same. Allowed plan changes: another
-    ``world_size``/``micro_batch_size``; another plan ``seed`` when the plan reads a source stream (a mixture, keyed by
-    its own seed: the plan's is unused); batch-size schedule (ramp) entries and mixture schedule entries whose step is
-    at or after ``d(resume_step)``; skip ranges starting at or after ``d(resume_step)``; removing or changing entries
-    and ranges that lie there too; redactions whose ``from_step`` (a training step) is ``>= resume_step``.
+    resuming run's. The index and the layout must be the same; the index may have been erased since (its identity
+    extended by erasure records only: :func:`erasures_added`; the documents and lengths are the same). Allowed plan
+    changes: another ``world_size``/``micro_batch_size`` (a balanced plan deals each step anew: its samples stay);
+    another plan ``seed`` when the plan reads a source stream (a mixture, keyed by its own seed: the plan's is unused);
+    batch-size schedule (ramp) entries and mixture schedule entries whose step is at or after ``d(resume_step)``; skip
+    ranges starting at or after ``d(resume_step)``; removing or changing entries and ranges that lie there too;
+    redactions whose ``from_step`` (a training step) is ``>= resume_step``, added or brought forward (a redaction the
+    checkpoint records is never dropped or postponed: refused). The balance (on, off, its cost model) may not change.
 
     Args:
         old: the checkpointed run's :class:`DataFingerprint`, or its saved ``to_dict()``.
@@ -189,6 +197,8 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
     if before.hash == after.hash:
         return
     for name in ("index", "layout"):
+        if name == "index" and erasures_added(before.index, after.index) is not None:
+            continue  # the same documents, some erased since: every length, hence every sample, in place
         if getattr(before, name) != getattr(after, name):
             changes = [c for c in fingerprint_changes(before, after) if c.startswith(name)]
             raise ValueError(
@@ -202,6 +212,24 @@ def check_resume(old: DataFingerprint | dict, new: DataFingerprint | dict, resum
             " through one filter (its record, stats and audits name it): keep the checkpoint's, or start a new run"
         )
     _check_plan(before.plan, after.plan, int(resume_step))
+
+
+_ERASURES = re.compile(r"^(\+erasure:[0-9a-f]+)*$")
+
+
+def erasures_added(old: str, new: str) -> list[str] | None:
+    """The erasure records (their ids) by which index identity ``new`` extends ``old`` (a mixture's identities joined
+    by commas: each source's); None unless ``new`` is exactly ``old`` with erasures appended (another index, an erasure
+    removed or reordered)."""
+    olds, news = str(old).split(","), str(new).split(",")
+    if len(olds) != len(news):
+        return None
+    added: list[str] = []
+    for a, b in zip(olds, news):
+        if not b.startswith(a) or not _ERASURES.match(b[len(a) :]):
+            return None
+        added += [part for part in b[len(a) :].split("+erasure:") if part]
+    return added
 
 
 def _normalized(value: Any) -> Any:
@@ -238,6 +266,13 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
     old_skips = normalize_skip_steps([tuple(r) for r in before.get("skip_steps", [])])
     boundary = data_step(old_skips, int(resume_step))  # data steps < boundary are the past
 
+    if before.get("balance") != after.get("balance"):
+        raise ValueError(
+            f"resuming at step {resume_step} changes the plan's balance from {before.get('balance')!r} to"
+            f" {after.get('balance')!r}: every step keeps its samples, but the steps already trained would be audited"
+            " (show, where) with another assignment of their samples to ranks than the one trained; resume with the"
+            " checkpoint's balance, or start a new run"
+        )
     if before.get("mapping_version") != after.get("mapping_version"):
         raise ValueError(
             f"resuming at step {resume_step} changes the mapping version from {before.get('mapping_version')!r} to "
@@ -301,10 +336,13 @@ def _check_plan(old_plan: dict, new_plan: dict, resume_step: int) -> None:
 
 def _check_redactions(old: list, new: list, resume_step: int) -> None:
     """Redactions are in training steps: those in force before ``resume_step`` masked what was trained, so they must
-    stay as they are; entries from ``resume_step`` on may be added, changed or removed (they change no sample). Over a
-    mixture, entries are per source (``[from_step, [documents], source]``): the rule holds for each."""
-    past_old = [r.to_list() for r in normalize_redactions(old) if r.from_step < resume_step]
-    past_new = [r.to_list() for r in normalize_redactions(new) if r.from_step < resume_step]
+    stay as they are; entries from ``resume_step`` on may be added, or brought forward (they change no sample), but a
+    document the checkpoint redacts from step ``f >= resume_step`` must stay redacted from a step ``<= f``: a recorded
+    takedown is never dropped or postponed by a resume that forgot it (``allow_data_change`` is the explicit way). Over
+    a mixture, entries are per source (``[from_step, [documents], source]``): the rule holds for each."""
+    old_entries, new_entries = normalize_redactions(old), normalize_redactions(new)
+    past_old = [r.to_list() for r in old_entries if r.from_step < resume_step]
+    past_new = [r.to_list() for r in new_entries if r.from_step < resume_step]
     if past_old != past_new:
         added = [r for r in past_new if r not in past_old]
         removed = [r for r in past_old if r not in past_new]
@@ -313,4 +351,21 @@ def _check_redactions(old: list, new: list, resume_step: int) -> None:
         raise ValueError(
             f"redactions {what} (as {form}), before training step {resume_step} where the run"
             f" resumes: those steps were trained without it; redact from step >= {resume_step}"
+        )
+    redacted = {(r.source, d): r.from_step for r in new_entries for d in r.documents}
+    dropped = [
+        (r.source, d, r.from_step)
+        for r in old_entries
+        for d in r.documents
+        if r.from_step >= resume_step and redacted.get((r.source, d), r.from_step + 1) > r.from_step
+    ]
+    if dropped:
+        source, doc, step = dropped[0]
+        of = "" if source is None else f" of source {source}"
+        now = redacted.get((source, doc))
+        how = "drops" if now is None else f"postpones to step {now}"
+        raise ValueError(
+            f"resuming at step {resume_step} {how} the redaction of document {doc}{of} from step {step}"
+            f" ({len(dropped)} document(s) in all): the checkpoint records it, and a recorded takedown stays in force;"
+            f" keep it (from a step <= {step}), or resume with allow_data_change (--allow-data-change) to drop it"
         )

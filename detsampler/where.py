@@ -16,8 +16,9 @@
    source's sample ``c`` at source epoch ``e`` is its position ``p = e N_k + unpermute(c, N_k, key_k(e))``, and
    :meth:`~detsampler.mixture.Mixture.global_positions` climbs the routing tree back to the global position.
 3. **Plan inverse**: position ``g`` lies in the batch-size schedule segment with the last ``first_consumed <= g``: data
-   step ``d = first_step + (g - first_consumed) // B``, offset ``o`` in the step, micro step ``o // (W M)``, rank ``(o
-   mod W M) // M``, row ``o mod M``. A data step inside a skip range is never trained on: those reads are left out. Any
+   step ``d = first_step + (g - first_consumed) // B``, offset ``o`` in the step, its slot ``k = o`` (a balanced plan:
+   the slot whose order names ``o``, through the inverse of that step's order), micro step ``k // (W M)``, rank ``(k
+   mod W M) // M``, row ``k mod M``. A data step inside a skip range is never trained on: those reads are left out. Any
    other data step ``d`` is training step ``d`` minus the skipped data steps before it.
 
 A layout with ``epoch_order`` (a new document order each epoch) is inverted epoch by epoch: step 1 in each epoch met,
@@ -106,6 +107,8 @@ def document_samples(layout: Layout, doc: int, epoch: int = 0) -> DocumentSample
     if isinstance(doc, bool) or not isinstance(doc, (int, np.integer)) or not 0 <= doc < inner.num_documents:
         raise ValueError(f"Got document {doc!r}, allowed documents are in [0, {inner.num_documents})")
     doc = int(doc)
+    if hasattr(inner, "document_samples"):  # a layout that inverts itself (the media layout: pieces cut between images)
+        return DocumentSamples(*inner.document_samples(doc))
     kind, seq_len = inner.config.kind, int(inner.config.seq_len)
     extent = _int(inner.lengths, doc) + 1
     if kind in ("concat", "document"):
@@ -178,8 +181,21 @@ def _reads(plan: Plan, positions: np.ndarray, first: int, stop: int) -> tuple[np
         keep &= ~inside
         step = data - done[i]
     keep &= (step >= first) & (step < stop)
+    slot = _slots(plan, keep, step, offset)
     micro = plan.micro_batch_size
-    return keep, step, offset // per_micro, (offset % per_micro) // micro, offset % micro
+    return keep, step, slot // per_micro, (slot % per_micro) // micro, slot % micro
+
+
+def _slots(plan: Plan, keep: np.ndarray, step: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The slot of each kept offset in its step: the offset itself, or through the inverse of a balanced plan's slot
+    order (one order per step met)."""
+    if plan.balance is None:
+        return offset
+    slot = offset.copy()
+    for s in np.unique(step[keep]).tolist():
+        sel = keep & (step == s)
+        slot[sel] = np.argsort(plan.slot_order(s))[offset[sel]]
+    return slot
 
 
 def where(

@@ -29,6 +29,9 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "24": ("a new document order each epoch", ("24",)),
     "25": ("the Grain and torchft integrations", ("25",)),
     "31": ("the surfaces added by issues 22 to 25, reviewed (issue 31)", ("31",)),
+    "32": ("takedowns end to end: ids, redaction in every integration, erasure (issue 32)", ("32",)),
+    "33": ("images beside text: headers, counts, packing, the VLM batch, chat, the CLI, media in a bucket", ("33",)),
+    "34": ("the compute-balanced plan", ("34",)),
     "37": ("buckets at the scale of large runs: opens, prefetch everywhere, the node-shared cache (issue 37)", ("37",)),
 }
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detsampler.gather import FIELDS, IGNORE_INDEX, _check_spans
+from detsampler.cells import check_spans as _check_spans
+from detsampler.gather import FIELDS, IGNORE_INDEX
 from detsampler.layout import Spans
 
 __all__ = ["Gathered", "fields_from_gathered", "gather_spans"]

@@ -76,3 +76,43 @@ def skip_ranges(draw, max_step: int = 30, max_ranges: int = 3, max_len: int = 4)
         ranges.append((a, b))
         start = b + 1
     return ranges
+
+
+# -- balanced plans (tests/test_balance.py)
+# ------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def step_costs(draw, max_world: int = 24) -> tuple[np.ndarray, int, int]:
+    """A step's sample costs (ties and zeros included) with a world size and micro batch size that split it; the world
+    size reaches above 16 (balanced_order's numpy path) only when drawn."""
+    world_size = draw(st.one_of(st.integers(1, 4), st.integers(1, max_world)))
+    micro_batch_size = draw(st.integers(1, 3))
+    micro_steps = draw(st.integers(1, 4))
+    size = world_size * micro_batch_size * micro_steps
+    values = st.one_of(st.integers(0, 5).map(float), st.floats(0, 1e6, allow_nan=False, allow_infinity=False))
+    costs = draw(st.lists(values, min_size=size, max_size=size))
+    return np.array(costs, dtype=np.float64), world_size, micro_batch_size
+
+
+@st.composite
+def balanced_plans(draw, max_docs: int = 40) -> tuple[Plan, object]:
+    """A balanced plan and its layout: any layout kind over short documents, any cost model, world size, micro batch
+    size and accumulation (shrinking toward one rank, one micro step)."""
+    from detsampler.balance import Balance, CostModel
+    from detsampler.layout import LayoutConfig, make_layout
+
+    kind = draw(st.sampled_from(["bestfit", "document", "concat"]))
+    seq_len, lengths = draw(st.integers(2, 24)), draw(doc_lengths(max_docs))
+    if kind == "concat":  # at least one whole sample: seq_len + 1 tokens
+        lengths += 1
+        seq_len = min(seq_len, int(lengths.sum()) + len(lengths) - 1)
+    layout = make_layout(LayoutConfig(kind=kind, seq_len=seq_len, seed=draw(seeds)), lengths)
+    attention = draw(st.sampled_from([0.0, 1 / 64, 0.25, 4.0]))
+    cost = CostModel(attention=attention, linear=draw(st.sampled_from([1.0, 0.5] if attention else [1.0])))
+    world_size = draw(st.integers(1, 4))
+    micro_batch_size = draw(st.integers(1, 3))
+    accum = draw(st.integers(1, 3))
+    gbs = world_size * micro_batch_size * accum
+    plan = Plan(layout.num_samples, draw(seeds), gbs, micro_batch_size, world_size, balance=Balance(layout, cost))
+    return plan, layout

@@ -229,6 +229,22 @@ def _lightning_ckpt(record: DataRecord, path: Path, global_step: int = 5, state:
     return path
 
 
+def _hf_checkpoint(record: DataRecord, path: Path, global_step: int | None = None) -> Path:
+    """A Hugging Face ``checkpoint-N`` as a Trainer with the mixin saves it: the record, then ``trainer_state.json``
+    written by transformers' own ``TrainerState`` at ``global_step`` (the record's step by default), its
+    ``stateful_callbacks`` holding the mixin's callback state (the record's sha256)."""
+    from transformers import TrainerState
+
+    from detsampler.integrations.hf import DetsamplerDataRecord
+
+    path.mkdir(parents=True)
+    saved = record.save(path)
+    named = DetsamplerDataRecord(record_sha256(saved.read_bytes()))
+    state = TrainerState(global_step=record.step if global_step is None else global_step, stateful_callbacks=[named])
+    state.save_to_json(str(path / "trainer_state.json"))
+    return path
+
+
 def _dcp_dir(record: DataRecord, path: Path, step: int = 5, train_step: int | None = None) -> Path:
     import warnings
 
@@ -246,9 +262,7 @@ def _dcp_dir(record: DataRecord, path: Path, step: int = 5, train_step: int | No
 
 def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_record, small_index, tmp_path):
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     forms = [record_dir, _lightning_ckpt(record, tmp_path / "epoch=0-step=5.ckpt"), _dcp_dir(record, tmp_path / "dcp")]
     outs = []
     for path in forms:
@@ -257,9 +271,7 @@ def test_every_integration_checkpoint_form_gives_the_same_audit(capsys, small_re
         outs.append(out.splitlines()[1:])
     assert outs[0] == outs[1] == outs[2]
     # a Hugging Face output_dir: its newest checkpoint-N holding a record
-    later = tmp_path / "checkpoint-12"
-    later.mkdir()
-    dataclasses.replace(record, step=12).save(later)
+    _hf_checkpoint(dataclasses.replace(record, step=12), tmp_path / "checkpoint-12")
     code, out, _ = _run(capsys, ["show", "--checkpoint", str(tmp_path), "--step", "3"])
     assert code == 0 and "checkpoint-12 (the newest checkpoint of" in out and out.splitlines()[1:] == outs[0]
     assert f"sample hash {sample_hash(plan.global_batch(3))}," in outs[0][0]
@@ -299,16 +311,19 @@ def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, s
     DCP checkpoint whose dataloader state names step 7 but its record step 5, or whose torchtitan train_state is at
     step 4. Each is refused naming the file (or entry), the record's step and the checkpoint's."""
     record, _, _ = small_record
-    hf = tmp_path / "checkpoint-5"
-    hf.mkdir()
-    dataclasses.replace(record, step=7).save(hf)
+    hf = _hf_checkpoint(dataclasses.replace(record, step=7), tmp_path / "checkpoint-5", global_step=5)
     err = _refused(capsys, ["show", "--checkpoint", str(hf)])
     step = "the record's step 7 is not this checkpoint's step 5 (its directory name checkpoint-5)"
     assert f"{hf / RECORD_FILE}: {step}" in err
-    text = record.save(hf).read_text()
+    text = (hf / RECORD_FILE).read_text()
     (hf / RECORD_FILE).write_text(text[: len(text) // 2])
     err = _refused(capsys, ["stats", "--checkpoint", str(hf)])
-    assert f"{hf / RECORD_FILE}: not valid JSON (" in err and "the file is truncated or damaged" in err
+    assert f"{hf / RECORD_FILE}: its sha256 is not the one trainer_state.json records" in err
+    plain = tmp_path / "plain"  # a record directory of no framework: only its own JSON says it is damaged
+    plain.mkdir()
+    (plain / RECORD_FILE).write_text(text[: len(text) // 2])
+    err = _refused(capsys, ["stats", "--checkpoint", str(plain)])
+    assert f"{plain / RECORD_FILE}: not valid JSON (" in err and "the file is truncated or damaged" in err
 
     copied = {"step": 3, "data_record": dataclasses.replace(record, step=3).to_dict()}
     ckpt = _lightning_ckpt(record, tmp_path / "copied.ckpt", global_step=5, state=copied)
@@ -327,6 +342,64 @@ def test_a_record_not_bound_to_its_checkpoint_is_refused_in_every_form(capsys, s
     assert "the record's step 5 is not this checkpoint's step 4 (train_state.step)" in err
     code, _, _ = _run(capsys, ["show", "--checkpoint", str(_dcp_dir(record, tmp_path / "dcp-ok", train_step=5))])
     assert code == 0
+
+
+def test_a_torch_checkpoint_must_state_its_step_and_a_tensor_step_is_read(capsys, small_record, tmp_path):
+    """Issue 31 (re-review): a hand-made `.ckpt` whose DetsamplerDataModule entry holds a record and no `step`, with no
+    `global_step`, was read bound to nothing; a `global_step` saved as `torch.tensor(7)` was ignored, so a record of
+    step 5 passed. Lightning always writes `global_step` (an int) and the datamodule's `step` (checked on a real
+    Lightning checkpoint in tests/integrations/test_lightning_labels.py): a state that states no step is refused, and a
+    0-d integer tensor is read as its integer; any other value of a step is refused."""
+    import torch
+
+    record, _, _ = small_record
+    entry = {"data_record": record.to_dict()}
+    bare = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "DetsamplerDataModule": entry}, bare)
+    for command in (["show", "--checkpoint", str(bare)], ["verify", "--checkpoint", str(bare)]):
+        err = _refused(capsys, command)
+        assert err.count("\n") == 1 and f"{bare} (DetsamplerDataModule): the checkpoint states no step" in err
+    for name, global_step, step, said in (
+        ("tensor-7", torch.tensor(7), None, "the record's step 5 is not this checkpoint's step 7 (global_step)"),
+        ("state-tensor-7", None, torch.tensor(7), "the record's step 5 is not this checkpoint's step 7 (step)"),
+        ("float", torch.tensor(5.0), None, "global_step is tensor(5.), not a step (an integer"),
+        ("vector", torch.tensor([5]), None, "global_step is tensor([5]), not a step (an integer"),
+        ("bool", True, None, "global_step is True, not a step (an integer"),
+        ("text", None, "5", "step is '5', not a step (an integer"),
+    ):
+        path = tmp_path / f"{name}.ckpt"
+        state = {**entry, **({"step": step} if step is not None else {})}
+        torch.save(
+            {"DetsamplerDataModule": state, **({"global_step": global_step} if global_step is not None else {})}, path
+        )
+        err = _refused(capsys, ["show", "--checkpoint", str(path)])
+        assert err.count("\n") == 1 and said in err, (name, err)
+    good = tmp_path / "tensor-5.ckpt"
+    torch.save({"global_step": torch.tensor(5), "DetsamplerDataModule": {**entry, "step": torch.tensor(5)}}, good)
+    code, out, err = _run(capsys, ["show", "--checkpoint", str(good), "--step", "3"])
+    assert code == 0 and err == "" and "saved at step 5" in out
+
+
+def test_a_hugging_face_checkpoint_without_its_trainer_state_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-review): a `checkpoint-N` with no `trainer_state.json` was checked against its directory name only,
+    so another run's record of the same step copied in passed. A Hugging Face Trainer writes `trainer_state.json` in
+    every checkpoint (and the mixin names the record's sha256 there): one without it is refused, naming the file."""
+    record, layout, _ = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="hf")
+    checkpoint = _hf_checkpoint(record, tmp_path / "run" / "checkpoint-5")
+    (checkpoint / "trainer_state.json").unlink()
+    other.save(checkpoint)  # another run's record of the same step, copied in
+    said = f"{checkpoint / RECORD_FILE}: its Hugging Face checkpoint has no trainer_state.json"
+    for argv in (
+        ["show", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(tmp_path / "run")],  # the output_dir's newest checkpoint-N
+        ["where", "--checkpoint", str(checkpoint), "--doc", "0"],
+    ):
+        err = _refused(capsys, argv)
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+    with pytest.raises(ValueError, match=re.escape(said)):
+        DataRecord.load(checkpoint)
 
 
 def test_a_record_saved_before_seals_is_audited_with_one_warning_line(capsys, small_record, tmp_path):
@@ -538,12 +611,117 @@ def test_where_from_a_checkpoint_reads_every_step_it_trained(capsys, small_recor
     from detsampler.where import where
 
     record, layout, plan = small_record
-    record_dir = tmp_path / "checkpoint-5"
-    record_dir.mkdir()
-    record.save(record_dir)
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
     doc = int(layout.locate(plan.global_batch(2)).doc_ids[0])  # read at step 2 (data step 3: step 1 is skipped)
     code, out, _ = _run(capsys, ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--json"])
     got = json.loads(out)
     assert code == 0 and got["steps"] == [0, 5] and got["skip_steps"] == [[1, 1]]
     assert got["reads"] == [r._asdict() for r in where(plan, layout, doc, range(5))]
     assert any(r["step"] == 2 for r in got["reads"])
+
+
+def test_where_from_a_checkpoint_tells_the_reads_it_trained_from_those_after_it(
+    capsys, small_record, small_index, tmp_path
+):
+    """Issue 31 (re-run): `where --checkpoint checkpoint-5 --doc D --steps 0:40` printed `read N time(s) by steps 0..39`
+    and every read alike, those of steps 5..39 (which the checkpoint never trained) included: a contamination audit read
+    the plan's future as the run's past. The reads at or after its step are now counted apart and marked."""
+    from detsampler.where import where
+
+    record, layout, plan = small_record
+    record_dir = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    reads = {d: where(plan, layout, d, range(40)) for d in range(small_index.num_documents)}
+    doc = next(d for d, r in reads.items() if {x.step < 5 for x in r} == {True, False})
+    after = [r for r in reads[doc] if r.step >= 5]
+    argv = ["where", "--checkpoint", str(record_dir), "--doc", str(doc), "--steps", "0:40"]
+    code, out, _ = _run(capsys, argv)
+    lines = out.splitlines()
+    assert code == 0 and lines[1] == (
+        f"read {len(reads[doc])} time(s) by steps 0..39 (reads by data steps in skip ranges left out); {len(after)} of"
+        " them at steps 5..39, after the checkpoint's step 5: planned, not trained by it:"
+    )
+    marked = [line for line in lines[2:] if line.endswith("  after the checkpoint: not trained by it")]
+    assert [int(line.split()[1]) for line in marked] == [r.step for r in after]
+    assert len(lines) == 2 + len(reads[doc])
+    code, out, _ = _run(capsys, [*argv, "--json"])
+    got = json.loads(out)
+    assert got["checkpoint"] == {"step": 5} and got["reads"] == [r._asdict() for r in reads[doc]]
+    code, out, _ = _run(capsys, argv[:-2])  # by default every step it trained: nothing after it
+    assert "after the checkpoint" not in out
+    assert out.splitlines()[1].endswith(" by steps 0..4 (reads by data steps in skip ranges left out):")
+
+
+def test_a_torch_checkpoint_holding_two_different_data_records_is_refused(capsys, small_record, small_index, tmp_path):
+    """Issue 31 (re-run): a `.ckpt` whose callback state holds another run's record before its DetsamplerDataModule
+    entry was audited as that other run (`show` printed its fingerprint and samples): the first dict holding
+    "data_record" was taken. Two different records are refused, naming where each is; equal ones are one record."""
+    import torch
+
+    record, layout, plan = small_record
+    other_plan = Plan(layout.num_samples, seed=99, global_batch_size=8, micro_batch_size=2, world_size=2)
+    other = DataRecord.of(5, small_index, layout, other_plan, framework="lightning")
+    state = {"step": 5, "data_record": record.to_dict()}
+    path = tmp_path / "two.ckpt"
+    torch.save(
+        {
+            "global_step": 5,
+            "callbacks": {"Recorder": {"step": 5, "data_record": other.to_dict()}},
+            "DetsamplerDataModule": state,
+        },
+        path,
+    )
+    err = _refused(capsys, ["show", "--checkpoint", str(path)])
+    assert err == (
+        f"detsampler: error: --checkpoint {str(path)!r} holds 2 different data records (at callbacks.Recorder,"
+        " DetsamplerDataModule): which one is the run's is not known; keep the DetsamplerDataModule entry's\n"
+    )
+    same = tmp_path / "same.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"Recorder": dict(state)}, "DetsamplerDataModule": state}, same)
+    code, out, _ = _run(capsys, ["show", "--checkpoint", str(same), "--step", "3"])
+    assert code == 0 and f"data fingerprint {record.fingerprint.hash} " in out
+
+
+def test_a_bad_against_is_refused_naming_against(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `verify --checkpoint C --against X` refused a missing X, or a file torch cannot read, as
+    `--checkpoint ...` (the other option), the latter with torch's advice to load it with weights_only=False."""
+    record, _, _ = small_record
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    (tmp_path / "COMPLETE").write_text("not a checkpoint")
+    for against, said in (
+        (tmp_path / "nothing", f"--against: no such file or directory: {str(tmp_path / 'nothing')!r}"),
+        (tmp_path / "COMPLETE", f"--against {str(tmp_path / 'COMPLETE')!r} is not a checkpoint torch.load reads: "),
+    ):
+        err = _refused(capsys, ["verify", "--checkpoint", str(checkpoint), "--against", str(against)])
+        assert err.startswith(f"detsampler: error: {said}") and err.count("\n") == 1, err
+        assert "weights_only" not in err
+    err = _refused(capsys, ["show", "--checkpoint", str(tmp_path / "COMPLETE")])
+    assert err.startswith(f"detsampler: error: --checkpoint {str(tmp_path / 'COMPLETE')!r} is not a checkpoint")
+
+
+def test_stats_and_verify_past_a_checkpoints_step_say_those_steps_are_planned(capsys, small_record, tmp_path):
+    """Issue 31 (re-run): `stats --checkpoint C --step 9` of a checkpoint saved at step 5 printed `before step 9:
+    trained N tokens (72 samples, 9 steps)`, and `verify --checkpoint C --steps 0:9` checked steps 5..8 alike: steps
+    the checkpoint never trained were counted as trained. A line under the checkpoint's says which steps are the
+    plan's."""
+    record, _, _ = small_record
+    checkpoint = _hf_checkpoint(record, tmp_path / "checkpoint-5")
+    said = "  steps 5..8 are after the checkpoint's step 5: counted as the plan reads them, not trained by it"
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint), "--step", "9"],
+        ["verify", "--checkpoint", str(checkpoint), "--steps", "0:9"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        lines = out.splitlines()
+        assert code == 0 and lines[0].startswith(f"checkpoint {checkpoint}: saved at step 5") and lines[1] == said
+        assert out.count("after the checkpoint") == 1
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--step", "9", "--json"])
+    assert json.loads(out)["checkpoint"]["after"] == [5, 9]
+    for argv in (
+        ["stats", "--checkpoint", str(checkpoint)],
+        ["verify", "--checkpoint", str(checkpoint)],
+        ["stats", "--checkpoint", str(checkpoint), "--step", "5"],
+    ):
+        code, out, _ = _run(capsys, argv)
+        assert code == 0 and "after the checkpoint" not in out
+    code, out, _ = _run(capsys, ["stats", "--checkpoint", str(checkpoint), "--json"])
+    assert "after" not in json.loads(out)["checkpoint"]

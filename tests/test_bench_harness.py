@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.benchmarks.common import BenchResult, Table, Verdict, ratio_column
 from tests.benchmarks.run_all import _as_markdown, discover, machine
 
@@ -117,26 +119,63 @@ def test_the_ceiling_reads_the_raw_memory_map_not_the_checked_array(small_index)
     assert np.array_equal(raw, np.asarray(small_index.tokens))
 
 
-def test_the_before_path_equals_get_batch_and_every_stage_is_timed(small_index):
-    """Benchmark 3's "before" (the read path pack_fields replaced) yields the same tensors as get_batch, for each
-    layout kind; stage_times times every stage."""
+def test_the_before_paths_and_the_staged_read_equal_get_batch_and_every_stage_is_timed(small_index):
+    """Benchmark 3's "before" rows (the per-span pass issue 35 replaced, and the read path before pack_fields) and the
+    stage table's step-by-step read yield the same tensors as get_batch, for each layout kind, with an instance
+    filter; stage_times times every step."""
     import numpy as np
     import torch
 
     from detsampler import LayoutConfig, Plan
+    from detsampler.filter import RepetitionFilter
     from detsampler.loader.dataset import FIELDS, PackedDataset
-    from tests.benchmarks.ceiling import get_batch_before, stage_times
+    from tests.benchmarks.ceiling import get_batch_before, get_batch_per_span, stage_times
+    from tests.benchmarks.read_stages import FIELD_STAGES, staged_batch
 
     for kind in ("concat", "document", "bestfit"):
-        ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind=kind, seq_len=48)))
+        layout = small_index.layout(LayoutConfig(kind=kind, seq_len=48))
+        ds = PackedDataset(small_index, layout)
+        filtered = PackedDataset(small_index, layout, instance_filter=RepetitionFilter(max_count=3), instance_mask=True)
         plan = Plan(len(ds), seed=1, global_batch_size=3, micro_batch_size=3)
         batches = [np.asarray(plan.micro_batch(s, 0, 0)) for s in range(3)]
         for ids in batches:
-            got, want = ds.get_batch(ids), get_batch_before(ds, ids)
-            assert all(torch.equal(got[k], want[k]) for k in FIELDS)
+            got = ds.get_batch(ids)
+            for other in (get_batch_before(ds, ids), get_batch_per_span(ds, ids), staged_batch(ds, ids, {})):
+                assert all(torch.equal(got[k], other[k]) for k in FIELDS)
+            want, staged = filtered.get_batch(ids), staged_batch(filtered, ids, {})
+            assert set(want) == set(staged) and all(torch.equal(want[k], staged[k]) for k in want)
     times = stage_times(ds, plan, batches, repeats=2)
-    assert set(times) == {"plan", "locate", "get_batch", "get_batch before", "read + fields", "read + fields before"}
-    assert all(times[k] > 0 for k in ("plan", "locate", "get_batch", "get_batch before"))
+    assert {"plan", *FIELD_STAGES, "get_batch", "get_batch per span", "get_batch before"} <= set(times)
+    assert all(times[k] > 0 for k in ("plan", "locate", "token join", "get_batch", "get_batch before"))
+
+
+@pytest.fixture(scope="module")
+def chat_index_for_stages(tmp_path_factory):
+    from detsampler.index import build_index
+    from detsampler.text.chat import ChatConfig
+    from tests.chat_data import chat_dataset, make_chat_tokenizer
+
+    tok = make_chat_tokenizer(tmp_path_factory.mktemp("chat-tok"))
+    return build_index(chat_dataset(24, seed=3), tok, cache_dir=tmp_path_factory.mktemp("chat"), progress=False,
+                       chat=ChatConfig())  # fmt: skip
+
+
+def test_the_staged_read_of_a_chat_index_equals_get_batch(chat_index_for_stages):
+    """The stage table of benchmark 15: the step-by-step read of a chat index (the loss mask laid out and applied to
+    the labels in the same pass) equals get_batch, loss_mask included, for each layout kind."""
+    import numpy as np
+    import torch
+
+    from detsampler import LayoutConfig
+    from detsampler.loader.dataset import PackedDataset
+    from tests.benchmarks.read_stages import staged_batch
+
+    for kind in ("concat", "document", "bestfit"):
+        ds = PackedDataset(chat_index_for_stages, chat_index_for_stages.layout(LayoutConfig(kind=kind, seq_len=64)))
+        for ids in (np.arange(3), np.arange(len(ds))[::-1][:4]):
+            want, got = ds.get_batch(ids), staged_batch(ds, ids, {})
+            assert set(want) == set(got) and "loss_mask" in got
+            assert all(torch.equal(want[k], got[k]) for k in want)
 
 
 def test_the_ceiling_verdict_states_the_gap_or_meets_the_target():
@@ -172,8 +211,13 @@ def test_the_ceiling_verdict_states_the_gap_or_meets_the_target():
         "5e+06 tokens/s",
         "0.50%",
     ]
-    assert tables[2].rows[2] == ["read + fields", "400 -> 200"]
-    assert tables[2].rows[4:] == [["read, output='tokens'", "— -> 50"], ["get_batch, output='tokens'", "— -> 150"]]
+    assert tables[2].rows == [  # the steps measured, in the read's order, then the whole reads
+        ["plan (the sampler's next micro batch)", "40.0"],
+        ["locate", "100.0"],
+        ["get_batch, whole", "300.0"],
+        ["get_batch, output='tokens'", "150.0"],
+        ["get_batch before pack_fields", "500.0"],
+    ]
 
 
 def test_scale_lengths_are_seeded_and_hold_a_token_and_the_eos():

@@ -188,3 +188,38 @@ def test_prefetch_over_a_local_index_says_it_fetches_nothing(small_index, caplog
         f"prefetch: {small_index.path} is local (memory-mapped): nothing is fetched, prefetch does nothing here"
     ]
     assert dataset.prefetch_stats() is None
+
+
+def test_prefetch_over_a_lengths_only_index_in_a_bucket_says_it_fetches_nothing(
+    small_corpus, small_tokenizer, s3_bucket, tmp_path, caplog
+):
+    # issue 31's re-review: an index in a bucket that stores no tokens (tokenized on the fly from the dataset) read
+    # the right batches and prefetched nothing without a word (prefetch_stats() None)
+    import torch
+
+    from detsampler.index.build import build_index
+    from tests.index_copies import copy_with_layouts
+
+    config = LayoutConfig(kind="concat", seq_len=64)
+    lean = build_index(small_corpus, small_tokenizer, cache_dir=tmp_path / "built", store_tokens=False, progress=False)
+    local = copy_with_layouts(lean, tmp_path / "copy", [config])
+    url = f"{s3_bucket}/lengths-only-prefetch/{local.path.name}"
+    push_index(local.path, url)
+    remote = TokenIndex.open(url)
+    assert remote.tokens is None
+    layout = remote.layout(config)
+    plan = Plan(layout.num_samples, global_batch_size=4, micro_batch_size=4)
+    fly = {"dataset": small_corpus, "tokenizer": small_tokenizer}
+    dataset = PackedDataset(remote, layout, prefetch=PrefetchConfig(), plan=plan, **fly)
+    want = PackedDataset(local, local.layout(config), **fly)
+    with caplog.at_level(logging.INFO, logger="detsampler.prefetch"):
+        for step in range(2):
+            ids = plan.micro_batch(step, 0, 0)
+            got, expected = dataset.get_batch(ids), want.get_batch(ids)
+            assert all(torch.equal(got[k], expected[k]) for k in expected)
+    lines = [r.getMessage() for r in caplog.records if r.name == "detsampler.prefetch"]
+    assert lines == [
+        f"prefetch: {url} stores no tokens (they are tokenized on the fly from the dataset): nothing is fetched,"
+        " prefetch does nothing here"
+    ]
+    assert dataset.prefetch_stats() is None

@@ -106,3 +106,30 @@ def test_a_chat_index_built_into_a_bucket_keeps_its_loss_mask_and_its_own_key(
     assert remote["loss_mask"] == local["loss_mask"]
     mask = np.asarray(TokenIndex.open(remote["path"]).loss_mask)
     assert np.array_equal(mask, np.asarray(TokenIndex.open(local["path"]).loss_mask))
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "on-the-fly"])
+def test_show_says_a_redacted_documents_labels_are_not_trained(capsys, chat_files, stored):
+    """Issue 31 (re-run): `show --redact 0:D` printed `trained 37 of 61 tokens` for document D at a step that masks
+    every label of it (the trainer's redact_labels): the trained tokens ignored the redactions. A redacted span now says
+    so and trains none; the other spans are printed as without the redaction, and so is D before its step."""
+    layout = ["--kind", "bestfit", "--seq-len", "256", "--global-batch-size", "4", "--micro-batch-size", "2"]
+    base = _args(chat_files, *layout, *([] if stored else ["--no-store-tokens"]))
+    plain = _run(capsys, ["show", *base, "--step", "1"]).splitlines()
+    doc = next(int(line.split()[1]) for line in plain if line.startswith("    doc "))
+    redacted = _run(capsys, ["show", *base, "--step", "1", "--redact", f"1:{doc}"]).splitlines()
+    before = _run(capsys, ["show", *base, "--step", "1", "--redact", f"2:{doc}"]).splitlines()
+    assert before == plain
+    assert len(redacted) == len(plain)
+    changed = [(a, b) for a, b in zip(plain, redacted) if a != b]
+    assert changed and all(a.startswith(("    doc ", "      trained ")) for a, _ in changed)
+    spans = [i for i, line in enumerate(plain) if line.startswith("    doc ")]
+    assert all(plain[i + 1].startswith("      trained ") for i in spans)
+    for i in spans:
+        if plain[i].startswith(f"    doc {doc} "):
+            start, stop = (int(x) for x in plain[i].split("tokens [")[1].split(")")[0].split(", "))
+            n = stop - start + ("+ EOS" in plain[i])
+            assert redacted[i] == plain[i] + "  redacted from step 1"
+            assert redacted[i + 1] == f"      trained 0 of {n} tokens: none (its labels are masked: redacted)"
+        else:
+            assert redacted[i : i + 2] == plain[i : i + 2]

@@ -9,10 +9,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pytest
 
+from detsampler.balance import CostModel
 from detsampler.cli import OPTION_FIELDS, build_parser, main
 from detsampler.index.prepare import IndexConfig
 from detsampler.layout import LayoutConfig
 from detsampler.locate import locate
+from detsampler.media import MediaLayoutConfig
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
 from detsampler.text.tokenizer import Tokenizer
@@ -39,6 +41,10 @@ def test_options_map_one_to_one_onto_the_dataclasses():
     # NOTE: Plan.epoch_ids follows --epoch-order (LayoutConfig.epoch_order): one option, not two that must agree
     want |= {("Plan", f.name) for f in fields(Plan) if f.init and f.name not in ("num_samples", "source", "epoch_ids")}
     want |= {("MixtureConfig", f.name) for f in fields(MixtureConfig)}
+    want |= {("CostModel", f.name) for f in fields(CostModel)}  # --balance's cost model
+    # NOTE: a media index's layout reads --seq-len, --layout-seed, --window-docs and --overlong; only its cap is its own
+    want |= {("MediaLayoutConfig", "max_patches")}
+    assert {f.name for f in fields(MediaLayoutConfig)} == {"seq_len", "seed", "window_docs", "overlong", "max_patches"}
     assert mapped == want
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
@@ -235,7 +241,7 @@ def test_mapping_version_from_a_number_or_a_checkpoint(capsys, base_args, small_
         assert f"sample {sid} " in outs[1]
     (tmp_path / "empty.json").write_text("{}")
     for bad, message in (
-        ("3", "must be one of (1, 2)"),
+        ("4", "must be one of (1, 2, 3)"),
         (str(tmp_path / "empty.json"), "records no mapping version"),
         (str(tmp_path / "missing"), "expected a mapping version or a checkpoint"),
     ):
@@ -284,3 +290,61 @@ def test_where_lists_the_reads_of_a_document(capsys, base_args, small_index):
         assert f"step {r['step']}  micro step {r['micro_step']}  rank {r['rank']}  row {r['row']}: " in out
     with pytest.raises(SystemExit):
         main(["where", *base_args, *opts])  # neither --doc nor --path
+
+
+def test_a_refused_command_prints_nothing_on_stdout(capsys, base_args, small_index, small_tokenizer, tmp_path):
+    """Issue 31 (re-review): `verify --redact 2:100000 --steps 0:5` printed the epoch report before its one-line error
+    (exit 2), and `show --rank 5` its headers; so did `show --micro-step 9`, `show --checkpoint C --rank 5`, `verify`,
+    `stats` of a checkpoint whose recorded plan redacts a document the index lacks (`show` and `where` of it, and of
+    `--redact 2:100000`, even exited 0), and `build --sharded --layout --kind concat --overlong drop` (the shards'
+    lines, then the layout's refusal). Every argument is checked before anything is printed: each of these exits 2
+    with one line on stderr and nothing on stdout."""
+    from detsampler.record import DataRecord
+
+    plan_args = ["--seq-len", "64", "--global-batch-size", "8", "--micro-batch-size", "2", "--world-size", "2"]
+    layout = small_index.layout(LayoutConfig(kind="concat", seq_len=64))
+    n = small_index.num_documents
+    checkpoints = {}
+    for name, redactions in (("plain", None), ("redacts", [(2, [n + 5])])):
+        plan = Plan(layout.num_samples, global_batch_size=8, micro_batch_size=2, world_size=2, redactions=redactions)
+        checkpoints[name] = tmp_path / name
+        checkpoints[name].mkdir()
+        DataRecord.of(5, small_index, layout, plan).save(checkpoints[name])
+    mixture = ["--tokenizer", str(small_tokenizer.path), "--mixture-data", f"{small_index.path},{small_index.path}"]
+    mixture += ["--mixture-weights", "1,1", *plan_args]
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for k in range(2):
+        (texts / f"{k}.txt").write_text(f"text {k} " * 200)
+    data = [*base_args, *plan_args]
+    redact = ["--redact", f"2:{n + 5}"]
+    cases = [
+        ["show", *data, "--step", "1", "--rank", "5"],
+        ["show", *data, "--step", "1", "--micro-step", "9"],
+        ["show", *data, "--step", "1", *redact],
+        ["show", "--checkpoint", str(checkpoints["plain"]), "--rank", "5"],
+        ["show", "--checkpoint", str(checkpoints["plain"]), "--micro-step", "9"],
+        ["show", *mixture, "--step", "1", "--rank", "5"],
+        ["show", "--checkpoint", str(checkpoints["redacts"])],
+        ["verify", *data, "--steps", "0:5", *redact],
+        ["verify", *data, "--steps", "0:5", "--tokens", *redact],
+        ["verify", *mixture, "--steps", "0:5", "--redact", f"0:2:{n + 5}"],
+        ["verify", "--checkpoint", str(checkpoints["redacts"])],
+        ["stats", *data, "--step", "3", *redact],
+        ["stats", "--checkpoint", str(checkpoints["redacts"])],
+        ["where", *data, "--doc", "1", "--steps", "0:5", *redact],
+        ["where", "--checkpoint", str(checkpoints["redacts"]), "--doc", "1"],
+        [
+            "build",
+            *["--sharded", "--data", str(texts), "--tokenizer", str(small_tokenizer.path)],
+            *["--cache-dir", str(tmp_path / "cache"), "--layout", "--kind", "concat", "--overlong", "drop"],
+        ],
+    ]
+    for argv in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        captured = capsys.readouterr()
+        assert exit_.value.code == 2, argv
+        assert captured.out == "", (argv, captured.out)
+        assert captured.err.count("detsampler: error:") == 1, (argv, captured.err)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("meta.json"))  # nothing built

@@ -165,6 +165,30 @@ def test_pickled_dataset_reads_the_same(small_index):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_batch_block_is_reused_only_once_nothing_holds_it(small_index):
+    """The main process reuses a batch's memory (no page faults on a fresh block per batch) only once every tensor,
+    view, detached tensor and numpy array of it is gone: a batch held in any of those forms never changes."""
+    ds = PackedDataset(small_index, small_index.layout(LayoutConfig(kind="concat", seq_len=50)))
+    holds = {
+        "the batch": lambda b: b,
+        "a field": lambda b: {"labels": b["labels"]},
+        "a view": lambda b: {"view": b["input_ids"][1:, 5:]},
+        "a detached field": lambda b: {"detached": b["position_ids"].detach()},
+        "a numpy array": lambda b: {
+            "numpy": torch.from_numpy(b["document_ids"].numpy().copy()),
+            "array": b["document_ids"].numpy(),
+        },
+    }
+    for what, hold in holds.items():
+        held = hold(ds.get_batch([0, 7, 3]))
+        want = {k: torch.as_tensor(v).clone() for k, v in held.items()}
+        others = [ds.get_batch([5, 1, 2]) for _ in range(6)]  # more batches than the pool keeps blocks
+        assert all(torch.equal(torch.as_tensor(held[k]), want[k]) for k in held), what
+        del held, others
+    first = ds.get_batch([0, 7, 3])["labels"].data_ptr()  # dropped at once: its block is free for the next batch
+    assert ds.get_batch([0, 7, 3])["labels"].data_ptr() == first
+
+
 def _loader_steps(ds, plan, rank, start_step, stop_step, num_workers, collate=None):
     sampler = DeterministicBatchSampler(plan, rank, start_step=start_step, stop_step=stop_step)
     kwargs = {"collate_fn": collate} if collate else {}

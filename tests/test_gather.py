@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -44,6 +45,17 @@ def test_a_short_concat_window_labels_only_its_cells():
     )
     np.testing.assert_array_equal(got, want)
     assert got[1].tolist() == [[99, 10, 11, IGNORE_INDEX]] and got[0].tolist() == [[15, 99, 10, 11]]
+
+
+@pytest.mark.parametrize("kind", ["concat", "document", "bestfit"])
+def test_an_empty_micro_batch_reads_as_empty_fields(small_index, kind):
+    """A micro batch of no samples (torchft's share of a healing group) reads as ``[0, seq_len]`` fields: the labels of
+    the flat grid wrote its last cell, past the end of an empty one (IndexError under document and bestfit)."""
+    from detsampler.loader.dataset import PackedDataset
+
+    ds = PackedDataset(small_index, make_layout(LayoutConfig(kind=kind, seq_len=8), small_index.lengths))
+    batch = ds.get_batch([])
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {k: (0, 8) for k in batch} and "labels" in batch
 
 
 @given(

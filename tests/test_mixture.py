@@ -468,8 +468,8 @@ def test_mixture_and_plan_agree_on_the_mapping_version():
     assert Plan(source=mix, global_batch_size=4, micro_batch_size=2, mapping_version=1).stream.version == 1
     with pytest.raises(ValueError, match="built for mapping version 1 but the Plan asks for 2"):
         Plan(source=mix, global_batch_size=4, micro_batch_size=2)
-    with pytest.raises(ValueError, match=r"allowed mapping versions are \(1, 2\)"):
-        Mixture([100, 50], [1, 1], seed=7, mapping_version=3)
+    with pytest.raises(ValueError, match=r"allowed mapping versions are \(1, 2, 3\)"):
+        Mixture([100, 50], [1, 1], seed=7, mapping_version=4)
 
 
 def test_far_positions_cost_what_near_ones_cost():

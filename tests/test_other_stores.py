@@ -86,3 +86,44 @@ def test_an_index_served_over_http_reads_the_local_batches_and_a_missing_one_is_
         assert_same_batches(local, remote)
         with pytest.raises(TokenIndexError, match=f"no index at '{server}/nothing-here' \\(no meta.json"):
             TokenIndex.open(f"{server}/nothing-here")
+
+
+def test_a_push_to_a_read_only_http_server_is_refused_at_once_not_retried(local, caplog):
+    """Issue 31 (re-run): a push to an HTTP server that serves reads only (501 Not Implemented for PUT) retried its
+    claim 5 times (3.1 s, 5 warnings), as if the status could pass; 501 and 505 say the server never does it."""
+    import logging
+
+    from detsampler.index.push import push_index
+    from detsampler.storage import StorageError
+
+    refused = r"PUT failed, a failure that is not retried \(.*501 Not Implemented"
+    with (
+        range_http_server(local.path.parent) as server,
+        caplog.at_level(logging.WARNING, "detsampler.storage"),
+        pytest.raises(StorageError, match=refused),
+    ):
+        push_index(local.path, f"{server}/pushed")
+    assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == []
+
+
+def test_a_write_into_an_azure_container_that_does_not_exist_names_the_container(local, container):
+    """Issue 31 (re-review): a write into a missing S3 bucket names the bucket (tests/test_storage.py), tested on moto
+    only. On azurite (404 ContainerNotFound) the container was named too, but called a bucket. A plain PUT, a tagged
+    one, a create-only one and a push each name the container as one."""
+    import re
+
+    from detsampler.storage import ObjectNotFoundError, StorageError
+
+    base = "az://no-such-container-31/a"
+    store = store_for(base)
+    said = f"{base}/x: {{}} failed: the container 'no-such-container-31' does not exist (create it first)"
+    for what, write in (
+        ("PUT", lambda: store.put(f"{base}/x", b"1")),
+        ("PUT", lambda: store.put_tagged(f"{base}/x", b"1")),
+        ("create-only PUT", lambda: store.create(f"{base}/x", b"1")),
+    ):
+        with pytest.raises(StorageError, match=re.escape(said.format(what))) as caught:
+            write()
+        assert not isinstance(caught.value, ObjectNotFoundError)
+    with pytest.raises(StorageError, match=re.escape("the container 'no-such-container-31' does not exist")):
+        push_index(local.path, base)

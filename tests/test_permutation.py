@@ -12,7 +12,9 @@ from detsampler.permutation import MAX_DOMAIN, Permutation, permute, unpermute
 from detsampler.version import MAPPING_VERSIONS
 from tests.strategies import domain_sizes, seeds
 
-versions = st.sampled_from(MAPPING_VERSIONS)
+PERMUTATIONS = tuple(v for v in MAPPING_VERSIONS if v != 3)  # version 3 permutes as version 2 (tests/test_pinned.py)
+
+versions = st.sampled_from(PERMUTATIONS)
 
 
 @given(n=domain_sizes, key=seeds, version=versions)
@@ -29,7 +31,7 @@ def test_permutation_is_a_bijection_and_inverse_inverts(n, key, version):
     np.testing.assert_array_equal(permute(unpermute(x, n, key, version), n, key, version), x)
 
 
-@pytest.mark.parametrize("version", MAPPING_VERSIONS)
+@pytest.mark.parametrize("version", PERMUTATIONS)
 @pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 10, 11, 15, 16, 20])
 @pytest.mark.parametrize("delta", [-1, 0, 1])
 def test_bijection_around_powers_of_two(k, delta, version):
@@ -50,7 +52,7 @@ def test_per_element_keys_match_scalar_keys(n, keys, version):
     np.testing.assert_array_equal(unpermute(expected, n, key_array, version), x)
 
 
-@pytest.mark.parametrize("version", MAPPING_VERSIONS)
+@pytest.mark.parametrize("version", PERMUTATIONS)
 @pytest.mark.parametrize("n", [10**12, 2**40 + 3, MAX_DOMAIN - 1, MAX_DOMAIN])
 def test_large_domain_pointwise_without_materializing(n, version):
     x = np.array([0, 1, 2, n // 2, n - 2, n - 1] + list(range(3, 100)), dtype=np.int64)  # past the Python-int path
@@ -61,7 +63,7 @@ def test_large_domain_pointwise_without_materializing(n, version):
     assert Permutation(n, 3, version).inverse(Permutation(n, 3, version)[5]) == 5
 
 
-@pytest.mark.parametrize("version", MAPPING_VERSIONS)
+@pytest.mark.parametrize("version", PERMUTATIONS)
 @pytest.mark.parametrize("n", [2**16, 2**16 + 1, 3 * 2**15 + 5])
 def test_every_input_bit_reaches_the_low_output_bits(n, version):
     """A weak round (multiply-add) leaves low output bits a function of low input bits; ours must not."""
@@ -80,7 +82,7 @@ def test_every_input_bit_reaches_the_low_output_bits(n, version):
             assert 0.4 < changed < 0.6, (bit, out_bit, changed)
 
 
-@pytest.mark.parametrize("version", MAPPING_VERSIONS)
+@pytest.mark.parametrize("version", PERMUTATIONS)
 def test_different_keys_look_independent(version):
     n = 4096
     x = np.arange(n)
@@ -99,8 +101,8 @@ def test_bad_input():
         permute(np.array([-1]), 10, 1)
     with pytest.raises(TypeError, match="integers"):
         permute(np.array([0.5]), 10, 1)
-    with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
-        permute(np.arange(3), 10, 1, 3)
+    with pytest.raises(ValueError, match=r"Got mapping version 4, allowed mapping versions are \(1, 2, 3\)"):
+        permute(np.arange(3), 10, 1, 4)
     with pytest.raises(ValueError, match="mapping version"):
         Permutation(10, 1, 0)
 

@@ -17,7 +17,7 @@ from detsampler.version import MAPPING_VERSIONS
 
 def test_mapping_version():
     assert MAPPING_VERSION == 2
-    assert MAPPING_VERSIONS == (1, 2)
+    assert MAPPING_VERSIONS == (1, 2, 3)  # 3: the balanced plan's (tests/test_balance.py)
 
 
 def test_pinned_hash_and_permutation():
@@ -58,6 +58,23 @@ def test_pinned_plan_version_1():
         "seed": 2024,
         "batch_size_schedule": [[0, 16]],
     }
+
+
+def test_pinned_plan_version_3():
+    """The balanced plan: which rank reads which of a step's samples, dealt by the cost model (its ids, per step, are
+    version 2's)."""
+    from detsampler.balance import Balance, CostModel
+
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=64, seed=1), (np.arange(300) * 37) % 151)
+    cost = CostModel(attention=1 / 64, linear=1.0, fixed=0.0)
+    plan = Plan(layout.num_samples, 2024, 16, 2, 4, balance=Balance(layout, cost))
+    assert layout.num_samples == 356
+    assert plan.slot_order(0).tolist() == [0, 11, 1, 12, 2, 15, 3, 14, 4, 13, 5, 9, 7, 8, 10, 6]
+    assert plan.micro_batch(0, 0, 0).tolist() == [68, 211]
+    assert plan.micro_batch(0, 1, 3).tolist() == [214, 257]
+    assert plan.micro_batch(10**9, 1, 3).tolist() == [186, 254]
+    assert sorted(plan.global_batch(7)) == sorted(Plan(layout.num_samples, 2024, 16, 2, 4).global_batch(7))
+    assert permute(np.arange(8), 1000, 12345, version=3).tolist() == permute(np.arange(8), 1000, 12345).tolist()
 
 
 def test_pinned_layouts():

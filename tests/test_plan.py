@@ -159,7 +159,9 @@ def test_mapping_version_is_chosen_recorded_and_kept_on_resume():
     check_resume(fp(v1).to_dict(), fp(v1.with_world(2, 2)), 5)
     with pytest.raises(ValueError, match=r"changes the mapping version from 1 to 2.*Plan\(\.\.\., mapping_version=1\)"):
         check_resume(fp(v1), fp(v2), 5)
-    with pytest.raises(ValueError, match=r"Got mapping version 3, allowed mapping versions are \(1, 2\)"):
+    with pytest.raises(ValueError, match=r"Got mapping version 4, allowed mapping versions are \(1, 2, 3\)"):
+        Plan(1000, 3, 8, 2, mapping_version=4)
+    with pytest.raises(ValueError, match=r"mapping version 3 is the balanced plan's"):  # tests/test_balance.py
         Plan(1000, 3, 8, 2, mapping_version=3)
 
 

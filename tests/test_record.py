@@ -129,3 +129,21 @@ def test_a_record_without_a_seal_is_read_with_a_warning(small_index, tmp_path):
     path.write_text(json.dumps(saved))
     with pytest.warns(UserWarning, match=rf"{re.escape(str(path))}: the data record carries no seal \(record_sha256"):
         assert DataRecord.load(tmp_path).step == 15
+
+
+@pytest.mark.parametrize("given", [".", "detsampler_data.json", "./detsampler_data.json"])
+def test_a_checkpoint_named_from_inside_it_is_bound_to_its_own_name(small_index, tmp_path, monkeypatch, given):
+    """Issue 31 (re-run): `--checkpoint .` from inside `step_00000006` read step 3's record copied in (its COMPLETE
+    gone) as the checkpoint's: the name `.` states no step, and the no-COMPLETE refusal looked at that name only."""
+    checkpoint = tmp_path / "step_00000006"
+    checkpoint.mkdir()
+    (checkpoint / "data_fingerprint.json").write_text("{}")
+    path = _saved(small_index, checkpoint, step=3)
+    monkeypatch.chdir(checkpoint)
+    with pytest.raises(ValueError, match="its trainer checkpoint has no COMPLETE marker"):
+        DataRecord.load(given)
+    (checkpoint / "data_fingerprint.json").unlink()
+    step = "the record's step 3 is not this checkpoint's step 6 (its directory name step_00000006)"
+    with pytest.raises(ValueError, match=re.escape(step)):
+        DataRecord.load(given)
+    assert path.is_file()

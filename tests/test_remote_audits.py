@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -242,3 +243,171 @@ def test_file_urls_are_local_paths_for_cache_dirs_and_pre_tokenized_sources(smal
     built = json.loads(capsys.readouterr().out)["path"]
     assert built.startswith(f"{tmp_path}/cache/index-") and (tmp_path / "cache").is_dir()
     assert not (tmp_path / "file:").exists() and not list(tmp_path.glob("**/file:"))
+
+
+def test_build_prints_the_summary_of_a_built_index_given_without_its_tokenizer(
+    small_index, small_tokenizer, s3_bucket, capsys
+):
+    """Issue 31 (re-run): `build --data INDEX` (a directory or its bucket URL) without --tokenizer ended in `detsampler:
+    error: expected str, bytes or os.PathLike object, not NoneType` (exit 2), its --json form printed: the summary's
+    tokenizer row read the path of a tokenizer not loaded. It names the tokenizer the index records."""
+    url = f"{s3_bucket}/summary/{small_index.path.name}"
+    push_index(small_index.path, url)
+    recorded = small_index.meta["tokenizer"]
+
+    def rows(out: str) -> dict[str, str]:  # print_rows: the key padded to the longest ("dataset fingerprint")
+        return {line[:19].strip(): line[21:] for line in out.splitlines()}
+
+    for data in (str(small_index.path), url):
+        assert main(["build", "--data", data, "--quiet"]) == 0, data
+        summary = rows(capsys.readouterr().out)
+        assert summary["tokenizer"] == (
+            f"{recorded['path']} (recorded by the index, not loaded: --tokenizer checks it) (sha256"
+            f" {recorded['sha256'][:16]}..., vocab {recorded['vocab_size']}, eos {recorded['eos_id']}, pad"
+            f" {recorded['pad_id']})"
+        )
+        assert summary["index fingerprint"] == small_index.fingerprint
+        assert main(["build", "--data", data, "--tokenizer", str(small_tokenizer.path), "--quiet"]) == 0
+        given = rows(capsys.readouterr().out)
+        assert given["tokenizer"].startswith(f"{small_tokenizer.path} (sha256 {recorded['sha256'][:16]}...")
+        assert {k: v for k, v in given.items() if k != "tokenizer"} == {
+            k: v for k, v in summary.items() if k != "tokenizer"
+        }
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "said"),
+    [
+        (["--max-documents", "4"], {"max_documents": 4}, "max_documents 4 (--max-documents)"),
+        (["--no-store-tokens"], {"store_tokens": False}, "store_tokens False (--no-store-tokens)"),
+        (["--add-bos"], {"add_bos": True}, "add_bos True (--add-bos)"),
+        (["--add-eos", "real"], {"add_eos": "real"}, "add_eos 'real' (--add-eos)"),
+        (["--text-column", "content"], {"text_column": "content"}, "text_column 'content' (--text-column)"),
+        (["--loss-policy", "all"], {"loss_policy": "all"}, "loss_policy 'all' (--loss-policy)"),
+    ],
+)
+def test_an_option_that_shapes_a_build_is_refused_with_a_built_index_as_data(
+    small_index, small_tokenizer, s3_bucket, capsys, option, field, said
+):
+    """Issue 31 (re-run): `show --data INDEX --max-documents 4` showed the index's 16 documents (the option was dropped
+    in silence), and so were --no-store-tokens, --add-bos, --add-eos, --text-column and --loss-policy: an index opened
+    as data is read as it was built. An option that asks for another build is refused, naming it and the index's own."""
+    from dataclasses import replace
+
+    from detsampler.index.prepare import IndexConfig, prepare_index
+
+    url = f"{s3_bucket}/shaped/{small_index.path.name}"
+    push_index(small_index.path, url)
+    plan = ["--tokenizer", str(small_tokenizer.path), "--seq-len", "64", "--step", "0", "--quiet"]
+    for data in (str(small_index.path), url):
+        with pytest.raises(SystemExit) as exit_:
+            main(["show", "--data", data, *plan, *option])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"detsampler: error: data {data!r} is a built index, read as it was built: {said}")
+        with pytest.raises(ValueError, match=re.escape(f"is a built index, read as it was built: {said}")):
+            prepare_index(replace(IndexConfig(data=data), **field))
+    # what the index was built with is accepted as given (it changes nothing)
+    recorded = ["--text-column", "text", "--add-eos", "virtual", "--no-add-bos", "--store-tokens"]
+    assert main(["show", "--data", url, *plan, *recorded]) == 0 and "doc " in capsys.readouterr().out
+
+
+def test_a_push_of_a_file_of_an_index_names_the_directory_to_give(small_index, s3_bucket):
+    """Issue 31 (re-run): `push INDEX/meta.json URL` said `'INDEX/meta.json' holds no index (no meta.json)`."""
+    from detsampler.index.push import push
+
+    for given in (small_index.path / "meta.json", small_index.path / "tokens.npy"):
+        said = f"{str(given)!r} is a file: push takes the index directory that holds it ({str(small_index.path)!r})"
+        for call in (push, push_index):
+            with pytest.raises(TokenIndexError, match=re.escape(said)):
+                call(given, f"{s3_bucket}/file-given")
+
+
+# -- a push checks every chunk it uploads, as it reads it --------------------------------------------------------------
+
+
+def _flip(path, at: int) -> int:
+    """Flip one bit of the byte at ``at`` (negative: from the end) of ``path``; returns its chunk."""
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 1
+    path.write_bytes(bytes(raw))
+    return (at % len(raw)) // CHUNK_BYTES
+
+
+def test_a_push_refuses_a_file_that_fails_its_checksums_and_leaves_nothing_that_opens(
+    small_index, s3_bucket, tmp_path, capsys
+):
+    """Issue 31 (re-review): a byte flipped near the end of a local layout's ``ends.npy`` was pushed and the push said
+    success; `TokenIndex.open(url).layout(cfg)` was then refused with a ChecksumError. `push_index` opened the index
+    only: no layout's checksums, and no chunk of ``tokens.npy``, were read. Each chunk uploaded is now checked as it is
+    read for the upload, and a push refuses naming the file and the chunk before any seal is written."""
+    from detsampler.layout import LayoutConfig
+    from tests.index_copies import copy_with_layouts
+
+    config = LayoutConfig(kind="concat", seq_len=64)
+    cases = {
+        "ends": lambda d: next((d / "layouts").glob("concat-L64-*")) / "ends.npy",
+        "tokens": lambda d: d / "tokens.npy",
+    }
+    for case, file_of in cases.items():
+        copy = copy_with_layouts(small_index, tmp_path / case, [config])
+        path = file_of(copy.path)
+        chunk = _flip(path, -3)
+        size = path.stat().st_size
+        rel = path.relative_to(copy.path)
+        said = f"{rel} chunk {chunk} (bytes {chunk * CHUNK_BYTES}..{min(size, (chunk + 1) * CHUNK_BYTES) - 1})"
+        url = f"{s3_bucket}/damaged-{case}/{copy.path.name}"
+        with pytest.raises(ChecksumError, match=re.escape(said)) as refused:
+            push_index(copy.path, url)
+        assert f"push to {url} refused" in str(refused.value) and "\n" not in str(refused.value)
+        assert not store_for(url).exists(f"{url}/meta.json")  # nothing that opens
+        assert not any(u.endswith("layout.json") for u in store_for(url).list(url))
+        assert not store_for(url).exists(f"{url}/{rel}")  # the damaged bytes were never uploaded
+        assert not store_for(url).exists(f"{url}/push-claim.json")  # released: an index built again can be pushed
+        with pytest.raises(SystemExit) as exit_:
+            main(["push", str(copy.path), f"{url}-cli"])
+        captured = capsys.readouterr()
+        assert exit_.value.code == 2 and captured.out == "" and said in captured.err
+        assert captured.err.count("detsampler: error:") == 1
+
+
+def test_a_push_refuses_an_edited_checksum_file_or_layout_record(small_index, s3_bucket, tmp_path):
+    from detsampler.layout import LayoutConfig
+    from tests.index_copies import copy_with_layouts
+
+    config = LayoutConfig(kind="concat", seq_len=64)
+    for case, name, said in (
+        ("sums", "ends.sums.npy", "ends.sums.npy differs from the one recorded"),
+        ("record", "layout.json", "layout.json fails its seal"),
+    ):
+        copy = copy_with_layouts(small_index, tmp_path / case, [config])
+        path = next((copy.path / "layouts").glob("concat-L64-*")) / name
+        if name == "layout.json":
+            path.write_text(path.read_text().replace('"num_samples": ', '"num_samples": 1'))
+        else:
+            _flip(path, -1)
+        url = f"{s3_bucket}/edited-{case}/{copy.path.name}"
+        with pytest.raises(TokenIndexError, match=re.escape(said)):
+            push_index(copy.path, url)
+        assert not store_for(url).exists(f"{url}/meta.json")
+
+
+def test_a_re_push_of_a_damaged_copy_leaves_the_pushed_index_as_it_was(s3_bucket, tmp_path):
+    """A file over the multipart threshold (5 MiB) damaged in its last chunk, pushed over a good push of the same
+    index: the upload is aborted, so the object in the bucket is still the good one and the prefix opens and
+    verifies."""
+    import shutil
+
+    from detsampler.index.synthetic import synthetic_index
+
+    good = synthetic_index(tmp_path / "good", 1_600_000, mean_length=300)
+    url = f"{s3_bucket}/re-push/{good.path.name}"
+    push_index(good.path, url)
+    damaged = tmp_path / "damaged" / good.path.name
+    shutil.copytree(good.path, damaged)
+    assert (damaged / "lengths.npy").stat().st_size > 5 * 2**20
+    chunk = _flip(damaged / "lengths.npy", -2)
+    with pytest.raises(ChecksumError, match=f"lengths.npy chunk {chunk} "):
+        push_index(damaged, url)
+    TokenIndex.open(url, verify_tokens=True)  # every chunk and sha256 of what is there: the good push's
+    assert store_for(url).exists(f"{url}/push-claim.json")  # the sealed index's claim stays

@@ -188,7 +188,7 @@ def test_bad_storage_arguments_are_refused_by_name(make, error):
 
 def test_a_retry_setting_that_is_not_a_number_is_refused(monkeypatch):
     monkeypatch.setenv("DETSAMPLER_STORAGE_MAX_RETRIES", "many")
-    with pytest.raises(ValueError, match="Got DETSAMPLER_STORAGE_MAX_RETRIES='many', it must be a number"):
+    with pytest.raises(ValueError, match="Got DETSAMPLER_STORAGE_MAX_RETRIES='many', it must be an integer >= 0"):
         RetryPolicy.from_env()
 
 
@@ -326,3 +326,47 @@ def test_read_head_gives_the_first_bytes_and_the_size_in_both_stores(s3_bucket, 
         store.put(f"{root}/x", data)
         assert store.read_head(f"{root}/x", 10) == (data[:10], 200)
         assert store.read_head(f"{root}/x", 1000) == (data, 200) == store.read_head(f"{root}/x", -1)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "inf", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "nan", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "inf", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "-1", "a number of seconds, finite and > 0"),
+        ("DETSAMPLER_STORAGE_MAX_RETRIES", "1.5", "an integer >= 0"),
+        ("DETSAMPLER_STORAGE_MAX_RETRIES", "-2", "an integer >= 0"),
+    ],
+)
+def test_a_retry_setting_out_of_range_is_refused_naming_the_variable(monkeypatch, name, value, error):
+    """Issue 31 (re-run): `inf` or `nan` seconds were taken, then every request failed as `GET failed, a failure that
+    is not retried (OverflowError: cannot convert float infinity to integer)`, naming no setting; `1.5` retries was
+    said not to be a number, and -2 was named only inside a RetryPolicy repr."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(f"Got {name}={value!r}, it must be {error}")):
+        RetryPolicy.from_env()
+    with pytest.raises(ValueError, match=re.escape(f"Got {name}={value!r}")):
+        store_for("s3://bucket/x")
+
+
+def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket(s3_endpoint, small_index):
+    """Issue 31 (re-run): `detsampler push DIR s3://no-such-bucket/a` said `s3://no-such-bucket/a/push-claim.json: does
+    not exist (create-only PUT)`: the object a write creates was said to be missing. A write that finds no bucket (moto
+    answers NoSuchBucket) names the bucket, for a plain PUT, a tagged one and a create-only one."""
+    from detsampler.index.push import push_index
+
+    store = store_for("s3://no-such-bucket-31/a")
+    said = "s3://no-such-bucket-31/a/x: {} failed: the bucket 'no-such-bucket-31' does not exist (create it first)"
+    for what, write in (
+        ("PUT", lambda: store.put("s3://no-such-bucket-31/a/x", b"1")),
+        ("PUT", lambda: store.put_tagged("s3://no-such-bucket-31/a/x", b"1")),
+        ("create-only PUT", lambda: store.create("s3://no-such-bucket-31/a/x", b"1")),
+    ):
+        with pytest.raises(StorageError, match=re.escape(said.format(what))) as caught:
+            write()
+        assert not isinstance(caught.value, ObjectNotFoundError)
+    with pytest.raises(
+        StorageError, match=re.escape("the bucket 'no-such-bucket-31' does not exist (create it first)")
+    ):
+        push_index(small_index.path, "s3://no-such-bucket-31/a")

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from detsampler.balance import CostModel
+from detsampler.layout import LayoutConfig, make_layout
 from detsampler.plan import Plan
 from train.checkpoint import (
     COMPLETE,
@@ -84,7 +86,7 @@ def test_overrides_map_one_to_one_onto_toml_keys() -> None:
         (["schedule.decay=exp"], "ScheduleConfig.decay must be"),
         (["seq_len=3"], "--set expects section.key=value"),
         (
-            ["data.mapping_version=3"],
+            ["data.mapping_version=4"],
             "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of",
         ),
     ],
@@ -278,6 +280,39 @@ def test_the_mapping_version_comes_from_the_config_else_the_checkpoint_else_the_
         saved_mapping_version({"plan": {"seed": 0}})
 
 
+def test_balance_maps_one_to_one_onto_the_cost_model_and_keeps_its_mapping_version() -> None:
+    """``[data] balance``: a table of CostModel's fields (or true), strictly checked; a balanced run is version 3, new
+    or resumed, and a resume keeps the checkpoint's balance (issue 34)."""
+    from detsampler.balance import Balance
+    from train.config import DataConfig
+    from train.train import _data_config
+
+    data = lambda *sets: load_config(CONFIGS / "tiny.toml", list(sets)).data
+    assert data().balance is None
+    assert data("data.balance=true").balance == CostModel() == data("data.balance={}").balance
+    assert data("data.balance={attention = 0, fixed = 2.5}").balance == CostModel(attention=0.0, fixed=2.5)
+    assert data("data.balance=false").balance is None
+    for bad, message in [
+        ("data.balance={quadratic = 1}", r"DataConfig.balance: unknown key\(s\) \['quadratic'\]; allowed keys are"),
+        ("data.balance={linear = -1}", "DataConfig.balance: CostModel.linear must be a finite number >= 0, got -1"),
+        ("data.mapping_version=3", "DataConfig.mapping_version 3 is the balanced plan's: set balance"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            data(bad)
+    with pytest.raises(ValueError, match="DataConfig.mapping_version 2 with balance set: a balanced plan is mapping"):
+        data("data.balance=true", "data.mapping_version=2")
+    balanced = DataConfig(balance=True)
+    assert _data_config(balanced, None).mapping_version == 3
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=16), np.arange(1, 50))
+    v3 = Plan(layout.num_samples, 0, 8, 2, balance=Balance(layout)).fingerprint()
+    v2 = Plan(layout.num_samples, 0, 8, 2).fingerprint()
+    assert _data_config(balanced, {"step": 4, "data": {"plan": v3}}).mapping_version == 3
+    with pytest.raises(DataFingerprintError, match=r"was not balanced \(mapping version 2\) but \[data\] balance"):
+        _data_config(balanced, {"step": 4, "data": {"plan": v2}})
+    with pytest.raises(DataFingerprintError, match=r"was balanced \(mapping version 3\) but \[data\] balance is off"):
+        _data_config(DataConfig(), {"step": 4, "data": {"plan": v3}})
+
+
 def test_metrics_are_strict_json_even_for_a_nan_loss(tmp_path: Path) -> None:
     """A NaN loss used to be written as a bare ``NaN``, which strict JSON parsers reject (issue 10 item 12)."""
     import json
@@ -315,6 +350,9 @@ TABLES = {  # the fields declared Any: a table of a library dataclass's fields, 
         "must be a table {budget_bytes = 67108864, cache_bytes = 134217728, threads = 8, block_bytes = 65536}, true or"
         " false"
     ),
+    "balance": "must be a table {"
+    + ", ".join(f"{k} = {v!r}" for k, v in CostModel().describe().items())
+    + "}, true or false",
 }
 
 
@@ -378,7 +416,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(section: str, name: str, 
 def test_the_wrong_type_test_covers_every_field() -> None:
     covered = {(section, name) for section, name, _, _ in _every_wrong_value()}
     every = {(section, f.name) for section, cls in SECTION_CLASSES.items() for f in dataclasses.fields(cls)}
-    assert covered == every and len(every) == 64
+    assert covered == every and len(every) == 65
 
 
 @pytest.mark.parametrize(

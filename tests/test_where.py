@@ -1,5 +1,6 @@
 """``where``: document -> every (step, micro step, rank, row, span) that read it equals an exhaustive scan of ``locate``
-over every step, for every layout kind, batch ramps, skip ranges, both mapping versions and mixtures with schedules."""
+over every step, for every layout kind, batch ramps, skip ranges, every mapping version (3: balanced) and mixtures with
+schedules."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from detsampler.balance import Balance, CostModel
 from detsampler.layout import LAYOUT_KINDS, LayoutConfig, make_layout
 from detsampler.locate import locate
 from detsampler.mixture import Mixture
@@ -65,12 +67,13 @@ def cuts(draw):
     cut=cuts(),
     seed=seeds,
     skips=st.one_of(st.none(), skip_ranges(max_step=12, max_ranges=2, max_len=3)),
-    version=st.sampled_from([1, 2]),
+    version=st.sampled_from([1, 2, 3]),
     data=st.data(),
 )
 def test_where_equals_the_scan(layout, cut, seed, skips, version, data):
     world, micro, batch, ramp = cut
-    plan = Plan(layout.num_samples, seed, batch, micro, world, ramp, skips, mapping_version=version)
+    balance = Balance(layout, CostModel(attention=0.25)) if version == 3 else None
+    plan = Plan(layout.num_samples, seed, batch, micro, world, ramp, skips, mapping_version=version, balance=balance)
     doc = data.draw(st.integers(0, layout.num_documents - 1), label="doc")
     first = data.draw(st.integers(0, 6), label="first")
     stop = first + data.draw(st.integers(0, 18), label="steps")
@@ -98,7 +101,7 @@ def test_document_samples_are_the_samples_holding_the_document(layout, data):
     kind=st.sampled_from(LAYOUT_KINDS),
     mix_seed=seeds,
     skips=st.one_of(st.none(), skip_ranges(max_step=12, max_ranges=2, max_len=3)),
-    version=st.sampled_from([1, 2]),
+    version=st.sampled_from([1, 2, 3]),
     data=st.data(),
 )
 def test_where_through_a_mixture_equals_the_scan(lengths, kind, mix_seed, skips, version, data):
@@ -115,6 +118,7 @@ def test_where_through_a_mixture_equals_the_scan(lengths, kind, mix_seed, skips,
         batch_size_schedule=ramp,
         skip_steps=skips,
         mapping_version=version,
+        balance=Balance(layouts, CostModel(attention=1.0)) if version == 3 else None,
     )
     source = data.draw(st.integers(0, len(layouts) - 1), label="source")
     doc = data.draw(st.integers(0, layouts[source].num_documents - 1), label="doc")

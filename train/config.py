@@ -134,23 +134,47 @@ def _redaction_source(entry: dict, name: str, labels: tuple[str, ...] | None) ->
     )
 
 
+def _redaction_ids(entry: dict, name: str) -> dict[str, Any]:
+    """An entry's ``id_column`` and ``ids`` (both or neither; ids strings or integers), as given, or ``{}``."""
+    if ("ids" in entry) != ("id_column" in entry):
+        missing = "id_column" if "ids" in entry else "ids"
+        given = "ids" if missing == "id_column" else "id_column"
+        raise ValueError(
+            f"{name}.{given} needs {missing}: ids = [...] are values of the dataset's column id_column = C (a"
+            " conversation_id)"
+        )
+    if "ids" not in entry:
+        return {}
+    column, ids = entry["id_column"], entry["ids"]
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"{name}.id_column must be a column name, got {column!r}")
+    if (
+        not isinstance(ids, (list, tuple))
+        or not ids
+        or not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids)
+    ):
+        raise ValueError(f"{name}.ids must be a list of strings or integers (values of column {column!r}), got {ids!r}")
+    return {"id_column": column, "ids": list(ids)}
+
+
 def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[dict, ...]:
     """``DataConfig.redactions`` checked: ``{documents = [ids], paths = [dataset paths], sha256 = [content hashes],
-    from_step = s}`` tables (at least one of the three), sorted by step (then source); over a mixture (``labels``: its
-    source names) each names ``source``, kept as the source's index. Ids are checked (and duplicates across entries
-    refused) here, paths and content hashes when the pipeline resolves them against the dataset's ``path`` and text
-    columns."""
+    id_column = C, ids = [values of column C], from_step = s}`` tables (at least one way of naming documents), sorted
+    by step (then source); over a mixture (``labels``: its source names) each names ``source``, kept as the source's
+    index. Document ids are checked (and duplicates across entries refused) here, paths, content hashes and id values
+    when the pipeline resolves them against the dataset's ``path``, text and id columns."""
     from detsampler.redaction import Redaction, normalize_redactions
 
     out = []
     for i, entry in enumerate(entries):
         name = f"DataConfig.redactions[{i}]"
-        allowed = {"documents", "paths", "sha256", "from_step", "source"}
+        allowed = {"documents", "paths", "sha256", "id_column", "ids", "from_step", "source"}
         if not isinstance(entry, dict) or set(entry) - allowed or "from_step" not in entry:
             raise ValueError(
-                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], from_step = s}} (and"
-                f" source = NAME over a mixture), got {entry!r}"
+                f"{name}: a redaction is {{documents = [ids], paths = [...], sha256 = [...], id_column = C, ids ="
+                f" [...], from_step = s}} (and source = NAME over a mixture), got {entry!r}"
             )
+        by_id = _redaction_ids(entry, name)
         source = _redaction_source(entry, name, labels)
         paths = entry.get("paths", [])
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
@@ -161,8 +185,11 @@ def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[di
         ):
             raise ValueError(f"{name}.sha256 must be a list of sha256 hex digests (64 hex digits each), got {hashes!r}")
         documents = entry.get("documents", [])
-        if not documents and not paths and not hashes:
-            raise ValueError(f"{name} names no document: give documents = [ids], paths = [...] or sha256 = [...]")
+        if not documents and not paths and not hashes and not by_id:
+            raise ValueError(
+                f"{name} names no document: give documents = [ids], paths = [...], sha256 = [...] or id_column = C"
+                " with ids = [...]"
+            )
         try:
             ids = Redaction(documents, entry["from_step"]).documents if documents else ()
             Redaction([0], entry["from_step"])
@@ -175,6 +202,7 @@ def _redaction_entries(entries: Any, labels: tuple[str, ...] | None) -> tuple[di
             row["paths"] = sorted(set(paths))
         if hashes:
             row["sha256"] = sorted({h.lower() for h in hashes})
+        row.update(by_id)
         out.append(row)
     out.sort(key=lambda r: (r["from_step"], r.get("source", -1)))
     try:
@@ -290,6 +318,14 @@ def _prefetch(value: Any) -> Any:
     return _options_table(value, PrefetchConfig, "prefetch", shape)
 
 
+def _balance(value: Any) -> Any:
+    """``data.balance`` as a :class:`detsampler.balance.CostModel` (the balanced plan's cost model) or None (off)."""
+    from detsampler.balance import CostModel
+
+    shape = "{" + ", ".join(f"{name} = {value!r}" for name, value in CostModel().describe().items()) + "}"
+    return _options_table(value, CostModel, "balance", shape)
+
+
 WORKER_START_METHODS = ("", "fork", "forkserver", "spawn")
 
 
@@ -316,10 +352,10 @@ class DataConfig:
     (:class:`detsampler.filter.RepetitionFilter`, a table of its fields, ``{}`` or ``true`` for its defaults; absent or
     ``false``: off); a flagged sample is still read, its labels are all -100 (its loss is masked, the stream
     unchanged). ``redactions``: ``{documents = [ids], from_step = s}`` tables (or ``paths = [...]``, ``sha256 = [...]``
-    content hashes, resolved when the pipeline is built), whose documents' labels are masked (-100)
-    from training step ``s`` on, every step still reading what it read (:mod:`detsampler.redaction`); over a mixture
-    each names ``source = "NAME"`` (a ``mixture_names`` entry, else a ``mixture_sources`` one, or the source's index),
-    whose document ids (paths, texts) it lists.
+    content hashes, ``id_column = "C", ids = [...]`` values of an id column, resolved when the pipeline is built), whose
+    documents' labels are masked (-100) from training step ``s`` on, every step still reading what it read
+    (:mod:`detsampler.redaction`); over a mixture each names ``source = "NAME"`` (a ``mixture_names`` entry, else a
+    ``mixture_sources`` one, or the source's index), whose document ids (paths, texts, id values) it lists.
 
     Reading from a bucket (an index at an ``s3://``, ``gs://``, ``az://`` or ``https://`` URL, as ``source`` or found
     in a ``cache_dir`` URL): ``prefetch`` turns on the exact lookahead prefetcher
@@ -334,7 +370,11 @@ class DataConfig:
     object store is refused. A resume may add
     schedule entries and skip ranges at or after its step, and redactions from its step on. ``mapping_version``
     (:class:`detsampler.plan.Plan`): 0, the default, resumes a run on the version its checkpoint records and starts a
-    new run on the current one.
+    new run on the current one (3 when ``balance`` is on, else 2). ``balance`` (:class:`detsampler.balance.CostModel`,
+    a table of its fields ``attention``, ``linear``, ``fixed``; ``{}`` or ``true`` for its defaults; absent or
+    ``false``: off): each step's samples dealt to (rank, micro step) by their modeled cost (attention masked per
+    document), the same samples per step (:class:`detsampler.balance.Balance`, mapping version 3); ``{attention = 0}``
+    balances tokens (padding-free SFT). A resume keeps the checkpoint's balance.
 
     Supervised fine-tuning (``train/configs/sft.toml``): ``loss_policy`` (:class:`detsampler.text.chat.ChatConfig`)
     makes ``text_column`` a column of chat messages rendered with the tokenizer's chat template (a local transformers
@@ -369,7 +409,9 @@ class DataConfig:
     mixture_schedule: tuple[tuple[int, tuple[Any, ...]], ...] = ()
     mixture_names: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
-    redactions: tuple[Any, ...] = ()  # {documents/paths/sha256 = [...], from_step = s}: labels masked from step s on
+    redactions: tuple[
+        Any, ...
+    ] = ()  # {documents/paths/sha256/ids = [...], from_step = s}: labels masked from step s on
     mapping_version: int = 0  # 0: the checkpoint's on resume, else detsampler's MAPPING_VERSION; or a version to use
     instance_filter: Any = None  # a RepetitionFilter table, true (its defaults) or false/absent (off)
     loss_policy: str = (
@@ -379,6 +421,7 @@ class DataConfig:
     overlong: str = "split"  # bestfit: an example longer than seq_len is split, truncated or dropped
     prefetch: Any = None  # a PrefetchConfig table ({} or true: its defaults), or false/absent (off)
     worker_start_method: str = ""  # "": forkserver over an index in an object store, else the platform's default
+    balance: Any = None  # a CostModel table ({} or true: its defaults): each step dealt to ranks by cost; false: off
 
     def __post_init__(self) -> None:
         from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
@@ -392,12 +435,14 @@ class DataConfig:
             object.__setattr__(self, "mixture_schedule", tuple(_schedule_entry(e) for e in self.mixture_schedule))
         object.__setattr__(self, "instance_filter", _instance_filter(self.instance_filter))
         object.__setattr__(self, "prefetch", _prefetch(self.prefetch))
+        object.__setattr__(self, "balance", _balance(self.balance))
         check_fields(self)
         if self.mapping_version != 0 and self.mapping_version not in MAPPING_VERSIONS:
             raise ValueError(
                 "DataConfig.mapping_version must be 0 (the checkpoint's, else the current one) or one of "
                 f"{MAPPING_VERSIONS}, got {self.mapping_version!r}"
             )
+        self._check_balance_version()
 
         if self.add_eos not in ("", "virtual", "real"):
             raise ValueError(
@@ -439,6 +484,19 @@ class DataConfig:
         mixture = self.mixture_config()  # validates the mixture: one weight per source, weights, schedule steps
         labels = None if mixture is None else tuple(mixture.labels)
         object.__setattr__(self, "redactions", _redaction_entries(self.redactions, labels))
+
+    def _check_balance_version(self) -> None:
+        """A balanced plan is mapping version 3, and version 3 is the balanced plan's."""
+        from detsampler.version import BALANCED_MAPPING_VERSION
+
+        balanced = self.balance is not None
+        if self.mapping_version and (self.mapping_version == BALANCED_MAPPING_VERSION) != balanced:
+            why = (
+                f"with balance set: a balanced plan is mapping version {BALANCED_MAPPING_VERSION} (give it, or 0)"
+                if balanced
+                else "is the balanced plan's: set balance (a table of its cost model, or true), or give 0"
+            )
+            raise ValueError(f"DataConfig.mapping_version {self.mapping_version} {why}")
 
     def chat_config(self) -> Any:
         """The :class:`~detsampler.text.chat.ChatConfig` of ``loss_policy`` (``text_column`` holds the messages, or

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from detsampler.content import content_columns, documents_by_content
+from detsampler.content import content_columns, documents_by_content, documents_by_id
 from detsampler.layout import Layout, LayoutConfig
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan
@@ -29,7 +29,7 @@ from detsampler.record import DataRecord
 from detsampler.redaction import Redaction, documents_by_path
 from detsampler.resume import DataFingerprint
 from detsampler.storage.urls import is_remote
-from detsampler.version import MAPPING_VERSION
+from detsampler.text.chat import with_tools
 from train.config import DataConfig
 
 __all__ = [
@@ -324,10 +324,10 @@ def _layout_config(config: DataConfig) -> LayoutConfig:
 
 def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redaction]:
     """``config.redactions`` as :class:`~detsampler.redaction.Redaction` entries: ``paths`` resolved to document ids
-    against ``dataset``'s ``path`` column and ``sha256`` content hashes against its content (its text column, or a
-    chat row's rendered columns: :mod:`detsampler.content`; an error when it has no such column, or a path or hash
-    names no document). Over a mixture ``dataset`` is the list of the sources'
-    datasets, and each entry resolves against its source's."""
+    against ``dataset``'s ``path`` column, ``sha256`` content hashes against its content (its text column, or a
+    chat row's rendered columns: :mod:`detsampler.content`) and ``ids`` against its column ``id_column`` (an error when
+    it has no such column, or a path, hash or id names no document). Over a mixture ``dataset`` is the list of the
+    sources' datasets, and each entry resolves against its source's."""
     out = []
     for entry in config.redactions:
         source = entry.get("source")
@@ -343,6 +343,11 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
             documents += documents_by_path(own["path"], entry["paths"])
         if entry.get("sha256"):
             documents += _by_content(config, own, entry["sha256"], where)
+        if entry.get("ids"):
+            try:
+                documents += documents_by_id(own, entry["id_column"], entry["ids"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         out.append(Redaction(sorted(set(documents)), entry["from_step"], source))
     return out
 
@@ -350,7 +355,7 @@ def resolve_redactions(config: DataConfig, dataset: Any = None) -> list[Redactio
 def _by_content(config: DataConfig, dataset: Any, hashes: list[str], where: str) -> list[int]:
     """The documents of ``dataset`` whose content hash is one of ``hashes`` (:mod:`detsampler.content`: the text of
     ``text_column``, or a chat row's rendered columns under ``loss_policy``)."""
-    columns = content_columns(config.text_column, config.chat_config())
+    columns = content_columns(config.text_column, with_tools(config.chat_config(), dataset))  # as the index renders
     names = [columns] if isinstance(columns, str) else list(columns)
     missing = [c for c in names if c not in (getattr(dataset, "column_names", None) or [])]
     if missing:
@@ -384,10 +389,19 @@ def check_redacted_documents(plan: Plan, num_documents: int | Sequence[int], con
 
 
 def _plan(
-    config: DataConfig, world_size: int, num_samples: int | None = None, source: Any = None, dataset: Any = None
+    config: DataConfig,
+    world_size: int,
+    num_samples: int | None = None,
+    source: Any = None,
+    dataset: Any = None,
+    layout: Any = None,
 ) -> Plan:
     """The plan of ``config`` over ``num_samples`` (a layout's sample count) or ``source`` (a mixture); ``dataset``
-    (a mixture: one per source) resolves the redactions' paths and content hashes."""
+    (a mixture: one per source) resolves the redactions' paths and content hashes; ``data.balance`` costs the samples
+    by ``layout``'s spans (a mixture's: by its sources' layouts)."""
+    from detsampler.balance import Balance
+
+    balance = Balance(layout if layout is not None else source, config.balance) if config.balance else None
     return Plan(
         num_samples=num_samples,
         source=source,
@@ -397,9 +411,10 @@ def _plan(
         world_size=world_size,
         batch_size_schedule=[tuple(row) for row in config.batch_size_schedule] or None,
         skip_steps=[tuple(r) for r in config.skip_steps] or None,
-        mapping_version=config.mapping_version or MAPPING_VERSION,
+        mapping_version=config.mapping_version or None,  # 0: the current version (3 balanced, else 2)
         redactions=resolve_redactions(config, dataset) or None,
         epoch_ids=config.epoch_order and source is None,  # a mixture qualifies its epoch_order sources' ids itself
+        balance=balance,
     )
 
 
@@ -452,7 +467,7 @@ def build_pipeline(config: DataConfig, world_size: int, rank: int = 0) -> DataPi
     index, tokenizer = prepared.index, prepared.tokenizer
     _verify_once(index)
     layout = index.layout(_layout_config(config))
-    plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset)
+    plan = _plan(config, world_size, num_samples=layout.num_samples, dataset=prepared.dataset, layout=layout)
     check_redacted_documents(plan, index.num_documents)
     dataset = _packed_dataset(prepared, layout, config.text_column, config.instance_filter, config.prefetch, plan)
     pipeline = DataPipeline(config=config, index=index, tokenizer=tokenizer, layout=layout, plan=plan, dataset=dataset)

@@ -49,6 +49,13 @@ def parse_demo_args(
     p.add_argument("--kill-at", type=int, default=kill_at, help="SIGKILL run B just before this step")
     p.add_argument("--out", default=out)
     p.add_argument("--verbose", action="store_true", help="show all of the runs' output")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a configuration override for both runs (repeatable), e.g. --set data.balance=true",
+    )
     args = p.parse_args(argv)
     if not 0 < args.kill_at < args.steps:
         p.error(f"--kill-at must be in (0, {args.steps}), got {args.kill_at}")
@@ -77,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data.num_proc=2",
         "--set",
         "runtime.log_every=5",
+        *(x for item in args.set for x in ("--set", item)),
     ]
     t_start = time.monotonic()
 
@@ -88,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from train.data import build_pipeline
 
     t0 = time.monotonic()
-    data = build_pipeline(load_config(CONFIG, ["data.num_proc=2"]).data, world_size=2)
+    data = build_pipeline(load_config(CONFIG, ["data.num_proc=2", *args.set]).data, world_size=2)
     t_index = time.monotonic() - t0
     print(
         f"      {data.index.num_documents} documents, {data.index.num_tokens:,} tokens, vocabulary {data.vocab_size}; "

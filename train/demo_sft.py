@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, "python -m train.demo_sft", "SFT: interrupted+resumed vs uninterrupted", 12, 4, 10,
         str(ROOT / "runs" / "demo-sft"),
     )  # fmt: skip
-    settings = [f"schedule.steps={args.steps}", f"checkpoint.every={args.every}", "runtime.log_every=4"]
+    settings = [f"schedule.steps={args.steps}", f"checkpoint.every={args.every}", "runtime.log_every=4", *args.set]
     common = ["--config", str(CONFIG)] + [x for item in settings for x in ("--set", item)]
     t_start = time.monotonic()
 

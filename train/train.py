@@ -49,8 +49,9 @@ from torch import Tensor
 from detsampler.cli import show_library_log
 from detsampler.cli.parser import non_negative_int
 from detsampler.loader.redact import redact_step
+from detsampler.plan import Plan
 from detsampler.redaction import Blocklist
-from detsampler.version import MAPPING_VERSION
+from detsampler.version import BALANCED_MAPPING_VERSION, MAPPING_VERSION
 from train import checkpoint as ckpt
 from train.config import DataConfig, TrainConfig, config_to_dict, load_config
 from train.data import DataPipeline, ThreadPrefetcher, TimedIterator, build_pipeline, step_token_hashes
@@ -244,15 +245,16 @@ def global_label_counts(micro_batches: Sequence[dict[str, torch.Tensor]], rt: Ru
     return counts[0], counts[1]
 
 
-def _global_token_hash(local: np.ndarray, rt: Runtime) -> str:
-    """Hash of the per-sample token hashes of the whole step, in global position order (micro step, rank, row)."""
+def _global_token_hash(local: np.ndarray, rt: Runtime, plan: Plan, step: int) -> str:
+    """Hash of the per-sample token hashes of the whole step, in global position order (the slots, micro step, rank,
+    row, put in position order: a balanced plan deals them out of it), the same for any number of ranks."""
     t = torch.from_numpy(local.view(np.int64).copy())
     if rt.is_cuda:
         t = t.to(rt.device)
     gathered = [torch.empty_like(t) for _ in range(rt.world_size)]
     dist.all_gather(gathered, t)
     per_rank = np.stack([g.cpu().numpy() for g in gathered])  # [world, micro_steps, micro_batch]
-    return sample_hash(per_rank.transpose(1, 0, 2).reshape(-1))
+    return sample_hash(plan.by_position(step, per_rank.transpose(1, 0, 2).reshape(-1)))
 
 
 def log(rt: Runtime, text: str) -> None:
@@ -262,10 +264,21 @@ def log(rt: Runtime, text: str) -> None:
 
 def _data_config(config: DataConfig, meta: dict | None) -> DataConfig:
     """``config`` with its mapping version settled: as configured, else the checkpoint's (a run resumes on the version
-    it started on), else the current one."""
+    it started on), else the current one (3 for a balanced plan, else 2). A resume keeps the checkpoint's balance."""
     if config.mapping_version:
         return config
-    version = ckpt.saved_mapping_version(meta["data"]) if meta is not None else MAPPING_VERSION
+    balanced = config.balance is not None
+    if meta is None:
+        return replace(config, mapping_version=BALANCED_MAPPING_VERSION if balanced else MAPPING_VERSION)
+    version = ckpt.saved_mapping_version(meta["data"])
+    if (version == BALANCED_MAPPING_VERSION) != balanced:
+        was = "balanced" if version == BALANCED_MAPPING_VERSION else "not balanced"
+        wanted = BALANCED_MAPPING_VERSION if balanced else MAPPING_VERSION
+        raise ckpt.DataFingerprintError(
+            f"the checkpoint's run was {was} (mapping version {version}) but [data] balance is"
+            f" {'on' if balanced else 'off'}: resume with the checkpoint's setting, or change it on purpose with"
+            f" --allow-data-change and data.mapping_version = {wanted}"
+        )
     return replace(config, mapping_version=version)
 
 
@@ -397,6 +410,13 @@ def _run(
         f"global batch {cfg.data.global_batch_size} = {rt.world_size} ranks x {data.plan.micro_batch_size} x "
         f"{data.plan.num_micro_steps(start_step)} micro steps | fingerprint {fingerprint['hash']}",
     )
+    if data.plan.balance is not None:
+        c = data.plan.balance.cost
+        log(
+            rt,
+            f"data: balanced (mapping version 3): each step's samples dealt to ranks by cost = {c.attention!r} *"
+            f" sum(len^2) + {c.linear!r} * tokens + {c.fixed!r}",
+        )
     reads = data.reads_line()
     if reads is not None:
         log(rt, reads)
@@ -455,7 +475,7 @@ def _run(
         optimizer.zero_grad(set_to_none=True)
         _all_reduce_sum(loss_sum)
         step_loss = float(loss_sum / global_tokens)
-        token_hash = _global_token_hash(step_token_hashes(micro_batches), rt)
+        token_hash = _global_token_hash(step_token_hashes(micro_batches), rt, data.plan, step)
         now = time.perf_counter()
         elapsed, t_last = now - t_last, now
         record = {
@@ -468,7 +488,7 @@ def _run(
             "step_ms": 1000 * elapsed,
             "tokens": int(global_tokens),
             "positions": int(global_positions),
-            "sample_hash": sample_hash(data.plan.global_batch(step)),
+            "sample_hash": sample_hash(data.plan.by_position(step, data.plan.global_batch(step))),
             "tokens_hash": token_hash,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "world_size": rt.world_size,

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from detsampler.cli.build import cmd_build, cmd_tokenizer_train
+from detsampler.cli.erase import cmd_erase
 from detsampler.cli.inputs import quiet_progress
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser, explicit_options, join_negative_values
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_library_log(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     commands = {"build": cmd_build, "show": cmd_show, "verify": cmd_verify, "stats": cmd_stats, "where": cmd_where}
     commands["push"] = cmd_push
+    commands["erase"] = cmd_erase
     try:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)

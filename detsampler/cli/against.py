@@ -28,7 +28,7 @@ __all__ = ["report_against"]
 def _plan_of(record: Any, audit: Audit) -> Plan:
     if record.is_mixture:
         return record.plan(source=mixture_of(record, audit.layouts))
-    return record.plan(audit.layouts[0].num_samples)
+    return record.plan(audit.layouts[0].num_samples, layout=audit.layouts[0])
 
 
 def _compare_samples(old: Plan, new: Plan, a: int, b: int) -> tuple[list[int], int]:
@@ -42,29 +42,31 @@ def _compare_samples(old: Plan, new: Plan, a: int, b: int) -> tuple[list[int], i
     return differ, samples
 
 
-def report_against(audit: Audit, against: tuple[DataRecord, str], a: int, b: int) -> bool:
-    """Print the comparison of ``audit``'s checkpoint with ``against`` (the older record and where it was read, as
-    :func:`~detsampler.cli.record_files.find_record` returns them) over steps ``a..b-1``; True when the resume rule
+def report_against(audit: Audit, against: tuple[DataRecord, str], a: int, b: int) -> tuple[list[str], bool]:
+    """The lines comparing ``audit``'s checkpoint with ``against`` (the older record and where it was read, as
+    :func:`~detsampler.cli.record_files.find_record` returns them) over steps ``a..b-1``, and whether the resume rule
     accepts the change at the older checkpoint's step."""
     record, where = against
     old_fp, new_fp = record.fingerprint, audit.record.fingerprint
     changes = fingerprint_changes(old_fp, new_fp)
     what = "changes " + "; ".join(changes) if changes else "unchanged"
-    print(f"against {where}: saved at step {record.step}, data {what}")
+    lines = [f"against {where}: saved at step {record.step}, data {what}"]
     accepted = True
     try:
         check_resume(old_fp, new_fp, record.step)
-        print(f"  accepted by the resume rule at step {record.step} (check_resume)")
+        lines.append(f"  accepted by the resume rule at step {record.step} (check_resume)")
     except ValueError as exc:
         accepted = False
-        print(f"  refused by the resume rule at step {record.step}: {exc}")
+        lines.append(f"  refused by the resume rule at step {record.step}: {exc}")
     if (old_fp.index, old_fp.layout) != (new_fp.index, new_fp.layout):
-        print("  samples not compared: the index or layout differs")
-        return accepted
+        lines.append("  samples not compared: the index or layout differs")
+        return lines, accepted
     differ, samples = _compare_samples(_plan_of(record, audit), audit.plan, a, b)
     if not differ:
-        print(f"  steps {a}..{b - 1}: every step reads the samples its plan reads ({b - a} steps, {samples} samples)")
+        lines.append(
+            f"  steps {a}..{b - 1}: every step reads the samples its plan reads ({b - a} steps, {samples} samples)"
+        )
     else:
         shown = ", ".join(str(s) for s in differ[:3]) + (" ..." if len(differ) > 3 else "")
-        print(f"  steps {a}..{b - 1}: {len(differ)} step(s) read other samples than its plan: {shown}")
-    return accepted
+        lines.append(f"  steps {a}..{b - 1}: {len(differ)} step(s) read other samples than its plan: {shown}")
+    return lines, accepted

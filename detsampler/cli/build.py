@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from detsampler.cli.inputs import prepare, show_progress, verify_files
-from detsampler.cli.options import layout_config
+from detsampler.cli.options import is_media, layout_config
 from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows, rel
 
 __all__ = ["cmd_build", "cmd_tokenizer_train"]
@@ -62,10 +62,21 @@ def _push_layout(prepared: Any, config: Any, num_proc: int) -> None:
         push_index(staged, str(index.path))
 
 
+def _tokenizer_named(summary: dict, index: Any) -> str:
+    """The summary's tokenizer: the one loaded, else (a built index given as --data, no --tokenizer) the one the index
+    records, said to be unchecked."""
+    if summary["tokenizer_path"] is not None:
+        return rel(summary["tokenizer_path"])
+    recorded = (getattr(index, "meta", None) or {}).get("tokenizer", {}).get("path")
+    return f"{rel(recorded) if recorded else '?'} (recorded by the index, not loaded: --tokenizer checks it)"
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or open the cached) index and print its summary, as text or ``--json``; or a sharded index's shards and
     manifest (``--shard``, ``--finalize``, ``--sharded``)."""
     _refuse_ignored(args)
+    if args.layout:  # NOTE: checked before anything is built or printed (a sharded build printed its shards first)
+        layout_config(args)
     if args.shard is not None or args.finalize or args.sharded:
         from detsampler.cli.shards import cmd_build_sharded
 
@@ -76,6 +87,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.data = f"{args.source[0]}:{args.source[1]}"
     prepared = prepare(args)
     audit = verify_files(prepared.index).line() if args.verify_tokens else None  # a full read, before any output
+    if args.layout and is_media(prepared.index):
+        raise ValueError(
+            "--layout: a media index's two-axis layout is packed in RAM when it is opened (show, where, verify, stats"
+            " --max-patches N); nothing is persisted"
+        )
     if args.layout:
         _push_layout(prepared, layout_config(args), args.num_proc)
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
@@ -87,6 +103,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(audit)
     if "source_kind" in summary:
         return _print_source(summary, args.json)
+    if "num_images" in summary:
+        return _print_media(summary, args.json)
     summary["tokenizer_path"] = None if prepared.tokenizer is None else prepared.tokenizer.path
     if "num_shards" in summary:
         return _print_sharded(summary, prepared.index.meta["shards"], args.json)
@@ -121,7 +139,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             (
                 "tokenizer",
                 (
-                    f"{rel(summary['tokenizer_path'])} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab"
+                    f"{_tokenizer_named(summary, prepared.index)} (sha256 {summary['tokenizer_sha256'][:16]}..., vocab"
                     f" {summary['vocab_size']}, eos {summary['eos_id']}, pad {summary['pad_id']})"
                 ),
             ),
@@ -187,6 +205,26 @@ def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:
             ("tokens", fmt_int(summary["num_tokens"])),
             ("eos / pad", f"{summary['eos_id']} / {summary['pad_id']}"),
             ("tokenizer", rel(tokenizer) if tokenizer else "none given (every shard is a pre-tokenized file)"),
+            ("fingerprint", summary["fingerprint"]),
+        ]
+    )
+    return 0
+
+
+def _print_media(summary: dict, as_json: bool) -> int:
+    """A media index's summary: what was opened (built by :func:`detsampler.media.build.build_media_index`)."""
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    counts = ", ".join(f"{k}={v}" for k, v in summary["counts"].items() if k not in ("family", "version"))
+    print_rows(
+        [
+            ("media index", rel(summary["path"])),
+            ("documents", f"{fmt_int(summary['num_documents'])} ({summary['skipped_documents']} left out at build)"),
+            ("tokens", f"{fmt_int(summary['num_tokens'])} (image tokens expanded; +{summary['num_documents']} EOS)"),
+            ("images", fmt_int(summary["num_images"])),
+            ("counts", f"{summary['counts']['family']} v{summary['counts']['version']} ({counts})"),
+            *([("chat", f"policy {summary['chat']['policy']}")] if "chat" in summary else []),
             ("fingerprint", summary["fingerprint"]),
         ]
     )

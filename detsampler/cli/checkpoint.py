@@ -13,6 +13,7 @@ are allowed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,10 +27,10 @@ from detsampler.mixture import MixtureConfig
 from detsampler.mixture.weights import normalize_weights
 from detsampler.plan import Plan, normalize_skip_steps
 from detsampler.record import DataRecord
-from detsampler.redaction import normalize_redactions
-from detsampler.resume import DataFingerprint, fingerprint_changes
+from detsampler.redaction import check_redacted_documents, normalize_redactions
+from detsampler.resume import DataFingerprint, erasures_added, fingerprint_changes
 
-__all__ = ["Audit", "mixture_of", "open_audit"]
+__all__ = ["Audit", "after_checkpoint", "mixture_of", "open_audit"]
 
 # options that only say how to build an index: a checkpoint names its index, so they have no effect
 _UNUSED = ("vocab_size", "num_proc", "cache_dir")
@@ -100,8 +101,11 @@ def _recorded_values(record: DataRecord, indexes: list[Any]) -> dict[str, Any]:
             "skip_steps": [list(r) for r in plan.get("skip_steps", [])],
             "redactions": [[r[0], list(r[1]), *r[2:]] for r in plan.get("redactions", [])],
             "mapping_version": plan["mapping_version"],
+            "balance": "balance" in plan,
         }
     )
+    for name in ("attention", "linear", "fixed"):  # the cost model of a balanced plan (None: not balanced)
+        values[f"balance_{name}"] = plan["balance"]["cost"][name] if "balance" in plan else None
     first = indexes[0]
     if hasattr(first, "store_tokens"):
         values["store_tokens"] = bool(first.store_tokens)
@@ -232,9 +236,12 @@ def _datasets(args: argparse.Namespace, explicit: set[str], record: DataRecord, 
             continue
         from dataclasses import replace
 
-        dataset = load_dataset_for(replace(base, data=path))
+        # NOTE: the index records its text column: --text-column, when given, must be it (checked below and by
+        # _conflicts), and is not needed otherwise
+        column = base.text_column if "text_column" in explicit else index.text_column
+        dataset = load_dataset_for(replace(base, data=path, text_column=column))
         try:
-            index.check_dataset(dataset, base.text_column)
+            index.check_dataset(dataset, column)
         except ValueError as exc:
             flag = "--mixture-data" if "mixture_data" in explicit else "--data"
             what = path or "(the default corpus)"
@@ -314,13 +321,19 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
         if record.is_mixture:
             plan = record.plan(source=mixture_of(record, layouts), **cut)
         else:
-            plan = record.plan(layouts[0].num_samples, **cut)
+            plan = record.plan(layouts[0].num_samples, layout=layouts[0], **cut)
     except ValueError as exc:
         raise ValueError(f"checkpoint {where}: {exc}; the index or layout changed since it was saved") from None
+    try:  # NOTE: a recorded redaction of a document the index lacks was shown as redacted, or refused mid-report
+        check_redacted_documents(plan.redactions, [index.num_documents for index in indexes])
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {where}: its plan's redaction is not of its index: {exc}") from None
     many = record.is_mixture
     reopened = DataFingerprint.of(
         indexes if many else indexes[0], layouts if many else layouts[0], plan, record.instance_filter()
     )
+    if erasures_added(record.fingerprint.index, reopened.index):  # erased since: every sample in place, audited as is
+        reopened = dataclasses.replace(reopened, index=record.fingerprint.index)
     if reopened.hash != record.fingerprint.hash:
         changes = fingerprint_changes(record.fingerprint, reopened)
         raise ValueError(
@@ -340,6 +353,18 @@ def open_audit(args: argparse.Namespace, *, corpus: bool = False, decode: bool =
         tokenizer = _tokenizer(args, explicit, index, needed=decode)
         prepared.append(Opened(index=index, dataset=dataset, tokenizer=tokenizer))
     return Audit(where, record, prepared, layouts, plan, _labels(record))
+
+
+def after_checkpoint(record: DataRecord, end: int) -> str | None:
+    """The line that says steps ``record.step .. end - 1`` of an audit are the plan's, not trained by the checkpoint
+    (None when ``end`` does not pass its step). NOTE: `stats --step` / `verify --steps` past it counted them as
+    trained."""
+    if end <= record.step:
+        return None
+    return (
+        f"  steps {record.step}..{end - 1} are after the checkpoint's step {record.step}: counted as the plan reads"
+        " them, not trained by it"
+    )
 
 
 def _labels(record: DataRecord) -> tuple[str, ...] | None:

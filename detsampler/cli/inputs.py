@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from detsampler.cli.options import index_config, layout_config, plan_from_args
+from detsampler.cli.options import index_config, layout_for, plan_from_args
 from detsampler.layout import Layout
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -55,12 +55,19 @@ class FilesAudit:
     """What :func:`verify_files` read in full, counted as each check returned: the only thing :meth:`line` reads, so no
     line can name a check that did not run. ``tokens``: stored tokens whose every chunk and file sha256 were checked,
     in ``with_tokens`` indexes (or shards); ``without_tokens``: indexes that store no tokens (their lengths and offsets
-    checked); ``unchecked``: pre-tokenized files (they record no checksum)."""
+    checked); ``unchecked``: pre-tokenized files (they record no checksum); ``media``: media indexes whose images were
+    read, ``images`` of ``image_bytes`` bytes in all, each checked against its CRC-32, from ``image_files`` source files
+    and ``embedded`` from the index's own ``image_bytes.npy``."""
 
     tokens: int = 0
     with_tokens: int = 0
     without_tokens: int = 0
     unchecked: int = 0
+    media: int = 0
+    images: int = 0
+    image_bytes: int = 0
+    image_files: int = 0
+    embedded: int = 0
 
     def line(self) -> str:
         """One line saying what was verified and what was not."""
@@ -77,16 +84,38 @@ class FilesAudit:
                 line += f"; {self.without_tokens} shard(s) store no tokens: their lengths and offsets verified"
         if self.unchecked:
             line += f"; {self.unchecked} pre-tokenized file(s) record no checksum: not verified"
-        return line
+        return line + self._images()
+
+    def _images(self) -> str:
+        """What the media audit read (nothing without a media index: no image was checked, none is claimed)."""
+        if not self.media:
+            return ""
+        if not self.images:
+            return "; images: none in the index (nothing to check)"
+        where = [f"{self.image_files} file{'s' if self.image_files != 1 else ''}"] if self.image_files else []
+        where += [f"{self.embedded} from the index's image_bytes.npy"] if self.embedded else []
+        return (
+            f"; images: every one's bytes checked against its CRC-32 ({self.images:,} images,"
+            f" {self.image_bytes:,} bytes, in {' and '.join(where)})"
+        )
 
 
 def verify_files(index: Any) -> FilesAudit:
     """Every chunk checksum and file sha256 of ``index`` (of each tokenized shard of a sharded index; a pre-tokenized
     file records no checksum), on disk or in an object store: a full read. Returns what was checked."""
+    from detsampler.cli.options import is_media
     from detsampler.index import TokenIndex
 
     tokens = with_tokens = without_tokens = unchecked = 0
+    media = {"media": 0, "images": 0, "image_bytes": 0, "image_files": 0, "embedded": 0}
     for part in getattr(index, "shards", [index]):
+        if is_media(part):  # every file, then every image's bytes: raises on the first that fails
+            checked = part.verify_files()
+            tokens, with_tokens = tokens + checked.pop("tokens"), with_tokens + 1
+            media["media"] += 1
+            for key, value in checked.items():
+                media[key] += value
+            continue
         if not isinstance(part, TokenIndex):
             unchecked += 1
             continue
@@ -95,7 +124,7 @@ def verify_files(index: Any) -> FilesAudit:
             without_tokens += 1
         else:
             tokens, with_tokens = tokens + checked.num_tokens, with_tokens + 1
-    return FilesAudit(tokens, with_tokens, without_tokens, unchecked)
+    return FilesAudit(tokens, with_tokens, without_tokens, unchecked, **media)
 
 
 def prepare(args: argparse.Namespace) -> Prepared:
@@ -117,5 +146,6 @@ def mixture_plan(
 ) -> tuple[list[Prepared], list[Layout], Plan]:
     """(prepared sources, their layouts, the plan over their mixture)."""
     prepared = prepare_sources(args, config)
-    layouts = [p.index.layout(layout_config(args, kind)) for p in prepared]
-    return prepared, layouts, plan_from_args(args, source=config.build(layouts))
+    layouts = [layout_for(p.index, args, kind) for p in prepared]
+    documents = [p.index.num_documents for p in prepared]
+    return prepared, layouts, plan_from_args(args, source=config.build(layouts), documents=documents)

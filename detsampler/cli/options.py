@@ -14,11 +14,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from detsampler.balance import Balance, CostModel
 from detsampler.layout import LAYOUT_KINDS, OVERLONG_POLICIES, LayoutConfig
+from detsampler.media.layout import MediaLayoutConfig
+from detsampler.media.packing import OVERLONG_MEDIA
 from detsampler.mixture import Mixture, MixtureConfig
 from detsampler.plan import Plan
+from detsampler.redaction import check_redacted_documents
 from detsampler.text.chat import CHAT_POLICIES
-from detsampler.version import MAPPING_VERSION, MAPPING_VERSIONS
+from detsampler.version import BALANCED_MAPPING_VERSION, MAPPING_VERSION, MAPPING_VERSIONS
 
 if TYPE_CHECKING:
     from detsampler.index.prepare import IndexConfig
@@ -29,8 +33,12 @@ __all__ = [
     "add_layout_options",
     "add_mixture_options",
     "add_plan_options",
+    "balance_from_args",
     "index_config",
+    "is_media",
     "layout_config",
+    "layout_for",
+    "media_layout_config",
     "mixture_config",
     "plan_from_args",
     "step_range",
@@ -56,6 +64,8 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "window_docs": ("LayoutConfig", "window_docs"),
     "overlong": ("LayoutConfig", "overlong"),
     "epoch_order": ("LayoutConfig", "epoch_order"),  # and Plan.epoch_ids, which follows it (plan_from_args)
+    # a media index's layout reads --seq-len, --layout-seed, --window-docs and --overlong too (media_layout_config)
+    "max_patches": ("MediaLayoutConfig", "max_patches"),
     "seed": ("Plan", "seed"),
     "global_batch_size": ("Plan", "global_batch_size"),
     "micro_batch_size": ("Plan", "micro_batch_size"),
@@ -64,6 +74,10 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     "skip_steps": ("Plan", "skip_steps"),
     "redactions": ("Plan", "redactions"),
     "mapping_version": ("Plan", "mapping_version"),
+    "balance": ("Plan", "balance"),  # --balance: a Balance over the command's layout, costed by the three below
+    "balance_attention": ("CostModel", "attention"),
+    "balance_linear": ("CostModel", "linear"),
+    "balance_fixed": ("CostModel", "fixed"),
     "mixture_data": ("MixtureConfig", "sources"),
     "mixture_weights": ("MixtureConfig", "weights"),
     "mixture_schedule": ("MixtureConfig", "schedule"),
@@ -366,6 +380,14 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
         " (default: %(default)s)",
     )
     g.add_argument(
+        "--max-patches",
+        type=int,
+        default=MediaLayoutConfig().max_patches,
+        metavar="N",
+        help="a media index (images beside text): at most N vision patches per sample, the second axis its samples"
+        " are packed on (default: %(default)s)",
+    )
+    g.add_argument(
         "--epoch-order",
         action=argparse.BooleanOptionalAction,
         default=d.epoch_order,
@@ -418,13 +440,35 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--mapping-version",
         type=mapping_version,
-        default=MAPPING_VERSION,
+        default=None,
         metavar="V|CHECKPOINT",
         help=(
             "Plan.mapping_version: the sample orders of this version, or of the version a checkpoint directory "
-            "(or its data_fingerprint.json) records (default: %(default)s, the current one)"
+            f"(or its data_fingerprint.json) records (default: the current one, {MAPPING_VERSION}, or"
+            f" {BALANCED_MAPPING_VERSION} with --balance)"
         ),
     )
+    g.add_argument(
+        "--balance",
+        action="store_true",
+        default=False,
+        help=(
+            "Plan.balance: deal each step's samples to (rank, micro step) by their modeled cost, attention masked per"
+            " document (mapping version 3): the same samples per step, every rank's cost near the mean"
+        ),
+    )
+    for name, what in (
+        ("attention", "per squared token of each document span"),
+        ("linear", "per token"),
+        ("fixed", "per sample"),
+    ):
+        g.add_argument(
+            f"--balance-{name}",
+            type=float,
+            default=None,
+            metavar="X",
+            help=f"CostModel.{name}: the cost {what} (default: {getattr(CostModel(), name)!r}); needs --balance",
+        )
 
 
 # -- parsed options -> dataclasses
@@ -453,16 +497,85 @@ def layout_config(args: argparse.Namespace, kind: str | None = None) -> LayoutCo
     )
 
 
+def balance_from_args(args: argparse.Namespace, layout: Any) -> Balance | None:
+    """``--balance`` and its cost model over ``layout`` (the layout, or a mixture built over its sources' layouts), or
+    None."""
+    given = {name: getattr(args, f"balance_{name}", None) for name in ("attention", "linear", "fixed")}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not getattr(args, "balance", False):
+        if given:
+            raise ValueError(f"--balance-{next(iter(given))} needs --balance (it is the balanced plan's cost model)")
+        return None
+    return Balance(layout, CostModel(**given))
+
+
+def is_media(index: Any) -> bool:
+    """Whether ``index`` is a media index (images beside text: its layout packs on two axes)."""
+    from detsampler.media.index import MediaIndex
+
+    return isinstance(index, MediaIndex)
+
+
+def media_layout_config(args: argparse.Namespace, kinds: Sequence[str] | None = None) -> MediaLayoutConfig:
+    """The :class:`~detsampler.media.layout.MediaLayoutConfig` of the layout options: ``--seq-len``, ``--max-patches``,
+    ``--layout-seed``, ``--window-docs``, ``--overlong`` (split or drop). A layout kind other than bestfit given
+    explicitly (``--kind``, or ``kinds``: ``stats --kinds``) is refused: a media index has one layout, best fit on two
+    axes."""
+    explicit = getattr(args, "explicit", ())
+    if kinds is not None and "kinds" in explicit and list(kinds) != ["bestfit"]:
+        raise ValueError(
+            f"--kinds {','.join(kinds)}: a media index is packed on two axes (best fit of LLM tokens and vision"
+            " patches): drop --kinds, or pass --kinds bestfit"
+        )
+    if "kind" in explicit and args.kind != "bestfit":
+        raise ValueError(
+            f"--kind {args.kind}: a media index is packed on two axes (best fit of LLM tokens and vision patches):"
+            " drop --kind, or pass --kind bestfit"
+        )
+    if args.overlong not in OVERLONG_MEDIA:
+        raise ValueError(
+            f"--overlong {args.overlong}: a media index cuts a document only between images; allowed are"
+            f" {', '.join(OVERLONG_MEDIA)}"
+        )
+    return MediaLayoutConfig(seq_len=args.seq_len, max_patches=args.max_patches, seed=args.layout_seed,
+                             window_docs=args.window_docs, overlong=args.overlong)  # fmt: skip
+
+
+def layout_for(index: Any, args: argparse.Namespace, kind: str | None = None) -> Any:
+    """The layout of the layout options over ``index``: a media index's two-axis layout (:func:`media_layout_config`),
+    else the :class:`LayoutConfig` of :func:`layout_config` (``kind`` in place of ``--kind`` when given)."""
+    if is_media(index):
+        return index.layout(media_layout_config(args))
+    return index.layout(layout_config(args, kind))
+
+
 def plan_from_args(
     args: argparse.Namespace,
     num_samples: int | None = None,
     source: Mixture | None = None,
     epoch_ids: bool | None = None,
+    layout: Any = None,
+    *,
+    documents: Sequence[int],
 ) -> Plan:
     """The Plan of the parsed options over ``num_samples`` (a layout's sample count) or ``source`` (a mixture).
-    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says)."""
+    ``epoch_ids``: whether the layout has ``epoch_order`` (None: as ``--epoch-order`` says); ``layout``: the layout of
+    ``num_samples``, whose spans a ``--balance`` plan costs (a mixture's: ``source``, built over its layouts).
+    ``documents``: the document count of the index (of each mixture source): a ``--redact`` of a document past it is
+    refused."""
     if epoch_ids is None:
         epoch_ids = bool(getattr(args, "epoch_order", False)) and source is None
+    plan = _plan_from_args(args, num_samples, source, epoch_ids, layout)
+    try:  # NOTE: show and where read such a redaction as masking nothing (exit 0); verify refused it mid-report
+        check_redacted_documents(plan.redactions, documents)
+    except ValueError as exc:
+        raise ValueError(f"--redact: {exc}") from None
+    return plan
+
+
+def _plan_from_args(
+    args: argparse.Namespace, num_samples: int | None, source: Mixture | None, epoch_ids: bool, layout: Any
+) -> Plan:
     return Plan(
         num_samples,
         source=source,
@@ -479,6 +592,7 @@ def plan_from_args(
         # NOTE: the sample ids carry their epoch exactly when the layout reorders documents each epoch; a mixture
         # qualifies its own epoch_order sources' ids
         epoch_ids=epoch_ids,
+        balance=balance_from_args(args, layout if layout is not None else source),
     )
 
 

@@ -160,6 +160,28 @@ def _add_build_command(sub: Any) -> argparse.ArgumentParser:
     return build
 
 
+def _add_erase_command(sub: Any) -> argparse.ArgumentParser:
+    from detsampler.cli.erase import document_ids
+
+    erase = sub.add_parser(
+        "erase",
+        help="overwrite documents' stored tokens in place (a legal erasure), every sample kept in place",
+        description=(
+            "Overwrite the stored tokens (and loss mask) of the documents --doc names with the index's pad id, in"
+            " place, locally or in a bucket: every length, hence every sample and step, is kept, only the touched"
+            " chunks' checksums are recomputed, and an erasure record is appended to the index's identity, so a run"
+            " resumes across it and never trains on those documents again. Then reads the bytes back to prove them"
+            " gone (exit 1 when not)."
+        ),
+    )
+    erase.add_argument("index", metavar="INDEX", help="a built index directory (index-<key>) or its bucket URL")
+    erase.add_argument(
+        "--doc", type=document_ids, action="append", required=True, metavar="ID[,ID...]", help="documents to erase"
+    )
+    erase.add_argument("--json", action="store_true", help="print the erasure and its proof as JSON")
+    return erase
+
+
 def _add_push_command(sub: Any) -> argparse.ArgumentParser:
     push = sub.add_parser(
         "push",
@@ -323,6 +345,18 @@ def build_parser() -> argparse.ArgumentParser:
         " canonical JSON; detsampler.content.content_hash): what a contamination audit starts from",
     )
     where.add_argument(
+        "--id-column",
+        default=None,
+        metavar="COLUMN",
+        help="with --id: the dataset's column that holds the ids (a conversation_id, a ticket number)",
+    )
+    where.add_argument(
+        "--id",
+        default=None,
+        metavar="ID",
+        help="the document whose --id-column value is ID (a string, or an integer column's number)",
+    )
+    where.add_argument(
         "--source", default=None, help="a mixture: the source the document belongs to (its name or number)"
     )
     where.add_argument(
@@ -374,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--json", action="store_true", help="print the stats as JSON")
     push = _add_push_command(sub)
-    for command in (train, build, show, verify, stats, where, push):
+    erase = _add_erase_command(sub)
+    for command in (train, build, show, verify, stats, where, push, erase):
         command.add_argument(
             "--quiet",
             action="store_true",

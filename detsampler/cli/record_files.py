@@ -10,13 +10,15 @@ holds ``"data_record"``); a torchtitan DCP checkpoint directory (``.metadata``; 
 
 Invariant: a record is returned only as :func:`~detsampler.record.read_record` checked it against its checkpoint (its
 seal; the step the checkpoint states: a trainer's or Hugging Face directory name, ``COMPLETE`` and
-``trainer_state.json``, a Lightning state's ``step`` and ``global_step``, a DCP ``dataloader.step`` and torchtitan's
+``trainer_state.json``, a Lightning state's ``step`` and ``global_step`` (an int or a 0-d integer tensor; a state
+that states neither is refused: Lightning writes both), a DCP ``dataloader.step`` and torchtitan's
 ``train_state.step``; the sha256 ``COMPLETE`` or ``trainer_state.json`` records of its file); anything else is one
 ValueError naming the path and what was expected.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import warnings
@@ -34,12 +36,19 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE = "COMPLETE"
 
 
-def find_record(path: str | Path) -> tuple[DataRecord, str]:
+def find_record(path: str | Path, option: str = "--checkpoint") -> tuple[DataRecord, str]:
     """The data record of the checkpoint at ``path`` and where it was read (a path, and how). A warning of the read (a
-    record saved before seals) is one ``detsampler: warning: ...`` line on stderr."""
+    record saved before seals) is one ``detsampler: warning: ...`` line on stderr. ``option``: the option that gave
+    ``path``, which its refusals name (``--against`` was refused as ``--checkpoint``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        found = _find_record(Path(path))
+        try:
+            found = _find_record(Path(path))
+        except ValueError as exc:
+            text = str(exc)
+            if option == "--checkpoint" or not text.startswith("--checkpoint"):
+                raise
+            raise ValueError(option + text[len("--checkpoint") :]) from None
     for warning in caught:
         print(f"detsampler: warning: {warning.message}", file=sys.stderr)
     return found
@@ -93,30 +102,57 @@ def _latest_step_dir(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _holder_of_record(value: Any, path: tuple[str, ...] = ()) -> tuple[dict, tuple[str, ...]] | None:
-    """The first dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, and its keys."""
+def _holders_of_record(value: Any, path: tuple[str, ...] = ()) -> list[tuple[dict, tuple[str, ...]]]:
+    """Every dict in the nested dicts (and lists) of ``value`` that holds ``"data_record"``, with its keys, in order."""
     if len(path) > 6:
-        return None
+        return []
     if isinstance(value, dict):
         if "data_record" in value:
-            return value, path
+            return [(value, path)]
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(value)]
     else:
-        return None
-    for key, item in items:
-        found = _holder_of_record(item, (*path, key))
-        if found is not None:
-            return found
-    return None
+        return []
+    return [found for key, item in items for found in _holders_of_record(item, (*path, key))]
 
 
-def _state_binding(holder: dict, prefix: str) -> tuple[dict[str, int], tuple[str, int] | None]:
+def _holder_of_record(value: Any, where: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """The one entry of ``value`` holding ``"data_record"`` (several holding one equal record are one), or None.
+
+    NOTE: the first one found was taken: a callback holding another run's record before the datamodule's was audited
+    as that run."""
+    found = _holders_of_record(value)
+    records = {json.dumps(h["data_record"], sort_keys=True, default=str) for h, _ in found}
+    if len(records) > 1:
+        at = ", ".join(".".join(keys) or "top level" for _, keys in found)
+        raise ValueError(
+            f"--checkpoint {str(where)!r} holds {len(found)} different data records (at {at}): which one is the run's"
+            " is not known; keep the DetsamplerDataModule entry's"
+        )
+    return found[0] if found else None
+
+
+def _step_of(value: Any, what: str, where: str) -> int:
+    """A step (or count) a torch checkpoint states: an int, or a 0-d integer tensor read as its integer; any other
+    value is refused (a tensor step was ignored, so any record passed beside it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0:
+        import torch
+
+        if not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool:
+            return int(value.item())
+    raise ValueError(f"{where}: {what} is {value!r}, not a step (an integer, or a 0-d integer tensor)")
+
+
+def _state_binding(holder: dict, prefix: str, where: str) -> tuple[dict[str, int], tuple[str, int] | None]:
     """The step (and samples into it) an integration's state states beside its record (``{"step": s, ...}``)."""
-    steps = {f"{prefix}step": holder["step"]} if isinstance(holder.get("step"), int) else {}
+    steps = {f"{prefix}step": _step_of(holder["step"], "step", where)} if "step" in holder else {}
     samples = holder.get("samples_in_step")
-    return steps, (f"{prefix}samples_in_step", samples) if isinstance(samples, int) else None
+    if "samples_in_step" in holder:
+        return steps, (f"{prefix}samples_in_step", _step_of(samples, "samples_in_step", where))
+    return steps, None
 
 
 def _as_record(saved: Any, where: str, steps: dict[str, int], samples: tuple[str, int] | None) -> DataRecord:
@@ -134,8 +170,9 @@ def _from_torch_file(path: Path) -> DataRecord:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a file torch cannot read: a pickle of other objects, not a checkpoint at all
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first.split(". ")[0]  # NOTE: torch's advice to load it with weights_only=False is not ours to give
         raise ValueError(f"--checkpoint {str(path)!r} is not a checkpoint torch.load reads: {first}") from None
-    found = _holder_of_record(saved)
+    found = _holder_of_record(saved, path)
     if found is None:
         keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(
@@ -143,10 +180,17 @@ def _from_torch_file(path: Path) -> DataRecord:
             " one in its DetsamplerDataModule entry"
         )
     holder, keys = found
-    steps, samples = _state_binding(holder, "")
-    if isinstance(saved, dict) and isinstance(saved.get("global_step"), int):
-        steps["global_step"] = saved["global_step"]  # Lightning's own step, beside the datamodule's state
-    return _as_record(holder["data_record"], f"{path} ({'.'.join(keys) or 'top level'})", steps, samples)
+    where = f"{path} ({'.'.join(keys) or 'top level'})"
+    steps, samples = _state_binding(holder, "", where)
+    if isinstance(saved, dict) and "global_step" in saved:  # Lightning's own step, beside the datamodule's state
+        steps["global_step"] = _step_of(saved["global_step"], "global_step", where)
+    if not steps:
+        # NOTE: a hand-made state with neither was read bound to nothing; Lightning writes both in every checkpoint
+        raise ValueError(
+            f"{where}: the checkpoint states no step (no 'step' beside its data record, no 'global_step'; a checkpoint"
+            " Lightning saves holds both), so nothing shows the record is the one it saved"
+        )
+    return _as_record(holder["data_record"], where, steps, samples)
 
 
 def _from_dcp(path: Path) -> DataRecord:

@@ -1,11 +1,11 @@
-"""Text output shared by the commands: aligned key/value rows, paths, counts and weights."""
+"""Text output shared by the commands: aligned key/value rows, paths, counts, weights and a media index's images."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["fmt_int", "fmt_loss_mask", "fmt_weights", "print_rows", "rel"]
+__all__ = ["fmt_int", "fmt_loss_mask", "fmt_weights", "image_line", "print_rows", "rel"]
 
 
 def print_rows(rows: Sequence[tuple[str, Any]]) -> None:
@@ -44,4 +44,15 @@ def fmt_loss_mask(counts: dict[str, Any]) -> str:
     return (
         f"policy {counts['policy']}: {fmt_int(counts['trained_tokens'])} tokens trained ({share:.1f}%),"
         f" {fmt_int(counts['masked_tokens'])} masked"
+    )
+
+
+def image_line(im: dict) -> str:
+    """One image of a media index (:meth:`~detsampler.media.index.MediaIndex.image_records`): id, document, item,
+    where its bytes are, format, size after EXIF orientation, and its LLM tokens and vision patches."""
+    turned = f" (EXIF orientation {im['orientation']})" if im["orientation"] != 1 else ""
+    a, b = im["bytes"]
+    return (
+        f"image {im['image']} (doc {im['document']}, item {im['item']}): {im['source']} [{a}, {b}) {im['format']}"
+        f" {im['width']}x{im['height']}{turned}: {im['tokens']} tokens, {im['patches']} patches"
     )

@@ -12,9 +12,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from detsampler.cli.checkpoint import open_audit
+import numpy as np
+
+from detsampler.cli.checkpoint import after_checkpoint, open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
-from detsampler.cli.options import layout_config, mixture_config, plan_from_args
+from detsampler.cli.options import (
+    is_media,
+    layout_config,
+    layout_for,
+    media_layout_config,
+    mixture_config,
+    plan_from_args,
+)
 from detsampler.cli.redactions import print_redactions, redaction_rows
 from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows
 from detsampler.layout import LAYOUT_KINDS
@@ -39,9 +48,11 @@ def _report_mixture(
     step: int | None,
     split: bool | None,
     extra: dict | None = None,
+    instance_filter: Any = None,
+    before: Sequence[str] = (),
 ) -> int:
     """The mixture's table (and JSON); the trained/skipped split at ``step`` when ``split`` (None: when skip ranges lie
-    before ``step``)."""
+    before ``step``); ``before``: lines printed first (without ``--json``), once everything is computed."""
     out = mixture_stats(plan, labels, step)
     for row, index in zip(out["sources"], indexes):
         row.update({"documents": index.num_documents, "tokens_in_corpus": index.num_tokens})
@@ -54,12 +65,14 @@ def _report_mixture(
         for row, part in zip(out["sources"], out["split"]["sources"]):
             row.update(part)
     out.update(extra or {})
-    redactions = redaction_rows(plan, list(layouts), step)
+    redactions = redaction_rows(plan, list(layouts), step, list(indexes), instance_filter)
     if redactions:
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
+    for line in before:
+        print(line)
     header = f"{'source':<12} {'documents':>10} {'tokens':>12} {'samples/epoch':>14} {'padding':>8}"
     if step is not None:
         print(
@@ -114,6 +127,14 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
+def _audited_layout(args: argparse.Namespace, kinds: Sequence[str]) -> Any:
+    """The layout config of the ``--redact`` audit trail: ``--kind`` when given, else the one kind ``--kinds`` names
+    (its ``--overlong`` applied as the table applies it), else the default ``--kind``."""
+    if "kind" in getattr(args, "explicit", ()):
+        return layout_config(args)
+    return layout_config(args, kinds[0] if len(kinds) == 1 else args.kind)
+
+
 def _instance_filter(text: str) -> Any:
     """``--instance-filter max_period=13,min_period=1,max_count=32`` (any of them; empty: OLMo-core's defaults)."""
     from detsampler.filter import RepetitionFilter
@@ -140,16 +161,36 @@ def index_stats(args: argparse.Namespace, index: Any, kinds: Sequence[str]) -> d
     out["layouts"] = {}
     steps = getattr(args, "filter_steps", None)
     config = _instance_filter(getattr(args, "instance_filter", "")) if steps is not None else None
+    media = is_media(index)
+    if media:  # one layout: best fit on two axes
+        media_layout_config(args, kinds)
+        out["images"] = _image_stats(index)
+        kinds = ["bestfit"]
     for k in kinds:
-        layout = index.layout(layout_config(args, k))
-        plan = plan_from_args(args, layout.num_samples, epoch_ids=layout.config.epoch_order)
+        layout = layout_for(index, args) if media else index.layout(layout_config(args, k))
+        ordered, documents = layout.config.epoch_order, [index.num_documents]
+        plan = plan_from_args(args, layout.num_samples, epoch_ids=ordered, layout=layout, documents=documents)
         out["layouts"][k] = _layout_row(layout, plan, args.step, split=None)
+        if media:
+            described = layout.describe()
+            out["layouts"][k].update({key: described[key] for key in ("llm_fill", "vision_fill", "dropped_documents")})
+            out["layouts"][k]["max_patches"] = layout.media_config.max_patches
         if config is not None:
             from detsampler.loader.dataset import instance_filter_counts
 
             row = instance_filter_counts(index, layout, plan, range(steps[0], steps[1]), config)
             out["layouts"][k]["instance_filter"] = {**config.to_dict(), **row}
     return out
+
+
+def _image_stats(index: Any) -> dict[str, Any]:
+    """A media index's images: how many, by format, and their LLM tokens and vision patches (read from its records)."""
+    from detsampler.media.index import FORMAT_CODES
+
+    rows = index.image_rows(np.arange(index.num_images))
+    formats = {name: int((rows["format"] == code).sum()) for name, code in FORMAT_CODES.items()}
+    return {"count": index.num_images, "formats": formats, "tokens": int(rows["tokens"].sum()),
+            "patches": int(rows["patches"].sum()), "bytes": int(rows["size"].sum())}  # fmt: skip
 
 
 def _layout_row(layout: Any, plan: Plan, step: int | None, split: bool | None) -> dict[str, Any]:
@@ -172,12 +213,17 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
             ),
             ("tokens/document", f"min {dt['min']}, median {dt['median']:.0f}, mean {dt['mean']:.1f}, max {dt['max']}"),
             *([("loss mask", fmt_loss_mask(out["loss_mask"]))] if "loss_mask" in out else []),
+            *([("images", _fmt_images(out["images"]))] if "images" in out else []),
             ("seq_len", seq_len),
+            *[("max_patches", row["max_patches"]) for row in out["layouts"].values() if "max_patches" in row],
             ("global batch size", global_batch_size),
         ]
     )
     split = step is not None and any("split" in row for row in out["layouts"].values())
     header = f"{'layout':<9} {'samples/epoch':>14} {'padding':>8} {'dropped':>8} {'steps/epoch':>12}"
+    media = any("vision_fill" in row for row in out["layouts"].values())
+    if media:
+        header += f" {'LLM fill':>9} {'vision fill':>12}"
     if step is not None:
         header += f" {'epochs@' + str(step):>12}"
     if split:
@@ -188,6 +234,8 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
             f"{k:<9} {row['samples_per_epoch']:>14,} {100 * row['padding_fraction']:>7.2f}% {row['dropped_tokens']:>8,}"
             f" {row['steps_per_epoch']:>12.1f}"
         )
+        if media:
+            line += f" {100 * row['llm_fill']:>8.2f}% {100 * row['vision_fill']:>11.2f}%"
         if step is not None:
             line += f" {row['epochs_at_step']:>12.4f}"
         if split and "split" in row:
@@ -213,6 +261,14 @@ def _print_index_stats(out: dict[str, Any], seq_len: int, global_batch_size: int
         _print_split(next(iter(out["layouts"].values()))["split"])
 
 
+def _fmt_images(images: dict[str, Any]) -> str:
+    formats = ", ".join(f"{n:,} {name}" for name, n in images["formats"].items() if n)
+    return (
+        f"{fmt_int(images['count'])}" + (f" ({formats})" if formats else "") + f": {fmt_int(images['tokens'])} LLM"
+        f" tokens, {fmt_int(images['patches'])} vision patches, {fmt_int(images['bytes'])} bytes"
+    )
+
+
 def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
     """The stats of what a checkpoint records: its layout (or mixture) and plan, at ``--step`` (default: the
     checkpoint's), always with the trained/skipped split."""
@@ -230,27 +286,43 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
             "data_fingerprint": record.fingerprint.hash,
         }
     }
-    if not args.json:
-        print(
-            f"checkpoint {audit.where}: saved at step {record.step}"
-            + (f" by {record.framework}" if record.framework else "")
-            + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
-            + ("es" if len(audit.layouts) > 1 else "")
-            + f"); at step {step}"
-        )
+    after = after_checkpoint(record, step)
+    if after is not None:
+        where["checkpoint"]["after"] = [record.step, step]
+    before = [  # printed once everything is computed: a refusal prints nothing
+        f"checkpoint {audit.where}: saved at step {record.step}"
+        + (f" by {record.framework}" if record.framework else "")
+        + f", data fingerprint {record.fingerprint.hash} (checked against the reopened index"
+        + ("es" if len(audit.layouts) > 1 else "")
+        + f"); at step {step}",
+        *([after] if after is not None else []),
+    ]
     indexes = [p.index for p in audit.prepared]
     if audit.labels is not None:
-        return _report_mixture(args, indexes, audit.layouts, audit.plan, audit.labels, step, split=True, extra=where)
+        return _report_mixture(
+            args,
+            indexes,
+            audit.layouts,
+            audit.plan,
+            audit.labels,
+            step,
+            split=True,
+            extra=where,
+            instance_filter=record.instance_filter(),
+            before=before,
+        )
     out = document_stats(indexes[0].lengths)
     out["layouts"] = {kind: _layout_row(audit.layouts[0], audit.plan, step, split=True)}
     out.update(where)
-    redactions = redaction_rows(audit.plan, audit.layouts[0], step)
+    redactions = redaction_rows(audit.plan, audit.layouts[0], step, indexes, record.instance_filter())
     if redactions:
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     schedule = audit.plan.fingerprint()["batch_size_schedule"]
+    for line in before:
+        print(line)
     _print_index_stats(out, audit.layouts[0].config.seq_len, schedule[-1][1], step)
     print_redactions(redactions, step)
     return 0
@@ -269,9 +341,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     kinds = _kinds(args.kinds)
     out = index_stats(args, prepared.index, kinds)
     redactions = []
-    if getattr(args, "redactions", None):  # the audit trail over the --kind layout
-        layout = prepared.index.layout(layout_config(args))
-        redactions = redaction_rows(plan_from_args(args, layout.num_samples), layout, args.step)
+    if getattr(args, "redactions", None):  # the audit trail over the --kind layout (the one kind --kinds names)
+        if is_media(prepared.index):
+            layout = layout_for(prepared.index, args)
+        else:
+            layout = prepared.index.layout(_audited_layout(args, kinds))
+        plan = plan_from_args(args, layout.num_samples, layout=layout, documents=[prepared.index.num_documents])
+        redactions = redaction_rows(plan, layout, args.step, [prepared.index])
         out["redactions"] = redactions
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

@@ -37,7 +37,7 @@ from detsampler.index.format import (
 )
 from detsampler.index.reader import TokenIndex
 from detsampler.index.tokenize import tokenize
-from detsampler.text.chat import ChatConfig, resolve_template
+from detsampler.text.chat import ChatConfig, resolve_template, with_tools
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike, check_tokenizer_like
 from detsampler.version import __version__
@@ -206,6 +206,7 @@ def build_key(
 ) -> str:
     """The cache key :func:`build_index` gives the index of these arguments (its directory is ``index-<key>``, on disk
     or in a bucket): chat data's template text and policy included."""
+    chat = with_tools(chat, dataset)
     template, column = _rendered(chat, tokenizer, text_column)
     policy = SpecialTokens() if special_tokens is None else special_tokens
     return index_cache_key(dataset, tokenizer, column, store_tokens, policy, chat, template)
@@ -251,6 +252,7 @@ def build_index(
         The opened :class:`~detsampler.index.reader.TokenIndex`, checked against ``dataset`` and ``tokenizer``.
     """
     _check_build_args(dataset, tokenizer, text_column, num_proc, chat)
+    chat = with_tools(chat, dataset)  # a tools column is rendered, as TRL renders it
     policy = SpecialTokens() if special_tokens is None else special_tokens
     policy.check(tokenizer)
     template, text_column = _rendered(chat, tokenizer, text_column)

@@ -143,6 +143,7 @@ class VerifiedArray:
         self._what = what
         self._checked = np.zeros(len(sums), dtype=bool)
         self._read_in_full: str | None = None  # a remote object's sha256, once a full read checked every block
+        self._unchecked = len(sums)  # chunks not checked yet: at 0 every read is a plain read of the map
         if isinstance(
             array, RemoteArray
         ):  # its blocks are checked against ``sums`` as they arrive (detsampler.index.remote)
@@ -193,6 +194,7 @@ class VerifiedArray:
         if self._raw is None:  # a remote array: the read fetches every block, each checked as it arrives
             out = np.asarray(self._array, dtype=dtype)
             self._checked[:] = True
+            self._unchecked = 0
             return out
         self.verify_all()
         return np.asarray(self._array, dtype=dtype)
@@ -218,6 +220,8 @@ class VerifiedArray:
 
     # -- checked reads
     def __getitem__(self, key: Any) -> Any:
+        if not self._unchecked:  # every chunk checked: nothing left to guard
+            return self._array[key]
         n = len(self._array)
         if isinstance(key, slice):
             lo, hi, _ = key.indices(n)
@@ -238,6 +242,9 @@ class VerifiedArray:
         """``np.searchsorted`` over the (sorted) array; each answer is confirmed on checked elements around it, so a
         corrupted element met on the way can never yield a wrong answer silently. With a fence, each value reads one
         block of the file (the fence, in RAM, says which), not the ~log2(n) scattered pages of a binary search."""
+        if not self._unchecked:  # every chunk checked: one search of the map (its pages were all read)
+            values = np.asarray(v)
+            return np.searchsorted(self._array, self._own_dtype(values.reshape(-1)), side=side).reshape(values.shape)
         if self._fence is not None:
             return self._fenced_search(v, side)
         pos = np.searchsorted(self._array, v, side=side)
@@ -258,12 +265,17 @@ class VerifiedArray:
                 )
         return pos
 
-    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
-        values = np.asarray(v).reshape(-1)
+    def _own_dtype(self, values: np.ndarray) -> np.ndarray:
+        """``values`` in the array's own integer dtype when they fit it: numpy would otherwise copy the searched
+        array (or block) to the values' dtype on every search."""
         if values.dtype != self.dtype and values.dtype.kind in "iu" and self.dtype.kind in "iu" and values.size:
-            info = np.iinfo(self.dtype)  # searched in the array's own dtype: numpy would copy each block to the values'
+            info = np.iinfo(self.dtype)
             if info.min <= int(values.min()) and int(values.max()) <= info.max:
-                values = values.astype(self.dtype)
+                return values.astype(self.dtype)
+        return values
+
+    def _fenced_search(self, v: Any, side: str) -> np.ndarray:
+        values = self._own_dtype(np.asarray(v).reshape(-1))
         block = np.searchsorted(self._fence, values, side=side) - 1  # fence[block] < v <= fence[block + 1] (left)
         out = np.zeros(len(values), dtype=np.int64)
         n, every = len(self._array), self.fence_every
@@ -279,6 +291,8 @@ class VerifiedArray:
         is checked: the caller reads only those ranges from it (the invariant holds for them). Cost when they are
         checked already: a few vectorized operations on ``len(starts)`` values, whatever the ranges' lengths."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        if not self._unchecked and starts.size and self._inside(starts, stops):  # every chunk checked: bounds alone
+            return self._array
         if starts.size <= _FEW_RANGES:  # a micro batch's spans: Python ints beat a dozen numpy calls
             self._check_few_ranges(starts.reshape(-1).tolist(), stops.reshape(-1).tolist())
             return self._array
@@ -287,6 +301,8 @@ class VerifiedArray:
             lo, hi = starts[some], stops[some]
             if int(lo.min()) < 0 or int(hi.max()) > len(self._array):
                 raise IndexError(f"ranges reach outside [0, {len(self._array)}) of {self.path.name}")
+            if not self._unchecked:
+                return self._array
             isz = self.dtype.itemsize
             first = (self._data_offset + lo * isz) >> _SHIFT
             last = (self._data_offset + hi * isz - 1) >> _SHIFT
@@ -298,6 +314,10 @@ class VerifiedArray:
             if todo.size:
                 self._verify(todo)
         return self._array
+
+    def _inside(self, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Whether every range lies inside the array (two reductions; False says nothing of empty ranges outside)."""
+        return int(np.minimum.reduce(starts, axis=None)) >= 0 and int(np.maximum.reduce(stops, axis=None)) <= len(self)
 
     def block_keys(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[str, int]]:
         """For an array in an object store, the ``(url, block)`` keys a read of the element ranges
@@ -330,6 +350,7 @@ class VerifiedArray:
             if self._read_in_full is None:
                 self._read_in_full = read_in_full(self._array, self._sums, self._what)
                 self._checked[:] = True
+                self._unchecked = 0
             return
         self._verify(np.flatnonzero(~self._checked))
 
@@ -377,7 +398,10 @@ class VerifiedArray:
     def _verify(self, chunks: np.ndarray) -> None:
         raw = self._raw
         if raw is None:  # a remote array: every block it reads was checked on arrival (detsampler.index.remote)
-            self._checked[chunks] = True
+            new = np.sort(chunks[~self._checked[chunks]])
+            if new.size:  # counted once each (a chunk may be named twice): O(these chunks), not O(the file)
+                self._unchecked -= 1 + int(np.count_nonzero(new[1:] != new[:-1]))
+                self._checked[new] = True
             return
         for c in chunks.tolist():
             if self._checked[c]:
@@ -392,6 +416,7 @@ class VerifiedArray:
                     self.path,
                 )
             self._checked[c] = True
+            self._unchecked -= 1
 
 
 def load_array(path: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -24,12 +24,15 @@ from detsampler.text.protocol import TokenizerLike
 __all__ = [
     "CHAT_FORMAT_VERSION",
     "CHUNK_BYTES",
+    "ERASED_FORMAT_VERSION",
+    "ERASURE_JOURNAL",
     "INDEX_FORMAT_VERSION",
     "INDEX_KIND",
     "LENGTHS_FORMAT_VERSION",
     "READ_FORMAT_VERSIONS",
     "ChecksumError",
     "TokenIndexError",
+    "base_format_version",
     "dataset_fingerprint",
     "default_cache_dir",
     "index_cache_key",
@@ -48,7 +51,13 @@ LENGTHS_FORMAT_VERSION = 3
 #    when tokens are stored, loss_mask.npy (uint8, aligned with tokens.npy, checksummed like it). What ``build_index``
 #    writes for chat data (``chat=``): a reader that does not know masks must not open it and train on every token.
 CHAT_FORMAT_VERSION = 4
-READ_FORMAT_VERSIONS = (INDEX_FORMAT_VERSION, LENGTHS_FORMAT_VERSION, CHAT_FORMAT_VERSION)
+# 5: an index of format 2 or 4 (``erased_from_format``) whose stored tokens of some documents were overwritten in place
+#    with its pad id (``detsampler erase``: loss masks zeroed, chunk checksums and file sha256s recomputed, every length
+#    kept) and whose meta.json lists the erasures (``erasures``). A reader that does not know erasures must not open it:
+#    it would train on the erased documents' neutral tokens as labels. Its cache key (the directory) is unchanged.
+ERASED_FORMAT_VERSION = 5
+ERASURE_JOURNAL = "erasure.pending.json"  # written before an erasure touches a byte, removed once meta.json is written
+READ_FORMAT_VERSIONS = (INDEX_FORMAT_VERSION, LENGTHS_FORMAT_VERSION, CHAT_FORMAT_VERSION, ERASED_FORMAT_VERSION)
 INDEX_KIND = "detsampler-token-index"
 
 
@@ -130,3 +139,14 @@ def seal_meta(record: dict) -> dict:
 def seal_ok(record: dict) -> bool:
     """Whether ``record`` carries the seal of exactly its content (any edit of a value breaks it)."""
     return record.get(SEAL_FIELD) == _seal(record)
+
+
+def base_format_version(meta: dict) -> int:
+    """The format an index's files follow: its ``format_version``, or, erased (format 5), the one it had before."""
+    version = meta.get("format_version")
+    if version == ERASED_FORMAT_VERSION:
+        base = meta.get("erased_from_format")
+        if base not in (INDEX_FORMAT_VERSION, CHAT_FORMAT_VERSION):
+            raise TokenIndexError(f"an erased index must name its format before (2 or 4), got {base!r}")
+        return int(base)
+    return version

@@ -13,6 +13,15 @@ create-only and read back. A store that offers no create-only write (or ignores 
 the claim must be refused) gets the claim written and read back instead, and every object's ETag checked against the
 one its PUT returned before the seal is written and after: a concurrent push is then detected (both may be refused),
 not excluded, and the push says so (:attr:`PushResult.exclusive` is False).
+
+Nothing is uploaded that fails its own checks, and what is checked is what is sent: every sealed record
+(``meta.json``, ``layout.json``, ``manifest.json``) is read once, its seal checked, and those bytes are the ones
+compared, claimed and uploaded; every file a record lists is read once for its upload, and checked as it is read:
+a file with chunk checksums chunk by chunk against its ``*.sums.npy`` (itself checked against the record's sha256),
+its size and sha256 at its end, a checksum file or fence by its size and sha256. A failure stops the upload of that
+file before it completes (a PUT never sent, a multipart upload aborted: the object there, if any, stays as it was) and
+refuses the push naming the file and the chunk, before any seal is written. A record that lists a file the directory
+lacks is refused too. Files no record lists (a sharded index's build claims) are uploaded as they are.
 """
 
 from __future__ import annotations
@@ -21,13 +30,15 @@ import hashlib
 import json
 import logging
 import os
+import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from detsampler.checks import check_local_path
-from detsampler.index.format import TokenIndexError
-from detsampler.index.reader import TokenIndex
+from detsampler.index.checksums import load_sums
+from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError, seal_ok
 from detsampler.storage import (
     CreateOnlyUnsupportedError,
     ObjectNotFoundError,
@@ -43,6 +54,8 @@ SEALS = ("meta.json", "layout.json")
 CLAIM = "push-claim.json"  # written first, create-only: which seal this prefix is being pushed for
 _CLAIM_KIND = "detsampler-push-claim"
 _LOCAL_ONLY = (".verified-", ".verify.lock", ".tmp", ".lock")
+_READ_BYTES = 64 * CHUNK_BYTES  # a file is read for its upload 4 MiB at a time, whole chunks
+_PART_BYTES = 5 * 2**20  # obstore's part size: a larger file is a multipart upload (aborted when a chunk fails)
 
 logger = logging.getLogger("detsampler")
 
@@ -70,6 +83,114 @@ def _files(directory: Path) -> list[Path]:
     return out
 
 
+@dataclass(frozen=True)
+class _Expect:
+    """What a file to upload must be, from the sealed record that lists it: ``size`` bytes of sha256 ``sha256``, and
+    (``sums``: its checksum file and that file's record) one CRC-32 per chunk."""
+
+    record: Path  # the record that lists the file (named in a refusal)
+    size: int
+    sha256: str
+    sums: tuple[Path, dict] | None = None
+
+
+def _refused(url: str, what: str) -> str:
+    return (
+        f"push to {url} refused: {what}; nothing of it was uploaded and no seal was written (the index is damaged:"
+        " delete it and build it again)"
+    )
+
+
+def _records(root: Path, url: str, files: list[Path], seal: str) -> dict[Path, bytes]:
+    """The bytes of every sealed record under ``root`` (read once: these are the bytes checked and uploaded), each
+    refused unless it is JSON that holds its own seal."""
+    out = {}
+    for rel in files:
+        if rel.name not in (*SEALS, seal):
+            continue
+        raw = (root / rel).read_bytes()
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not seal_ok(record):
+            raise TokenIndexError(_refused(url, f"{rel} fails its seal (it is not the record that was written)"))
+        out[rel] = raw
+    return out
+
+
+def _expected(root: Path, url: str, records: dict[Path, bytes]) -> dict[Path, _Expect]:
+    """What each file a record lists must be (its own, and its checksum file's and fence's); a listed file the
+    directory lacks is refused."""
+    out: dict[Path, _Expect] = {}
+
+    def expect(rel: Path, entry: object, record: Path, sums: tuple[Path, dict] | None = None) -> None:
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or "sha256" not in entry:
+            raise TokenIndexError(_refused(url, f"{record} holds no size and sha256 for {rel.name}"))
+        if not (root / rel).is_file():
+            raise TokenIndexError(_refused(url, f"{record} lists {rel.name}, which {str(root / rel.parent)!r} lacks"))
+        out[rel] = _Expect(record, entry["size"], str(entry["sha256"]), sums)
+
+    for record, raw in records.items():
+        files = json.loads(raw).get("files")
+        for name, entry in (files if isinstance(files, dict) else {}).items():
+            rel = record.parent / name
+            sums = None
+            for side in ("sums", "fence"):
+                if isinstance(entry, dict) and side in entry:
+                    side_rel = record.parent / str(entry[side].get("file"))
+                    expect(side_rel, entry[side], record)
+                    if side == "sums":
+                        sums = (side_rel, entry[side])
+            expect(rel, entry, record, sums)
+    return out
+
+
+class _Checked:
+    """The bytes of one file for its upload, read once, in order, each chunk checked as it is read (see the module
+    doc); iterating raises :class:`ChecksumError` (kept in ``error``) at the first chunk that fails, so the upload that
+    reads it never completes."""
+
+    def __init__(self, root: Path, rel: Path, expect: _Expect, url: str) -> None:
+        self.path, self.rel, self.expect, self.url = root / rel, rel, expect, url
+        self.error: Exception | None = None
+
+    def _fail(self, what: str) -> ChecksumError:
+        self.error = ChecksumError(_refused(self.url, f"{self.rel} {what}"), self.path)
+        return self.error
+
+    def __iter__(self) -> Iterator[bytes]:
+        expect, sums = self.expect, None
+        if expect.sums is not None:
+            side, record = expect.sums
+            try:
+                sums = load_sums(self.path.parent / side.name, record, expect.size, str(self.path.parent))
+            except TokenIndexError as exc:
+                self.error = TokenIndexError(_refused(self.url, str(exc)))
+                raise self.error from None
+        h, done = hashlib.sha256(), 0
+        with open(self.path, "rb") as f:
+            while block := f.read(_READ_BYTES):
+                if done + len(block) > expect.size:
+                    break
+                for lo in range(0, len(block), CHUNK_BYTES) if sums is not None else ():
+                    c, got = (done + lo) // CHUNK_BYTES, zlib.crc32(block[lo : lo + CHUNK_BYTES])
+                    if got != int(sums[c]):
+                        hi = done + min(lo + CHUNK_BYTES, len(block))
+                        raise self._fail(
+                            f"chunk {c} (bytes {done + lo}..{hi - 1}) fails its checksum (crc32 {got:08x}, recorded"
+                            f" {int(sums[c]):08x}): the file was edited or replaced after it was written"
+                        )
+                h.update(block)
+                done += len(block)
+                yield block
+        size = self.path.stat().st_size
+        if done != expect.size or size != expect.size:
+            raise self._fail(f"is {size} bytes, {expect.record} records {expect.size}: the file was cut or edited")
+        if h.hexdigest() != expect.sha256:
+            raise self._fail(f"differs from the one recorded in {expect.record} (its sha256): the file was edited")
+
+
 def _check_destination(url: str) -> None:
     if not parse_location(url).remote:
         raise ValueError(
@@ -85,25 +206,27 @@ def _read(store: ObjectStore, url: str) -> bytes | None:
         return None
 
 
-def _check_seals(store: ObjectStore, root: Path, url: str, seals: list[Path]) -> int:
-    """Refuse a destination whose sealed records differ from ``root``'s; returns how many are there, identical."""
+def _check_seals(store: ObjectStore, url: str, records: dict[Path, bytes]) -> int:
+    """Refuse a destination whose sealed records differ from ``records`` (this push's); returns how many are there,
+    identical."""
     unchanged = 0
-    for rel in seals:
+    for rel, ours in records.items():
         dest = join(url, *rel.parts)
         there = _read(store, dest)
-        if there is not None and there != (root / rel).read_bytes():
+        if there is not None and there != ours:
             raise TokenIndexError(
-                f"{dest} already holds a different sealed record than {str(root / rel)!r}: another index was pushed"
+                f"{dest} already holds a different sealed record than this push's {rel}: another index was pushed"
                 " there; push to another prefix (or delete that one first)"
             )
         unchanged += there is not None
     return unchanged
 
 
-def _claim_record(seal: Path) -> bytes:
-    """The claim of a push of ``seal`` (a ``meta.json`` or ``manifest.json``): its name and sha256."""
-    sha = hashlib.sha256(seal.read_bytes()).hexdigest()
-    return json.dumps({"kind": _CLAIM_KIND, "seal": seal.name, "sha256": sha}, sort_keys=True).encode()
+def _claim_record(seal: str, data: bytes) -> bytes:
+    """The claim of a push of the seal ``seal`` (a ``meta.json`` or ``manifest.json``) of bytes ``data``: its name and
+    sha256."""
+    sha = hashlib.sha256(data).hexdigest()
+    return json.dumps({"kind": _CLAIM_KIND, "seal": seal, "sha256": sha}, sort_keys=True).encode()
 
 
 def _taken(url: str, theirs: bytes | None, ours: bytes) -> TokenIndexError:
@@ -159,9 +282,10 @@ def _check_written(store: ObjectStore, url: str, tags: dict[Path, str | None], c
             )
 
 
-def _write_seal(store: ObjectStore, url: str, seal: Path, exclusive: bool) -> None:
-    """Write ``seal`` at ``url`` last (create-only where the store enforces it), then read it back."""
-    dest, data = join(url, seal.name), seal.read_bytes()
+def _write_seal(store: ObjectStore, url: str, seal: str, data: bytes, exclusive: bool) -> None:
+    """Write the seal ``seal`` (its checked bytes ``data``) at ``url`` last (create-only where the store enforces
+    it), then read it back."""
+    dest = join(url, seal)
     if not exclusive:
         store.put(dest, data)
     elif not store.create(dest, data) and _read(store, dest) != data:
@@ -173,46 +297,102 @@ def _write_seal(store: ObjectStore, url: str, seal: Path, exclusive: bool) -> No
         )
 
 
+def _release(store: ObjectStore, url: str, seal: str, claim: bytes) -> None:
+    """Remove this push's claim from ``url`` after a refusal of damaged files, unless a seal is there (the prefix
+    holds an index pushed before, which its claim names): an index built again (another seal) can then be pushed to
+    it."""
+    if _read(store, join(url, seal)) is None and _read(store, join(url, CLAIM)) == claim:
+        store.delete(join(url, CLAIM))
+
+
 def _upload(root: Path, url: str, seal: str, max_workers: int) -> PushResult:
     """Every file under ``root`` to ``url``: the claim, data (smallest first), ``layout.json`` records, ``seal`` last;
-    a destination holding different sealed records, or another push's claim, is refused before anything is written."""
+    a destination holding different sealed records, or another push's claim, is refused before anything is written,
+    and a file that fails its checks as it is read for its upload before any seal is (see the module doc)."""
     store = store_for(url)
     assert isinstance(store, ObjectStore)  # _check_destination refused a local one
     files = _files(root)
-    seals = [f for f in files if f.name in (*SEALS, seal)]
-    unchanged = _check_seals(store, root, url, seals)
-    claim = _claim_record(root / seal)
+    records = _records(root, url, files, seal)
+    expected = _expected(root, url, records)
+    unchanged = _check_seals(store, url, records)
+    claim = _claim_record(seal, records[Path(seal)])
     exclusive = _claim(store, url, claim)
     if not exclusive:  # a rival that finished before this claim was written: its seals are there now
-        _check_seals(store, root, url, seals)
-    data = sorted((f for f in files if f not in seals), key=lambda f: ((root / f).stat().st_size, str(f)))
+        _check_seals(store, url, records)
+    data = sorted((f for f in files if f not in records), key=lambda f: ((root / f).stat().st_size, str(f)))
+    damaged: list[Exception] = []  # the refusals of files that failed their checks as they were read
 
     def put(rel: Path) -> str | None:
         if not exclusive and _read(store, join(url, CLAIM)) != claim:  # lost the claim: stop writing at once
             raise _taken(url, _read(store, join(url, CLAIM)), claim)
-        return store.put_tagged(join(url, *rel.parts), root / rel)
+        dest = join(url, *rel.parts)
+        if rel not in expected:  # listed by no record (a sharded index's build claims): nothing to check it against
+            return store.put_tagged(dest, root / rel)
+        body = _Checked(root, rel, expected[rel], url)
+        try:
+            return store.put_tagged(dest, body, multipart=expected[rel].size > _PART_BYTES)
+        except Exception:
+            if body.error is not None:  # raised by the read for the upload: the upload was never completed
+                damaged.append(body.error)
+                raise body.error from None
+            raise
 
-    with ThreadPoolExecutor(max_workers) as pool:
+    pool = ThreadPoolExecutor(max_workers)
+    try:
         tags = dict(zip(data, pool.map(put, data)))
-    for rel in sorted((f for f in seals if f != Path(seal)), key=str):
-        tags[rel] = store.put_tagged(join(url, *rel.parts), root / rel)
+    except Exception as exc:
+        pool.shutdown(cancel_futures=True)  # after a refusal, no file not yet begun is uploaded
+        if any(exc is d for d in damaged):
+            _release(store, url, seal, claim)
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
+    for rel in sorted((f for f in records if f != Path(seal)), key=str):
+        tags[rel] = store.put_tagged(join(url, *rel.parts), records[rel])
     if not exclusive:
         _check_written(store, url, tags, claim)
-    _write_seal(store, url, root / seal, exclusive)
+    _write_seal(store, url, seal, records[Path(seal)], exclusive)
     if not exclusive:
         _check_written(store, url, tags, claim)
     return PushResult(url, len(files), sum((root / f).stat().st_size for f in files), unchanged, exclusive)
 
 
+def _directory(directory: str | os.PathLike) -> Path:
+    """The local index directory to push (a file of it is refused, naming the directory to give)."""
+    root = Path(check_local_path(directory, "push"))
+    if root.is_file():
+        raise TokenIndexError(
+            f"{str(root)!r} is a file: push takes the index directory that holds it ({str(root.parent)!r})"
+        )
+    return root
+
+
 def push_index(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
     """Upload the index at ``directory`` (a built, sealed index directory) to ``url`` (see the module doc for the order
     and the atomicity). Returns what was uploaded."""
-    root = Path(check_local_path(directory, "push"))
+    root = _directory(directory)
     if not (root / "meta.json").is_file():
         raise TokenIndexError(f"{str(root)!r} holds no index (no meta.json): build it first (`detsampler build`)")
     _check_destination(url)
-    TokenIndex.open(root)  # the seal and every file's size and checksums: never upload a damaged index
+    _check_pushable(root)  # the seal and every file's size and checksums: never upload a damaged index
     return _upload(root, url, "meta.json", max_workers)
+
+
+def _check_pushable(root: Path) -> None:
+    """Open the index at ``root`` (a token index, or a media index whose images travel with it: bytes it holds itself,
+    or byte ranges of objects in a store), refusing one that would not read the same from the bucket."""
+    from detsampler.index.sharded import open_index
+    from detsampler.storage import is_remote
+
+    index = open_index(root)
+    sources = index.meta.get("sources", [""])[1:] if hasattr(index, "num_images") else []  # a media index's
+    local = [s for s in sources if not is_remote(s)]
+    if local:
+        raise TokenIndexError(
+            f"media index {str(root)!r} reads images from {len(local)} local file(s) (first {local[0]!r}), which a"
+            " reader of the bucket cannot open: put the shards in the bucket and build the index from their URLs"
+            " (webdataset_source(['s3://...'])); images held in the index itself (a datasets table's) travel with it"
+        )
 
 
 def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
@@ -255,6 +435,6 @@ def push(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> Pus
     """:func:`push_sharded` for a directory holding a sharded index's manifest, else :func:`push_index`."""
     from detsampler.index.sharded import MANIFEST
 
-    if (Path(check_local_path(directory, "push")) / MANIFEST).is_file():
+    if (_directory(directory) / MANIFEST).is_file():
         return push_sharded(directory, url, max_workers=max_workers)
     return push_index(directory, url, max_workers=max_workers)

@@ -39,10 +39,12 @@ import numpy as np
 from detsampler.index.checksums import VerifiedArray, open_checked_all
 from detsampler.index.format import (
     CHAT_FORMAT_VERSION,
+    ERASURE_JOURNAL,
     INDEX_KIND,
     LENGTHS_FORMAT_VERSION,
     READ_FORMAT_VERSIONS,
     TokenIndexError,
+    base_format_version,
     dataset_fingerprint,
     default_cache_dir,
     seal_ok,
@@ -57,8 +59,9 @@ from detsampler.text.protocol import TokenizerLike
 __all__ = ["TokenIndex"]
 
 
-def _read_meta(path: Path | RemotePath) -> dict:
-    """``path/meta.json``, checked to be a detsampler token index of this format version."""
+def _read_meta(path: Path | RemotePath, erasing: bool = False) -> dict:
+    """``path/meta.json``, checked to be a detsampler token index of this format version (``erasing``: an interrupted
+    erasure's journal beside it is the caller's to finish)."""
     meta_path = path / "meta.json"
     try:  # an object is read in one GET (no existence check first: one request fewer per open)
         text = meta_path.read_text() if isinstance(path, RemotePath) or meta_path.is_file() else None
@@ -91,6 +94,12 @@ def _read_meta(path: Path | RemotePath) -> dict:
         raise TokenIndexError(
             f"index {str(path)!r}: meta.json names cache key {meta.get('cache_key')!r}, not the directory's"
         )
+    if not erasing and isinstance(path, Path) and (path / ERASURE_JOURNAL).exists():  # (a bucket's: the old meta)
+        raise TokenIndexError(
+            f"index {str(path)!r}: an erasure was interrupted ({ERASURE_JOURNAL}): run `detsampler erase` on it again"
+            " to finish it"
+        )
+    base_format_version(meta)
     return meta
 
 
@@ -98,7 +107,7 @@ def _lengths_dtype(path: Path | RemotePath, meta: dict) -> np.dtype:
     """int64, or (format 3) the dtype its ``files`` record names: int64 or int32."""
     record = meta["files"].get("lengths.npy") if isinstance(meta["files"], dict) else None
     name = record.get("dtype", "int64") if isinstance(record, dict) else "int64"
-    if name not in ("int64", "int32") or (name != "int64" and meta["format_version"] != LENGTHS_FORMAT_VERSION):
+    if name not in ("int64", "int32") or (name != "int64" and base_format_version(meta) != LENGTHS_FORMAT_VERSION):
         raise TokenIndexError(f"index {str(path)!r}: lengths.npy has dtype {name!r}, not one this format allows")
     return np.dtype(name)
 
@@ -187,8 +196,26 @@ class TokenIndex:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the index's content: a hash of the dataset fingerprint, tokenizer sha256 and options."""
+        """Identifies the index's documents: a hash of the dataset fingerprint, tokenizer sha256 and options (what its
+        persisted layouts are bound to: an erasure keeps every length, hence every layout)."""
         return str(self.meta["cache_key"])
+
+    @property
+    def erasures(self) -> list[dict]:
+        """The erasure records of the index, oldest first (:mod:`detsampler.index.erase`); empty when none."""
+        return list(self.meta.get("erasures") or [])
+
+    @property
+    def erased_documents(self) -> np.ndarray:
+        """The sorted int64 ids of the documents whose stored tokens were erased (their labels are always -100)."""
+        ids = [d for record in self.erasures for d in record["documents"]]
+        return np.unique(np.asarray(ids, dtype=np.int64))
+
+    @property
+    def data_identity(self) -> str:
+        """What a data fingerprint names: :attr:`fingerprint`, then ``+erasure:<id>`` per erasure record, so a resume
+        across an erasure is accepted exactly when the new identity extends the recorded one by erasures."""
+        return self.fingerprint + "".join(f"+erasure:{record['id']}" for record in self.erasures)
 
     def __repr__(self) -> str:
         return f"TokenIndex({str(self.path)!r}, num_documents={self.num_documents}, num_tokens={self.num_tokens})"
@@ -228,13 +255,14 @@ class TokenIndex:
                 f"index {str(path)!r}: meta.json lacks or mangles {exc}; delete the directory and rebuild"
             ) from None
         wanted = {"lengths.npy": (_lengths_dtype(path, meta), (n_docs,))}
-        if store or meta["format_version"] != LENGTHS_FORMAT_VERSION or "offsets.npy" in files:
+        version = base_format_version(meta)
+        if store or version != LENGTHS_FORMAT_VERSION or "offsets.npy" in files:
             wanted["offsets.npy"] = (np.dtype(np.int64), (n_docs + 1,))
         if store:
             wanted["tokens.npy"] = (token_dtype(vocab), (n_tok,))
-        if meta["format_version"] == CHAT_FORMAT_VERSION and not isinstance(meta.get("chat"), dict):
+        if version == CHAT_FORMAT_VERSION and not isinstance(meta.get("chat"), dict):
             raise TokenIndexError(f"index {str(path)!r}: format {CHAT_FORMAT_VERSION} but meta.json has no chat record")
-        if store and meta["format_version"] == CHAT_FORMAT_VERSION:
+        if store and version == CHAT_FORMAT_VERSION:
             wanted["loss_mask.npy"] = (np.dtype(np.uint8), (n_tok,))
         arrays = open_checked_all(path, files, wanted, block_cache)
         if verify_tokens:

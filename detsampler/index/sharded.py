@@ -328,6 +328,23 @@ class ShardedIndex:
         }
 
 
-def open_index(path: str | os.PathLike) -> TokenIndex | ShardedIndex:
-    """A ``TokenIndex`` or a ``ShardedIndex``, whichever ``path`` holds."""
-    return ShardedIndex.open(path) if (as_path(path) / MANIFEST).is_file() else TokenIndex.open(path)
+def open_index(path: str | os.PathLike) -> Any:
+    """A ``TokenIndex``, a ``ShardedIndex`` or a :class:`~detsampler.media.index.MediaIndex` (images beside text),
+    whichever ``path`` holds."""
+    root = as_path(path)
+    if (root / MANIFEST).is_file():
+        return ShardedIndex.open(path)
+    if _meta_kind(root) == "detsampler-media-index":
+        from detsampler.media.index import MediaIndex  # NOTE: imported on use: the media index reads this package
+
+        return MediaIndex.open(path)
+    return TokenIndex.open(path)
+
+
+def _meta_kind(root: Path | RemotePath) -> Any:
+    """The ``kind`` a directory's ``meta.json`` records (None when unreadable: the opener says why)."""
+    try:
+        meta = json.loads((root / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get("kind") if isinstance(meta, dict) else None

@@ -77,14 +77,6 @@ class CheckpointData:
         layout: Any = None,
         allow_data_change: bool = False,
     ) -> None:
-        if plan.redactions:
-            # NOTE: a redaction masks labels by training step, in the training loop (loader.redact.redact_labels); the
-            # integrations hand batches to loops they do not own, so they would record it and train on the documents.
-            raise ValueError(
-                f"the plan redacts documents ({len(plan.redactions)} entries), which {framework}'s training loop does"
-                " not apply: call detsampler.loader.redact.redact_labels(batch, step, redactions) in your training"
-                " step with a plan without redactions, or train with the repository's trainer (data.redactions)"
-            )
         self.plan, self.framework, self.allow_data_change = plan, framework, bool(allow_data_change)
         self.data = data_of(dataset, index, layout)
         if self.data is None:

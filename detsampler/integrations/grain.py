@@ -6,10 +6,14 @@ training order counted from step 0, every step's positions in order: a numbering
 size nor the number of Grain workers. Grain's ``DataLoader`` gives process ``p`` of ``P`` (its ``ShardOptions``) the
 sampler's global indices ``p, p + P, p + 2P, ...``; every step's batch being a multiple of ``P * micro_batch_size``,
 these records are exactly ``plan.with_world(P)``'s micro batches of rank ``p``, step after step: element ``k`` of
-process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``.
+process ``p`` at step ``s`` is the plan's micro step ``k - (micro steps before s)`` of rank ``p``. A balanced plan
+(``Plan(balance=...)``) is numbered by its one-rank deal (each step's samples in micro batches of near-equal modeled
+cost, heaviest first), so process ``p`` reads that deal's micro batches ``p, p + P, ...``: balanced at any ``P``.
 
 A record is read with one :meth:`~detsampler.loader.dataset.PackedDataset.get_batch` (vectorized over its samples)
-and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. Records, not
+and is a dict of numpy arrays ``[micro_batch_size, seq_len]``: the dataset's fields and ``sample_ids``. The plan's
+redactions are applied to it at its step (labels and ``loss_mask`` masked where a redacted document's tokens are); the
+instance filter is the dataset's; both are in the data record. Records, not
 samples, are Grain's elements: with ``worker_count > 0`` Grain batches inside each worker, so a ``Batch`` operation
 over samples would mix the micro batches of ``worker_count`` consecutive records; whole records come back in order
 whatever the worker count.
@@ -36,12 +40,14 @@ from typing import Any
 
 import numpy as np
 
+from detsampler.checks import is_int
 from detsampler.integrations import require
 
 grain = require("grain", "grain")
 
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
+from detsampler.redaction import Blocklist  # noqa: E402
 
 __all__ = ["PlanSampler", "PlanSource", "data_loader", "map_dataset"]
 
@@ -81,6 +87,7 @@ class PlanSource:
             raise ValueError(f"Got num_steps {num_steps!r}, num_steps must be an integer >= 1 (the steps to serve)")
         self.dataset = dataset
         self.plan = plan.with_world(1)  # the records' numbering: one rank, so every micro batch in training order
+        self._blocklist = Blocklist(plan.redactions or ())
         self.num_steps = int(num_steps)
         self._length = self.records_before(self.num_steps)
         fingerprint = self.checkpoint.fingerprint
@@ -95,7 +102,25 @@ class PlanSource:
     def __getitem__(self, record: int) -> dict[str, np.ndarray]:
         step, micro_step = self.position(record)
         ids = self.plan.micro_batch(step, micro_step, 0)
-        return {**self._read(ids), "sample_ids": ids}
+        batch = self._read(ids)
+        if self._blocklist.redactions:
+            self._redact(batch, ids, step)
+        return {**batch, "sample_ids": ids}
+
+    def _redact(self, batch: dict[str, np.ndarray], ids: np.ndarray, step: int) -> None:
+        """The plan's redactions in force at ``step``: the labels (and ``loss_mask``) of their documents' positions
+        masked, in place (every record is read at its step: the mask is the training loop's)."""
+        if "labels" not in batch or "document_ids" not in batch:
+            raise ValueError(
+                "the plan redacts documents, which masks labels by their document_ids: the records hold"
+                f" {sorted(batch)} (read output='fields')"
+            )
+        stream = self.plan.stream
+        sources = stream.split_ids(ids)[0] if hasattr(stream, "split_ids") else None
+        mask = self._blocklist.mask(batch["document_ids"], step, sources)
+        batch["labels"] = np.where(mask, -100, batch["labels"])
+        if "loss_mask" in batch:
+            batch["loss_mask"] = batch["loss_mask"] & ~mask
 
     def _read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The samples ``ids`` as one dict of arrays ``[len(ids), ...]``: ``get_batch`` (PackedDataset), a batched
@@ -162,7 +187,8 @@ class PlanSource:
         the saved run read before it (ValueError otherwise, the library's message)."""
         if not isinstance(state, Mapping) or "step" not in state:
             raise ValueError(f"a PlanSource state is {{'step': s, 'data_record': ...}}, got {state!r}")
-        step, samples = int(state["step"]), int(state.get("samples_in_step", 0))
+        step = _whole(state["step"], "the Grain state's step")
+        samples = _whole(state.get("samples_in_step", 0), "the Grain state's samples_in_step")
         self.checkpoint.check(state.get("data_record"), step, "the Grain state", samples_in_step=samples)
         return step, samples
 
@@ -172,7 +198,14 @@ class PlanSource:
         it (:func:`data_loader` with ``start=``); Grain's own ``set_state`` only into the same rank, world size and
         start. ValueError when the state is not a Grain ``DataLoader`` state of a sampler of this source's data."""
         saved = json.loads(state.decode() if isinstance(state, bytes) else state)
-        if not isinstance(saved, dict) or saved.get("version") != 2 or "last_seen_indices" not in saved:
+        seen = saved.get("last_seen_indices") if isinstance(saved, dict) else None
+        if (
+            not isinstance(saved, dict)
+            or saved.get("version") != 2
+            or not isinstance(seen, dict)
+            or not seen
+            or not all(is_int(v) for v in seen.values())
+        ):
             raise ValueError(f"not a Grain DataLoader iterator state (version 2): {str(saved)[:200]!r}")
         match = _SAMPLER_REPR.match(str(saved.get("sampler", "")))
         if match is None or saved.get("data_source") != repr(self):
@@ -194,11 +227,15 @@ class PlanSource:
         neither the data nor the process count, so the caller vouches for them; any process count resumes from the
         result (``start=``)."""
         if isinstance(state, Mapping) and "next_index" in state:
-            consumed = int(state["next_index"])
+            consumed = _whole(state["next_index"], "the Grain state's next_index", minimum=0)
         elif isinstance(state, Mapping) and "iterators_in_use_states" in state:
-            consumed = sum(int(worker["next_index"]) for worker in state["iterators_in_use_states"])
+            consumed = sum(
+                _whole(worker["next_index"], "the Grain state's next_index", minimum=0)
+                for worker in state["iterators_in_use_states"]
+            )
         else:
             raise ValueError(f"not the Grain iterator state of a map_dataset pipeline: {str(state)[:200]!r}")
+        self.plan.with_world(world_size)._check_rank(rank)  # NOTE: an outside rank gave a negative samples_in_step
         return self._position_after(consumed, rank, world_size, _start(self, start))
 
     def _position_after(self, consumed: int, rank: int, world_size: int, start: tuple[int, int]) -> dict[str, int]:
@@ -279,6 +316,14 @@ class PlanSampler:
         )
 
 
+def _whole(value: Any, what: str, minimum: int | None = None) -> int:
+    """``value`` as an int, or a ValueError naming ``what``: a state's step is never rounded (7.9 is not step 7)."""
+    if not is_int(value) or (minimum is not None and value < minimum):
+        rule = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"{what} must be {rule}, got {value!r}")
+    return int(value)
+
+
 def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[int, int]:
     if start is None:
         return 0, 0
@@ -286,7 +331,9 @@ def _start(source: PlanSource, start: int | Mapping[str, Any] | None) -> tuple[i
         if "data_record" in start:
             return source.resume_position(start)
         # a position read from Grain's state (PlanSource.position_of_grain_state), whose data was checked there
-        return int(start["step"]), int(start.get("samples_in_step", 0))
+        return _whole(start["step"], "start's step"), _whole(start.get("samples_in_step", 0), "start's samples_in_step")
+    if not is_int(start):
+        raise ValueError(f"start must be a step (an integer) or a state, got {start!r}")
     return int(start), 0
 
 

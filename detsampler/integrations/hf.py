@@ -26,6 +26,12 @@ passes ``position_ids`` with ``use_cache=False``, so that transformers masks att
 restart. ``DetsamplerTrainer`` uses it by default for a PackedDataset (or a MixtureDataset of them); TRL's
 ``SFTTrainer`` takes :class:`DetsamplerTrainerMixin` with :func:`sample_id_dataset` rows read by the collator.
 
+Redactions (``Plan(..., redactions=...)``) and the instance filter (``PackedDataset(instance_filter=...)``) apply in the
+loader: the DataLoader reads through :class:`~detsampler.loader.redact.RedactedDataset`, which masks each micro batch's
+labels at the step it is read for, before either collator builds ``labels``/``shift_labels`` and before ``Trainer``
+counts ``num_items_in_batch``; both are in the record, so ``detsampler stats|verify --checkpoint`` print the audit
+trail.
+
 Data record: every checkpoint gets ``checkpoint-N/detsampler_data.json`` (:class:`~detsampler.record.DataRecord`,
 written by the main process before the Trainer's own files), and ``train(resume_from_checkpoint=...)`` checks it
 against the resuming run before anything loads (:class:`~detsampler.integrations.checkpoint.CheckpointData`). The
@@ -59,6 +65,7 @@ from detsampler.boundaries import flatten, sequence_boundaries  # noqa: E402
 from detsampler.integrations.checkpoint import CheckpointData  # noqa: E402
 from detsampler.loader.dataset import MicroBatch, PackedDataset  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
+from detsampler.loader.redact import RedactedDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
 from detsampler.record import HF_STATE_KEY, RECORD_FILE, DataRecord, record_sha256  # noqa: E402
@@ -136,6 +143,8 @@ class CausalLMCollator:
             input_ids, targets = tokens[:, :-1], tokens[:, 1:]
             if "loss_mask" in batch:  # chat data: the targets the mask leaves out are not trained
                 targets = targets.masked_fill(~batch["loss_mask"], IGNORE_INDEX)
+            if "instance_mask" in batch:  # the instance filter's flagged samples: no target trained
+                targets = targets.masked_fill(~batch["instance_mask"].bool()[:, None], IGNORE_INDEX)
             positions = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
         else:
             input_ids, targets, positions = batch["input_ids"], batch["labels"], batch.get("position_ids")
@@ -271,15 +280,29 @@ def sample_id_dataset(dataset: Any) -> Any:
     return datasets.Dataset.from_dict({"sample_id": np.arange(len(dataset), dtype=np.int64)})
 
 
-class SampleIdRows(torch.utils.data.Dataset):
-    """Row ``i`` is ``{"sample_id": i}`` for every integer ``i``: what :func:`sample_id_dataset` holds, without its
-    length, so that ids carrying their epoch (``epoch * N + sample``, a plan with ``epoch_ids``) are rows too."""
+def _reader(dataset: Any, reader: Any, collator: Any) -> Any:
+    """The PackedDataset (or MixtureDataset of them) behind ``dataset``: itself, ``reader`` when given, else the
+    collator's ``reader``; None when unknown. A table of sample ids with no reader known is refused: nothing would say
+    what the ids index."""
+    if reader is not None:
+        if not _is_packed(reader):
+            raise ValueError(f"reader must be a PackedDataset or a MixtureDataset of them, got {type(reader).__name__}")
+        return reader
+    if _is_packed(dataset):
+        return dataset
+    found = getattr(collator, "reader", None)
+    if found is None and _holds_sample_ids(dataset):
+        raise ValueError(
+            "train_dataset holds sample ids (sample_id_dataset) but nothing says what they index: pass reader=the"
+            f" PackedDataset they index (the collator, a {type(collator).__name__}, has no reader)"
+        )
+    return found
 
-    def __getitem__(self, index: int) -> dict[str, int]:
-        return {"sample_id": int(index)}
 
-    def __getitems__(self, indices: Any) -> list[dict[str, int]]:
-        return [{"sample_id": int(i)} for i in indices]
+def _skip_trl_preparation(args: Any, dataset: Any) -> None:
+    """TRL's ``SFTTrainer`` tokenizes its dataset unless told not to: rows of sample ids hold no text."""
+    if _holds_sample_ids(dataset) and hasattr(args, "dataset_kwargs"):
+        args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
 
 
 def _holds_sample_ids(dataset: Any) -> bool:
@@ -356,14 +379,20 @@ class DetsamplerDataRecord(transformers.TrainerCallback, ExportableState):
 
 class DetsamplerTrainerMixin:
     """Put before ``transformers.Trainer`` (or a subclass) in the bases; adds the keyword arguments ``plan``, ``index``,
-    ``layout`` and ``allow_data_change``.
+    ``layout``, ``reader`` and ``allow_data_change``.
 
-    ``train_dataset`` is the map-style dataset whose sample ``i`` is the plan's sample ``i`` (a ``PackedDataset``, say).
+    ``train_dataset`` is the map-style dataset whose sample ``i`` is the plan's sample ``i`` (a ``PackedDataset``, say),
+    or, for trainers that take only a ``datasets.Dataset`` (TRL's ``SFTTrainer``), :func:`sample_id_dataset` rows of
+    the PackedDataset ``reader`` (by default the collator's ``reader``: give ``reader=`` when the collator is wrapped in
+    a function of yours). The DataLoader then reads each micro batch from ``reader`` in one batched read and hands the
+    collator that micro batch, never rows: no ``sample_id`` column to strip (``remove_unused_columns``) and nothing for
+    TRL to tokenize (``dataset_kwargs={"skip_prepare_dataset": True}`` is set).
     The data of Trainer step ``s`` is the plan's step ``s`` on every run, resumed or not, on any number of processes.
     With no ``data_collator`` given and a PackedDataset (or a MixtureDataset of them), batches go through
     :func:`causal_lm_collator`. Each checkpoint records its data (``detsampler_data.json``) and a resume onto other data
     is refused: the index and layout are the dataset's, or ``index=``/``layout=`` for any other dataset
-    (:class:`~detsampler.integrations.checkpoint.CheckpointData`).
+    (:class:`~detsampler.integrations.checkpoint.CheckpointData`). The logged ``epoch`` is the plan's: samples consumed
+    before the step over the samples of an epoch (:meth:`~detsampler.plan.Plan.consumed`).
     """
 
     def __init__(
@@ -372,6 +401,7 @@ class DetsamplerTrainerMixin:
         plan: Plan,
         index: Any = None,
         layout: Any = None,
+        reader: Any = None,
         allow_data_change: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -379,6 +409,8 @@ class DetsamplerTrainerMixin:
         dataset, model = kwargs.get("train_dataset"), kwargs.get("model")
         if kwargs.get("data_collator") is None and not args and _is_packed(dataset):
             kwargs["data_collator"] = causal_lm_collator(dataset, model if hasattr(model, "forward") else None)
+        reader = _reader(dataset, reader, kwargs.get("data_collator"))
+        _skip_trl_preparation(kwargs.get("args"), dataset)
         super().__init__(*args, **kwargs)
         if _is_packed(self.train_dataset) and self.data_collator is transformers.default_data_collator:  # positional
             self.data_collator = causal_lm_collator(self.train_dataset, self.model)
@@ -387,9 +419,9 @@ class DetsamplerTrainerMixin:
         # NOTE: resuming restarts the sampler at global_step; the Trainer's own skipping would skip that data again.
         self.args.ignore_data_skip = True
         self.plan = plan
-        reader = getattr(self.data_collator, "reader", None)  # the data behind rows of sample ids
+        self.detsampler_reader = reader if reader is not None else _reader(self.train_dataset, None, self.data_collator)
         self.detsampler_data = CheckpointData(
-            reader if reader is not None and index is None else self.train_dataset,
+            self.detsampler_reader if self.detsampler_reader is not None and index is None else self.train_dataset,
             plan,
             framework="hf",
             index=index,
@@ -408,12 +440,15 @@ class DetsamplerTrainerMixin:
         plan = self.detsampler_plan()
         self.detsampler_sampler = DeterministicBatchSampler(plan, rank=self.accelerator.process_index)
         args = self.args
-        collate = self.data_collator
-        if not isinstance(collate, (CausalLMCollator, FlatteningCollator)):  # they pick their fields; others: removal
+        collate, rows = self.data_collator, self.train_dataset
+        if _holds_sample_ids(rows) and self.detsampler_reader is not None:
+            # NOTE: micro batches read from the data the ids index, in one batched read (the sampler's ids themselves:
+            # an epoch-ordered plan's reach past len(rows)); the collator picks its fields from them
+            rows = self.detsampler_reader
+        elif not isinstance(collate, (CausalLMCollator, FlatteningCollator)) and not _is_packed(rows):
             collate = self._get_collator_with_removed_columns(collate, description="training")
-        rows = self.train_dataset
-        if getattr(collate, "reader", None) is not None and _holds_sample_ids(rows):
-            rows = SampleIdRows()  # the sampler's ids themselves: an epoch-ordered plan's reach past len(rows)
+        if plan.redactions:  # masked in the loader, before the collator, so num_items_in_batch never counts them
+            rows = RedactedDataset(rows, plan)
         loader = DataLoader(
             rows,
             batch_sampler=self.detsampler_sampler,
@@ -434,6 +469,12 @@ class DetsamplerTrainerMixin:
         if isinstance(checkpoint, (str, os.PathLike)):
             self.check_data_resume(checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """``Trainer.log`` with the plan's epoch: the samples consumed before the next step over the samples of an epoch
+        (the Trainer's own counts its steps against ``max_steps``, as if they were one epoch)."""
+        self.state.epoch = self.plan.consumed(self.state.global_step) / self.plan.stream.num_samples
+        super().log(logs, *args, **kwargs)
 
     def check_data_resume(self, checkpoint: str | os.PathLike) -> None:
         """Raise ValueError unless resuming from ``checkpoint`` (a ``checkpoint-N`` directory) reads, before its step,

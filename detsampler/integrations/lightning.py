@@ -15,6 +15,10 @@ Batches are the dataset's fields as they are (``collate_micro_batch``: one dict 
 batch): ``input_ids``, ``labels`` already the next token (``-100`` where the layout masks: do not shift them again),
 ``position_ids`` and ``document_ids``; the ``training_step`` of docs/integrations.md computes the next-token loss.
 
+Redactions (``Plan(..., redactions=...)``) are applied in the loader
+(:class:`~detsampler.loader.redact.RedactedDataset`: each micro batch's labels masked at the step it is read for), the
+instance filter by the dataset; both are recorded.
+
 Data record: the state also holds ``"data_record"`` (:class:`~detsampler.record.DataRecord`, ``framework="lightning"``);
 ``load_state_dict`` checks it against this run with the library's ``check_resume`` and refuses a resume onto other data
 (:class:`~detsampler.integrations.checkpoint.CheckpointData`). A state without one (``{"step": s}``, saved before
@@ -37,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from detsampler.integrations.checkpoint import CheckpointData
 from detsampler.loader.dataset import collate_micro_batch
+from detsampler.loader.redact import RedactedDataset
 from detsampler.loader.sampler import DeterministicBatchSampler
 from detsampler.plan import Plan, _check_step
 
@@ -98,7 +103,7 @@ class DetsamplerDataModule(pl.LightningDataModule):
         self._check_loaded_step(int(trainer.global_step))
         self.sampler = DeterministicBatchSampler(plan, trainer.global_rank, start_step=self.start_step)
         return DataLoader(
-            self.dataset,
+            RedactedDataset(self.dataset, plan) if plan.redactions else self.dataset,
             batch_sampler=self.sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,

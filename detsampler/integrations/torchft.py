@@ -57,6 +57,8 @@ require("torchft", "torchft")
 import torch  # noqa: E402
 from torch.distributed import ReduceOp  # noqa: E402
 
+from detsampler.loader.redact import RedactedDataset  # noqa: E402
+
 __all__ = ["FaultTolerantSampler", "ReplicaShare", "replica_share"]
 
 
@@ -132,6 +134,12 @@ class FaultTolerantSampler:
         device: torch.device | str = "cpu",
     ) -> None:
         _check_rank(group_rank, group_world_size, "group_rank", "group_world_size")
+        if plan.balance is not None:
+            raise ValueError(
+                "FaultTolerantSampler splits each step among the replica groups of its quorum, whose number changes"
+                " from step to step, while a balanced plan (Plan(balance=...)) deals a step for a fixed world size:"
+                " pass the plan without balance"
+            )
         self.manager, self.plan, self.device = manager, plan, torch.device(device)
         self.group_rank, self.group_world_size = int(group_rank), int(group_world_size)
 
@@ -159,6 +167,19 @@ class FaultTolerantSampler:
         index = contributors.index(rank) if rank in contributors else None
         ids = replica_share(batch, index, max(len(contributors), 1), self.group_rank, self.group_world_size)
         return ReplicaShare(step, ids, rank, participants, contributors, self.group_world_size, len(batch))
+
+    def read(self, dataset: Any, share: ReplicaShare) -> dict[str, torch.Tensor]:
+        """``share``'s samples read from ``dataset`` (a PackedDataset or a MixtureDataset of them: one batched read),
+        with the plan's redactions in force at ``share.step`` applied: the labels (and ``loss_mask``) of redacted
+        documents are -100 (:func:`~detsampler.loader.redact.redact_labels`). The instance filter is the dataset's.
+        An empty share gives an empty batch."""
+        ids = share.sample_ids.tolist()
+        if self.plan.redactions:
+            read = RedactedDataset(dataset, self.plan).read(ids, share.step)
+        else:
+            read = dataset.__getitems__(ids)
+        batch = getattr(read, "batch", read)
+        return {**batch, "sample_ids": torch.as_tensor(share.sample_ids, dtype=torch.int64)}
 
     def _contributors(self, rank: int | None, participants: int) -> tuple[int, ...]:
         """The participating ranks whose gradients count this step (for this group rank), or () if the allreduce

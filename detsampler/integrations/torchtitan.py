@@ -37,16 +37,19 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
+from detsampler.balance import Balance, CostModel  # noqa: E402
+from detsampler.filter import RepetitionFilter  # noqa: E402
 from detsampler.index.sharded import open_index  # noqa: E402
 from detsampler.index.sources import is_source_spec, open_source, parse_source_spec  # noqa: E402
 from detsampler.layout import OVERLONG_POLICIES, LayoutConfig  # noqa: E402
 from detsampler.loader.dataset import PackedDataset, collate_micro_batch  # noqa: E402
 from detsampler.loader.mixture_dataset import MixtureDataset  # noqa: E402
+from detsampler.loader.redact import RedactedDataset  # noqa: E402
 from detsampler.loader.sampler import DeterministicBatchSampler  # noqa: E402
 from detsampler.mixture.config import MixtureConfig  # noqa: E402
 from detsampler.plan import Plan  # noqa: E402
 from detsampler.record import DataRecord, read_record  # noqa: E402
-from detsampler.version import MAPPING_VERSION  # noqa: E402
+from detsampler.redaction import Redaction  # noqa: E402
 
 __all__ = ["IGNORE_INDEX", "DetsamplerDataLoader"]
 
@@ -135,8 +138,40 @@ class DetsamplerDataLoader(BaseDataLoader):
         skip_steps: list[tuple[int, int]] = field(default_factory=list)
         """Inclusive ranges of data steps never trained on (Plan.skip_steps)."""
 
-        mapping_version: int = MAPPING_VERSION
-        """Plan.mapping_version: the permutation; keep the one a run started with."""
+        mapping_version: int = 0
+        """Plan.mapping_version: keep the one a run started with (0: the current one, 2, or 3 with balance)."""
+
+        balance: bool = False
+        """Plan.balance: each step's samples dealt to (dp rank, micro step) by their modeled cost, attention masked
+        per document (detsampler.balance.Balance over the layout, mapping version 3): the same samples per step."""
+
+        balance_attention: float = CostModel().attention
+        """CostModel.attention (with balance): the cost per squared token of each document span."""
+
+        balance_linear: float = CostModel().linear
+        """CostModel.linear (with balance): the cost per token."""
+
+        balance_fixed: float = CostModel().fixed
+        """CostModel.fixed (with balance): the cost per sample."""
+
+        redactions: list[str] = field(default_factory=list)
+        """Plan.redactions, as ``detsampler --redact`` writes them: ``"FROM_STEP:DOC,DOC"`` (over a mixture
+        ``"SOURCE:FROM_STEP:DOC,DOC"``, SOURCE a ``mixture_names`` entry or the source's index): those documents'
+        labels are -100 from training step FROM_STEP on, every step still reading what it read; recorded in the data
+        record."""
+
+        instance_filter: bool = False
+        """OLMo-core's repetition filter (``InstanceFilterConfig``, its fields below): a flagged sample's labels are all
+        -100; recorded in the data record."""
+
+        repetition_max_period: int = 13
+        """The filter's longest period (InstanceFilterConfig.repetition_max_period)."""
+
+        repetition_min_period: int = 1
+        """The filter's shortest period (InstanceFilterConfig.repetition_min_period)."""
+
+        repetition_max_count: int = 32
+        """Repeats of a period that flag a sample (InstanceFilterConfig.repetition_max_count)."""
 
         allow_missing_data_record: bool = False
         """Load a checkpointed state that holds no ``data_record`` (saved before it existed): its data cannot be
@@ -171,13 +206,19 @@ class DetsamplerDataLoader(BaseDataLoader):
             world_size=dp_world_size,
             batch_size_schedule=schedule,
             skip_steps=[tuple(r) for r in config.skip_steps] or None,
-            mapping_version=config.mapping_version,
+            mapping_version=config.mapping_version or None,
+            redactions=_redactions(config) or None,
         )
         restart = config.restart_positions
-        datasets = [PackedDataset(i, lay, restart_position_ids=restart) for i, lay in zip(indexes, layouts)]
+        repetition = _instance_filter(config)
+        datasets = [
+            PackedDataset(i, lay, restart_position_ids=restart, instance_filter=repetition)
+            for i, lay in zip(indexes, layouts)
+        ]
         if len(indexes) == 1 and not config.weights:
             _refuse_mixture_fields(config)
-            self.plan = Plan(layouts[0].num_samples, epoch_ids=layout_config.epoch_order, **plan_args)
+            balance = _balance(config, layouts[0])
+            self.plan = Plan(layouts[0].num_samples, epoch_ids=layout_config.epoch_order, balance=balance, **plan_args)
             self.dataset: Dataset = datasets[0]
             recorded_index, recorded_layout, names = indexes[0], layouts[0], None
         else:
@@ -192,14 +233,16 @@ class DetsamplerDataLoader(BaseDataLoader):
                 seed=config.mixture_seed,
                 names=tuple(config.mixture_names) or None,
             )
-            self.plan = Plan(source=mixture_config.build(layouts), **plan_args)
+            self.plan = Plan(source=mixture_config.build(layouts), balance=_balance(config, layouts), **plan_args)
             self.dataset = MixtureDataset(datasets, self.plan.stream)
             recorded_index, recorded_layout, names = indexes, layouts, mixture_config.names
         self.indexes, self.layouts = indexes, layouts
         self.micro_steps_per_step = global_batch_size // (local_batch_size * dp_world_size)
         self.seq_len = seq_len
         self.pad_id = int(indexes[0].pad_id)
-        self.record = DataRecord.of(0, recorded_index, recorded_layout, self.plan, framework=FRAMEWORK, names=names)
+        self.record = DataRecord.of(
+            0, recorded_index, recorded_layout, self.plan, framework=FRAMEWORK, names=names, instance_filter=repetition
+        )
         self.sampler = DeterministicBatchSampler(self.plan, dp_rank)
         self.num_workers = config.num_workers
 
@@ -209,8 +252,9 @@ class DetsamplerDataLoader(BaseDataLoader):
         return self.record.fingerprint
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        dataset = RedactedDataset(self.dataset, self.plan) if self.plan.redactions else self.dataset
         loader = DataLoader(
-            self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers, collate_fn=collate_micro_batch
+            dataset, batch_sampler=self.sampler, num_workers=self.num_workers, collate_fn=collate_micro_batch
         )
         for _, micro_batches in self.sampler.steps(loader):
             for batch in micro_batches:
@@ -274,6 +318,42 @@ def _layout_config(config: DetsamplerDataLoader.Config, seq_len: int) -> LayoutC
         raise ValueError(f"DetsamplerDataLoader.Config: {exc}") from None
 
 
+def _instance_filter(config: DetsamplerDataLoader.Config) -> RepetitionFilter | None:
+    """The repetition filter ``config`` turns on (None: off); a bad field is a ValueError naming it."""
+    if not config.instance_filter:
+        return None
+    try:
+        return RepetitionFilter(
+            max_period=config.repetition_max_period,
+            min_period=config.repetition_min_period,
+            max_count=config.repetition_max_count,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"DetsamplerDataLoader.Config.repetition_*: {exc}") from None
+
+
+def _redactions(config: DetsamplerDataLoader.Config) -> list[Redaction]:
+    """``config.redactions`` (``[SOURCE:]FROM_STEP:DOC,DOC`` each) as Redaction entries; a malformed entry is a
+    ValueError naming it and the form."""
+    names = list(config.mixture_names) or [str(k) for k in range(len(config.index_paths))]
+    out = []
+    for entry in config.redactions:
+        parts = str(entry).split(":")
+        try:
+            source = None
+            if len(parts) == 3:
+                source = names.index(parts[0]) if parts[0] in names else int(parts[0])
+            if len(parts) not in (2, 3) or not parts[-1]:
+                raise ValueError(entry)
+            out.append(Redaction([int(d) for d in parts[-1].split(",")], int(parts[-2]), source))
+        except ValueError:
+            raise ValueError(
+                f"DetsamplerDataLoader.Config.redactions entry {entry!r}: expected FROM_STEP:DOC[,DOC...] (over a"
+                " mixture SOURCE:FROM_STEP:DOC[,DOC...], SOURCE a mixture_names entry or the source's index)"
+            ) from None
+    return out
+
+
 def _checked_paths(config: DetsamplerDataLoader.Config) -> list[str]:
     if config.dataset or config.dataset_path:  # BaseDataLoader.Config's fields, read by torchtitan's own loader
         raise ValueError(
@@ -333,3 +413,11 @@ def _refuse_mixture_fields(config: DetsamplerDataLoader.Config) -> None:
         raise ValueError(
             f"DetsamplerDataLoader.Config.{given[0]} is set but there is no mixture: give weights, one per index"
         )
+
+
+def _balance(config: Any, layout: Any) -> Balance | None:
+    """``Config.balance`` and its cost model over ``layout`` (a mixture's: its sources' layouts), or None."""
+    if not config.balance:
+        return None
+    cost = CostModel(attention=config.balance_attention, linear=config.balance_linear, fixed=config.balance_fixed)
+    return Balance(layout, cost)

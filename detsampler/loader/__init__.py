@@ -4,7 +4,8 @@
 - :mod:`~detsampler.loader.dataset`: :class:`PackedDataset`, a map-style dataset of packed samples over a token index;
 - :mod:`~detsampler.loader.mixture_dataset`: :class:`MixtureDataset`, the same over a mixture of sources;
 - :mod:`~detsampler.loader.prefetch`: :class:`PrefetchConfig` and the exact lookahead prefetcher of an index in an
-  object store.
+  object store;
+- :mod:`~detsampler.loader.calibrate`: the balanced plan's cost model, fitted by timing attention masked per document.
 
 (Named ``loader``, not ``torch``: a sub-package called ``torch`` would read as the real one in every traceback and
 ``from . import torch``.)

@@ -36,9 +36,11 @@ document costs its whole tokenization): that mode trades disk for CPU, which Dat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -53,6 +55,7 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
+from detsampler.loader.erased import mask_erased
 from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats, make_prefetcher, target_of
 from detsampler.loader.token_cache import TokenCache
 from detsampler.plan import Plan
@@ -278,12 +281,12 @@ class PackedDataset(Dataset):
         if self.prefetch is None:
             return None
         if self._prefetcher is None or self._prefetcher[0] != os.getpid() or getattr(self._prefetcher[1], "closed", 0):
-            made = make_prefetcher(
-                [target_of(self.index, self.layout)], self.plan, self.prefetch, where=self.index.path
-            )
+            media = getattr(self.index, "media_objects", None)  # a media index's images in a bucket
+            target = target_of(self.index, self.layout, own=media(self.layout) if media is not None else None)
+            made = make_prefetcher([target], self.plan, self.prefetch, where=str(self.index.path))
             if made is not None:  # NOTE: its threads hold the prefetcher, not this dataset: collecting it stops them
                 weakref.finalize(self, _close_prefetcher, weakref.ref(made))
-            self._prefetcher = (os.getpid(), made)  # None: a local index (memory-mapped) needs no prefetch
+            self._prefetcher = (os.getpid(), made)  # None: nothing in an object store, nothing to prefetch
         return self._prefetcher[1]
 
     def prefetch_stats(self) -> PrefetchStats | None:
@@ -300,6 +303,14 @@ class PackedDataset(Dataset):
     def get_batch(self, sample_ids: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         """The samples ``sample_ids`` as a dict of ``[len(sample_ids), seq_len]`` int64 tensors, or with
         ``output="tokens"`` ``{"tokens": [len(sample_ids), seq_len + 1]}`` in the stored dtype (see the module doc)."""
+        with self.reading(sample_ids) as (batch, _):
+            return batch
+
+    @contextlib.contextmanager
+    def reading(self, sample_ids: Sequence[int] | np.ndarray) -> Iterator[tuple[dict[str, torch.Tensor], dict]]:
+        """:meth:`get_batch`'s batch and the objects the prefetcher holds this micro batch's blocks of, by URL (a
+        media index's image sources; empty without prefetch or when it was not planned), held until the block exits:
+        what else the micro batch reads (its images) is read through them inside it."""
         raw = np.asarray(sample_ids)
         if raw.size and raw.dtype.kind not in "iu":
             raise TypeError(f"sample ids must be integers, got {raw.dtype} values such as {raw.reshape(-1)[0]!r}")
@@ -307,7 +318,8 @@ class PackedDataset(Dataset):
         lookahead = self._lookahead()
         planned = None if lookahead is None else lookahead.take(sample_ids)
         try:
-            return self._read_batch(ids, None if planned is None else (planned.reads[0], lookahead.readers(0)))
+            batch = self._read_batch(ids, None if planned is None else (planned.reads[0], lookahead.readers(0)))
+            yield batch, {} if planned is None else lookahead.held(0)
         finally:
             if planned is not None:
                 lookahead.done(planned)
@@ -320,35 +332,51 @@ class PackedDataset(Dataset):
             doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
         else:  # the spans planned ahead, the tokens through the prefetcher's cache
             (spans, doc_starts, doc_lengths), (read, read_mask) = ahead[0], ahead[1]
-            own = self._stored_readers()
-            read, read_mask = read or own[0], read_mask or own[1]
-        mask_grid, eos_value = None, 0
+            if self.index.tokens is None:  # tokenized on the fly: where each document starts in what was tokenized
+                doc_starts, doc_lengths, read, read_mask = self._token_source(spans.doc_ids)
+            else:  # an array not in an object store is read from its memory map
+                own = self._stored_readers()
+                read, read_mask = read or own[0], read_mask or own[1]
+        masking = {"mask_read": read_mask, "mask_examples": self._chat is not None}  # chat: no label crosses examples
         if read_mask is not None:  # laid out in the same pass as the tokens
-            mask_grid = np.empty((len(ids), self.layout.sample_len), dtype=np.int64)  # int64: the labels' type
-            eos_value = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
-        masking = {"mask_out": mask_grid, "mask_read": read_mask, "mask_eos": eos_value}
-        masking["mask_examples"] = self._chat is not None  # chat: no trained label crosses from one example to the next
+            masking["mask_eos"] = int(self._chat.eos_trained if self._chat is not None else self.index.loss_mask_eos)
+        source = (spans, doc_starts, doc_lengths, read)
         if self.output == "tokens":
-            tokens = _new_block((len(ids), self.layout.sample_len), self.token_dtype)
-            pack_tokens(
-                spans,
-                self.layout.sample_len,
-                doc_starts,
-                doc_lengths,
-                read,
-                eos_id=self.index.eos_id,
-                eos_stored=self._eos_stored,
-                out=tokens.numpy(),
-                **masking,
-            )
-            out = {"tokens": tokens}
-            if mask_grid is not None:
-                out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
-            if self.instance_filter is None:
-                return out
-            flagged = self.instance_filter.flags(tokens.numpy()[:, :-1])
-            return {**out, "instance_mask": torch.from_numpy(~flagged)}
-        block = _new_block((len(FIELDS), len(ids), self.seq_len), np.dtype(np.int64))
+            return self._tokens_batch(source, masking)
+        return self._fields_batch(source, masking)
+
+    def _tokens_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """``output="tokens"``: the token ids in the stored dtype (and a chat index's ``loss_mask``)."""
+        spans, doc_starts, doc_lengths, read = source
+        num_samples, sample_len = len(spans), self.layout.sample_len
+        tokens = _new_block((num_samples, sample_len), self.token_dtype)
+        mask_grid = None if masking["mask_read"] is None else np.empty((num_samples, sample_len), dtype=np.uint8)
+        pack_tokens(
+            spans,
+            sample_len,
+            doc_starts,
+            doc_lengths,
+            read,
+            eos_id=self.index.eos_id,
+            eos_stored=self._eos_stored,
+            out=tokens.numpy(),
+            mask_out=mask_grid,
+            **masking,
+        )
+        out = {"tokens": tokens}
+        if mask_grid is not None:
+            out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
+        if self.instance_filter is not None:
+            out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
+        return self._without_erased(out, spans)
+
+    def _fields_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
+        """The four int64 fields in one block (a chat index's labels masked in the same pass, and its ``loss_mask``);
+        the instance filter's flagged samples' labels -100."""
+        spans, doc_starts, doc_lengths, read = source
+        block = _new_block((len(FIELDS), len(spans), self.seq_len), np.dtype(np.int64))
+        fields = block.numpy()
+        masked = masking["mask_read"] is not None
         pack_fields(
             spans,
             self.seq_len,
@@ -361,51 +389,88 @@ class PackedDataset(Dataset):
             eos_stored=self._eos_stored,
             labels_cross_documents=self.layout.labels_cross_documents,
             restart_position_ids=self.restart_position_ids,
-            out=block.numpy(),
+            out=fields,
+            mask_labels=masked,
             **masking,
         )
         batch = dict(zip(FIELDS, block.unbind(0)))
-        if mask_grid is not None:
-            labels = block.numpy()[FIELDS.index("labels")]
-            batch["loss_mask"] = _apply_loss_mask(labels, mask_grid, clip=self._chat is None)
+        labels = fields[FIELDS.index("labels")]
         if self.instance_filter is not None:
-            fields = block.numpy()
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
-            flagged = self.instance_filter.flags(fields[FIELDS.index("input_ids")], lengths=lengths)
-            fields[FIELDS.index("labels")][flagged] = -100
-            if mask_grid is not None:
-                batch["loss_mask"][torch.from_numpy(flagged)] = False
+            inputs = fields[FIELDS.index("input_ids")]
+            flagged = self.instance_filter.flags(inputs, valid=_not_images(self.index, inputs), lengths=lengths)
+            if flagged.any():
+                labels[flagged] = IGNORE_INDEX
             if self.instance_mask:
                 batch["instance_mask"] = torch.from_numpy(~flagged)
-        return batch
+        if masked:
+            batch["loss_mask"] = torch.from_numpy(labels != IGNORE_INDEX)
+        return self._without_erased(batch, spans)
+
+    def _without_erased(self, batch: dict[str, torch.Tensor], spans: Any) -> dict[str, torch.Tensor]:
+        """The labels of the index's erased documents masked (:mod:`detsampler.loader.erased`)."""
+        erased = getattr(self.index, "erased_documents", None)
+        if erased is None or not len(erased):
+            return batch
+        return mask_erased(batch, spans, erased, self.layout.labels_cross_documents, self.layout.sample_len)
 
 
-def _apply_loss_mask(labels: np.ndarray, mask_grid: np.ndarray, clip: bool) -> torch.Tensor:
-    """``labels`` (``[B, seq_len]``, C-contiguous) set to -100 where the token each one predicts is not trained
-    (``mask_grid``: int64 ``[B, sample_len]``, the positions' mask values as laid out; ``clip``: values other than 0 and
-    1 may occur, a foreign file's, and count as 1); returns the loss mask, ``labels != -100``."""
-    if clip:
-        np.minimum(mask_grid, 1, out=mask_grid)
-    # NOTE: (label + 100) * trained - 100 keeps a trained label and makes any other -100, in place, in three int64
-    # passes: 3x faster than a boolean-mask assignment
-    labels += -IGNORE_INDEX
-    if mask_grid.shape[1] == labels.shape[1] + 1:  # one window shifted into inputs and labels
-        labels *= mask_grid[:, 1:]
-    else:  # the label of a position is the next position's token; the last one is -100 already (0 here)
-        flat = labels.reshape(-1)
-        flat[:-1] *= mask_grid.reshape(-1)[1:]
-    labels += IGNORE_INDEX
-    return torch.from_numpy(labels != IGNORE_INDEX)
+class _BlockPool:
+    """The main process's batch blocks, reused: a block is handed out again only once nothing references its memory
+    (every tensor made from it, every view, every numpy array of those, gone: the storage that ``torch.from_numpy``
+    makes holds a reference to the array until its last tensor is freed). A fresh 4 MiB block costs its page faults
+    on every batch (~1,000 at 64 x 2,048 int64); a reused one costs none. At most ``per_shape`` blocks per shape and
+    ``shapes`` shapes are kept (the last shapes asked)."""
+
+    def __init__(self, per_shape: int = 4, shapes: int = 4) -> None:
+        self.per_shape, self.shapes = per_shape, shapes
+        self._blocks: dict[tuple, list[np.ndarray]] = {}
+        self._blocks[()] = [np.empty(0)]  # NOTE: held by the list alone, as a free block is
+        self._free_refs = self._refs(())  # calibrated on this interpreter: the count of a block nothing else holds
+        del self._blocks[()]
+
+    def _refs(self, key: tuple) -> int:
+        for block in self._blocks[key]:
+            return sys.getrefcount(block)
+        return 0
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        key = (shape, np.dtype(dtype).str)
+        blocks = self._blocks.pop(key, [])
+        self._blocks[key] = blocks  # the last key asked is the newest
+        for block in blocks:
+            if sys.getrefcount(block) <= self._free_refs:
+                return torch.from_numpy(block)
+        block = np.empty(shape, dtype=dtype)
+        if len(blocks) < self.per_shape:
+            blocks.append(block)
+        while len(self._blocks) > self.shapes:
+            del self._blocks[next(iter(self._blocks))]
+        return torch.from_numpy(block)
+
+
+_POOL = _BlockPool()
+
+
+def _not_images(index: Index, input_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray | None:
+    """Where the instance filter compares tokens: ``valid`` (None: everywhere) less a media index's image tokens. An
+    image is a run of one placeholder token as long as its token count (64 and more): never a repetition of text, so
+    its positions equal nothing, as padding's do (:mod:`detsampler.filter`)."""
+    image_id = getattr(index, "image_token_id", None)
+    if image_id is None:
+        return valid
+    text = input_ids != image_id
+    return text if valid is None else valid & text
 
 
 def _new_block(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
     """An uninitialized tensor of numpy ``dtype`` for a batch: one storage, so a DataLoader worker hands the batch over
     in one block; in a worker it is allocated in shared memory at once (as torch's own collate does), so handing it
-    over copies nothing."""
-    proto = torch.from_numpy(np.empty(0, dtype=dtype))
+    over copies nothing; in the main process a block of the pool that nothing references any more (no page faults)."""
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=proto.dtype)
+        return _POOL.take(shape, dtype)
+    proto = torch.from_numpy(np.empty(0, dtype=dtype))
     storage = proto._typed_storage()._new_shared(int(np.prod(shape)), device=proto.device)
     return proto.new(storage).view(shape)
 
@@ -480,7 +545,8 @@ def instance_filter_counts(
     for step in steps:
         batch = dataset.get_batch(plan.global_batch(step))
         valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
-        flagged = instance_filter.flags(batch["input_ids"].numpy(), valid)
+        inputs = batch["input_ids"].numpy()
+        flagged = instance_filter.flags(inputs, _not_images(index, inputs, valid))
         loss = (batch["labels"].numpy() != -100).sum(axis=1)
         out["samples"] += len(flagged)
         out["flagged_samples"] += int(flagged.sum())

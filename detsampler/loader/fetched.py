@@ -10,11 +10,14 @@ None when nothing of it lies in an object store (a memory map). Three shapes:
   no checksums): one object, each block checked by its size and the object's ETag (every read asks for the version the
   source was opened at: ``If-Match``);
 - a sharded index's array (a :class:`~detsampler.index.sharded.ShardedArray`): one object per shard in a store, the
-  element ranges of a read sent to the shard holding them.
+  element ranges of a read sent to the shard holding them;
+- an object that plans its own byte ranges (:class:`OwnRanges`: a media index's image source in a store,
+  ``ranges_of(reads)``): read unchecked by blocks, each image's CRC-32 checked when the batch reads it.
 
 Invariant: :meth:`Fetched.blocks` lists, per group of element ranges, exactly the blocks of each object that a read of
 those ranges through :meth:`Fetched.reader` gets (:func:`detsampler.reads.range_blocks`, per object); the reader
-returns what a batch read reads the ranges from (``gather.pack_fields``'s ``read``).
+returns what a batch read reads the ranges from (``gather.pack_fields``'s ``read``). :meth:`OwnRanges.blocks` lists
+the blocks of the ranges the object plans for each micro batch.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from detsampler.index.sharded import ShardedArray
 from detsampler.reads import range_blocks
 from detsampler.storage import BlockCache, BlockedObject, NodeCache, RemoteArray
 
-__all__ = ["Fetched", "fetched", "in_object_store"]
+__all__ = ["Fetched", "OwnRanges", "fetched", "in_object_store", "own_ranges"]
 
 # (object, CSR bounds per group, the blocks, the bytes of the object each group's ranges use)
 Blocks = tuple[BlockedObject, np.ndarray, np.ndarray, np.ndarray]
@@ -66,6 +69,28 @@ class Fetched:
         """``read(starts, stops)``: what a batch read reads the ranges from (their chunks checked, where checked)."""
         array = self._array
         return getattr(array, "checked_ranges", None) or (lambda starts, stops: array)
+
+
+class OwnRanges:
+    """An object in a store that plans its own byte ranges (``ranges_of(reads)``, by byte: a media index's images in a
+    bucket, :mod:`detsampler.media.reads`), read through a prefetcher's cache: ``source`` its
+    :class:`~detsampler.storage.BlockedObject` (no block check: each image's CRC-32 is checked when it is read)."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj, self.url, self.source = obj, obj.url, obj.source
+        self.objects = [obj.source]
+
+    def blocks(self, reads: Any) -> list[Blocks]:
+        """The blocks each planned micro batch of ``reads`` (the plan's sample ids) reads of this object, with the
+        bytes of it its ranges use (as :meth:`Fetched.blocks`)."""
+        starts, stops, groups = self._obj.ranges_of(reads)
+        return [_blocks(self._obj, np.asarray(starts, np.int64), np.asarray(stops, np.int64), groups)]
+
+
+def own_ranges(obj: Any, block_bytes: int, cache: BlockCache) -> OwnRanges:
+    """``obj`` (it has ``ranges_of`` and ``reblocked(block_bytes, cache)``) read by blocks of ``block_bytes`` through
+    ``cache``."""
+    return OwnRanges(obj.reblocked(block_bytes, cache))
 
 
 def _remote(part: Any) -> RemoteArray:

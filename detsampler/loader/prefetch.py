@@ -6,7 +6,9 @@ A :class:`~detsampler.loader.PackedDataset` (one index, a pre-tokenized source, 
 reads, one budget, one cache) given ``prefetch=PrefetchConfig(...)`` and the ``plan`` makes one :class:`Prefetcher`
 per process (in each DataLoader worker, on its first batch: threads and clients never travel in a pickle). What it
 fetches are byte ranges of objects (:mod:`detsampler.loader.fetched`): an index's blocks are CRC-checked against its
-chunk sums, a pre-tokenized file's by size and ETag.
+chunk sums, a pre-tokenized file's by size and ETag; a media index's images in a bucket are the byte ranges its objects
+plan themselves (``ranges_of``: :mod:`detsampler.media.reads`), each image's CRC-32 checked when the batch reads it
+(:meth:`~detsampler.loader.PackedDataset.reading` holds the micro batch's blocks while its images are read).
 
 A micro batch from :class:`~detsampler.loader.DeterministicBatchSampler` says where the plan puts it
 (:class:`~detsampler.loader.sampler.PlannedIds`), so the worker knows every micro batch it reads after it (every
@@ -44,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from detsampler.loader.fetched import Fetched, fetched, in_object_store
+from detsampler.loader.fetched import Fetched, OwnRanges, fetched, in_object_store, own_ranges
 from detsampler.plan import Plan
 from detsampler.reads import PlannedReads, Readable, plan_reads
 from detsampler.storage import BlockedObject, BlockKey, NodeCache
@@ -170,11 +172,14 @@ class PrefetchStats:
 @dataclass(frozen=True)
 class Target:
     """One source of the plan's samples as a prefetcher reads it: ``readable`` (its layout, offsets, lengths, EOS) and
-    ``arrays``, what a batch read reads by token position (its tokens, then its loss mask or None)."""
+    ``arrays``, what a batch read reads by token position (its tokens, then its loss mask or None); ``own``: objects in
+    an object store that plan their own byte ranges from the plan's sample ids (``ranges_of``: a media index's images
+    in a bucket, :mod:`detsampler.media.reads`), so only of a plan over this source's layout alone."""
 
     readable: Readable
     arrays: list[Any]
     kind: str = ""  # a pre-tokenized source's format (its blocks have no checksums), else ""
+    own: list[Any] = field(default_factory=list)  # objects that plan their own ranges (a media index's images)
 
 
 @dataclass
@@ -196,7 +201,8 @@ class _Planned:
 class Prefetcher:
     """The lookahead of one process (see the module doc) over ``targets``, the plan's sources (one, or a mixture's:
     ``split`` maps the plan's ids to (source, the source's id)); their arrays in an object store are read through one
-    cache (:func:`~detsampler.loader.fetched.fetched`), the others as they are."""
+    cache (:func:`~detsampler.loader.fetched.fetched`), the others as they are, and so are the objects of a target
+    that plan their own ranges (``ranges_of``: a media index's images in a bucket, :attr:`own`)."""
 
     def __init__(
         self,
@@ -216,7 +222,11 @@ class Prefetcher:
         self.fetched: list[list[Fetched | None]] = [
             [None if a is None else fetched(a, units, self.cache, self.node) for a in t.arrays] for t in targets
         ]
+        self.own: list[list[OwnRanges]] = [
+            [own_ranges(o, config.block_bytes, self.cache) for o in t.own] for t in targets
+        ]
         self.objects: list[BlockedObject] = [o for per in self.fetched for f in per if f is not None for o in f.objects]
+        self.objects += [o for per in self.own for f in per for o in f.objects]
         self._number = {id(o): k for k, o in enumerate(self.objects)}
         for target, per in zip(targets, self.fetched):  # what checks a block of a format without checksums: say it
             for obj in (o for f in per if f is not None for o in f.objects if o._check is None):
@@ -510,6 +520,8 @@ class Prefetcher:
                 t = (step << 28) | (micro << 12) | k  # step order; a node's ranks read a step together
                 for number, blocks in holds.items():
                     obj = self.objects[number]
+                    if obj.identity is None:  # never in the node cache
+                        continue
                     for b in blocks:
                         h = NodeCache.key(obj.identity, obj.url, obj.block_bytes, b)
                         if first.get(h, NEVER_USED) > t:
@@ -522,18 +534,28 @@ class Prefetcher:
         sizes: list[list[int]] = [[] for _ in reads.positions]
         holds: list[dict[int, list[int]]] = [{} for _ in reads.positions]
         used = np.zeros(len(reads), dtype=np.int64)
-        for src, per_array in zip(reads.sources, self.fetched):
-            for array in (a for a in per_array if a is not None):
-                for obj, bounds, blocks, used_bytes in array.blocks(src.starts, src.stops, src.span_offsets):
-                    number, bb, listed = self._number[id(obj)], obj.block_bytes, blocks.tolist()
-                    nbytes = (np.minimum((blocks + 1) * bb, obj.size) - blocks * bb).tolist()
-                    used += used_bytes
-                    for i in np.flatnonzero(np.diff(bounds)).tolist():
-                        a, b = int(bounds[i]), int(bounds[i + 1])
-                        keys[i].extend((obj.url, blk) for blk in listed[a:b])
-                        sizes[i].extend(nbytes[a:b])
-                        holds[i].setdefault(number, []).extend(listed[a:b])
+        found = [
+            array.blocks(src.starts, src.stops, src.span_offsets)
+            for src, per_array in zip(reads.sources, self.fetched)
+            for array in per_array
+            if array is not None
+        ]
+        found += [own.blocks(reads) for per in self.own for own in per]  # their ranges from the plan's sample ids
+        for obj, bounds, blocks, used_bytes in (one for per_array in found for one in per_array):
+            number, bb, listed = self._number[id(obj)], obj.block_bytes, blocks.tolist()
+            nbytes = (np.minimum((blocks + 1) * bb, obj.size) - blocks * bb).tolist()
+            used += used_bytes
+            for i in np.flatnonzero(np.diff(bounds)).tolist():
+                a, b = int(bounds[i]), int(bounds[i + 1])
+                keys[i].extend((obj.url, blk) for blk in listed[a:b])
+                sizes[i].extend(nbytes[a:b])
+                holds[i].setdefault(number, []).extend(listed[a:b])
         return list(zip(keys, sizes, used.tolist(), holds))
+
+    def held(self, source: int = 0) -> dict[str, BlockedObject]:
+        """The objects of source ``source`` that plan their own ranges (a media index's image sources), by URL: while
+        a micro batch :meth:`take` returned is read, its blocks of them are held there (read them through these)."""
+        return {own.url: own.source for own in self.own[source]}
 
     def _admit(self) -> None:
         """Move pending micro batches into the window while the budget allows; fetch what they lack. Lock held."""
@@ -619,20 +641,32 @@ def node_ranks(rank: int, world_size: int) -> range:
     return range(first, min(world_size, first + size))
 
 
-def target_of(index: Any, layout: Any) -> Target:
-    """The :class:`Target` of one index (a ``TokenIndex``, a ``TokenSource``, a ``ShardedIndex``) and its layout."""
+def target_of(index: Any, layout: Any, *, own: list[Any] | None = None) -> Target:
+    """The :class:`Target` of one index (a ``TokenIndex``, a ``TokenSource``, a ``ShardedIndex``, a media index) and
+    its layout; ``own``: objects that plan their own ranges over the plan of this layout (a media index's images)."""
     readable = Readable(layout, index.offsets, index.lengths, bool(getattr(index, "eos_stored", False)))
     kind = getattr(index, "kind", "")
-    return Target(readable, [index.tokens, getattr(index, "loss_mask", None)], kind if isinstance(kind, str) else "")
+    arrays = [index.tokens, getattr(index, "loss_mask", None)]
+    return Target(readable, arrays, kind if isinstance(kind, str) else "", list(own or []))
 
 
 def make_prefetcher(
     targets: list[Target], plan: Plan, config: PrefetchConfig, *, split: Any = None, where: str = ""
 ) -> Prefetcher | None:
     """This process's prefetcher over ``targets`` (its DataLoader worker's number from torch's worker info), or None
-    when none of their arrays lies in an object store: then one line says that prefetch does nothing here."""
-    if not any(in_object_store(a) for t in targets for a in t.arrays if a is not None):
-        log.info("prefetch: %s is local (memory-mapped): nothing is fetched, prefetch does nothing here", where)
+    when nothing they read lies in an object store: then one line says that prefetch does nothing here (and why: the
+    data is local, or an index that stores no tokens is tokenized on the fly)."""
+    if not any(in_object_store(a) for t in targets for a in t.arrays if a is not None) and not any(
+        t.own for t in targets
+    ):
+        if all(t.arrays[0] is None for t in targets):  # NOTE: a lengths-only index in a bucket said nothing
+            log.info(
+                "prefetch: %s stores no tokens (they are tokenized on the fly from the dataset): nothing is fetched,"
+                " prefetch does nothing here",
+                where,
+            )
+        else:
+            log.info("prefetch: %s is local (memory-mapped): nothing is fetched, prefetch does nothing here", where)
         return None
     from torch.utils.data import get_worker_info
 

@@ -16,6 +16,7 @@ from detsampler.plan import Plan, _check_step
 __all__ = ["DeterministicBatchSampler", "PlannedIds"]
 
 _STATE_KEYS = ("step", "samples_in_step")
+_CUT_KEYS = ("world_size", "micro_batch_size")  # a balanced plan's mid-step state: how its step was dealt
 _AHEAD_SAMPLES = 512  # sample ids planned per stream call (a chunk of micro batches): bounds the sampler's memory
 _AHEAD_MICRO_BATCHES = 64
 
@@ -185,12 +186,15 @@ class DeterministicBatchSampler(Sampler[list[int]]):
 
     def _state(self, position: tuple[int, int]) -> dict[str, int]:
         step, micro_step = position
-        return {"step": step, "samples_in_step": micro_step * self.plan.world_size * self.plan.micro_batch_size}
+        state = {"step": step, "samples_in_step": micro_step * self.plan.world_size * self.plan.micro_batch_size}
+        if micro_step and self.plan.balance is not None:  # NOTE: which samples were consumed depends on the cut
+            state.update(world_size=self.plan.world_size, micro_batch_size=self.plan.micro_batch_size)
+        return state
 
     def _parse(self, state: Mapping[str, int]) -> tuple[int, int]:
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict like {{'step': 3}}, got {type(state).__name__}")
-        unknown = sorted(str(key) for key in state if key not in _STATE_KEYS)
+        unknown = sorted(str(key) for key in state if key not in _STATE_KEYS + _CUT_KEYS)
         if unknown:
             raise ValueError(
                 f"unknown keys {unknown} in the sampler state: expected 'step' and optionally 'samples_in_step'"
@@ -212,7 +216,25 @@ class DeterministicBatchSampler(Sampler[list[int]]):
                 f"micro_batch_size = {self.plan.world_size} * {self.plan.micro_batch_size}: resume this mid-step "
                 "checkpoint with a world size and micro batch size that divide it"
             )
+        if samples:
+            self._check_cut(state, step)
         return step, samples // per_micro_step
+
+    def _check_cut(self, state: Mapping[str, int], step: int) -> None:
+        """A balanced plan deals each step's samples for its world size and micro batch size: a mid-step state names
+        the consumed samples only under the cut that saved it."""
+        cut = {key: state.get(key) for key in _CUT_KEYS}
+        if self.plan.balance is None or cut == {
+            "world_size": self.plan.world_size,
+            "micro_batch_size": self.plan.micro_batch_size,
+        }:
+            return
+        raise ValueError(
+            f"the sampler state is mid-step {step} of a balanced plan dealt for world_size, micro_batch_size ="
+            f" {cut['world_size']}, {cut['micro_batch_size']} but this plan has {self.plan.world_size},"
+            f" {self.plan.micro_batch_size}: a balanced plan deals each step anew for its cut, so resume a mid-step"
+            " state with the same world size and micro batch size (at a step boundary any cut resumes)"
+        )
 
 
 class _MicroBatches:

@@ -7,20 +7,21 @@ extra ``remote``). :func:`store_for` picks it from a location (:mod:`detsampler.
 Invariants: ``read_ranges(url, ranges)`` returns exactly the bytes ``[start, end)`` of each range, in order, or raises;
 ``put`` is atomic (a reader sees the old object, or none, or all of the new one: a local file is renamed into place,
 an object PUT or multipart upload becomes visible only once complete); a request that fails for a reason that may pass
-(no answer, a lost connection, a 5xx, 408 or 429 status) is retried with exponential backoff (:class:`RetryPolicy`),
-each retry logged (logger ``detsampler.storage``: the object, the request, the cause, the time left), and when the
-retries run out a :class:`StorageError` names the object, the retries made and the cause; any other failure is not
-retried. A range the object does not hold (it is empty or shorter: HTTP 416, or fewer bytes returned) is refused
-naming the object's size and the range wanted.
+(no answer, a lost connection, a 5xx but 501 and 505, 408 or 429 status) is retried with exponential backoff
+(:class:`RetryPolicy`), each retry logged (logger ``detsampler.storage``: the object, the request, the cause, the time
+left), and when the retries run out a :class:`StorageError` names the object, the retries made and the cause; any other
+failure is not retried. A range the object does not hold (it is empty or shorter: HTTP 416, or fewer bytes returned) is
+refused naming the object's size and the range wanted.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -192,23 +193,28 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_retries < 0 or min(self.init_backoff_s, self.max_backoff_s) <= 0:
             raise ValueError(f"Got {self!r}: max_retries must be >= 0 and the backoffs > 0")
-        if min(self.retry_timeout_s, self.request_timeout_s) <= 0:
-            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds")
+        times = (self.init_backoff_s, self.max_backoff_s, self.retry_timeout_s, self.request_timeout_s)
+        if not all(math.isfinite(t) for t in times) or min(self.retry_timeout_s, self.request_timeout_s) <= 0:
+            raise ValueError(f"Got {self!r}: the timeouts must be > 0 seconds, and every time finite")
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         env = os.environ
         fields: dict[str, Any] = {}
-        for name, field, cast in (
-            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int),
-            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float),
-            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float),
+        for name, field, cast, rule in (
+            ("DETSAMPLER_STORAGE_MAX_RETRIES", "max_retries", int, "an integer >= 0"),
+            ("DETSAMPLER_STORAGE_RETRY_TIMEOUT_S", "retry_timeout_s", float, "a number of seconds, finite and > 0"),
+            ("DETSAMPLER_STORAGE_REQUEST_TIMEOUT_S", "request_timeout_s", float, "a number of seconds, finite and > 0"),
         ):
             if env.get(name):
                 try:
-                    fields[field] = cast(env[name])
+                    value = cast(env[name])
                 except ValueError:
-                    raise ValueError(f"Got {name}={env[name]!r}, it must be a number") from None
+                    value = None
+                # NOTE: inf or nan seconds passed here and failed every request later, naming no setting
+                if value is None or not math.isfinite(value) or value < 0 or (cast is float and value == 0):
+                    raise ValueError(f"Got {name}={env[name]!r}, it must be {rule}") from None
+                fields[field] = value
         return cls(**fields)
 
     def client_options(self, allow_http: bool) -> dict:
@@ -330,6 +336,10 @@ class ObjectStore:
     def _fail(self, url: str, what: str, exc: BaseException, retried: tuple[int, float] | None = None) -> StorageError:
         if isinstance(exc, StorageError):  # refused before any request (a forked process)
             return exc
+        if isinstance(exc, FileNotFoundError) and what in _WRITES:  # a write creates its object: no bucket to put it in
+            loc = parse_location(url)
+            kind = "container" if loc.scheme in _CONTAINERS else "bucket"  # NOTE: Azure's was called a bucket
+            return StorageError(f"{url}: {what} failed: the {kind} {loc.bucket!r} does not exist (create it first)")
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{url}: does not exist ({what})")
         if retried is None:
@@ -431,11 +441,16 @@ class ObjectStore:
         loc = parse_location(url)
         self._call(url, "PUT", lambda: _obstore().put(self._client(loc), loc.key, data))
 
-    def put_tagged(self, url: str, data: bytes | Path) -> str | None:
-        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none)."""
+    def put_tagged(
+        self, url: str, data: bytes | Path | Iterable[bytes], *, multipart: bool | None = None
+    ) -> str | None:
+        """:meth:`put`, returning the ETag the store gave the object written (None when it gives none). ``data`` may
+        be an iterable of bytes, read once, in order, as it is sent: an exception it raises ends the upload before it
+        completes (a single PUT is never sent, a multipart upload is aborted) and is raised. ``multipart``: whether to
+        upload in parts (obstore's default: a file over 5 MiB, or an iterable)."""
         loc = parse_location(url)
         try:
-            return _obstore().put(self._client(loc), loc.key, data).get("e_tag")
+            return _obstore().put(self._client(loc), loc.key, data, use_multipart=multipart).get("e_tag")
         except Exception as exc:
             raise self._fail(url, "PUT", exc) from None
 
@@ -487,6 +502,8 @@ def _conditional_ranges(client: Any, key: str, ranges: list[tuple[int, int]], et
         raise
 
 
+_WRITES = ("PUT", "create-only PUT")  # requests that create their object (a "not found" names the bucket)
+_CONTAINERS = ("az", "abfs", "abfss")  # Azure Blob storage: objects live in containers (S3 and GCS: buckets)
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
@@ -498,13 +515,14 @@ def _status(exc: BaseException) -> int | None:
 
 def _transient(exc: BaseException, status: int | None) -> bool:
     """Whether a failure may pass when the request is made again: no answer or a lost connection (the client's
-    ``GenericError`` without a status), a server error (5xx), a timeout (408) or throttling (429). Not: a missing
-    object, refused credentials, a bad request, a refusal before any request (a forked process)."""
+    ``GenericError`` without a status), a server error (5xx but 501 and 505), a timeout (408) or throttling (429). Not:
+    a missing object, refused credentials, a bad request, a refusal before any request (a forked process)."""
     if isinstance(exc, (StorageError, FileNotFoundError, PermissionError)):
         return False
     if type(exc).__name__ not in ("GenericError", "JoinError") and not isinstance(exc, (TimeoutError, ConnectionError)):
         return False
-    return status is None or status >= 500 or status in (408, 429)
+    # NOTE: 501 (Not Implemented: a read-only HTTP server's PUT) and 505 say the server never does it: not retried
+    return status is None or (status >= 500 and status not in (501, 505)) or status in (408, 429)
 
 
 _LOCAL = LocalStore()

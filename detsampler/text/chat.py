@@ -20,7 +20,9 @@ template's text: an index built under another template or policy has another cac
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +30,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHAT_POLICIES", "ChatConfig", "render_examples", "resolve_template"]
+__all__ = [
+    "CHAT_POLICIES",
+    "ChatConfig",
+    "render_conversations",
+    "render_examples",
+    "resolve_template",
+    "with_tools",
+]
 
 CHAT_POLICIES = ("assistant", "last_turn", "completion", "all")
 _MESSAGE_POLICIES = ("assistant", "last_turn", "all")
@@ -40,18 +49,26 @@ _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 class ChatConfig:
     """How chat rows become tokens and a loss mask.
 
-    ``column`` holds each example's messages (a list of ``{"role", "content"}`` dicts), or, with
-    ``completion_column`` set, its prompt (a string) while ``completion_column`` holds its completion. ``policy``
-    picks the trained tokens (see the module doc); ``chat_template`` replaces the tokenizer's own template (its text).
+    ``column`` holds each example's messages (a list of ``{"role", "content"}`` dicts; an assistant turn may have
+    ``content`` None with ``tool_calls``, the OpenAI format), or, with ``completion_column`` set, its prompt (a string)
+    while ``completion_column`` holds its completion. ``tools_column``: the column of each example's tool schemas (a
+    list of dicts, or their JSON text), passed to the chat template as ``tools=`` as TRL's ``SFTTrainer`` passes its
+    ``tools`` column (:func:`with_tools` sets it when the dataset has one). ``policy`` picks the trained tokens (see the
+    module doc); ``chat_template`` replaces the tokenizer's own template (its text).
     """
 
     column: str = "messages"
     completion_column: str | None = None
     policy: str = "assistant"
     chat_template: str | None = None
+    tools_column: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("column", "completion_column"):
+        if self.tools_column is not None and self.completion_column is not None:
+            raise ValueError(
+                "ChatConfig.tools_column is for a messages column (prompt/completion strings take no tools)"
+            )
+        for name in ("column", "completion_column", "tools_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"ChatConfig.{name} must be a non-empty column name, got {value!r}")
@@ -70,7 +87,10 @@ class ChatConfig:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (self.column,) if self.completion_column is None else (self.column, self.completion_column)
+        """The rendered columns: the messages (and tools), or the prompt and completion."""
+        if self.completion_column is not None:
+            return (self.column, self.completion_column)
+        return (self.column,) if self.tools_column is None else (self.column, self.tools_column)
 
     @property
     def eos_trained(self) -> bool:
@@ -80,7 +100,8 @@ class ChatConfig:
     def identity(self, template: str | None) -> dict:
         """What an index records and keys on: the columns, the policy and the sha256 of the template text used."""
         sha = None if template is None else hashlib.sha256(template.encode()).hexdigest()
-        return {"columns": list(self.columns), "policy": self.policy, "template_sha256": sha}
+        tools = {} if self.tools_column is None else {"tools_column": self.tools_column}  # older keys unchanged
+        return {"columns": list(self.columns), "policy": self.policy, "template_sha256": sha, **tools}
 
     def to_meta(self, template: str | None) -> dict:
         """The identity and the template text itself (on-the-fly reads render with exactly it)."""
@@ -88,13 +109,32 @@ class ChatConfig:
 
     @classmethod
     def from_meta(cls, meta: dict) -> ChatConfig:
-        columns = meta["columns"]
+        tools = meta.get("tools_column")
+        columns = [c for c in meta["columns"] if c != tools]
         return cls(
             column=columns[0],
             completion_column=columns[1] if len(columns) > 1 else None,
             policy=meta["policy"],
             chat_template=meta.get("template"),
+            tools_column=tools,
         )
+
+
+def with_tools(config: ChatConfig | None, dataset: Any) -> ChatConfig | None:
+    """``config`` with ``tools_column="tools"`` when it renders messages and ``dataset`` has a ``tools`` column (what
+    TRL's ``SFTTrainer`` passes to the chat template); a ``chat_template_kwargs`` column, which TRL also applies per
+    example, is refused: its tokens would differ from TRL's."""
+    names = list(getattr(dataset, "column_names", None) or [])
+    if config is None or config.is_prompt_completion:
+        return config
+    if "chat_template_kwargs" in names:
+        raise ValueError(
+            "the dataset has a chat_template_kwargs column (per-example keyword arguments of the chat template, which"
+            " TRL applies): detsampler does not render them; drop the column or render those rows into messages"
+        )
+    if config.tools_column is None and "tools" in names:
+        return dataclasses.replace(config, tools_column="tools")
+    return config
 
 
 def _chat_backend(tokenizer: Any) -> Any:
@@ -128,16 +168,51 @@ def resolve_template(config: ChatConfig, tokenizer: Any) -> str | None:
 
 
 def _check_messages(messages: Any, doc: int, column: str) -> None:
-    """Raise a ValueError naming document ``doc`` unless ``messages`` is a non-empty list of role/content strings."""
+    """Raise a ValueError naming document ``doc`` unless ``messages`` is a non-empty list of messages with a role
+    (str) and a content (str; None only on a turn with ``tool_calls``, a non-empty list of dicts: the OpenAI format)."""
     ok = isinstance(messages, list) and len(messages) > 0
-    for m in messages if ok else ():
-        ok = ok and isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+    for i, m in enumerate(messages if ok else ()):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            ok = False
+            break
+        calls = m.get("tool_calls")
+        if calls is not None and (
+            not isinstance(calls, list) or not calls or not all(isinstance(c, dict) for c in calls)
+        ):
+            raise ValueError(
+                f"document {doc}: message {i} of column {column!r} has tool_calls {str(calls)[:60]!r}, not a non-empty"
+                " list of {'type': 'function', 'function': {'name', 'arguments'}} dicts"
+            )
+        content = m.get("content")
+        if not isinstance(content, str) and not (content is None and calls is not None):
+            got = "None without tool_calls" if content is None else f"a {type(content).__name__}"
+            raise ValueError(
+                f"document {doc}: message {i} of column {column!r} ({m.get('role')}) holds content {got}: a content is"
+                " a string (None only on an assistant turn with tool_calls); content parts (lists) are not rendered"
+                " here"
+            )
     if not ok:
         got = "None" if messages is None else f"{type(messages).__name__} {str(messages)[:60]!r}"
         raise ValueError(
             f"document {doc}: column {column!r} holds {got}, not a non-empty list of {{'role': str, 'content': str}}"
             " messages; drop or fill such rows first"
         )
+
+
+def _tools(value: Any, doc: int, column: str) -> list | None:
+    """An example's tool schemas as the chat template takes them: a list of dicts (JSON text parsed, as TRL does), or
+    None when it has none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"document {doc}: column {column!r} holds text that is not JSON ({exc.msg})") from None
+    if value is None or (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
+        return value
+    raise ValueError(
+        f"document {doc}: column {column!r} holds {type(value).__name__} {str(value)[:60]!r}, not a list of tool"
+        " schemas (dicts, or their JSON text)"
+    )
 
 
 def _last_run(mask: np.ndarray) -> np.ndarray:
@@ -154,19 +229,46 @@ def _last_run(mask: np.ndarray) -> np.ndarray:
 
 
 def _render_messages(
-    tokenizer: Any, conversations: Sequence[Any], first_doc: int, config: ChatConfig, template: str
+    tokenizer: Any,
+    conversations: Sequence[Any],
+    first_doc: int,
+    config: ChatConfig,
+    template: str,
+    tools: Sequence[Any] | None = None,
 ) -> tuple[list[list[int]], list[np.ndarray]]:
     for i, messages in enumerate(conversations):
         _check_messages(messages, first_doc + i, config.column)
+    return render_conversations(tokenizer, conversations, config, template, tools, first_doc)
+
+
+def render_conversations(
+    tokenizer: Any,
+    conversations: Sequence[Any],
+    config: ChatConfig,
+    template: str,
+    tools: Sequence[Any] | None = None,
+    first_doc: int = 0,
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Each conversation (checked by the caller) rendered with ``template``, with its row's ``tools`` where given
+    (documents ``first_doc, ...``): its ids and its mask under ``config.policy`` (see the module doc). Multimodal
+    contents (lists of parts) render as the template writes them."""
     if not conversations:
         return [], []
-    out = _chat_backend(tokenizer).apply_chat_template(
-        list(conversations),
+    render = dict(
         chat_template=template,
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=config.policy != "all",
     )
+    backend = _chat_backend(tokenizer)
+    if tools is None:
+        out = backend.apply_chat_template(list(conversations), **render)
+    else:  # NOTE: each example with its own tools (the template takes one tools= per call), as TRL renders them
+        parts = [
+            backend.apply_chat_template(m, tools=_tools(t, first_doc + i, str(config.tools_column)), **render)
+            for i, (m, t) in enumerate(zip(conversations, tools))
+        ]
+        out = {key: [p[key] for p in parts] for key in parts[0]}
     ids = [list(x) for x in out["input_ids"]]
     if config.policy == "all":
         return ids, [np.ones(len(x), dtype=np.uint8) for x in ids]
@@ -208,4 +310,5 @@ def render_examples(
     if config.is_prompt_completion:
         return _render_prompts(tokenizer, rows[config.column], rows[config.completion_column], first_doc, config)
     assert template is not None
-    return _render_messages(tokenizer, rows[config.column], first_doc, config, template)
+    tools = rows[config.tools_column] if config.tools_column is not None else None
+    return _render_messages(tokenizer, rows[config.column], first_doc, config, template, tools)

@@ -16,7 +16,10 @@ input tokens per second. Redaction: what the training step adds after ``get_batc
 ``redact_labels(batch, step, Blocklist(...))`` with every third document of the index redacted (the mask's cost hardly
 depends on the list's length: one ``torch.isin`` over the micro batch), timed the same way (best of 5 per micro
 batch), as a share of ``get_batch``'s throughput.
-Target (issue #24): redaction and filtering cost at most 5% of loader throughput.
+Then each layout's stage table (tests/benchmarks/read_stages.py): get_batch with the filter and then redact_labels,
+every step timed in turn, best of 9 interleaved passes over the first 40 micro batches, so that the filter's and the
+redaction's share of the read shows beside the steps of the read itself.
+Target (issue #24, again issue 35): redaction and filtering cost at most 5% of loader throughput.
 
 Usage: ``python -m tests.benchmarks.bench_filter [--docs N] [--batches B] [--repeats R]``.
 """
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
     index = build_index(corpus, tokenizer, cache_dir=DIR, progress=False)
     config = RepetitionFilter()
     blocklist = Blocklist([Redaction(list(range(0, index.num_documents, 3)), 0)])  # a third of the documents
-    rows, redaction_rows, worst, worst_redaction = [], [], 0.0, 0.0
+    rows, redaction_rows, stage_rows, worst, worst_redaction = [], [], [], 0.0, 0.0
     for kind in ("concat", "bestfit"):
         layout = index.layout(LayoutConfig(kind=kind, seq_len=2048, seed=0, window_docs=64))
         plain = PackedDataset(index, layout)
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                     pass
                 loader_s[name].append((time.perf_counter() - t0) / args.batches)
         loader_plain, loader_filtered = min(loader_s["plain"]), min(loader_s["filtered"])
+        stage_rows.append(_stage_row(kind, filtered, plain, batches[:40], blocklist))
         loader_cost = 1 - loader_plain / loader_filtered
         plain_s, filtered_s = statistics.fmean(t_plain), statistics.fmean(t_filtered)  # throughput: total over total
         cost = 1 - plain_s / filtered_s  # the share of throughput lost
@@ -173,6 +177,26 @@ def main(argv: list[str] | None = None) -> BenchResult:
         ],
         redaction_rows,
     )
+    stage_table = Table(
+        "Where the filter's and the redaction's time goes within a read (µs per micro batch, best of 9 interleaved"
+        " passes; 8 x 2,048)",
+        [
+            "layout",
+            "get_batch, plain",
+            "steps of the read",
+            "instance filter",
+            "redaction",
+            "filter / plain",
+            "redaction / plain",
+        ],
+        stage_rows,
+        [
+            "steps of the read: the sum of get_batch's other steps in the same passes (locate to padding); the filter"
+            " is RepetitionFilter().flags on the input ids (the common path: two gathers of ~870 probes a row, a"
+            " comparison, four-hit runs by doubling, an any), the redaction redact_labels(batch, step, Blocklist)"
+            " (the blocklist's table looked up per position, the labels masked in place)."
+        ],
+    )
     verdict = Verdict(
         "filtering costs <= 5% of loader throughput", worst <= 0.05, f"worst layout: {worst * 100:.1f}% lost"
     )
@@ -185,7 +209,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         14,
         "Instance filter and redaction cost",
         __doc__.split("\n", 2)[2].strip(),
-        [table, redaction_table],
+        [table, redaction_table, stage_table],
         [verdict, redaction_verdict],
         [
             "What limits it: the probe reads about 870 positions and their partners per 2,048-token row (periods 1 to"
@@ -202,6 +226,19 @@ def main(argv: list[str] | None = None) -> BenchResult:
         ],
         time.perf_counter() - t_start,
     )
+
+
+def _stage_row(kind: str, filtered, plain, batches: list, blocklist) -> list[str]:
+    """One layout's row of the stage table: the plain get_batch, and the filter's and the redaction's steps."""
+    from detsampler.loader.redact import redact_labels
+    from tests.benchmarks.read_stages import FIELD_STAGES, stage_table
+
+    st = stage_table(
+        filtered, batches, others={"plain": plain.get_batch}, redact=lambda b: redact_labels(b, 0, blocklist)
+    )
+    steps = sum(st[name] for name in FIELD_STAGES if name in st)
+    f, r, p = st["instance filter"], st["redaction"], st["plain"]
+    return [kind, f"{p:.1f}", f"{steps:.1f}", f"{f:.1f}", f"{r:.1f}", f"{f / p:.1%}", f"{r / p:.1%}"]
 
 
 if __name__ == "__main__":

@@ -33,10 +33,15 @@ copy loop, and a vectorized gather, all from the raw memory map of the index's `
 mmap_mode="r")``, no checksums), page cache warm, over the batches detsampler's concat rows deliver; median of 7 passes
 with the spread; at the issue's micro batch (8 x 2,048) and a larger one (64 x 2,048). It writes the stored dtype only,
 so it bounds what any loader could deliver from this memory map, not what one with int64 tensors and labels could. The
-stage table times each step of detsampler's read per micro batch, now and as it was before ``pack_fields`` (the same
-output, computed the old way), interleaved in one run. **The DataLoader's floor**: the µs per batch torch's
-``DataLoader`` itself takes to hand over a batch made in advance (tests/benchmarks/ceiling.py, ``dataloader_floor``),
-with each worker count: what no loader behind a DataLoader can beat.
+stage table times each step of ``get_batch`` per micro batch (tests/benchmarks/read_stages.py: the same calls in the
+same order, in CPU time of the reading thread), beside the whole ``get_batch``, the same with the per-span pass issue
+35 replaced and the read path before ``pack_fields``, interleaved in one run. **The DataLoader's floor**: the µs per
+batch torch's ``DataLoader`` itself takes to hand over a batch made in advance (tests/benchmarks/ceiling.py,
+``dataloader_floor``), with each worker count: what no loader behind a DataLoader can beat.
+
+**Issue 35's comparison** (``num_workers=0``, 8 x 2,048 and 64 x 2,048): every stored-token contender once a round, the
+rounds in turn, best of 3, by the process's CPU time and by wall time; detsampler also as ``get_batch`` of each micro
+batch the sampler hands out (no DataLoader), Grain by indexing its ``MapDataset`` in the main thread.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ BUDGET_S = 3.0  # per run, after the first batch
 WORKERS = (0, 1, 2)
 TARGET_CEILING = 0.7
 LARGE_BATCH = 64  # the larger micro batch measured against its own ceiling
+TARGET_PEERS = 2.0  # issue 35: the four fields at least this many times the strongest stored-token peer
 
 
 def _setup():
@@ -111,6 +117,13 @@ def _time_batches(
     return n * micro_batch * SEQ_LEN / seconds, n
 
 
+def detsampler_get_batch(dataset, micro_batch: int = MICRO_BATCH):
+    """``get_batch`` of each micro batch the sampler hands out, in this thread: a 0-worker loop without torch's
+    DataLoader (which adds ~35 µs of CPU per batch at 0 workers: its profiler op and fetcher)."""
+    plan = Plan(len(dataset), seed=0, global_batch_size=micro_batch, micro_batch_size=micro_batch)
+    return (dataset.get_batch(ids) for ids in DeterministicBatchSampler(plan, rank=0, stop_step=MAX_BATCHES + 1))
+
+
 def detsampler_loader(dataset, num_workers: int, micro_batch: int = MICRO_BATCH):
     from detsampler.loader.dataset import collate_micro_batch
 
@@ -137,11 +150,16 @@ class TokenChunks:
         return (TokenChunks, (self.path, self.seq_len))
 
 
-def grain_batches(path: Path, num_workers: int):
+def grain_batches(path: Path, num_workers: int, micro_batch: int = MICRO_BATCH, threads: bool = True):
+    """Grain's batches of ``micro_batch`` input-id rows: through ``to_iter_dataset()`` (its read threads; with
+    ``num_workers``, ``mp_prefetch``), or without ``threads`` by indexing the ``MapDataset`` in this thread (what
+    ``num_workers=0`` means for the other contenders: nothing read ahead in the background)."""
     import grain
 
-    ds = grain.MapDataset.source(TokenChunks(path, SEQ_LEN)).shuffle(seed=0).repeat().batch(MICRO_BATCH)
+    ds = grain.MapDataset.source(TokenChunks(path, SEQ_LEN)).shuffle(seed=0).repeat().batch(micro_batch)
     ds = ds.map(lambda b: b[:, :-1])
+    if not threads:
+        return (ds[i] for i in range(1 << 30))
     it = ds.to_iter_dataset()
     if num_workers:
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
@@ -209,23 +227,124 @@ def _stored_contenders(stored, inputs, tokenizer) -> dict:
         )
     )
 
-    def olmo_loader(w: int):
-        loader = peers.olmo_fsl_loader(olmo(), MICRO_BATCH * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
+    def olmo_loader(w: int, b: int = MICRO_BATCH):
+        loader = peers.olmo_fsl_loader(olmo(), b * SEQ_LEN, CACHE / "peers" / "olmo-work", num_workers=w)
         loader.reshuffle(epoch=1)
         return loader
 
     return (
         {
-            "detsampler concat": lambda w: detsampler_loader(concat, w),
-            "detsampler concat, output='tokens'": lambda w: detsampler_loader(concat_tokens, w),
-            "detsampler bestfit": lambda w: detsampler_loader(bestfit, w),
-            "Megatron GPTDataset + DataLoader": lambda w: DataLoader(megatron(), batch_size=MICRO_BATCH, num_workers=w),
+            "detsampler concat": lambda w, b=MICRO_BATCH: detsampler_loader(concat, w, b),
+            "detsampler concat, output='tokens'": lambda w, b=MICRO_BATCH: detsampler_loader(concat_tokens, w, b),
+            "detsampler bestfit": lambda w, b=MICRO_BATCH: detsampler_loader(bestfit, w, b),
+            "Megatron GPTDataset + DataLoader": lambda w, b=MICRO_BATCH: DataLoader(
+                megatron(), batch_size=b, num_workers=w
+            ),
             "OLMo-core NumpyFSLDataset + NumpyFSLDataLoader": olmo_loader,
-            "Grain MapDataset shuffle -> batch": lambda w: grain_batches(_need(inputs, "token_file"), w),
+            "Grain MapDataset shuffle -> batch": lambda w, b=MICRO_BATCH, threads=True: grain_batches(
+                _need(inputs, "token_file"), w, b, threads
+            ),
         },
         concat,
         bestfit,
     )
+
+
+ROUNDS = 3  # the 0-worker comparison: every contender once per round, the rounds in turn, best round kept
+ZERO_OURS = "detsampler concat, get_batch over the sampler"  # issue 35's row: get_batch with the four fields
+
+
+def _wall_and_cpu(batches, count: int, micro_batch: int) -> tuple[float, float]:
+    """Tokens/s over ``count`` batches after the first, by wall time and by this process's CPU time (every thread's:
+    a contender that reads in threads of its own is charged for them)."""
+    it = iter(batches)
+    next(it)
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(count):
+        ids = _input_ids(next(it))
+        assert tuple(ids.shape) == (micro_batch, SEQ_LEN), ids.shape
+    tokens = count * micro_batch * SEQ_LEN
+    return tokens / (time.perf_counter() - w0), tokens / max(time.process_time() - c0, 1e-9)
+
+
+def _zero_worker_rates(contenders: dict) -> dict:
+    """(name, micro batch) -> (best tokens/s by wall time, best by CPU time) over ``ROUNDS`` rounds with
+    ``num_workers=0``, each round running every contender once (a fresh loader) at each micro batch in turn, so that
+    load on the machine hits them alike; or an error string."""
+    out: dict = {}
+    for _ in range(ROUNDS):
+        for batch in (MICRO_BATCH, LARGE_BATCH):
+            count = max(4, MAX_BATCHES * MICRO_BATCH // batch) - 2
+            for name, make in contenders.items():
+                if isinstance(out.get((name, batch)), str):
+                    continue
+                try:
+                    loader = make(0, batch, threads=False) if name.startswith("Grain") else make(0, batch)
+                    wall, cpu = _wall_and_cpu(loader, count, batch)
+                    best = out.get((name, batch), (0.0, 0.0))
+                    out[(name, batch)] = (max(wall, best[0]), max(cpu, best[1]))
+                except Exception as exc:
+                    out[(name, batch)] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return out
+
+
+def _zero_worker_table(rates: dict, names: list[str]) -> tuple[Table, Verdict]:
+    """The like-for-like table at ``num_workers=0`` (each micro batch shape) and the verdict: detsampler concat's four
+    fields at least ``TARGET_PEERS`` x the strongest stored-token peer at both shapes, by CPU time (wall beside)."""
+    rows, detail, met = [], [], True
+    for batch in (MICRO_BATCH, LARGE_BATCH):
+        ok = {n: rates[(n, batch)] for n in names if isinstance(rates[(n, batch)], tuple)}
+        peers_ok = [n for n in ok if not n.startswith("detsampler")]
+        by = {k: max(peers_ok, key=lambda n: ok[n][k]) if peers_ok else None for k in (0, 1)}
+        for n in names:
+            r = rates[(n, batch)]
+            if not isinstance(r, tuple):
+                rows.append([f"{batch} x {SEQ_LEN:,}", n, f"failed: {r}", "—", "—", "—"])
+                continue
+            vs = [f"{r[k] / ok[by[k]][k]:.2f}x" if by[k] else "—" for k in (1, 0)]
+            rows.append(
+                [f"{batch} x {SEQ_LEN:,}", n, fmt_rate(r[1], " tokens/s"), vs[0], fmt_rate(r[0], " tokens/s"), vs[1]]
+            )
+        ours = ok.get(ZERO_OURS)
+        for k, clock in ((1, "CPU"), (0, "wall")):
+            ratio = ours[k] / ok[by[k]][k] if ours and by[k] else 0.0
+            if k == 1:
+                met &= ratio >= TARGET_PEERS
+            peer = fmt_rate(ok[by[k]][k], " tokens/s") if by[k] else "—"
+            detail.append(f"{batch} x {SEQ_LEN:,} by {clock} time: {ratio:.2f}x {by[k]} ({peer})")
+    table = Table(
+        f"Stored tokens, num_workers=0: tokens/s into the training loop, best of {ROUNDS} rounds (every contender once"
+        " a round, in turn), by the process's CPU time and by wall time",
+        [
+            "micro batch",
+            "contender",
+            "tokens/s (CPU)",
+            "/ strongest peer (CPU)",
+            "tokens/s (wall)",
+            "/ strongest (wall)",
+        ],
+        rows,
+        [
+            "The peers read the same token ids as detsampler (their own writers' files); Megatron and OLMo-core yield"
+            " their own fields (tokens, labels, loss mask, position ids / input ids, indices), Grain the input ids"
+            " alone; detsampler concat its four int64 fields. Grain is read by indexing its MapDataset in the"
+            " main thread (its iterator's read threads would read ahead in the background: with 15 micro batches of"
+            " 64 timed, its buffer alone gave 3.9e9 tokens/s). CPU time is every thread's of this process (a reader"
+            " with threads of its own is charged for them); on this shared 2-core machine wall time also measures"
+            " the other engineers' load, which the rounds in turn spread over the contenders but do not remove.",
+            f"{ZERO_OURS}: get_batch of each micro batch the DeterministicBatchSampler hands out, in this thread (no"
+            " DataLoader: at 0 workers torch's DataLoader adds ~35 µs of CPU per batch, its profiler op and fetcher,"
+            " which the rows through it pay: detsampler's and Megatron's; OLMo-core's loader wraps one too).",
+        ],
+    )
+    verdict = Verdict(
+        f"get_batch with the four fields at least {TARGET_PEERS:g}x the strongest stored-token peer (Megatron"
+        f" GPTDataset, OLMo-core NumpyFSLDataset, Grain) at {MICRO_BATCH} x {SEQ_LEN:,} and {LARGE_BATCH} x"
+        f" {SEQ_LEN:,}, num_workers=0 (judged by CPU time, wall time beside)",
+        met,
+        "; ".join(detail) + ".",
+    )
+    return table, verdict
 
 
 def _fly_contenders(corpus, tokenizer, counts, inputs) -> dict:
@@ -414,19 +533,7 @@ def _shape_tables(rows: list, stages: dict) -> list[Table]:
                 vs_rows.append(
                     [shape, f"{OUTPUT_NAMES[output]}, {how}", fmt_rate(rate, " tokens/s"), f"{rate / best.median:.2%}"]
                 )
-    names = ["plan", "locate", "read + fields", "get_batch"]
-    stage_rows = [
-        [name]
-        + [
-            f"{stages[b][name + ' before'] if name + ' before' in stages[b] else stages[b][name]:.0f} -> "
-            f"{stages[b][name]:.0f}"
-            for b in stages
-        ]
-        for name in names
-    ]
-    for key, label in (("read, tokens", "read, output='tokens'"), ("get_batch tokens", "get_batch, output='tokens'")):
-        if all(key in stages[b] for b in stages):
-            stage_rows.append([label] + [f"— -> {stages[b][key]:.0f}" for b in stages])
+    stage_rows = _stage_rows(stages)
     return [
         Table(
             "The ceiling: copies of the same batches' tokens from the raw memory map of tokens.npy (median of 7 passes,"
@@ -440,18 +547,42 @@ def _shape_tables(rows: list, stages: dict) -> list[Table]:
             vs_rows,
         ),
         Table(
-            "Where a micro batch's time goes (µs, median of 7 interleaved passes; before -> now: the read path before "
-            "pack_fields against today's, the plan and the locate being the same code in both)",
+            "Where a micro batch's time goes (µs, best of 9 interleaved passes; detsampler concat, four fields)",
             ["stage"] + [f"{b} x {SEQ_LEN:,}" for b in stages],
             stage_rows,
             [
-                "read + fields: get_batch less the locate: the documents' offsets and lengths, the chunk checks, the "
-                "token copies and the four int64 fields. Before: every token address through the checked array and "
-                "gather_spans' five grids, then the fields by whole-grid masks (tests/benchmarks/ceiling.py, "
-                "get_batch_before; equal output, tests/test_gather.py). Now: pack_fields (a slice copy per span, the "
-                "fields written once into one block)."
+                "Each step of get_batch timed in turn (tests/benchmarks/read_stages.py: the same calls in the same"
+                " order, its batch equal to get_batch's): locate (the layout's spans), documents (their offsets and"
+                " lengths), cells (where each span falls in the grid), chunk checks (the CRC-32 state of the chunks"
+                " read), token join (the spans' stored tokens joined into the grid: one memory-view slice per span),"
+                " block + tensors (the batch's block from the pool, the four tensors), then one write per field, and"
+                " padding.",
+                "Per span: the same get_batch with the per-span pass issue 35 replaced (tests/pack_reference.py, equal"
+                " output); before pack_fields: the read path before that (tests/gather_reference.py); both timed in the"
+                " same passes.",
             ],
         ),
+    ]
+
+
+STAGE_LABELS = {
+    "plan": "plan (the sampler's next micro batch)",
+    "stages": "sum of the steps",
+    "get_batch": "get_batch, whole",
+    "get_batch tokens": "get_batch, output='tokens'",
+    "get_batch per span": "get_batch with the per-span pass (before issue 35)",
+    "get_batch before": "get_batch before pack_fields",
+}
+
+
+def _stage_rows(stages: dict) -> list[list[str]]:
+    from tests.benchmarks.read_stages import FIELD_STAGES
+
+    names = ["plan", *FIELD_STAGES, "stages", "get_batch", "get_batch tokens", "get_batch per span", "get_batch before"]
+    return [
+        [STAGE_LABELS.get(name, name)] + [f"{stages[b][name]:.1f}" if name in stages[b] else "—" for b in stages]
+        for name in names
+        if any(name in stages[b] for b in stages)
     ]
 
 
@@ -506,6 +637,8 @@ def main() -> BenchResult:
     stored_contenders, concat_ds, bestfit_ds = _stored_contenders(stored, inputs, tokenizer)
     fly_contenders, hf_tok, fly_dataset = _fly_contenders(corpus, tokenizer, counts, inputs)
     stored_rates = _run_group(stored_contenders, passes=2)
+    zero = {ZERO_OURS: lambda w, b=MICRO_BATCH: detsampler_get_batch(concat_ds, b), **stored_contenders}
+    zero_table, peers_verdict = _zero_worker_table(_zero_worker_rates(zero), list(zero))
     fly_rates = _run_group(fly_contenders)
     resume_table = _resume_table(fly_contenders, fly_dataset)
 
@@ -550,7 +683,7 @@ def main() -> BenchResult:
     best_peer_stored = max(_best(stored_rates, n) for n in stored_contenders if not n.startswith("detsampler"))
     fly_ours = _best(fly_rates, "detsampler concat (sentencepiece)")
     best_peer_fly = max(_best(fly_rates, n) for n in fly_contenders if not n.startswith("detsampler"))
-    verdicts = [_ceiling_verdict(shape_rows, stages, stored.tokens.dtype.itemsize, floors, writes)]
+    verdicts = [peers_verdict, _ceiling_verdict(shape_rows, stages, stored.tokens.dtype.itemsize, floors, writes)]
     notes = [
         _like_for_like("stored", ours, best_peer_stored),
         _like_for_like("on the fly", fly_ours, best_peer_fly)
@@ -566,6 +699,7 @@ def main() -> BenchResult:
         "Loader throughput",
         __doc__.split("\n", 2)[2].strip(),
         [
+            zero_table,
             *_shape_tables(shape_rows, stages),
             _floor_table(floors, shape_rows, writes),
             stored_table,

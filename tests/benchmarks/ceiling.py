@@ -36,6 +36,7 @@ __all__ = [
     "slice_copy",
     "span_addresses",
     "span_pieces",
+    "stage_times",
 ]
 
 
@@ -221,6 +222,36 @@ def get_batch_before(dataset, sample_ids: np.ndarray) -> dict:
     return dict(zip(FIELDS, torch.from_numpy(out).unbind(0)))
 
 
+def get_batch_per_span(dataset, sample_ids: np.ndarray) -> dict:
+    """``PackedDataset.get_batch`` with the per-span pass that issue 35's vectorized pass replaced
+    (tests/pack_reference.py: a slice copy per span, a slice write per piece) in place of ``pack_fields``; the locate,
+    the documents and the block as today. Equal output (tests/test_pack_pass.py); benchmark 3's "per span" row."""
+    import torch
+
+    from detsampler.gather import FIELDS
+    from detsampler.loader.dataset import _new_block
+    from tests.pack_reference import pack_fields_per_span
+
+    spans = dataset.layout.locate(np.asarray(sample_ids, dtype=np.int64))
+    doc_starts, doc_lengths, read, _ = dataset._token_source(spans.doc_ids)
+    block = _new_block((len(FIELDS), len(spans), dataset.seq_len), np.dtype(np.int64))
+    pack_fields_per_span(
+        spans,
+        dataset.seq_len,
+        dataset.layout.sample_len,
+        doc_starts,
+        doc_lengths,
+        read,
+        eos_id=dataset.index.eos_id,
+        pad_id=dataset.index.pad_id,
+        eos_stored=dataset._eos_stored,
+        labels_cross_documents=dataset.layout.labels_cross_documents,
+        restart_position_ids=dataset.restart_position_ids,
+        out=block.numpy(),
+    )
+    return dict(zip(FIELDS, torch.unbind(block, 0)))
+
+
 class _NextMicroBatch:
     """The plan stage as the loader meets it: each call takes the next micro batch of a sampler over ``plan``, a fresh
     sampler at the start of each pass (the call with ``first``)."""
@@ -236,31 +267,22 @@ class _NextMicroBatch:
         return next(self.micro_batches)
 
 
-def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 7, tokens_dataset=None) -> dict[str, float]:
-    """Median µs per micro batch of each stage of the stored-token read, the stages interleaved pass by pass (so load
-    on the machine hits them alike): the plan's sample ids as the loader gets them (the next micro batch of a
-    :class:`~detsampler.loader.sampler.DeterministicBatchSampler`, which plans a chunk of them at a time), the layout's
-    locate, the whole ``get_batch`` now and before (:func:`get_batch_before`), and the DataLoader-free remainder of
-    ``get_batch`` (token ranges, checks, the four fields, the tensor); with ``tokens_dataset`` (the same layout,
-    ``output="tokens"``) its ``get_batch`` too."""
-    stages = {
+def stage_times(dataset, plan, batches: list[np.ndarray], repeats: int = 9, tokens_dataset=None) -> dict[str, float]:
+    """µs per micro batch, best of ``repeats`` interleaved passes (tests/benchmarks/read_stages.py): the plan's sample
+    ids as the loader gets them (the next micro batch of a DeterministicBatchSampler, which plans a chunk of them at a
+    time), each step of ``get_batch`` (``read_stages.FIELD_STAGES``), the whole ``get_batch``, the same with the
+    per-span pass (:func:`get_batch_per_span`) and as it was before ``pack_fields`` (:func:`get_batch_before`); with
+    ``tokens_dataset`` (the same layout, ``output="tokens"``) its ``get_batch`` too."""
+    from tests.benchmarks.read_stages import FIELD_STAGES, stage_table
+
+    others = {
         "plan": _NextMicroBatch(plan, batches[0]),
-        "locate": lambda ids: dataset.layout.locate(ids),
-        "get_batch": dataset.get_batch,
+        "get_batch per span": lambda ids: get_batch_per_span(dataset, ids),
         "get_batch before": lambda ids: get_batch_before(dataset, ids),
     }
     if tokens_dataset is not None:
-        stages["get_batch tokens"] = tokens_dataset.get_batch
-    times: dict[str, list[float]] = {k: [] for k in stages}
-    for _ in range(repeats):
-        for name, fn in stages.items():
-            t0 = time.perf_counter()
-            for ids in batches:
-                fn(ids)
-            times[name].append((time.perf_counter() - t0) / len(batches) * 1e6)
-    out = {k: float(np.median(v)) for k, v in times.items()}
+        others["get_batch tokens"] = tokens_dataset.get_batch
+    out = stage_table(dataset, batches, repeats, others)
     out["read + fields"] = out["get_batch"] - out["locate"]
-    out["read + fields before"] = out["get_batch before"] - out["locate"]
-    if tokens_dataset is not None:
-        out["read, tokens"] = out["get_batch tokens"] - out["locate"]
+    out["stages"] = sum(out[name] for name in FIELD_STAGES if name in out)
     return out

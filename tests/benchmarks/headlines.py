@@ -178,6 +178,7 @@ def _loader(md: str) -> list[Row]:
             _listing(peers_f, fmt("tokens/s")),
         )
     )
+    rows.extend(_zero_workers(md))
     resume = _table(md, "Tokenized on the fly: time to the first batch")
     ours_r = resume.where("contender", "detsampler")
     peers_r = sorted((r for r in resume.rows if r not in ours_r), key=lambda r: value(r["time to first batch"]))
@@ -189,6 +190,55 @@ def _loader(md: str) -> list[Row]:
         )
     )
     return rows
+
+
+def _zero_workers(md: str) -> list[Row]:
+    """Issue 35's comparison: get_batch with the four fields against the stored-token peers at num_workers=0, by CPU
+    time (wall beside), at each micro batch shape; none for a section written before benchmark 3 had it."""
+    try:
+        t = _table(md, "Stored tokens, num_workers=0")
+    except LookupError:
+        return []
+    out = []
+    for shape in dict.fromkeys(r["micro batch"] for r in t.rows):
+        rows = [r for r in t.rows if r["micro batch"] == shape and not r["tokens/s (CPU)"].startswith("failed")]
+        ours = [r for r in rows if r["contender"].startswith("detsampler concat, get_batch")]
+        theirs = sorted(
+            (r for r in rows if not r["contender"].startswith("detsampler")),
+            key=lambda r: value(r["tokens/s (CPU)"]),
+            reverse=True,
+        )
+
+        def fmt(r: dict[str, str]) -> str:
+            return f"{r['contender']}: {_short(r['tokens/s (CPU)'])} (wall {_short(r['tokens/s (wall)'])})"
+
+        out.append(
+            (
+                f"get_batch with the four fields, num_workers=0, {shape}, tokens/s by CPU time (benchmark 3)",
+                _listing(
+                    ours,
+                    lambda r: (
+                        f"{_short(r['tokens/s (CPU)'])} = {r['/ strongest peer (CPU)']} the"
+                        f" strongest peer (wall {r['/ strongest (wall)']})"
+                    ),
+                )
+                + f" (target 2x: {_verdict(md, 'get_batch with the four fields')})",
+                _listing(theirs, fmt),
+            )
+        )
+    return out
+
+
+def _sft_mask(md: str) -> list[Row]:
+    t = _table(md, "PackedDataset.get_batch with and without the stored loss mask")
+    return [
+        (
+            "the stored loss mask: get_batch with it / without it, 8 x 2,048 (benchmark 15)",
+            _listing(t.rows, lambda r: f"{r['layout']}: {r['time with / without']}")
+            + f" (target <= 1.1x: {_verdict(md, 'stored-mask loader')})",
+            "no peer measured (TRL masks in its collator, after the read)",
+        )
+    ]
 
 
 def _index(md: str) -> list[Row]:
@@ -473,7 +523,33 @@ def _remote_node(md: str) -> list[Row]:
     ]
 
 
+_WHOLE = "whole step (locate + costs + assignment)"
+
+
+def _balance(md: str) -> list[Row]:
+    modeled = _table(md, "Per-rank modeled cost").rows
+    measured = _table(md, "Measured: forward")
+    timing = _table(md, "Balancing one step").rows
+    top = [r for r in modeled if r["ranks"] in ("64", "1024") and r["seq_len"] in ("32k", "128k")]
+    wide = measured.rows[-1]
+    return [
+        (
+            "compute-balanced plan, per-rank cost max / mean, bestfit, 8 samples per rank (benchmark 20)",
+            "; ".join(f"{r['seq_len']} x {r['ranks']} ranks {r['balanced'].split(' ')[0]}" for r in top)
+            + f" (target <= 1.02: {_verdict(md, 'modeled cost')}); measured straggler wait at {wide['ranks']} ranks"
+            f" {wide['balanced'].split(' (')[0]} against {wide['straggler wait, position order'].split(' (')[0]}"
+            f" ({wide['wait cut']} cut; target 30%: {_verdict(md, 'straggler wait')}); balancing"
+            f" {max((r[_WHOLE] for r in timing), key=value)} per step of 1,024 samples at most"
+            f" ({_verdict(md, 'balancing costs')})",
+            "position order (every deterministic loader): "
+            + "; ".join(f"{r['seq_len']} x {r['ranks']} ranks {r['position order'].split(' ')[0]}" for r in top)
+            + "; Megatron balances by an all-to-all at run time (not measured)",
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[str], list[Row]]] = {
+    "balance": _balance,
     "resume": _resume,
     "memory": _memory,
     "loader": _loader,
@@ -489,6 +565,7 @@ HEADLINES: dict[str, Callable[[str], list[Row]]] = {
     "where": _where,
     "sft_packing": _sft_packing,
     "filter": _filter,
+    "sft_mask": _sft_mask,
     "sft_open": _sft_open,
     "remote": _remote,
 }

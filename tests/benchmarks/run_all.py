@@ -69,6 +69,8 @@ ORDER = {
     "sft_packing": 16,
     "remote": 17,
     "sft_open": 18,
+    "vlm": 19,
+    "balance": 20,
 }
 PACKAGES = (
     "numpy",

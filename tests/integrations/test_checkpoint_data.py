@@ -49,14 +49,3 @@ def test_other_datasets_need_their_index_and_layout(small_index):
         unknown = CheckpointData(plain, plan, framework="t", allow_data_change=True)
     assert unknown.record(3, plan) is None
     unknown.check(None, 3, "here")  # nothing to check against: warned at construction
-
-
-def test_a_plan_with_redactions_is_refused_where_the_loop_would_not_apply_them(small_index):
-    from detsampler.redaction import Redaction
-
-    layout = small_index.layout(LayoutConfig(kind="bestfit", seq_len=16))
-    plan = Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=4, redactions=[Redaction([3], 2)])
-    with pytest.raises(
-        ValueError, match="the plan redacts documents \\(1 entries\\), which hf's training loop does not"
-    ):
-        CheckpointData(PackedDataset(small_index, layout), plan, framework="hf")

@@ -374,3 +374,53 @@ def test_grains_checkpoint_handler_saves_a_state_that_resumes_on_another_process
     resumed = [steps_of(data_loader(source, rank, 2, start=start), plan.with_world(2), 2) for rank in range(2)]
     for i, step in enumerate(range(2, NUM_STEPS)):
         assert union(resumed, i) == sorted(plan.global_batch(step).tolist())
+
+
+def test_a_balanced_plan_deals_its_one_rank_micro_batches_to_the_processes(small_index):
+    """PlanSource numbers the records by the plan cut for one rank; balanced, that deals each step into micro batches
+    of near-equal modeled cost, which the processes take in turn: process ``r`` of ``W`` reads micro batches ``r, r +
+    W, ...`` of the one-rank deal, and the processes together read the step's global batch (issue 34)."""
+    from detsampler.balance import Balance, CostModel, sample_costs
+
+    ds = dataset(small_index)
+    plan = Plan(len(ds), seed=3, global_batch_size=16, micro_batch_size=2, balance=Balance(ds.layout, CostModel()))
+    one = plan.with_world(1)
+    source = PlanSource(ds, plan, NUM_STEPS)
+    per_process = []
+    for rank in range(2):
+        steps = steps_of(data_loader(source, rank, 2), plan.with_world(2))
+        for step, elements in enumerate(steps):
+            for i, element in enumerate(elements):
+                assert element["sample_ids"].tolist() == one.micro_batch(step, 2 * i + rank, 0).tolist()
+        per_process.append(steps)
+    for s in range(NUM_STEPS):
+        assert union(per_process, s) == sorted(plan.global_batch(s).tolist())
+    cells = sample_costs(plan.balance, one.stream, one.step_positions(0)).reshape(8, 2).sum(axis=1)
+    assert cells.max() / cells.mean() < 1.1  # the one-rank deal: micro batches of near-equal cost
+
+
+def test_a_position_of_a_rank_outside_the_world_or_of_a_fractional_step_is_refused(small_index):
+    """Issue 31 (re-run): `position_of_map_state(state, rank=5, world_size=2)` returned `{"step": 2, "samples_in_step":
+    -4}` and rank -1 a position as if valid; a state or start of step 7.9 (or True) resumed at step 7 (1); a Grain state
+    whose `last_seen_indices` is empty was `max() arg is an empty sequence`; a negative `next_index` named an internal
+    record."""
+    ds = dataset(small_index)
+    source = PlanSource(ds, ramp_plan(ds), NUM_STEPS)
+    assert source.position_of_map_state({"next_index": 3}, 1, 2) == {"step": 2, "samples_in_step": 4}
+    for rank in (5, 2, -1, True):
+        with pytest.raises(ValueError, match=re.escape(f"Got rank {rank!r}, allowed ranks are in [0, 2)")):
+            source.position_of_map_state({"next_index": 3}, rank, 2)
+    with pytest.raises(ValueError, match=re.escape("the Grain state's next_index must be an integer >= 0, got -4")):
+        source.position_of_map_state({"next_index": -4}, 0, 2)
+    state = source.state_dict(2)
+    for step in (2.5, True, "2"):
+        with pytest.raises(ValueError, match=re.escape(f"the Grain state's step must be an integer, got {step!r}")):
+            source.resume_position({**state, "step": step})
+        with pytest.raises(ValueError, match=re.escape(f"start's step must be an integer, got {step!r}")):
+            data_loader(source, 0, 1, start={"step": step})
+    with pytest.raises(ValueError, match=re.escape("start must be a step (an integer) or a state, got 2.5")):
+        data_loader(source, 0, 1, start=2.5)
+    assert source.resume_position(state) == (2, 0)
+    grain_state = json.loads(iter(data_loader(source, 0, 1)).get_state())
+    with pytest.raises(ValueError, match="not a Grain DataLoader iterator state"):
+        source.position_of_grain_state(json.dumps({**grain_state, "last_seen_indices": {}}))

@@ -270,8 +270,9 @@ def test_resume_checks_the_checkpoints_data_record(small_index, tmp_path):
 def test_a_checkpoint_record_edited_copied_or_out_of_step_is_refused(small_index, tmp_path, capsys):
     """Issue 31, a real Trainer's checkpoint-2 (trainer_state.json names the sha256 of its record): the record with its
     step edited by hand (2 -> 5), checkpoint-1's record copied in, another run's record of step 2 copied in (it was
-    shown as this run), a re-sealed record of step 5 with trainer_state.json rewritten to name it. The resume check
-    and the audit refuse each, naming the file; the checkpoint as saved resumes."""
+    shown as this run), a re-sealed record of step 5 with trainer_state.json rewritten to name it, another run's record
+    in a copy without trainer_state.json. The resume check and the audit refuse each, naming the file; the checkpoint
+    as saved resumes."""
     import shutil
 
     from detsampler.cli import main
@@ -313,6 +314,17 @@ def test_a_checkpoint_record_edited_copied_or_out_of_step_is_refused(small_index
         with pytest.raises(SystemExit):
             main(["show", "--checkpoint", str(checkpoint)])
         assert f"{checkpoint / RECORD_FILE}: {message}" in capsys.readouterr().err, name
+    # Issue 31 (re-review): without trainer_state.json, another run's record of step 2 passed its directory name
+    bare = tmp_path / "no-trainer-state" / "checkpoint-2"
+    shutil.copytree(saved, bare)
+    (bare / "trainer_state.json").unlink()
+    (bare / RECORD_FILE).write_bytes((tmp_path / "other" / "checkpoint-2" / RECORD_FILE).read_bytes())
+    said = f"{bare / RECORD_FILE}: its Hugging Face checkpoint has no trainer_state.json"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        trainer.check_data_resume(str(bare))
+    with pytest.raises(SystemExit):
+        main(["show", "--checkpoint", str(bare)])
+    assert said in capsys.readouterr().err
     resumed = run(tmp_path / "run", steps=3, resume=str(saved))
     assert [s for s, _, _ in resumed.seen] == [2, 2]
     assert DataRecord.load(tmp_path / "run" / "checkpoint-3").step == 3

@@ -132,6 +132,8 @@ def test_a_checkpoint_holding_another_checkpoints_datamodule_state_is_refused(sm
 
     fit(2)
     first, second = sorted(tmp_path.glob("*.ckpt"), key=lambda p: torch.load(p, weights_only=False)["global_step"])
+    saved = torch.load(second, weights_only=True)  # as the CLI reads it: Lightning states both steps, as ints
+    assert type(saved["global_step"]) is int and saved["DetsamplerDataModule"]["step"] == saved["global_step"] == 2
     forged = torch.load(second, weights_only=False)
     forged["DetsamplerDataModule"] = torch.load(first, weights_only=False)["DetsamplerDataModule"]
     torch.save(forged, tmp_path / "forged.ckpt")

@@ -78,6 +78,18 @@ def test_a_rank_outside_its_world_is_refused(args, message):
         replica_share(np.arange(7), *args)
 
 
+def test_a_balanced_plan_is_refused():
+    """The quorum's groups change from step to step; a balanced plan deals each step for a fixed world size."""
+    from detsampler.balance import Balance
+    from detsampler.layout import LayoutConfig, make_layout
+    from detsampler.plan import Plan
+
+    layout = make_layout(LayoutConfig(kind="bestfit", seq_len=16), np.arange(1, 80))
+    plan = Plan(layout.num_samples, 0, 8, 2, balance=Balance(layout))
+    with pytest.raises(ValueError, match=r"FaultTolerantSampler splits each step among the replica groups .* balance"):
+        FaultTolerantSampler(None, plan)
+
+
 def test_a_share_before_the_quorum_is_refused(tmp_path):
     """``share()`` before ``start_quorum()``: torchft's manager reports 0 participants; refused, not an empty share."""
     from datetime import timedelta

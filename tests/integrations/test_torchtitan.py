@@ -93,6 +93,26 @@ def test_checkpoint_at_dp_2_resumes_at_dp_1_and_4_with_the_same_global_batches(s
         assert train_steps(resumed, 2) == full[3:], f"dp {dp}"
 
 
+def test_a_balanced_loader_reads_the_same_global_batches_and_resumes_at_another_dp(small_index, tmp_path):
+    """``balance=True`` (issue 34): each step's rows are the unbalanced loader's, dealt to other ranks; the record
+    names the cost model; a checkpoint at dp 2 resumes at dp 1 and 4 with the same global batches."""
+    bestfit = dict(layout="bestfit", balance=True, balance_attention=0.5)
+    full = train_steps([build([small_index.path], 2, r, layout="bestfit") for r in range(2)], 5)
+    loaders = [build([small_index.path], 2, r, **bestfit) for r in range(2)]
+    assert loaders[0].plan.mapping_version == 3
+    assert train_steps(loaders, 3) == full[:3]
+    record = DataRecord.from_json(loaders[0].state_dict()["data_record"])
+    assert record.fingerprint.plan["balance"]["cost"] == {"attention": 0.5, "linear": 1.0, "fixed": 0.0}
+    for dp in (1, 4):
+        resumed = saved_and_loaded(
+            loaders[0], tmp_path / f"dp{dp}", [build([small_index.path], dp, r, **bestfit) for r in range(dp)]
+        )
+        assert train_steps(resumed, 2) == full[3:], f"dp {dp}"
+    with pytest.raises(ValueError, match="was trained on|changes the plan's balance"):
+        unbalanced = build([small_index.path], 2, 0, layout="bestfit")
+        saved_and_loaded(loaders[0], tmp_path / "off", [unbalanced])
+
+
 def test_positions_restart_at_each_document_and_are_the_layouts(small_index):
     """bestfit: ``positions`` are the layout's restarting position ids; torchtitan's document mask (0.3.0
     ``get_document_mask_mod``: a document starts where positions are 0) then separates exactly the packed pieces."""
