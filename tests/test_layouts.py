@@ -52,6 +52,36 @@ def test_a_persisted_layout_equals_the_in_ram_layout(index, config):
     assert json.loads((again.path / "layout.json").read_text()) == record
 
 
+SHARED_DIRECTORY = [
+    (LayoutConfig(kind="concat", seq_len=64, window_docs=4), LayoutConfig(kind="concat", seq_len=64)),
+    (LayoutConfig(kind="document", seq_len=64), LayoutConfig(kind="document", seq_len=64, window_docs=8)),
+    (LayoutConfig(kind="concat", seq_len=64, epoch_order=True), LayoutConfig(kind="concat", seq_len=64)),
+]
+
+
+@pytest.mark.parametrize("first,then", SHARED_DIRECTORY, ids=["concat-window", "document-window", "epoch-order"])
+def test_configs_of_one_directory_open_each_others_layout(index, s3_bucket, caplog, first, then):
+    """A layout directory's key leaves out what does not shape its samples (``window_docs`` outside bestfit; epoch 0 of
+    an ``epoch_order`` layout is the plain layout), but its record held the first builder's whole config: the other
+    config found `layout.json differs in ['config']` and rebuilt it locally with a warning, and in a bucket (where
+    nothing is rebuilt) it was refused (the whole CI run once, after a test built such a layout in the session index
+    and another pushed it). Both open the one directory, locally and in a bucket, with no rebuild."""
+    from detsampler.index.push import push_index
+
+    built = index.layout(first)
+    record = (built.path / "layout.json").read_text()
+    url = f"{s3_bucket}/shared-layout-dir/{first.kind}-{first.window_docs}-{first.epoch_order}/{index.path.name}"
+    push_index(index.path, url)
+    want = make_layout(then, np.asarray(index.lengths))
+    with caplog.at_level(logging.WARNING, logger="detsampler"):
+        local = TokenIndex.open(index.path).layout(then)
+        remote = TokenIndex.open(url).layout(then)
+    assert local.path == built.path and (built.path / "layout.json").read_text() == record  # opened, not rebuilt
+    assert not _warnings(caplog)
+    assert_same_layout(local, want)
+    assert_same_layout(remote, want)
+
+
 def test_bestfit_packs_the_same_with_two_processes(index, tmp_path):
     config = LayoutConfig(kind="bestfit", seq_len=32, seed=4, window_docs=2)
     one = index.layout(config)

@@ -431,12 +431,27 @@ def _read_record(path: Path | RemotePath, index: Index, config: LayoutConfig, ep
         expect["packing_version"] = PACKING_VERSION
     if epoch:
         expect["epoch"] = int(epoch)
-    wrong = [k for k, v in expect.items() if not isinstance(record, dict) or record.get(k) != v]
+    seen = record
+    if isinstance(record, dict) and isinstance(record.get("config"), dict):  # compared by what shapes the samples
+        seen = {**record, "config": _shaping(record["config"])}
+        expect["config"] = _shaping(expect["config"])
+    wrong = [k for k, v in expect.items() if not isinstance(seen, dict) or seen.get(k) != v]
     if wrong or not seal_ok(record):
         raise TokenIndexError(
             f"layout {str(path)!r}: layout.json " + (f"differs in {wrong}" if wrong else "fails its seal")
         )
     return record
+
+
+def _shaping(config: dict) -> dict:
+    """A recorded config less what does not shape the samples, as :func:`layout_dir`'s key leaves it out: the window
+    outside bestfit, and ``epoch_order`` (epoch 0 of such a layout is the plain layout). Layouts of configs that differ
+    only there share one directory and open each other's record."""
+    return {
+        k: v
+        for k, v in config.items()
+        if k != "epoch_order" and (k != "window_docs" or config.get("kind") == "bestfit")
+    }
 
 
 def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch: int = 0) -> Layout:
