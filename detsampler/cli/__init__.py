@@ -33,6 +33,7 @@ from detsampler.cli.inputs import quiet_progress
 from detsampler.cli.options import OPTION_FIELDS
 from detsampler.cli.parser import build_parser, explicit_options, join_negative_values
 from detsampler.cli.push import cmd_push
+from detsampler.cli.report import json_stdout
 from detsampler.cli.show import cmd_show
 from detsampler.cli.stats import cmd_stats
 from detsampler.cli.verify import cmd_verify
@@ -56,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "tokenizer":
             return cmd_tokenizer_train(args)
-        return commands[args.command](args)
+        with json_stdout(getattr(args, "json", False)):  # --json: one JSON document on stdout, the rest on stderr
+            return commands[args.command](args)
     except (
         ValueError,
         TypeError,

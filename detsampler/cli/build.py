@@ -4,13 +4,12 @@ print what was made."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from typing import Any
 
 from detsampler.cli.inputs import prepare, show_progress, verify_files
 from detsampler.cli.options import is_media, layout_config
-from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows, rel
+from detsampler.cli.report import fmt_int, fmt_loss_mask, print_json, print_rows, rel
 
 __all__ = ["cmd_build", "cmd_tokenizer_train"]
 
@@ -92,11 +91,13 @@ def cmd_build(args: argparse.Namespace) -> int:
             "--layout: a media index's two-axis layout is packed in RAM when it is opened (show, where, verify, stats"
             " --max-patches N); nothing is persisted"
         )
+    summary = {}
     if args.layout:
         _push_layout(prepared, layout_config(args), args.num_proc)
         layout = prepared.index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
-        print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
-    summary = prepared.index.summary()
+        print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])  # stderr if --json
+        summary["layout"] = {"path": str(layout.path), "num_samples": int(layout.num_samples)}
+    summary = {**prepared.index.summary(), **summary}
     if audit is not None:
         summary["verified"] = audit
         if not args.json:
@@ -109,7 +110,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if "num_shards" in summary:
         return _print_sharded(summary, prepared.index.meta["shards"], args.json)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary, indent=2, sort_keys=True)
         return 0
     build = summary["build"]
     print_rows(
@@ -193,7 +194,7 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
 def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:
     """A finalized sharded index's summary: what its manifest holds (nothing was built)."""
     if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary, indent=2, sort_keys=True)
         return 0
     kinds = Counter(entry["kind"] for entry in entries)
     tokenizer = summary["tokenizer_path"]
@@ -214,7 +215,7 @@ def _print_sharded(summary: dict, entries: list[dict], as_json: bool) -> int:
 def _print_media(summary: dict, as_json: bool) -> int:
     """A media index's summary: what was opened (built by :func:`detsampler.media.build.build_media_index`)."""
     if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary, indent=2, sort_keys=True)
         return 0
     counts = ", ".join(f"{k}={v}" for k, v in summary["counts"].items() if k not in ("family", "version"))
     print_rows(
@@ -234,7 +235,7 @@ def _print_media(summary: dict, as_json: bool) -> int:
 def _print_source(summary: dict, as_json: bool) -> int:
     """A pre-tokenized source's summary: what was opened (nothing was built or copied)."""
     if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary, indent=2, sort_keys=True)
         return 0
     print_rows(
         [

@@ -5,8 +5,8 @@ the bytes are gone by reading them back (:func:`~detsampler.index.erase.erasure_
 from __future__ import annotations
 
 import argparse
-import json
 
+from detsampler.cli.report import print_json
 from detsampler.index.erase import erase_documents, erasure_proof
 
 __all__ = ["cmd_erase", "document_ids", "erasure_proof_lines", "print_erasure_proof"]
@@ -51,7 +51,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
     result = erase_documents(args.index, documents)
     index = TokenIndex.open(args.index)
     if args.json:
-        print(json.dumps({**result, "proof": erasure_proof(index)}, sort_keys=True))
+        print_json({**result, "proof": erasure_proof(index)}, sort_keys=True)
         return 0
     if result["documents"]:
         record = result["record"]

@@ -2,10 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import contextlib
+import json
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
-__all__ = ["fmt_int", "fmt_loss_mask", "fmt_weights", "image_line", "print_rows", "rel"]
+__all__ = ["fmt_int", "fmt_loss_mask", "fmt_weights", "image_line", "json_stdout", "print_json", "print_rows", "rel"]
+
+_JSON_OUT: list[TextIO] = []  # where print_json writes while json_stdout is active (the real stdout)
+
+
+@contextlib.contextmanager
+def json_stdout(enabled: bool) -> Iterator[None]:
+    """With ``enabled`` (``--json``): stdout carries exactly the JSON of :func:`print_json`, and every other line
+    printed meanwhile (rows, progress, notes) goes to stderr. Without it, nothing changes."""
+    if not enabled:
+        yield
+        return
+    _JSON_OUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_OUT.pop()
+
+
+def print_json(document: Any, **dumps: Any) -> None:
+    """Print ``document`` as JSON on stdout (the real one under :func:`json_stdout`); ``dumps``: json.dumps' options."""
+    print(json.dumps(document, **dumps), file=_JSON_OUT[-1] if _JSON_OUT else sys.stdout, flush=True)
 
 
 def print_rows(rows: Sequence[tuple[str, Any]]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from detsampler.cli.report import fmt_int, print_rows, rel
+from detsampler.cli.report import fmt_int, print_json, print_rows, rel
 
 __all__ = ["cmd_build_sharded"]
 
@@ -106,14 +106,18 @@ def cmd_build_sharded(args: argparse.Namespace) -> int:
         print_rows([("sharded index", rel(str(root))), ("shards built", f"{todo} of {len(files)}")])
     elif task and not files:
         print_rows([("sharded index", rel(str(root))), ("shards built", "none: pre-tokenized files are not built")])
+    report: dict = {"path": str(root), "num_files": len(files), "shards_built": todo, "manifest": None}
     # the last task to finish writes the manifest (no separate, serial --finalize step is needed; it only checks)
     if args.finalize or args.sharded or (todo and complete(root, len(files))):
-        _finalize(args, root, files, sources, tokenizer)
+        report.update(_finalize(args, root, files, sources, tokenizer))
+    if args.json:
+        print_json(report, indent=2, sort_keys=True)
     return 0
 
 
-def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokenizer) -> None:
-    """Write the manifest (text shards, then the pre-tokenized files) and print the index (and its layout)."""
+def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokenizer) -> dict:
+    """Write the manifest (text shards, then the pre-tokenized files) and print the index (and its layout); returns
+    ``{"manifest": the index's summary, "layout": its path and samples (with --layout)}`` for ``--json``."""
     from detsampler.index.shards import finalize, source_entries
 
     entries = []
@@ -134,9 +138,12 @@ def _finalize(args: argparse.Namespace, root, files: list, sources: list, tokeni
             ("fingerprint", index.fingerprint),
         ]
     )
+    done: dict = {"manifest": index.summary()}
     if args.layout:
         from detsampler.cli.inputs import show_progress
         from detsampler.cli.options import layout_config
 
         layout = index.layout(layout_config(args), num_proc=args.num_proc, progress=show_progress())
         print_rows([("layout", rel(str(layout.path))), ("samples", fmt_int(layout.num_samples))])
+        done["layout"] = {"path": str(layout.path), "num_samples": int(layout.num_samples)}
+    return done

@@ -8,7 +8,6 @@ Invariant: every number is read from the index, the layouts and the plan; nothin
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from detsampler.cli.options import (
     plan_from_args,
 )
 from detsampler.cli.redactions import print_redactions, redaction_rows
-from detsampler.cli.report import fmt_int, fmt_loss_mask, print_rows
+from detsampler.cli.report import fmt_int, fmt_loss_mask, print_json, print_rows
 from detsampler.layout import LAYOUT_KINDS
 from detsampler.mixture import MixtureConfig
 from detsampler.plan import Plan
@@ -69,7 +68,7 @@ def _report_mixture(
     if redactions:
         out["redactions"] = redactions
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out, indent=2, sort_keys=True)
         return 0
     for line in before:
         print(line)
@@ -318,7 +317,7 @@ def _cmd_stats_checkpoint(args: argparse.Namespace) -> int:
     if redactions:
         out["redactions"] = redactions
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out, indent=2, sort_keys=True)
         return 0
     schedule = audit.plan.fingerprint()["batch_size_schedule"]
     for line in before:
@@ -350,7 +349,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         redactions = redaction_rows(plan, layout, args.step, [prepared.index])
         out["redactions"] = redactions
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out, indent=2, sort_keys=True)
         return 0
     _print_index_stats(out, args.seq_len, args.global_batch_size, args.step)
     print_redactions(redactions, args.step)

@@ -9,13 +9,12 @@ same span (tests/test_where.py proves the library call equal to a scan of ``loca
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from detsampler.cli.checkpoint import open_audit
 from detsampler.cli.inputs import mixture_plan, prepare
 from detsampler.cli.options import is_media, layout_for, mixture_config, plan_from_args
-from detsampler.cli.report import image_line
+from detsampler.cli.report import image_line, print_json
 
 __all__ = ["cmd_where"]
 
@@ -166,7 +165,7 @@ def cmd_where(args: argparse.Namespace) -> int:
     if trained_to is not None:
         out["checkpoint"] = {"step": trained_to}
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     name = f"doc {doc}" + (f" ({out['path']})" if out["path"] else "")
     name += f" of source {out['source']}" if k is not None else ""
