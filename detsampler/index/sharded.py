@@ -38,6 +38,7 @@ from detsampler.layout import Layout, LayoutConfig
 from detsampler.storage import RemotePath, as_path, parse_location
 
 __all__ = [
+    "CLAIMS",
     "MANIFEST",
     "SHARD_KINDS",
     "TOKENIZED_KIND",
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+CLAIMS = "claims"  # a local build's records, one per finished shard (detsampler.index.shards): checked on open
 MANIFEST_KIND = "detsampler-sharded-index"
 MANIFEST_VERSION = 1
 _OPEN_THREADS = 16  # shards in an object store opened at once
@@ -258,8 +260,8 @@ class ShardedIndex:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
             raise TokenIndexError(
-                f"sharded index {str(path)!r}: no readable {MANIFEST} ({exc}); finalize it with "
-                "`detsampler build --finalize`"
+                f"sharded index {str(path)!r}: no readable {MANIFEST} ({exc}): its build did not finish, or was never"
+                " finalized; run the build again (or `detsampler build --finalize` once every shard is built)"
             ) from None
         if (
             manifest.get("kind") != MANIFEST_KIND
@@ -270,6 +272,8 @@ class ShardedIndex:
                 f"sharded index {str(path)!r}: {MANIFEST} is not a version-{MANIFEST_VERSION} manifest "
                 "or fails its seal (edited); finalize it again"
             )
+        if not isinstance(path, RemotePath):
+            check_claims(path, manifest)
         return cls(path, manifest, open_shards(path, manifest["shards"]))
 
     num_documents = property(lambda self: int(self.doc_base[-1]))
@@ -328,12 +332,40 @@ class ShardedIndex:
         }
 
 
+def check_claims(root: Path, manifest: dict) -> None:
+    """Raise unless every build claim under ``root/claims`` (one per shard its build finished) names the index the
+    manifest lists for that shard: a claim that differs is a shard rebuilt since the manifest was written, by a build
+    that has not written the new one yet (killed, failed, or still running): the manifest no longer describes what was
+    built, so it is never opened as complete."""
+    claims = root / CLAIMS
+    if not claims.is_dir():  # a manifest written by hand, or pushed without its claims
+        return
+    entries = manifest.get("shards") or []
+    for p in sorted(claims.glob("shard-*.json")):
+        try:
+            claim = json.loads(p.read_text())
+            k = int(claim["shard"])
+            entry = entries[k] if 0 <= k < len(entries) else {}
+            same = (entry.get("path"), entry.get("fingerprint")) == (claim["path"], claim["fingerprint"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise TokenIndexError(
+                f"sharded index {str(root)!r}: its build claim {p.name} is unreadable (damaged): build it again"
+            ) from None
+        if not same:
+            raise TokenIndexError(
+                f"sharded index {str(root)!r}: shard {k} ({Path(str(claim.get('input'))).name}) was rebuilt since "
+                f"{MANIFEST} was written (its claim names index {claim['fingerprint']}, the manifest "
+                f"{entry.get('fingerprint')}): a build of it did not finish; run the build again (or --finalize once "
+                "every shard is built)"
+            )
+
+
 def open_index(path: str | os.PathLike) -> Any:
     """A ``TokenIndex``, a ``ShardedIndex`` or a :class:`~detsampler.media.index.MediaIndex` (images beside text),
     whichever ``path`` holds."""
     root = as_path(path)
-    if (root / MANIFEST).is_file():
-        return ShardedIndex.open(path)
+    if (root / MANIFEST).is_file() or (not isinstance(root, RemotePath) and (root / CLAIMS).is_dir()):
+        return ShardedIndex.open(path)  # a sharded build's claims without a manifest: said to be unfinished
     if _meta_kind(root) == "detsampler-media-index":
         from detsampler.media.index import MediaIndex  # NOTE: imported on use: the media index reads this package
 

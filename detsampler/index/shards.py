@@ -31,7 +31,7 @@ from filelock import FileLock
 from detsampler.atomic import atomic_write
 from detsampler.index.build import build_index
 from detsampler.index.format import INDEX_FORMAT_VERSION, TokenIndexError
-from detsampler.index.sharded import MANIFEST, ShardedIndex, open_shards, write_manifest
+from detsampler.index.sharded import CLAIMS, MANIFEST, ShardedIndex, open_shards, write_manifest
 from detsampler.text.policy import SpecialTokens
 from detsampler.text.protocol import TokenizerLike
 
@@ -146,7 +146,7 @@ def shard_tasks(num_files: int, task: int, num_tasks: int) -> list[int]:
 
 
 def _claim_path(root: Path, j: int) -> Path:
-    return root / "claims" / f"shard-{j:05d}.json"
+    return root / CLAIMS / f"shard-{j:05d}.json"
 
 
 def _build_one(
@@ -165,16 +165,21 @@ def _build_one(
 
     f = files[j]
     stat = f.stat()  # before the read: a file changed during the build makes its claim stale
-    index = build_index(
-        load_corpus(str(f), text_column, cache_dir=root.parent),  # its parse and hashes in the build's cache
-        tokenizer,
-        text_column=text_column,
-        cache_dir=root.parent / "shards",
-        num_proc=num_proc,
-        store_tokens=store_tokens,
-        progress=progress,
-        special_tokens=special_tokens,
-    )
+    try:
+        index = build_index(
+            load_corpus(str(f), text_column, cache_dir=root.parent),  # its parse and hashes in the build's cache
+            tokenizer,
+            text_column=text_column,
+            cache_dir=root.parent / "shards",
+            num_proc=num_proc,
+            store_tokens=store_tokens,
+            progress=progress,
+            special_tokens=special_tokens,
+        )
+    except (ValueError, TypeError) as exc:  # bad input: name the shard and its file (the index refused is not built)
+        raise (TypeError if isinstance(exc, TypeError) else ValueError)(
+            f"shard {j} of {len(files)} ({f}): {' '.join(str(exc).split())}"
+        ) from None
     claim = {
         "shard": j,
         "input": str(f),
@@ -203,7 +208,7 @@ def build_shards(
     """Build shards ``shards`` (indices into ``files``) and claim each; returns the claims written. With ``num_proc``
     > 1 and several shards, ``num_proc`` processes build whole shards at once (a shard's parse, hashing, tokenization
     and writes all in one of them: nothing of a shard build stays serial); one shard is tokenized by ``num_proc``."""
-    (root / "claims").mkdir(parents=True, exist_ok=True)
+    (root / CLAIMS).mkdir(parents=True, exist_ok=True)
     args = (text_column, 1 if len(shards) > 1 else num_proc, store_tokens)
     if num_proc == 1 or len(shards) == 1:
         done = (_build_one(files, tokenizer, root, j, *args, progress, special_tokens) for j in shards)
