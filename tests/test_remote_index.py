@@ -325,7 +325,7 @@ def test_a_sharded_index_pushed_to_a_bucket_reads_the_local_batches(
     capsys.readouterr()
     url = f"{s3_bucket}/sharded/{root.name}"
     assert main(["push", str(root), url]) == 0
-    assert capsys.readouterr().out.rstrip().endswith(", manifest.json last")
+    assert f"to {url}, manifest.json last: " in capsys.readouterr().out  # after its shards (to ../shards/)
     remote = ShardedIndex.open(url)
     assert isinstance(remote, Index) and isinstance(local, Index)
     with pytest.raises(ValueError, match="takes no dataset: its shards hold the tokens"):  # was an AttributeError

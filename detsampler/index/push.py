@@ -62,15 +62,18 @@ logger = logging.getLogger("detsampler")
 
 @dataclass(frozen=True)
 class PushResult:
-    """What a push did: objects and bytes uploaded, sealed records left as they were (already there, identical), and
-    whether the prefix was held by create-only writes (``exclusive``; False: the store has none, so a concurrent push
-    was checked for by reading back, not excluded)."""
+    """What a push did: objects and bytes uploaded (a sharded index's: its shards' and its own), sealed records left as
+    they were (already there, identical), whether the prefix was held by create-only writes (``exclusive``; False: the
+    store has none, so a concurrent push was checked for by reading back, not excluded), and for a sharded index where
+    its shards went and how many objects went under ``url`` itself."""
 
     url: str
     objects: int
     num_bytes: int
     unchanged: int
     exclusive: bool = True
+    shard_urls: tuple[str, ...] = ()  # a sharded index's: where each shard's index went (outside ``url``)
+    manifest_objects: int = 0  # a sharded index's: the objects under ``url`` (the manifest, its layouts and claims)
 
 
 def _files(directory: Path) -> list[Path]:
@@ -396,10 +399,12 @@ def _check_pushable(root: Path) -> None:
 
 
 def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8) -> PushResult:
-    """Upload the sharded index at ``directory``: each shard's index to the URL its manifest entry names relative to
-    ``url`` (``../shards/index-KEY``: the same bucket), each sealed by its own ``meta.json``; then the layouts beside
-    the manifest; ``manifest.json`` last. Pre-tokenized shards (files, not indexes) are refused: push uploads indexes
-    only."""
+    """Upload the sharded index at ``directory``: the prefix ``url`` checked and claimed first (a different manifest
+    there, or another push's claim, is refused before any object is written, as for one index); then each shard's
+    index to the URL its manifest entry names relative to ``url`` (``../shards/index-KEY``: the same bucket), each
+    checked file by file and sealed by its own ``meta.json``; then the layouts beside the manifest; ``manifest.json``
+    last. A shard refused releases the claim. Pre-tokenized shards (files, not indexes) are refused: push uploads
+    indexes only."""
     from detsampler.index.sharded import MANIFEST, TOKENIZED_KIND, ShardedIndex, shard_location
     from detsampler.storage import RemotePath
 
@@ -413,14 +418,21 @@ def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8
             f"sharded index {str(root)!r} has {len(foreign)} pre-tokenized shards (first {foreign[0]!r}): push uploads "
             "indexes only"
         )
-    done = [
-        push_index(
-            shard_location(root, entry["path"]),
-            str(shard_location(RemotePath(url), entry["path"])),
-            max_workers=max_workers,
-        )
-        for entry in entries
-    ]
+    shard_urls = tuple(str(shard_location(RemotePath(url), e["path"])) for e in entries)
+    store = store_for(url)
+    assert isinstance(store, ObjectStore)  # _check_destination refused a local one
+    records = _records(root, url, [Path(MANIFEST)], MANIFEST)
+    _check_seals(store, url, records)  # NOTE: before any shard is written, as a single index's push checks first
+    claim = _claim_record(MANIFEST, records[Path(MANIFEST)])
+    _claim(store, url, claim)
+    try:
+        done = [
+            push_index(shard_location(root, e["path"]), shard, max_workers=max_workers)
+            for e, shard in zip(entries, shard_urls)
+        ]
+    except Exception:
+        _release(store, url, MANIFEST, claim)  # no manifest was written: a push of the repaired index may claim it
+        raise
     done.append(_upload(root, url, MANIFEST, max_workers))
     return PushResult(
         url,
@@ -428,6 +440,8 @@ def push_sharded(directory: str | os.PathLike, url: str, *, max_workers: int = 8
         sum(d.num_bytes for d in done),
         sum(d.unchanged for d in done),
         all(d.exclusive for d in done),
+        shard_urls,
+        done[-1].objects,
     )
 
 
