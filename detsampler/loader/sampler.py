@@ -95,11 +95,14 @@ class DeterministicBatchSampler(Sampler[list[int]]):
         _refuse_resharding(self, caller)
         loader, package = _driver(caller)
         refusal = _out_of_order(loader)
+        if refusal is not None:  # NOTE: torch calls iter() in its iterator's constructor, before any worker starts
+            _disarm(caller.f_locals.get("self"))
+            raise ValueError(refusal)
         reads_ahead = _read_ahead(loader, package)
         with self._lock:
             self._generation += 1
             self._iter_start = self._position
-            return _MicroBatches(self, self._position, self._generation, reads_ahead, refusal)
+            return _MicroBatches(self, self._position, self._generation, reads_ahead)
 
     def __len__(self) -> int:
         """Micro batches from the state up to ``stop_step``: what a new iteration yields."""
@@ -250,15 +253,11 @@ class _MicroBatches:
         position: tuple[int, int],
         generation: int,
         reads_ahead: str | None,
-        refusal: str | None = None,
     ) -> None:
         self._sampler = sampler
         self._position = position
         self._generation = generation
         self._reads_ahead = reads_ahead  # why its driver reads ahead of consumption (None: it does not)
-        # NOTE: a refusal is raised by the first next(), not by iter(): torch's DataLoader iterator calls iter() before
-        # it can shut down, and an error there prints a second traceback when the half-made iterator is collected
-        self._refusal = refusal
         self._thread = threading.get_ident()  # the thread that started it
         self._ahead: list[list[int]] = []  # planned micro batches, the next one last: at _ahead_at[-1]
         self._ahead_at: list[tuple[int, int]] = []  # their positions, then the one after them (reversed likewise)
@@ -267,8 +266,6 @@ class _MicroBatches:
         return self
 
     def __next__(self) -> list[int]:
-        if self._refusal is not None:
-            raise ValueError(self._refusal)
         if not self._ahead or self._ahead_at[-1] != self._position:
             self._plan_ahead()
             if not self._ahead:
@@ -337,6 +334,18 @@ def _out_of_order(loader: Any) -> str | None:
             " its workers finish them, not the plan's: a step would train micro batches of other steps;"
             " use in_order=True (the default)"
         )
+
+
+def _disarm(iterator: Any) -> None:
+    """Make the collection of a DataLoader iterator refused in its constructor do nothing.
+
+    NOTE: torch's (and torchdata's) multi-process iterator calls ``iter(batch_sampler)`` in its constructor, before it
+    starts a worker, so a refusal there leaves no process or thread; but its ``__del__`` would call
+    ``_shutdown_workers`` on attributes never set, printing a second traceback ("Exception ignored in ...") whenever the
+    half-made iterator is collected. Marked as shut down (nothing to shut down), it is collected silently.
+    """
+    if hasattr(type(iterator), "_shutdown_workers") and not hasattr(iterator, "_shutdown"):
+        iterator._shutdown = True
 
 
 def _driver(frame: FrameType | None) -> tuple[DataLoader | None, str | None]:
