@@ -263,3 +263,27 @@ def test_the_audit_still_counts_what_each_read_trained_once_the_bytes_are_gone(c
 
         filtered = PackedDataset(index, dataset.layout, instance_filter=RepetitionFilter())
         assert trained_labels(filtered, reads[docs[0]], docs[0]) is None  # its flags read the erased tokens
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_proof_that_reads_back_other_bytes_fails_the_command_in_text_and_in_json(copy, monkeypatch, capsys, as_json):
+    """The exit status says whether the bytes are gone, whatever the output format: a proof row whose read-back holds a
+    token other than the neutral id (here one, as a store that kept an old copy of a chunk would) exits 1 in both."""
+    import detsampler.cli.erase as cli_erase
+    from detsampler.cli import main
+
+    real = cli_erase.erasure_proof
+
+    def one_token_not_neutral(index):
+        rows = real(index)
+        rows[0] = {**rows[0], "neutral": rows[0]["neutral"] - 1}
+        return rows
+
+    monkeypatch.setattr(cli_erase, "erasure_proof", one_token_not_neutral)
+    assert main(["erase", str(copy), "--doc", "3", *(["--json"] if as_json else [])]) == 1
+    out = capsys.readouterr().out
+    if as_json:
+        report = json.loads(out)
+        assert report["bytes_gone"] is False and report["documents"] == [3]
+    else:
+        assert out.rstrip().endswith("NOT ERASED")

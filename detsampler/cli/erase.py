@@ -20,12 +20,17 @@ def document_ids(text: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _bytes_gone(row: dict) -> bool:
+    """Whether an erasure proof's row shows every stored token the neutral id (and, for chat data, the mask all 0)."""
+    return row["neutral"] == row["num_tokens"] and row["mask_zero"] is not False
+
+
 def erasure_proof_lines(index: object) -> tuple[list[str], bool]:
     """One line per erased document of ``index``: its stored tokens read back (through the chunk checksums) and how
     many are the neutral id; and whether every one is."""
     lines, ok = [], True
     for row in erasure_proof(index):
-        gone = row["neutral"] == row["num_tokens"] and row["mask_zero"] is not False
+        gone = _bytes_gone(row)
         ok &= gone
         mask = "" if row["mask_zero"] is None else f", loss mask {'all 0' if row['mask_zero'] else 'NOT all 0'}"
         verdict = "its bytes are gone" if gone else "NOT ERASED"
@@ -51,8 +56,10 @@ def cmd_erase(args: argparse.Namespace) -> int:
     result = erase_documents(args.index, documents)
     index = TokenIndex.open(args.index)
     if args.json:
-        print_json({**result, "proof": erasure_proof(index)}, sort_keys=True)
-        return 0
+        proof = erasure_proof(index)
+        every_gone = all(_bytes_gone(row) for row in proof)
+        print_json({**result, "proof": proof, "bytes_gone": every_gone}, sort_keys=True)
+        return 0 if every_gone else 1
     if result["documents"]:
         record = result["record"]
         chunks = ", ".join(f"{name} {len(c)} chunk(s)" for name, c in result["chunks"].items())
