@@ -390,7 +390,8 @@ def test_a_server_that_fails_mid_prefetch_is_a_storage_error_naming_the_object(s
         ),
         (
             lambda: PrefetchConfig(node_cache="/dev/shm/x"),
-            r"node_cache_bytes must be an integer >= block_bytes \(65536\) with a node_cache, got None",
+            r"node_cache_bytes must be an integer >= 65792 \(a block of 65536 bytes and its entry's header\) with a"
+            r" node_cache, got None",
         ),
     ],
 )

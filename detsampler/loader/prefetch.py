@@ -74,8 +74,9 @@ class PrefetchConfig:
 
     ``node_cache``: a directory shared by the processes of one node (local disk, or ``/dev/shm``), through which every
     block is fetched once per node (:class:`~detsampler.storage.NodeCache`: file locks and atomic renames, every entry
-    checked before it is served, keys bound to each object's content); ``node_cache_bytes``: its cap, given with it
-    (at least ``block_bytes``), its entries evicted by next use over the node's plan (the ranks of this node:
+    checked before it is served, keys bound to each object's content; a directory this process cannot write is refused
+    when the dataset is made: :meth:`node`); ``node_cache_bytes``: its cap, given with it (at least one entry: the
+    larger block unit and its header), its entries evicted by next use over the node's plan (the ranks of this node:
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun sets them, else this rank alone).
 
     ``source_block_bytes``: the unit fetched of a pre-tokenized file (its format records no checksums, so no chunk
@@ -108,7 +109,6 @@ class PrefetchConfig:
                 f"PrefetchConfig.cache_bytes ({self.cache_bytes}) must be >= block_bytes ({self.block_bytes}): a block"
                 " larger than the cache is never held, so every read would fetch it again"
             )
-        self._check_node_cache()
         unit = self.source_block_bytes
         if unit is not None and (
             isinstance(unit, bool) or not isinstance(unit, (int, np.integer)) or unit < 1 or unit % 4096
@@ -119,6 +119,12 @@ class PrefetchConfig:
                 f"PrefetchConfig.source_block_bytes ({unit}) must be <= cache_bytes ({self.cache_bytes}): a block"
                 " larger than the cache is never held"
             )
+        self._check_node_cache()
+
+    def node(self) -> NodeCache | None:
+        """This process's :class:`~detsampler.storage.NodeCache` at ``node_cache`` (its directories made), or None
+        without one; a path that cannot hold it (a file, a read-only directory) raises one line naming it."""
+        return None if self.node_cache is None else NodeCache(self.node_cache, self.node_cache_bytes)
 
     def _check_node_cache(self) -> None:
         if self.node_cache is None:
@@ -127,11 +133,12 @@ class PrefetchConfig:
             return
         if not isinstance(self.node_cache, str) or not self.node_cache:
             raise ValueError(f"PrefetchConfig.node_cache must be a directory path (a string), got {self.node_cache!r}")
-        cap = self.node_cache_bytes
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < self.block_bytes:
+        cap, block = self.node_cache_bytes, max(self.block_bytes, self.source_block_bytes or 0)
+        entry = block + NodeCache.ENTRY_HEADER_BYTES  # NOTE: a cap of one block held no entry: nothing was published
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < entry:
             raise ValueError(
-                f"PrefetchConfig.node_cache_bytes must be an integer >= block_bytes ({self.block_bytes}) with a"
-                f" node_cache, got {cap!r}"
+                f"PrefetchConfig.node_cache_bytes must be an integer >= {entry} (a block of {block} bytes and its"
+                f" entry's header) with a node_cache, got {cap!r}"
             )
 
 
@@ -217,7 +224,7 @@ class Prefetcher:
         self.config, self.plan, self.targets, self._split = config, plan, targets, split
         self.worker, self.num_workers = worker, num_workers
         self.cache = BeladyCache(config.cache_bytes)
-        self.node = None if config.node_cache is None else NodeCache(config.node_cache, config.node_cache_bytes)
+        self.node = config.node()
         units = (config.block_bytes, config.source_block_bytes or config.block_bytes)
         self.fetched: list[list[Fetched | None]] = [
             [None if a is None else fetched(a, units, self.cache, self.node) for a in t.arrays] for t in targets
