@@ -9,6 +9,7 @@ where only the directory is under test."""
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import resource
@@ -17,12 +18,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from detsampler.index import TokenIndex
-from detsampler.loader import PackedDataset, PrefetchConfig
+from detsampler.index.sources import open_source
+from detsampler.loader import DeterministicBatchSampler, PackedDataset, PrefetchConfig
 from detsampler.plan import Plan
 from detsampler.storage import NodeCache
 from tests._node_cache_child import CONFIG
+from tests.more_servers import range_http_server
+from tests.test_bucket_opens import _source_files
 from tests.test_node_cache import ROOT, STEPS, _local_hashes, pushed  # noqa: F401 (pushed: a fixture)
 
 KIB = 1024
@@ -171,3 +176,29 @@ def test_processes_filling_one_node_cache_at_once_never_hold_more_than_its_cap(t
     node = NodeCache(tmp_path, cap)
     assert max(peak for peak, _, _ in got) <= cap and node.held_bytes() <= cap
     assert sum(evicted for _, _, evicted in got) > 0
+
+
+def test_a_source_whose_server_sends_no_strong_etag_says_the_node_cache_does_not_hold_it(tmp_path, monkeypatch, caplog):
+    # before: node_cache accepted and silently unused (no identity names such an object's content: its node counts all
+    # 0), the prefetcher's lines saying nothing of it
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    path = _source_files("nanogpt", tmp_path / "data", num_docs=6000)
+    with range_http_server(tmp_path / "data") as server:
+        url = f"{server}/{path.name}"
+        remote, local = open_source("nanogpt", url, eos_id=7), open_source("nanogpt", path, eos_id=7)
+        layout = remote.layout(CONFIG)
+        plan = Plan(layout.num_samples, seed=4, global_batch_size=8, micro_batch_size=4)
+        dataset = PackedDataset(remote, layout, prefetch=_prefetch(tmp_path / "node"), plan=plan)
+        want = PackedDataset(local, local.layout(CONFIG))
+        with caplog.at_level(logging.INFO, logger="detsampler.prefetch"):
+            for ids in DeterministicBatchSampler(plan, 0, stop_step=STEPS):
+                batch = dataset.get_batch(ids)
+                assert all(torch.equal(batch[k], v) for k, v in want.get_batch(ids).items())
+        stats = dataset.prefetch_stats().node
+        dataset.close()
+    lines = [r.getMessage() for r in caplog.records if "node cache" in r.getMessage()]
+    assert lines == [
+        f"prefetch: {url}: the node cache does not hold its blocks (its server sends no strong ETag: nothing names its"
+        " content across processes): this process fetches its own"
+    ]
+    assert stats["fetched"] == stats["hits"] == 0

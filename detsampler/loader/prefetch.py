@@ -244,6 +244,7 @@ class Prefetcher:
                     target.kind or "source's",
                     how,
                 )
+        self._say_unshared()
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="detsampler-prefetch")
         self._cond = threading.Condition()
         self._window: deque[_Planned] = deque()  # admitted, not yet read; the head is read next
@@ -265,6 +266,23 @@ class Prefetcher:
         self._planner = threading.Thread(target=self._run, name="detsampler-planner", daemon=True)
         self._planner.start()
         _LIVE.add(self)
+
+    def _say_unshared(self) -> None:
+        """One line per object the node cache cannot hold (nothing names its content across processes): with a node
+        cache given, an object fetched by each process for itself is said, never silent."""
+        if self.node is None:
+            return
+        for obj in self.objects:
+            if obj._node is None:
+                why = "its server sends no strong ETag" if obj._check is None else "no identity"
+                if any(obj is o for per in self.own for f in per for o in f.objects):
+                    why = "an image source: its images are checked by their CRC-32s as they are read"
+                log.info(
+                    "prefetch: %s: the node cache does not hold its blocks (%s: nothing names its content across"
+                    " processes): this process fetches its own",
+                    obj.url,
+                    why,
+                )
 
     # -- the reader's side
     def take(self, ids: Any) -> _Planned | None:
