@@ -202,3 +202,31 @@ def test_a_source_whose_server_sends_no_strong_etag_says_the_node_cache_does_not
         " content across processes): this process fetches its own"
     ]
     assert stats["fetched"] == stats["hits"] == 0
+
+
+def test_the_trainer_names_its_node_cache_and_says_what_it_served_and_fetched(pushed, small_tokenizer, tmp_path):
+    # before: the trainer's lines said nothing of the node cache (its reads line, its summary): a run on a fresh node
+    # and one resumed over a warm cache printed alike but for the bytes, with no word of where the blocks came from
+    from train.config import load_config
+    from train.data import build_pipeline
+
+    _, url = pushed
+    node = tmp_path / "node"
+    summaries = []
+    for _ in range(2):  # a fresh node, then a run over the cache the first one filled
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[data]\nseq_len = 64\nglobal_batch_size = 4\nmicro_batch_size = 2\ncache_dir = "{tmp_path}"\n'
+            f'source = "{url}"\ntokenizer = "{small_tokenizer.path}"\n'
+            f'prefetch = {{node_cache = "{node}", node_cache_bytes = {64 << 20}}}\n'
+        )
+        pipe = build_pipeline(load_config(cfg).data, world_size=1)
+        assert len(list(pipe.loader(pipe.sampler(0, 0, 6), pin_memory=False, persistent_workers=False))) == 12
+        shared = f", node cache {str(node)!r} of at most {64 << 20:,} bytes shared by the node"
+        assert pipe.reads_line().endswith(shared)
+        summaries.append(pipe.prefetch_summary())
+        pipe.close()
+    first, second = (s.split("; node cache ")[1] for s in summaries)
+    assert first.startswith("0 blocks served from it, ") and not first.startswith("0 blocks served from it, 0 fetched")
+    assert second.endswith(", 0 fetched from the store for it") and not second.startswith("0 blocks")
+    assert "fetched 0 bytes in 0 ranged reads" in summaries[1]
