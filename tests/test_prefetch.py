@@ -468,7 +468,7 @@ from detsampler.plan import Plan
 remote = TokenIndex.open(sys.argv[1])
 layout = remote.layout(LayoutConfig(kind="concat", seq_len=64, seed=1))
 plan = Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=4)
-config = PrefetchConfig(budget_bytes=int(sys.argv[2]), cache_bytes=int(sys.argv[2]), threads=2)
+config = PrefetchConfig(budget_bytes=int(sys.argv[2]), cache_bytes=max(int(sys.argv[2]), 1 << 20), threads=2)
 dataset = PackedDataset(remote, layout, prefetch=config, plan=plan)
 batches = iter(DeterministicBatchSampler(plan, 0))  # no stop_step: the planner never runs out
 for _ in range(3):

@@ -283,7 +283,7 @@ class DataPipeline:
             f" ({stats.amplification or 0:.1f}x read amplification);"
             f" cache {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses, peak"
             f" {cache.get('peak_bytes', 0):,} of {cache.get('cap_bytes', 0):,} bytes; waited"
-            f" {stats.wait_s * 1e3:.1f} ms for blocks{_node_summary(stats.node)}"
+            f" {stats.wait_s * 1e3:.1f} ms for blocks{_over_cap_summary(stats)}{_node_summary(stats.node)}"
         )
 
     def close(self) -> None:
@@ -291,6 +291,19 @@ class DataPipeline:
         close = getattr(self.dataset, "close", None)
         if close is not None:
             close()
+
+
+def _over_cap_summary(stats: Any) -> str:
+    """The part of the summary line saying that the plan read more blocks at once than the cache holds (one micro
+    batch's, or those fetched ahead): blocks were dropped before they were read and fetched again."""
+    cap = stats.cache.get("cap_bytes", 0)
+    need = max(stats.peak_need_bytes, stats.peak_window_bytes)
+    if need <= cap:
+        return ""
+    return (
+        f"; {stats.over_cap} micro batch(es) needed more blocks than the cache holds, up to {need:,} bytes at once:"
+        f" blocks fetched again (raise cache_bytes to >= {need:,})"
+    )
 
 
 def _node_summary(node: dict | None) -> str:

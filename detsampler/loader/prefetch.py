@@ -28,6 +28,10 @@ plan (a jump: a restored sampler) restarts the lookahead from it, and one whose 
 plan has not (another rank or micro step: the sampler reads another plan), turns prefetch off with a warning (read on
 demand); a failed fetch surfaces as the store's
 :class:`~detsampler.storage.StorageError` (after its retries) when a micro batch that needs it is read, never as a hang.
+A plan that reads more blocks at once than ``cache_bytes`` holds (one micro batch's, or those of the micro batches
+fetched ahead) thrashes, blocks dropped before they are read and fetched again: said once per prefetcher in a warning
+naming the need and the cap, counted in :class:`PrefetchStats` (``over_cap``, ``peak_need_bytes``,
+``peak_window_bytes``). Not refused: whether a micro batch fits depends on where the plan puts its samples.
 """
 
 from __future__ import annotations
@@ -151,7 +155,12 @@ class PrefetchStats:
     batches the planner planned in all; ``ahead``: planned and not yet read now; ``peak_ahead``: the most ever (never
     above ``max_micro_batches_ahead``). ``sources``: the plan's sources it reads for; ``objects``: the objects it
     fetches from; ``node``: the node-shared cache's counts in this process (``hits``: blocks it served, ``fetched``:
-    blocks this process fetched for the node), None without one. ``fetched_bytes`` counts the store's bytes only."""
+    blocks this process fetched for the node), None without one. ``fetched_bytes`` counts the store's bytes only.
+
+    What the plan needs of the cache at once: ``peak_need_bytes``, the most bytes of distinct blocks one micro batch
+    read; ``over_cap``: the micro batches read whose blocks alone exceed ``cache_bytes`` (some of them are dropped
+    before they are read and fetched again); ``peak_window_bytes``: the most bytes of distinct blocks the micro batches
+    fetched ahead (admitted, not yet read) needed at once. Either above ``cache_bytes`` is said once, in a warning."""
 
     served: int = 0
     unplanned: int = 0
@@ -167,6 +176,9 @@ class PrefetchStats:
     sources: int = 0
     objects: int = 0
     node: dict | None = None
+    peak_need_bytes: int = 0
+    over_cap: int = 0
+    peak_window_bytes: int = 0
 
     @property
     def amplification(self) -> float | None:
@@ -203,6 +215,7 @@ class _Planned:
     key_bytes: list[int]
     used_bytes: int
     holds: dict[int, list[int]]
+    need_bytes: int = 0  # the bytes of its distinct blocks: what the cache must hold while it is read
 
 
 class Prefetcher:
@@ -259,6 +272,7 @@ class Prefetcher:
         self._error: BaseException | None = None
         self._closed = False
         self._off = False  # the sampler reads another plan: every micro batch is read on demand
+        self._said_over_cap = False  # a plan that needs more than the cache holds at once is said once
         self.stats = PrefetchStats(sources=len(targets), objects=len(self.objects))
         if self.node is not None:
             self.node.ranking = self._node_ranking
@@ -327,6 +341,8 @@ class Prefetcher:
                 self._release(head)
             self.stats.served += 1
             self.stats.used_bytes += head.used_bytes
+            self.stats.peak_need_bytes = max(self.stats.peak_need_bytes, head.need_bytes)
+            self.stats.over_cap += head.need_bytes > self.config.cache_bytes
             if self.stats.first_batch_bytes is None:
                 self.stats.first_batch_bytes = self._fetched()[0]
                 log.info(
@@ -518,7 +534,8 @@ class Prefetcher:
         for i, (keys, key_bytes, used_bytes, holds) in enumerate(self._keys(reads)):
             batches = [src.batch(i) for src in reads.sources]
             position, ids = reads.positions[i], reads.sample_ids[i]
-            out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds))
+            need = sum(dict(zip(keys, key_bytes)).values())  # distinct blocks (an object named twice counts once)
+            out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds, need))
         return out, reads.next_position
 
     def _node_ranking(self) -> Callable[[str], int]:
@@ -597,6 +614,8 @@ class Prefetcher:
                     self._window_bytes += size
                 if key not in self.cache and key not in self._inflight:
                     lacking.add(key)
+            self.stats.peak_window_bytes = max(self.stats.peak_window_bytes, self._window_bytes)
+            self._say_over_cap(planned)
             for number, held in planned.holds.items():
                 obj = self.objects[number]
                 blocks = [b for b in dict.fromkeys(held) if (obj.url, b) in lacking]
@@ -607,6 +626,36 @@ class Prefetcher:
                 for group in _groups(sorted(blocks), _RUNS_PER_FETCH):
                     if not self._submit(obj, group):
                         return
+
+    def _say_over_cap(self, planned: _Planned) -> None:
+        """Once per prefetcher (each process has its own), when the blocks the plan reads at once exceed the cache:
+        ``planned``'s own (every config that reads it thrashes), or those of the micro batches fetched ahead with it
+        (the window just grown by ``planned``). Blocks are then dropped before they are read and fetched again: right,
+        bounded, and slow, so it is said, with the cap that would hold them. Lock held."""
+        cap = self.config.cache_bytes
+        if self._said_over_cap or max(planned.need_bytes, self._window_bytes) <= cap:
+            return
+        self._said_over_cap = True
+        if planned.need_bytes > cap:
+            step, micro = planned.position
+            what, need = f"the micro batch at step {step} micro step {micro} reads", planned.need_bytes
+            dropped = "its blocks are"
+        else:
+            (step, micro), count = self._window[0].position, len(self._window)
+            what = f"the {count} micro batches fetched ahead from step {step} micro step {micro} read"
+            need, dropped = self._window_bytes, "blocks fetched ahead are"
+        log.warning(
+            "prefetch: rank %s worker %d of %d: %s %d bytes of blocks at once, more than the cache holds (cache_bytes"
+            " %d): %s dropped before they are read and fetched again; give PrefetchConfig(cache_bytes >= %d)",
+            self._anchor[0] if self._anchor else "?",
+            self.worker,
+            self.num_workers,
+            what,
+            need,
+            cap,
+            dropped,
+            need,
+        )
 
     def _submit(self, obj: BlockedObject, blocks: list[int]) -> bool:
         """Fetch ``blocks`` of ``obj`` on the pool (lock held); False when the pool is shut down (close, or the
