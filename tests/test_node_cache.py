@@ -44,9 +44,11 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def pushed(small_index, s3_bucket, tmp_path_factory):
-    """``(local, url)``: the small index with its concat layout, pushed."""
-    local = copy_with_layouts(small_index, tmp_path_factory.mktemp("node"), [CONFIG])
-    url = f"{s3_bucket}/node/{local.path.name}"
+    """``(local, url)``: the small index with its concat layout, pushed (under a prefix of its own: a module that
+    imports this fixture pushes its own copy)."""
+    root = tmp_path_factory.mktemp("node")
+    local = copy_with_layouts(small_index, root, [CONFIG])
+    url = f"{s3_bucket}/node/{root.name}/{local.path.name}"
     push_index(local.path, url)
     return local, url
 

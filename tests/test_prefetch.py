@@ -390,7 +390,8 @@ def test_a_server_that_fails_mid_prefetch_is_a_storage_error_naming_the_object(s
         ),
         (
             lambda: PrefetchConfig(node_cache="/dev/shm/x"),
-            r"node_cache_bytes must be an integer >= block_bytes \(65536\) with a node_cache, got None",
+            r"node_cache_bytes must be an integer >= 65792 \(a block of 65536 bytes and its entry's header\) with a"
+            r" node_cache, got None",
         ),
     ],
 )
@@ -467,7 +468,7 @@ from detsampler.plan import Plan
 remote = TokenIndex.open(sys.argv[1])
 layout = remote.layout(LayoutConfig(kind="concat", seq_len=64, seed=1))
 plan = Plan(layout.num_samples, seed=0, global_batch_size=4, micro_batch_size=4)
-config = PrefetchConfig(budget_bytes=int(sys.argv[2]), cache_bytes=int(sys.argv[2]), threads=2)
+config = PrefetchConfig(budget_bytes=int(sys.argv[2]), cache_bytes=max(int(sys.argv[2]), 1 << 20), threads=2)
 dataset = PackedDataset(remote, layout, prefetch=config, plan=plan)
 batches = iter(DeterministicBatchSampler(plan, 0))  # no stop_step: the planner never runs out
 for _ in range(3):

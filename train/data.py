@@ -260,9 +260,13 @@ class DataPipeline:
         if prefetch is None:
             return f"data: from {names}, blocks read on demand by {where}{started} (prefetch off)"
         one = "" if self.sources is None else f"one prefetcher over {len(indexes)} sources, "
+        node = "" if prefetch.node_cache is None else (
+            f", node cache {prefetch.node_cache!r} of at most {prefetch.node_cache_bytes:,} bytes shared by the node"
+        )  # fmt: skip
         return (
             f"data: from {names}, prefetch on in {where}{started}: {one}budget {prefetch.budget_bytes:,} bytes, cache"
             f" {prefetch.cache_bytes:,} bytes, {prefetch.threads} threads, blocks of {prefetch.block_bytes:,} bytes"
+            f"{node}"
         )
 
     def prefetch_summary(self) -> str | None:
@@ -279,7 +283,7 @@ class DataPipeline:
             f" ({stats.amplification or 0:.1f}x read amplification);"
             f" cache {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses, peak"
             f" {cache.get('peak_bytes', 0):,} of {cache.get('cap_bytes', 0):,} bytes; waited"
-            f" {stats.wait_s * 1e3:.1f} ms for blocks"
+            f" {stats.wait_s * 1e3:.1f} ms for blocks{_over_cap_summary(stats)}{_node_summary(stats.node)}"
         )
 
     def close(self) -> None:
@@ -287,6 +291,31 @@ class DataPipeline:
         close = getattr(self.dataset, "close", None)
         if close is not None:
             close()
+
+
+def _over_cap_summary(stats: Any) -> str:
+    """The part of the summary line saying that the plan read more blocks at once than the cache holds (one micro
+    batch's, or those fetched ahead): blocks were dropped before they were read and fetched again."""
+    cap = stats.cache.get("cap_bytes", 0)
+    need = max(stats.peak_need_bytes, stats.peak_window_bytes)
+    if need <= cap:
+        return ""
+    return (
+        f"; {stats.over_cap} micro batch(es) needed more blocks than the cache holds, up to {need:,} bytes at once:"
+        f" blocks fetched again (raise cache_bytes to >= {need:,})"
+    )
+
+
+def _node_summary(node: dict | None) -> str:
+    """The node cache's part of the summary line: the blocks it served this process, the blocks this process fetched
+    from the store for it (a run over a warm cache fetches none), and what it did not keep."""
+    if node is None:
+        return ""
+    return (
+        f"; node cache {node['hits']} blocks served from it, {node['fetched']} fetched from the store for it"
+        + (f" ({node['bypassed']} not kept: no room)" if node["bypassed"] else "")
+        + (f" ({node['damaged']} damaged entries fetched again)" if node["damaged"] else "")
+    )
 
 
 def index_config(config: DataConfig) -> Any:

@@ -502,6 +502,7 @@ def _check_prefetch(prefetch: PrefetchConfig | None, plan: Plan | None, layout: 
             f"the plan draws from {plan.stream.num_samples} samples, the layout has {layout.num_samples}: prefetch"
             " needs the plan over this dataset's layout"
         )
+    prefetch.node()  # NOTE: a node cache's path that cannot hold it is refused here, not in each worker's first batch
 
 
 def _check_output(output: str, layout: Layout) -> None:

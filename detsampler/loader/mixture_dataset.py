@@ -170,6 +170,7 @@ def _check_prefetch(prefetch: Any, plan: Any, mixture: Mixture, datasets: list[A
                 f"datasets[{k}] is not a PackedDataset over stored tokens ({type(ds).__name__}): prefetch reads ahead"
                 " the stored tokens of each source's PackedDataset"
             )
+    prefetch.node()  # a node cache's path that cannot hold it: refused here, not in each worker's first batch
 
 
 def _with_loss_masks(batches: list[dict]) -> list[dict]:

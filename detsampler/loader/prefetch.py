@@ -28,6 +28,10 @@ plan (a jump: a restored sampler) restarts the lookahead from it, and one whose 
 plan has not (another rank or micro step: the sampler reads another plan), turns prefetch off with a warning (read on
 demand); a failed fetch surfaces as the store's
 :class:`~detsampler.storage.StorageError` (after its retries) when a micro batch that needs it is read, never as a hang.
+A plan that reads more blocks at once than ``cache_bytes`` holds (one micro batch's, or those of the micro batches
+fetched ahead) thrashes, blocks dropped before they are read and fetched again: said once per prefetcher in a warning
+naming the need and the cap, counted in :class:`PrefetchStats` (``over_cap``, ``peak_need_bytes``,
+``peak_window_bytes``). Not refused: whether a micro batch fits depends on where the plan puts its samples.
 """
 
 from __future__ import annotations
@@ -74,8 +78,9 @@ class PrefetchConfig:
 
     ``node_cache``: a directory shared by the processes of one node (local disk, or ``/dev/shm``), through which every
     block is fetched once per node (:class:`~detsampler.storage.NodeCache`: file locks and atomic renames, every entry
-    checked before it is served, keys bound to each object's content); ``node_cache_bytes``: its cap, given with it
-    (at least ``block_bytes``), its entries evicted by next use over the node's plan (the ranks of this node:
+    checked before it is served, keys bound to each object's content; a directory this process cannot write is refused
+    when the dataset is made: :meth:`node`); ``node_cache_bytes``: its cap, given with it (at least one entry: the
+    larger block unit and its header), its entries evicted by next use over the node's plan (the ranks of this node:
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun sets them, else this rank alone).
 
     ``source_block_bytes``: the unit fetched of a pre-tokenized file (its format records no checksums, so no chunk
@@ -108,7 +113,6 @@ class PrefetchConfig:
                 f"PrefetchConfig.cache_bytes ({self.cache_bytes}) must be >= block_bytes ({self.block_bytes}): a block"
                 " larger than the cache is never held, so every read would fetch it again"
             )
-        self._check_node_cache()
         unit = self.source_block_bytes
         if unit is not None and (
             isinstance(unit, bool) or not isinstance(unit, (int, np.integer)) or unit < 1 or unit % 4096
@@ -119,6 +123,12 @@ class PrefetchConfig:
                 f"PrefetchConfig.source_block_bytes ({unit}) must be <= cache_bytes ({self.cache_bytes}): a block"
                 " larger than the cache is never held"
             )
+        self._check_node_cache()
+
+    def node(self) -> NodeCache | None:
+        """This process's :class:`~detsampler.storage.NodeCache` at ``node_cache`` (its directories made), or None
+        without one; a path that cannot hold it (a file, a read-only directory) raises one line naming it."""
+        return None if self.node_cache is None else NodeCache(self.node_cache, self.node_cache_bytes)
 
     def _check_node_cache(self) -> None:
         if self.node_cache is None:
@@ -127,11 +137,12 @@ class PrefetchConfig:
             return
         if not isinstance(self.node_cache, str) or not self.node_cache:
             raise ValueError(f"PrefetchConfig.node_cache must be a directory path (a string), got {self.node_cache!r}")
-        cap = self.node_cache_bytes
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < self.block_bytes:
+        cap, block = self.node_cache_bytes, max(self.block_bytes, self.source_block_bytes or 0)
+        entry = block + NodeCache.ENTRY_HEADER_BYTES  # NOTE: a cap of one block held no entry: nothing was published
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < entry:
             raise ValueError(
-                f"PrefetchConfig.node_cache_bytes must be an integer >= block_bytes ({self.block_bytes}) with a"
-                f" node_cache, got {cap!r}"
+                f"PrefetchConfig.node_cache_bytes must be an integer >= {entry} (a block of {block} bytes and its"
+                f" entry's header) with a node_cache, got {cap!r}"
             )
 
 
@@ -144,7 +155,12 @@ class PrefetchStats:
     batches the planner planned in all; ``ahead``: planned and not yet read now; ``peak_ahead``: the most ever (never
     above ``max_micro_batches_ahead``). ``sources``: the plan's sources it reads for; ``objects``: the objects it
     fetches from; ``node``: the node-shared cache's counts in this process (``hits``: blocks it served, ``fetched``:
-    blocks this process fetched for the node), None without one. ``fetched_bytes`` counts the store's bytes only."""
+    blocks this process fetched for the node), None without one. ``fetched_bytes`` counts the store's bytes only.
+
+    What the plan needs of the cache at once: ``peak_need_bytes``, the most bytes of distinct blocks one micro batch
+    read; ``over_cap``: the micro batches read whose blocks alone exceed ``cache_bytes`` (some of them are dropped
+    before they are read and fetched again); ``peak_window_bytes``: the most bytes of distinct blocks the micro batches
+    fetched ahead (admitted, not yet read) needed at once. Either above ``cache_bytes`` is said once, in a warning."""
 
     served: int = 0
     unplanned: int = 0
@@ -160,6 +176,9 @@ class PrefetchStats:
     sources: int = 0
     objects: int = 0
     node: dict | None = None
+    peak_need_bytes: int = 0
+    over_cap: int = 0
+    peak_window_bytes: int = 0
 
     @property
     def amplification(self) -> float | None:
@@ -196,6 +215,7 @@ class _Planned:
     key_bytes: list[int]
     used_bytes: int
     holds: dict[int, list[int]]
+    need_bytes: int = 0  # the bytes of its distinct blocks: what the cache must hold while it is read
 
 
 class Prefetcher:
@@ -217,7 +237,7 @@ class Prefetcher:
         self.config, self.plan, self.targets, self._split = config, plan, targets, split
         self.worker, self.num_workers = worker, num_workers
         self.cache = BeladyCache(config.cache_bytes)
-        self.node = None if config.node_cache is None else NodeCache(config.node_cache, config.node_cache_bytes)
+        self.node = config.node()
         units = (config.block_bytes, config.source_block_bytes or config.block_bytes)
         self.fetched: list[list[Fetched | None]] = [
             [None if a is None else fetched(a, units, self.cache, self.node) for a in t.arrays] for t in targets
@@ -237,6 +257,7 @@ class Prefetcher:
                     target.kind or "source's",
                     how,
                 )
+        self._say_unshared()
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="detsampler-prefetch")
         self._cond = threading.Condition()
         self._window: deque[_Planned] = deque()  # admitted, not yet read; the head is read next
@@ -251,6 +272,7 @@ class Prefetcher:
         self._error: BaseException | None = None
         self._closed = False
         self._off = False  # the sampler reads another plan: every micro batch is read on demand
+        self._said_over_cap = False  # a plan that needs more than the cache holds at once is said once
         self.stats = PrefetchStats(sources=len(targets), objects=len(self.objects))
         if self.node is not None:
             self.node.ranking = self._node_ranking
@@ -258,6 +280,23 @@ class Prefetcher:
         self._planner = threading.Thread(target=self._run, name="detsampler-planner", daemon=True)
         self._planner.start()
         _LIVE.add(self)
+
+    def _say_unshared(self) -> None:
+        """One line per object the node cache cannot hold (nothing names its content across processes): with a node
+        cache given, an object fetched by each process for itself is said, never silent."""
+        if self.node is None:
+            return
+        for obj in self.objects:
+            if obj._node is None:
+                why = "its server sends no strong ETag" if obj._check is None else "no identity"
+                if any(obj is o for per in self.own for f in per for o in f.objects):
+                    why = "an image source: its images are checked by their CRC-32s as they are read"
+                log.info(
+                    "prefetch: %s: the node cache does not hold its blocks (%s: nothing names its content across"
+                    " processes): this process fetches its own",
+                    obj.url,
+                    why,
+                )
 
     # -- the reader's side
     def take(self, ids: Any) -> _Planned | None:
@@ -302,6 +341,8 @@ class Prefetcher:
                 self._release(head)
             self.stats.served += 1
             self.stats.used_bytes += head.used_bytes
+            self.stats.peak_need_bytes = max(self.stats.peak_need_bytes, head.need_bytes)
+            self.stats.over_cap += head.need_bytes > self.config.cache_bytes
             if self.stats.first_batch_bytes is None:
                 self.stats.first_batch_bytes = self._fetched()[0]
                 log.info(
@@ -493,7 +534,8 @@ class Prefetcher:
         for i, (keys, key_bytes, used_bytes, holds) in enumerate(self._keys(reads)):
             batches = [src.batch(i) for src in reads.sources]
             position, ids = reads.positions[i], reads.sample_ids[i]
-            out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds))
+            need = sum(dict(zip(keys, key_bytes)).values())  # distinct blocks (an object named twice counts once)
+            out.append(_Planned(-1, position, ids, batches, keys, key_bytes, used_bytes, holds, need))
         return out, reads.next_position
 
     def _node_ranking(self) -> Callable[[str], int]:
@@ -572,6 +614,8 @@ class Prefetcher:
                     self._window_bytes += size
                 if key not in self.cache and key not in self._inflight:
                     lacking.add(key)
+            self.stats.peak_window_bytes = max(self.stats.peak_window_bytes, self._window_bytes)
+            self._say_over_cap(planned)
             for number, held in planned.holds.items():
                 obj = self.objects[number]
                 blocks = [b for b in dict.fromkeys(held) if (obj.url, b) in lacking]
@@ -582,6 +626,36 @@ class Prefetcher:
                 for group in _groups(sorted(blocks), _RUNS_PER_FETCH):
                     if not self._submit(obj, group):
                         return
+
+    def _say_over_cap(self, planned: _Planned) -> None:
+        """Once per prefetcher (each process has its own), when the blocks the plan reads at once exceed the cache:
+        ``planned``'s own (every config that reads it thrashes), or those of the micro batches fetched ahead with it
+        (the window just grown by ``planned``). Blocks are then dropped before they are read and fetched again: right,
+        bounded, and slow, so it is said, with the cap that would hold them. Lock held."""
+        cap = self.config.cache_bytes
+        if self._said_over_cap or max(planned.need_bytes, self._window_bytes) <= cap:
+            return
+        self._said_over_cap = True
+        if planned.need_bytes > cap:
+            step, micro = planned.position
+            what, need = f"the micro batch at step {step} micro step {micro} reads", planned.need_bytes
+            dropped = "its blocks are"
+        else:
+            (step, micro), count = self._window[0].position, len(self._window)
+            what = f"the {count} micro batches fetched ahead from step {step} micro step {micro} read"
+            need, dropped = self._window_bytes, "blocks fetched ahead are"
+        log.warning(
+            "prefetch: rank %s worker %d of %d: %s %d bytes of blocks at once, more than the cache holds (cache_bytes"
+            " %d): %s dropped before they are read and fetched again; give PrefetchConfig(cache_bytes >= %d)",
+            self._anchor[0] if self._anchor else "?",
+            self.worker,
+            self.num_workers,
+            what,
+            need,
+            cap,
+            dropped,
+            need,
+        )
 
     def _submit(self, obj: BlockedObject, blocks: list[int]) -> bool:
         """Fetch ``blocks`` of ``obj`` on the pool (lock held); False when the pool is shut down (close, or the

@@ -58,17 +58,19 @@ class NodeCache:
     this process fetched from the store for it), ``published``, ``bypassed``, ``evicted``, ``waited`` (blocks another
     process was fetching), ``damaged`` (entries that failed a check, removed)."""
 
+    ENTRY_HEADER_BYTES = 256  # the most bytes an entry holds besides its block (magic, length, the JSON header)
+
     def __init__(self, directory: str | os.PathLike, cap_bytes: int) -> None:
         if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
             raise ValueError(f"Got cap_bytes={cap_bytes!r}, the node cache's cap must be an integer >= 1")
         self.root = Path(directory) / _VERSION
         self.cap_bytes = cap_bytes
-        for sub in ("blocks", "locks", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        _make_layout(Path(directory), self.root)
         # a reader's ranking, asked once per eviction round: the next use of an entry (by its name)
         self.ranking: Callable[[], Callable[[str], int]] = lambda: lambda h: NEVER_USED
         self.hits = self.fetched = self.published = self.bypassed = self.evicted = self.waited = self.damaged = 0
         self._count_lock = threading.Lock()
+        self._unwritable_said = False
         self._clear_orphans()
 
     # -- keys and entries
@@ -152,12 +154,14 @@ class NodeCache:
         return out
 
     def _publish(self, h: str, data: bytes) -> None:
+        """Publish ``data`` as entry ``h`` when it fits under the cap; a write the filesystem refuses (full, read-only
+        since) publishes nothing: the block is served to its reader all the same, said in one warning line."""
         tmp = self.root / "tmp" / f"{h}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         header = json.dumps({"key": h, "size": len(data), "crc32": zlib.crc32(data)}).encode()
         entry = _MAGIC + struct.pack("<I", len(header)) + header + data
-        with open(tmp, "wb") as f:
-            f.write(entry)
         try:
+            with open(tmp, "wb") as f:
+                f.write(entry)
             with self._global():
                 if not self._room_for(h, len(entry)):
                     self._count("bypassed")
@@ -165,9 +169,23 @@ class NodeCache:
                 self._path(h).parent.mkdir(exist_ok=True)
                 os.replace(tmp, self._path(h))
                 self._count("published")
+        except OSError as exc:
+            self._count("bypassed")
+            self._say_unwritable(exc)
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 tmp.unlink()
+
+    def _say_unwritable(self, exc: OSError) -> None:
+        with self._count_lock:
+            said, self._unwritable_said = self._unwritable_said, True
+        if not said:
+            log.warning(
+                "storage: node cache %r: an entry could not be written (%s): blocks are served without being"
+                " published (this process fetches them for itself) until there is room",
+                str(self.root),
+                exc.strerror or exc,
+            )
 
     # -- the cap
     def _room_for(self, h: str, size: int) -> bool:
@@ -219,7 +237,8 @@ class NodeCache:
         except FileNotFoundError:
             return None
         if ledger:
-            self._write_ledger(max(0, self._ledger() - size))
+            with contextlib.suppress(OSError):  # a ledger left unwritten over-counts: the cap still holds
+                self._write_ledger(max(0, self._ledger() - size))
         return size
 
     def held_bytes(self) -> int:
@@ -228,10 +247,15 @@ class NodeCache:
             return sum(n for _, n, _ in self._entries())
 
     def _ledger(self) -> int:
+        """The bytes the ledger holds; recounted from the directory when it is missing or not a count (empty: torn by
+        a power cut after its rename; negative or not a number: edited), so that it never under-counts."""
         try:
-            return int((self.root / "ledger").read_text() or 0)
-        except (FileNotFoundError, ValueError):
-            return sum(n for _, n, _ in self._entries())
+            text = (self.root / "ledger").read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        if text.isdecimal():  # NOTE: an empty ledger read as 0 let a full cache take its cap again
+            return int(text)
+        return sum(n for _, n, _ in self._entries())
 
     def _write_ledger(self, held: int) -> None:
         tmp = self.root / "tmp" / f"ledger.{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -291,6 +315,27 @@ class NodeCache:
     def stats(self) -> dict[str, Any]:
         names = ("hits", "fetched", "published", "bypassed", "evicted", "waited", "damaged")
         return {"directory": str(self.root.parent), "cap_bytes": self.cap_bytes, **{n: getattr(self, n) for n in names}}
+
+
+def _make_layout(directory: Path, root: Path) -> None:
+    """Make (or find) the cache's directories under ``root`` and check this process can write there: else one line
+    naming ``directory`` (a file, a read-only directory, one on a read-only filesystem)."""
+    try:
+        for sub in ("blocks", "locks", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        os.close(os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644))
+        probe = root / "tmp" / f"probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        where = Path(exc.filename) if exc.filename else root
+        shape = isinstance(exc, (NotADirectoryError, FileExistsError))  # a file where a directory goes
+        blocking = next((p for p in (where, *where.parents) if shape and p.exists() and not p.is_dir()), None)
+        why = f"{str(blocking)!r} is not a directory" if blocking else f"{exc.strerror or exc}: {str(where)!r}"
+        raise ValueError(
+            f"node cache {str(directory)!r}: cannot hold the cache ({why}): give a directory on local disk or /dev/shm"
+            " that this process can write"
+        ) from None
 
 
 def _stripe(h: str) -> int:
