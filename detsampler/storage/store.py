@@ -269,12 +269,14 @@ class ObjectStore:
 
     def __init__(self, retry: RetryPolicy | None = None) -> None:
         self.retry = retry or RetryPolicy.from_env()
-        self._clients: dict[tuple[int, str, str, str], Any] = {}
+        self._clients: dict[tuple[int, str, str, tuple], Any] = {}
 
     def _client(self, loc: Location) -> Any:
+        """This process's client for ``loc``'s bucket, made again whenever the environment its scheme reads changed
+        (another endpoint is another server: ``AWS_ENDPOINT_URL``, ``AZURITE_BLOB_STORAGE_URL``, credentials)."""
         _check_not_forked(str(loc))
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
-        key = (os.getpid(), loc.scheme, loc.bucket, endpoint)  # a changed endpoint is another server: a new client
+        key = (os.getpid(), loc.scheme, loc.bucket, _client_environment(loc.scheme))
         client = self._clients.get(key)
         if client is None:
             allow_http = loc.scheme == "http" or (loc.scheme == "s3" and endpoint.startswith("http://"))
@@ -500,6 +502,17 @@ def _conditional_ranges(client: Any, key: str, ranges: list[tuple[int, int]], et
         if type(exc).__name__ == "PreconditionError" or _status(exc) == 412:
             raise _PreconditionFailed(str(exc)) from None
         raise
+
+
+# the environment each scheme's client is built from (obstore's builders read these prefixes)
+_ENV_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_",), "gcs": ("GOOGLE_",)}
+_ENV_PREFIXES.update(dict.fromkeys(("az", "abfs", "abfss"), ("AZURE_", "AZURITE_")))
+
+
+def _client_environment(scheme: str) -> tuple[tuple[str, str], ...]:
+    """The variables of the environment that a client of ``scheme`` is built from, sorted (none for HTTP)."""
+    prefixes = _ENV_PREFIXES.get(scheme)
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes))) if prefixes else ()
 
 
 _WRITES = ("PUT", "create-only PUT")  # requests that create their object (a "not found" names the bucket)
