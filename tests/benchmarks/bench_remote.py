@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         rows.append(("local disk (memory map), no worker", local0, None, None, None))
     server_port = free_port()
     try:
-        with _server(server_port):
+        with _server(server_port) as moto:
             _wait_port(server_port)
             endpoint = f"http://127.0.0.1:{server_port}"
             os.environ["AWS_ENDPOINT_URL"] = endpoint
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             from tests.benchmarks._remote_parts import run_issue37
 
             tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=default_corpus(max_documents=600))
-            extra = run_issue37(server_port, bucket, index.path, str(tokenizer.path), args, _loop, _process)
+            extra = run_issue37(server_port, bucket, index.path, str(tokenizer.path), args, _loop, _process, moto.pid)
     finally:
         for k, v in saved.items():
             if v is None:
