@@ -28,6 +28,7 @@ __all__ = [
     "AZURITE_BIN",
     "FaultProxy",
     "azurite",
+    "azurite_server",
     "create_container",
     "fault_proxy",
     "precondition_dropping_proxy",
@@ -56,6 +57,13 @@ def _wait_for_port(port: int, process: subprocess.Popen, timeout_s: float = 30.0
 def azurite(binary: Path = AZURITE_BIN) -> Iterator[str]:
     """The blob endpoint (``http://127.0.0.1:PORT/devstoreaccount1``) of an azurite started for the block, with
     ``AZURE_STORAGE_USE_EMULATOR`` and ``AZURITE_BLOB_STORAGE_URL`` set; stopped and the environment restored after."""
+    with azurite_server(binary) as (endpoint, _):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def azurite_server(binary: Path = AZURITE_BIN) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`azurite`, yielding its process too (``(endpoint, process)``: a benchmark counts the server's CPU time)."""
     if not binary.exists() and shutil.which("azurite-blob") is None:
         raise FileNotFoundError(f"azurite is not installed ({binary}): npm install --prefix .venv/node azurite")
     port = free_port()
@@ -67,7 +75,7 @@ def azurite(binary: Path = AZURITE_BIN) -> Iterator[str]:
     try:
         _wait_for_port(port, process)
         os.environ.update(env)
-        yield f"http://127.0.0.1:{port}/{ACCOUNT}"
+        yield f"http://127.0.0.1:{port}/{ACCOUNT}", process
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -5,6 +5,8 @@ object store ``obstore`` reaches."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,19 @@ def test_a_write_into_an_azure_container_that_does_not_exist_names_the_container
         assert not isinstance(caught.value, ObjectNotFoundError)
     with pytest.raises(StorageError, match=re.escape("the container 'no-such-container-31' does not exist")):
         push_index(local.path, base)
+
+
+def test_a_changed_azure_endpoint_is_another_server_not_the_old_one(container, monkeypatch):
+    """Issue 37 (the range-reading store): a store's client was kept per bucket and ``AWS_ENDPOINT_URL`` only, so after
+    ``AZURITE_BLOB_STORAGE_URL`` named another server (a proxy in front of azurite) every read still went to the first
+    one. The client is now keyed by the whole environment of its scheme: the next read goes through the proxy."""
+    from detsampler.storage.store import ObjectStore
+    from tests.more_servers import fault_proxy
+
+    store, url = ObjectStore(), f"{container}/endpoint-37/x"
+    store.put(url, b"abcdef")
+    assert store.read_ranges(url, [(1, 4)], coalesce_bytes=0) == [b"bcd"]  # a client for azurite itself
+    with fault_proxy(os.environ["AZURITE_BLOB_STORAGE_URL"]) as proxy:
+        monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", proxy.endpoint)
+        assert store.read_ranges(url, [(2, 5)], coalesce_bytes=0) == [b"cde"]
+        assert proxy.fetched("endpoint-37/x") == (1, 3)

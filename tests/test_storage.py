@@ -370,3 +370,26 @@ def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket(s3_endpoint,
         StorageError, match=re.escape("the bucket 'no-such-bucket-31' does not exist (create it first)")
     ):
         push_index(small_index.path, "s3://no-such-bucket-31/a")
+
+
+def test_a_conditional_read_issues_its_ranges_at_once_and_refuses_another_version(s3_endpoint, s3_bucket, monkeypatch):
+    """Issue 37: a read of one version of an object (``if_match``, what a pre-tokenized source's blocks are read with)
+    issues its ranged GETs at once (each held 0.3 s by the proxy, all in flight together), returns each range's bytes
+    in order, and once the object is rewritten refuses with ObjectChangedError, never the new bytes."""
+    from detsampler.storage import ObjectChangedError
+    from detsampler.storage.store import ObjectStore
+    from tests.more_servers import fault_proxy
+
+    url, data = f"{s3_bucket}/conditional-37/x", bytes(range(256)) * 64
+    store = ObjectStore()
+    store.put(url, data)
+    etag = store.version(url)[1]
+    ranges = [(0, 10), (1000, 1100), (5000, 5001), (16000, 16384)]
+    with fault_proxy(s3_endpoint, hold_s=0.3) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        assert store.read_ranges(url, ranges, coalesce_bytes=0, if_match=etag) == [data[a:b] for a, b in ranges]
+        assert proxy.fetched("conditional-37/x") == (4, sum(b - a for a, b in ranges))
+        assert proxy.peak_in_flight == 4
+        store.put(url, data[::-1])
+        with pytest.raises(ObjectChangedError, match=r"conditional-37/x: the object changed since it was opened"):
+            store.read_ranges(url, ranges, coalesce_bytes=0, if_match=etag)

@@ -7,6 +7,7 @@ the peers' S3 readers on the mixture.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -15,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -316,10 +318,11 @@ def batch_hash(batch: dict) -> str:
 
 
 def run_issue37(
-    server_port: int, bucket: str, index_path: Path, tokenizer_path: str, args, loop, process
+    server_port: int, bucket: str, index_path: Path, tokenizer_path: str, args, loop, process, server_pid: int
 ) -> tuple[list, list, list]:
     """Benchmark 17's issue-37 tables, verdicts and notes. ``loop(dataset, plan, steps, num_workers)`` is the tiny
-    training loop; ``process(args, ready)`` runs a helper process (a latency proxy, the range server) for a block."""
+    training loop; ``process(args, ready)`` runs a helper process (a latency proxy, the range server) for a block;
+    ``server_pid``: moto's process (its CPU time is counted)."""
     from tests.benchmarks.common import fmt_bytes
     from tests.more_servers import fault_proxy
     from tests.s3_server import free_port
@@ -333,8 +336,10 @@ def run_issue37(
     tables, verdicts, notes = [], [], []
     if "opens" in parts:
         tables.append(_opens(urls, server_port, fault_proxy))
+    if "sources" in parts:
+        moto = _Remote("S3 (moto)", urls, "AWS_ENDPOINT_URL", server_port, server_pid)
+        tables += _sources_on_both(local, moto, paths, index_path, args, loop, process, verdicts, notes)
     for part, run in (
-        ("sources", lambda port: _sources(local, urls, args, loop, verdicts)),
         ("first", lambda port: _first_batches(local, urls, port, verdicts)),
         ("peers", lambda port: _peers(local, urls, args.peer_steps)),
     ):
@@ -350,9 +355,109 @@ def run_issue37(
     return tables, verdicts, notes
 
 
-def _sources(local: dict, urls: dict, args, loop, verdicts: list) -> object:
-    """The loop over each kind from local disk and from moto (+50 ms), with prefetch (a pre-tokenized file's blocks
-    also at 16 KiB)."""
+# -- each kind of data, from moto and from a store that reads only the range asked (azurite)
+
+
+@dataclass
+class _Remote:
+    """A server the loop reads from: its ``name``, the data's ``urls`` there, the variable that points a client at it
+    (``endpoint_var``), its ``port`` and ``pid`` (its CPU time is counted), and once running, its latency proxy's
+    ``proxy_port`` and ``proxy_pid``."""
+
+    name: str
+    urls: dict
+    endpoint_var: str
+    port: int
+    pid: int
+    proxy_port: int = 0
+    proxy_pid: int = 0
+
+    def point(self, port: int) -> None:
+        os.environ[self.endpoint_var] = f"http://127.0.0.1:{port}"
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process and its living children have used."""
+    import psutil
+
+    total = 0.0
+    try:
+        proc = psutil.Process(pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                total += t.user + t.system
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its children waited for (the loop and its spawned worker, once joined)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _sources_on_both(local, moto, paths, index_path, args, loop, process, verdicts, notes) -> list:
+    """The serving cost and the loop over each kind of data, against moto and (when installed) azurite, each behind
+    its own latency proxy (+50 ms a request): the verdicts read the store that reads only the range asked."""
+    from detsampler.index.push import push_index
+    from tests.more_servers import AZURITE_BIN, azurite_server, create_container
+    from tests.s3_server import free_port
+
+    with contextlib.ExitStack() as stack:
+        remotes = [moto]
+        if AZURITE_BIN.exists():
+            endpoint, proc = stack.enter_context(azurite_server())
+            container = create_container(endpoint, "bench-remote")
+            az_urls = {**upload(paths, container), "index": f"{container}/{index_path.name}"}
+            push_index(index_path, az_urls["index"])
+            port = int(endpoint.split(":")[2].split("/")[0])
+            remotes.append(_Remote("Azure Blob (azurite)", az_urls, "AZURITE_BLOB_STORAGE_URL", port, proc.pid))
+        else:
+            notes.append(f"azurite is not installed ({AZURITE_BIN}): only moto's rows, and the verdicts read them")
+        serve = _serving_cost(remotes)
+        for r in remotes:
+            r.proxy_port = free_port()
+            args_ = [sys.executable, "-m", "tests.benchmarks._latency_proxy", str(r.proxy_port), str(r.port), "50"]
+            r.proxy_pid = stack.enter_context(process(args_, "ready")).pid
+            r.point(r.proxy_port)
+        table = _sources(local, remotes, args, loop, verdicts)
+        for r in remotes:
+            r.point(r.port)
+    return [serve, table]
+
+
+def _serving_cost(remotes: list) -> object:
+    """The server's CPU time per ranged GET of 16 KiB, of a 1 MiB and of a 24 MB object (200 GETs at random offsets,
+    one at a time, no proxy): a server that reads the whole object to answer a range costs in proportion to it."""
+    from detsampler.storage import store_for
+    from tests.benchmarks.common import Table
+
+    rows, n, rng = [], 200, np.random.default_rng(0)
+    for r in remotes:
+        r.point(r.port)
+        small = r.urls["olmo"][0].rsplit("/", 2)[0] + "/probe-1mib"
+        store = store_for(small)
+        store.put(small, bytes(MIB))
+        for label, url in (("1 MiB", small), (f"{SIZES_MB[0]} MB", r.urls["olmo"][0])):
+            starts = rng.integers(0, store.size(url) - (16 << 10), n).tolist()
+            cpu, t0 = _cpu_s(r.pid), time.perf_counter()
+            for a in starts:
+                store.read_ranges(url, [(a, a + (16 << 10))], coalesce_bytes=0)
+            cpu, wall = (_cpu_s(r.pid) - cpu) / n, (time.perf_counter() - t0) / n
+            rows.append([r.name, label, f"{cpu * 1e3:.2f} ms", f"{wall * 1e3:.2f} ms"])
+    return Table(
+        f"What a ranged GET of 16 KiB costs the server ({n} GETs at random offsets, one at a time, no proxy)",
+        ["server", "object", "server CPU per GET", "time per GET"],
+        rows,
+    )
+
+
+def _sources(local: dict, remotes: list, args, loop, verdicts: list) -> object:
+    """The loop over each kind from local disk and from each of ``remotes`` (+50 ms), with prefetch (a pre-tokenized
+    file's blocks also at 16 KiB), and the CPU time the loop (with its worker), the server and the proxy used. The
+    verdicts read the last of ``remotes`` (the store that reads only the range asked, when there is one)."""
     from detsampler.loader import PrefetchConfig
     from tests.benchmarks.common import Table, Verdict
 
@@ -366,33 +471,49 @@ def _sources(local: dict, urls: dict, args, loop, verdicts: list) -> object:
     )
     fine = PrefetchConfig(budget_bytes=4 * MIB, cache_bytes=8 * MIB, threads=8, source_block_bytes=16 << 10)
     for kind, label in kinds:
-        here = loop(*open_data(kind, local), args.steps, 1)
-        rows.append(_row(f"{label}, local disk", here, here))
+        here, cpu = _measured(loop, open_data(kind, local), args.steps, None)
+        rows.append(_row(f"{label}, local disk", here, here, cpu, args.steps))
         runs = [("64 KiB blocks", prefetch)]
         if kind in ("mixture", "megatron"):  # a pre-tokenized file's unit may be finer: no checksum chunk binds it
             runs.append(("16 KiB source blocks", fine))
-        for unit, ahead in runs:
-            there = loop(*open_data(kind, urls, ahead), args.steps, 1)
-            added, ratio = (there["wait"] - here["wait"]) / there["step"], there["tokens_per_s"] / here["tokens_per_s"]
-            rows.append(_row(f"{label}, S3 (moto) +50 ms, prefetch, {unit}", there, here))
-            if ahead is runs[-1][1]:
-                verdicts.append(
-                    Verdict(
-                        f"{label} at +50 ms ({unit}): the wait the network adds <= 1 point of the step,"
-                        " >= 90% of local throughput",
-                        added <= 0.01 and ratio >= 0.9,
-                        f"added wait {100 * added:+.2f} points, {100 * ratio:.0f}% of local",
+        for remote in remotes:
+            for unit, ahead in runs:
+                there, cpu = _measured(loop, open_data(kind, remote.urls, ahead), args.steps, remote)
+                added = (there["wait"] - here["wait"]) / there["step"]
+                ratio = there["tokens_per_s"] / here["tokens_per_s"]
+                rows.append(_row(f"{label}, {remote.name} +50 ms, prefetch, {unit}", there, here, cpu, args.steps))
+                if remote is remotes[-1] and ahead is runs[-1][1]:
+                    verdicts.append(
+                        Verdict(
+                            f"{label} from {remote.name} at +50 ms ({unit}): the wait the network adds <= 1 point of"
+                            " the step, >= 90% of local throughput",
+                            added <= 0.01 and ratio >= 0.9,
+                            f"added wait {100 * added:+.2f} points, {100 * ratio:.0f}% of local",
+                        )
                     )
-                )
     return Table(
-        f"Each kind of data through the tiny training loop, {args.steps} micro batches of 8 x 2,048, one forkserver"
-        " worker, prefetch on (budget 4 MiB, cache 8 MiB)",
-        ["reader", "tokens/s", "vs local", "step", "data wait", "wait share"],
+        f"Each kind of data through the tiny training loop, {args.steps} micro batches of 8 x 2,048, one worker,"
+        " prefetch on (budget 4 MiB, cache 8 MiB); CPU time per micro batch (the warm-up's too) of the loop's"
+        " process with its worker, of the server and of the latency proxy",
+        ["reader", "tokens/s", "vs local", "step", "data wait", "wait share", "CPU: loop", "server", "proxy"],
         rows,
     )
 
 
-def _row(name: str, r: dict, local: dict) -> list[str]:
+def _measured(loop, opened: tuple, steps: int, remote) -> tuple[dict, tuple]:
+    """``loop`` over ``opened`` (dataset, plan) with one worker, and the CPU seconds (loop with its worker, server,
+    proxy; None for those not running) it took."""
+    pids = (remote.pid, remote.proxy_pid) if remote is not None else ()
+    before = (_own_cpu_s(), *(_cpu_s(p) for p in pids))
+    result = loop(*opened, steps, 1)
+    after = (_own_cpu_s(), *(_cpu_s(p) for p in pids))
+    cpu = tuple(b - a for a, b in zip(before, after))
+    return result, cpu + (None,) * (3 - len(cpu))
+
+
+def _row(name: str, r: dict, local: dict, cpu: tuple = (), steps: int = 1) -> list[str]:
+    """A row of the loop's table: with ``cpu`` (seconds, or None), each per micro batch of ``steps`` + 5 warm-up."""
+    per = [f"{c / (steps + 5) * 1e3:.1f} ms" if c is not None else "-" for c in cpu]
     return [
         name,
         f"{r['tokens_per_s'] / 1e3:,.0f} k",
@@ -400,6 +521,7 @@ def _row(name: str, r: dict, local: dict) -> list[str]:
         f"{r['step'] * 1e3:.1f} ms",
         f"{r['wait'] * 1e3:.2f} ms",
         f"{100 * r['wait'] / r['step']:.1f}%",
+        *per,
     ]
 
 

@@ -26,16 +26,21 @@ prefetch hit rate >= 99% where an LRU of the same size is below 90%.
 Issue 37's parts (``tests/benchmarks/_remote_parts.py``), against the same moto server: the data are 3 OLMo ``.npy``
 files of 24, 16 and 10 MB (uint32 ids, documents of ~700 tokens, with their ``.csv.gz``; weights 24:16:10), a 24 MB
 Megatron ``.bin/.idx`` of the same kind of documents, and the corpus above as a sharded index of 3 shards. *Opens*: the
-mixture's 3 sources opened from an empty local cache and again, every request counted by a recording proxy holding
-each 50 ms (``tests/more_servers.py``). *Each kind of data*: the loop above, one forkserver worker, local disk against
-moto at +50 ms with prefetch (a pre-tokenized file's blocks also at 16 KiB); verdict: the wait the network adds <= 1
-point of the step and >= 90% of local throughput. *First batch*: a fresh process (interpreter start to its first
-micro batch, one forkserver worker), the first open on an empty cache once, then three rounds of (local, bucket),
-medians; verdict: within 1 s of local. *Peers on the mixture*: OLMo-core's ``get_bytes_range`` and megatron-core's
-``_S3BinReader`` reading each span of 20 micro batches. *A node*: 2 ranks (processes, ``LOCAL_RANK`` set) x 4
-forkserver workers reading 24 steps of the mixture at world size 2, prefetching with a cache per process and then
-through one node-shared cache in ``/dev/shm``; the bytes and GETs of the token files counted by the recording proxy,
-against the distinct 64 KiB blocks the node's plan reads (``detsampler.reads.plan_reads``); verdict: <= 1.1x.
+mixture's 3 sources opened from an empty local cache and again, every request counted by a recording proxy holding each
+50 ms (``tests/more_servers.py``). *What a ranged GET costs the server*: 200 GETs of 16 KiB at random offsets of a 1 MiB
+and a 24 MB object, one at a time, no proxy, the server process's CPU time (psutil) per GET. *Each kind of data*: the
+loop above, one worker, local disk against moto and against azurite (Microsoft's Azure Storage emulator, ``az://``, in
+memory: a store that reads only the range asked), each behind its own latency proxy at +50 ms, with prefetch (a
+pre-tokenized file's blocks also at 16 KiB); beside each row the CPU time per micro batch (warm-up included) of the
+loop's process with its worker (``os.times``, the worker joined), of the server and of the proxy (psutil); verdict, on
+azurite's rows: the wait the network adds <= 1 point of the step and >= 90% of local throughput (moto's rows are kept:
+they show what a server that reads the whole object per range costs). *First batch*: a fresh process (interpreter start
+to its first micro batch, one forkserver worker), the first open on an empty cache once, then three rounds of (local,
+bucket), medians; verdict: within 1 s of local. *Peers on the mixture*: OLMo-core's ``get_bytes_range`` and
+megatron-core's ``_S3BinReader`` reading each span of 20 micro batches. *A node*: 2 ranks (processes, ``LOCAL_RANK``
+set) x 4 forkserver workers reading 24 steps of the mixture at world size 2, prefetching with a cache per process and
+then through one node-shared cache in ``/dev/shm``; the bytes and GETs of the token files counted by the recording
+proxy, against the distinct 64 KiB blocks the node's plan reads (``detsampler.reads.plan_reads``); verdict: <= 1.1x.
 
 Usage: ``python -m tests.benchmarks.bench_remote [--steps N] [--peer-steps N] [--node-steps N] [--parts
 index,opens,sources,first,peers,node]``.
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         rows.append(("local disk (memory map), no worker", local0, None, None, None))
     server_port = free_port()
     try:
-        with _server(server_port):
+        with _server(server_port) as moto:
             _wait_port(server_port)
             endpoint = f"http://127.0.0.1:{server_port}"
             os.environ["AWS_ENDPOINT_URL"] = endpoint
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             from tests.benchmarks._remote_parts import run_issue37
 
             tokenizer = default_tokenizer(CACHE, vocab_size=VOCAB, corpus=default_corpus(max_documents=600))
-            extra = run_issue37(server_port, bucket, index.path, str(tokenizer.path), args, _loop, _process)
+            extra = run_issue37(server_port, bucket, index.path, str(tokenizer.path), args, _loop, _process, moto.pid)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -10,7 +10,8 @@ batch (``Plan(layout.num_samples, seed=0, global_batch_size=8, micro_batch_size=
 object store returned (every ``ObjectStore`` call and the bytes of its answers, wrapped in the child) and its resident
 memory growth (VmRSS after minus before; the peak: VmHWM after a reset of the kernel's mark, minus the baseline).
 
-Usage: ``python -m tests.benchmarks.remote_open_scale [--documents 100000000] [--work DIR]``; prints one JSON line.
+Usage: ``python -m tests.benchmarks.remote_open_scale [--documents 100000000] [--work DIR] [--servers moto,http]
+[--repeat N]`` (``--repeat``: that many fresh processes through the range server, in turn); prints one JSON line.
 """
 
 from __future__ import annotations
@@ -127,8 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=100_000_000)
     parser.add_argument("--work", default=".cache/remote-open-scale")
+    parser.add_argument("--servers", default="moto,http", help="comma-separated: moto (S3), http (range server)")
+    parser.add_argument("--repeat", type=int, default=1, help="fresh processes opening through the range server")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    servers = set(args.servers.split(","))
     if args.child:
         result = _child(args.child)
         print(json.dumps(result))
@@ -147,21 +151,22 @@ def main(argv: list[str] | None = None) -> dict:
     t_index = time.perf_counter()
     index.layout(LayoutConfig(kind="concat", seq_len=SEQ_LEN, seed=0), progress=True)
     t_layout = time.perf_counter()
-    with moto_server() as (endpoint, _server):
-        bucket = create_bucket(endpoint, "open-scale")
-        url = f"{bucket}/scale/{index.path.name}"
-        pushed = push_index(index.path, url)
-        t_push = time.perf_counter()
-        result = _run_child(url)
-    with range_http_server(work) as http:  # the same files, served by ranges read from disk: O(range) per request
-        result["http_range_server"] = _run_child(f"{http}/{index.path.name}")
+    result: dict = {}
+    if "moto" in servers:
+        with moto_server() as (endpoint, _server):
+            bucket = create_bucket(endpoint, "open-scale")
+            url = f"{bucket}/scale/{index.path.name}"
+            pushed = push_index(index.path, url)
+            result["push_s"] = time.perf_counter() - t_layout
+            result.update(_run_child(url), pushed_objects=pushed.objects, pushed_bytes=pushed.num_bytes)
+    if "http" in servers:
+        with range_http_server(work) as http:  # the same files, served by ranges read from disk: O(range) per request
+            url = f"{http}/{index.path.name}"
+            result["http_range_server"] = [_run_child(url) for _ in range(args.repeat)]
     result.update(
         index_bytes=_sizes(index.path),
-        pushed_objects=pushed.objects,
-        pushed_bytes=pushed.num_bytes,
         build_index_s=t_index - t0,
         build_layout_s=t_layout - t_index,
-        push_s=t_push - t_layout,
         free_disk_after=shutil.disk_usage(work).free,
     )
     print(json.dumps(result))
