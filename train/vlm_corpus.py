@@ -35,6 +35,8 @@ __all__ = [
     "image_bytes",
     "make_vlm_chat_tokenizer",
     "make_vlm_tokenizer",
+    "write_chat_shards",
+    "write_shards",
     "write_vlm_corpus",
 ]
 
@@ -200,6 +202,31 @@ def write_shards(docs: list, root: Path, per_shard: int = 100) -> list[Path]:
         with wds.TarWriter(str(tmp)) as sink:
             for d in range(s, min(s + per_shard, len(docs))):
                 sample = {"__key__": f"{d:06d}", "txt": docs[d]["text"]}
+                for i, im in enumerate(docs[d]["images"]):
+                    sample[f"{i}.{EXTENSIONS[im['format']]}"] = im["bytes"]
+                sink.write(sample)
+        os.replace(tmp, path)
+        shards.append(path)
+    return shards
+
+
+def write_chat_shards(docs: list, root: Path, per_shard: int = 100, wrapped: bool = False) -> list[Path]:
+    """webdataset shards of chat ``docs`` (:func:`chat_corpus_documents`) under ``root``: sample ``KEY`` holds
+    ``KEY.json`` (the ``messages`` list, or ``{"messages": [...]}`` when ``wrapped``) and ``KEY.<i>.<ext>`` per image,
+    numbered in the order of the conversation's image parts."""
+    import json
+
+    import webdataset as wds
+
+    root.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for s in range(0, len(docs), per_shard):
+        path = root / f"shard-{s // per_shard:05d}.tar"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with wds.TarWriter(str(tmp)) as sink:
+            for d in range(s, min(s + per_shard, len(docs))):
+                messages = docs[d]["messages"]
+                sample = {"__key__": f"{d:06d}", "json": json.dumps({"messages": messages} if wrapped else messages)}
                 for i, im in enumerate(docs[d]["images"]):
                     sample[f"{i}.{EXTENSIONS[im['format']]}"] = im["bytes"]
                 sink.write(sample)

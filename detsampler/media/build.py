@@ -123,7 +123,7 @@ def _check_chat(source: MediaSource, chat: ChatConfig | None, config: MediaBuild
     if column is None:
         raise ValueError(
             "chat= renders conversations, but this is a media source of text (dataset_source(..., messages_column=...)"
-            " reads conversations)"
+            " or webdataset_source(..., messages_extension='json') reads conversations)"
         )
     if chat.column != column:
         raise ValueError(
@@ -371,7 +371,8 @@ def build_media_index(
         config: placeholders, the bad-media policy, the pixel limit (:class:`MediaBuildConfig`).
         cache_dir: where index directories live (default: the library's cache).
         special_tokens: the BOS/EOS policy (default: no BOS, a virtual EOS).
-        chat: for a source of conversations (``dataset_source(..., messages_column=...)``): the loss policy and the
+        chat: for a source of conversations (``dataset_source(..., messages_column=...)``,
+            ``webdataset_source(..., messages_extension="json")``): the loss policy and the
             chat template (:class:`~detsampler.text.chat.ChatConfig`; default: the tokenizer's); the mask is stored
             beside the tokens (``loss_mask.npy``, 0 on every image token) and the policy and the template's sha256 join
             the cache key.

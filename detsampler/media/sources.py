@@ -11,6 +11,7 @@ index's cache key. No image is decoded here: the build reads each one's header o
 from __future__ import annotations
 
 import io
+import json
 import os
 import posixpath
 import tarfile
@@ -163,11 +164,9 @@ def _wds_key(member: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), ext
 
 
-def _shard_documents(path: str, text_extension: str) -> Iterator[Document]:
-    """The samples of one tar shard in member order: consecutive members sharing a key; images by extension
-    (``jpg``, ``0.png``, ...) in member order, the text from ``<key>.<text_extension>``. A shard in an object store
-    (``path`` a URL) is read whole, once, in one request; its images are recorded as byte ranges of the object."""
-    name = posixpath.basename(path)
+def _open_shard(path: str) -> tuple[str, list, Any]:
+    """A shard's name, its samples (consecutive members sharing a key: ``(key, [(extension, member), ...])``) and a
+    reader of its byte ranges. A shard in an object store (``path`` a URL) is read whole, once, in one request."""
     try:
         data = None
         if is_remote(path):
@@ -184,26 +183,125 @@ def _shard_documents(path: str, text_extension: str) -> Iterator[Document]:
         if not groups or groups[-1][0] != key:
             groups.append((key, []))
         groups[-1][1].append((ext, m))
-    for key, parts in groups:
-        texts = [m for ext, m in parts if ext == text_extension]
-        if len(texts) != 1:
+    return posixpath.basename(path), groups, read
+
+
+def _is_image(ext: str) -> bool:
+    return ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
+
+
+def _one_member(name: str, key: str, parts: list, extension: str, rule: str) -> tarfile.TarInfo:
+    """The sample's one member ``key.extension``; refused, naming shard and key, when it has none or several."""
+    found = [m for ext, m in parts if ext == extension]
+    if len(found) != 1:
+        raise ValueError(
+            f"{name}:{key}: {'no member' if not found else f'{len(found)} members'} {key}.{extension}; {rule}"
+            f" (its members: {', '.join(m.name for _, m in parts)})"
+        )
+    return found[0]
+
+
+def _numbered_images(name: str, key: str, parts: list) -> list[tarfile.TarInfo]:
+    """A chat sample's image members in the order of their parts: ``KEY.<ext>`` alone, or ``KEY.<number>.<ext>`` by
+    number (``KEY.2.jpg`` before ``KEY.10.png``, whatever the member order: webdataset's ``TarWriter`` writes a
+    sample's members sorted by name)."""
+    plain, numbered = [], {}
+    for ext, m in parts:
+        if not _is_image(ext):
+            continue
+        number = ext.rpartition(".")[0]
+        if not number:
+            plain.append(m)
+        elif not (number.isascii() and number.isdigit()):
             raise ValueError(
-                f"{name}:{key}: {len(texts)} members {key}.{text_extension}; a sample has one text (its members:"
-                f" {', '.join(m.name for _, m in parts)})"
+                f"{name}:{key}: image {m.name} is not KEY.<ext> or KEY.<number>.<ext>; the number gives its place among"
+                " the conversation's image parts"
             )
-        text = read(texts[0].offset_data, texts[0].size)
-        images = [
-            ImageRef(f"{name}:{m.name}", read(m.offset_data, m.size), path, m.offset_data)
-            for ext, m in parts if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
-        ]  # fmt: skip
+        elif int(number) in numbered:
+            raise ValueError(
+                f"{name}:{key}: images {numbered[int(number)].name} and {m.name} are both number {int(number)}; each"
+                " image of a chat sample needs its own number (KEY.0.jpg, KEY.1.png, ...)"
+            )
+        else:
+            numbered[int(number)] = m
+    if plain and (numbered or len(plain) > 1):
+        others = [m.name for m in [*plain[:-1], *numbered.values()]]
+        raise ValueError(
+            f"{name}:{key}: image {plain[-1].name} has no number beside {'numbered images' if numbered else 'another'}"
+            f" ({', '.join(others)}); a chat sample's images are one KEY.<ext>, or KEY.0.<ext>, KEY.1.<ext>, ... in"
+            " the order of its image parts"
+        )
+    return plain or [numbered[n] for n in sorted(numbered)]
+
+
+def _conversation(where: str, data: bytes, extension: str) -> list:
+    """The messages of a chat sample's ``KEY.<extension>`` member: a JSON list, or an object whose ``messages`` is
+    one."""
+    allowed = f'a chat sample\'s KEY.{extension} holds its messages list or {{"messages": [...]}}'
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not UTF-8; {allowed}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc}); {allowed}") from None
+    if isinstance(value, dict) and "messages" in value:
+        if isinstance(value["messages"], list):
+            return value["messages"]
+        got = f'{{"messages": {type(value["messages"]).__name__} {json.dumps(value["messages"])[:60]}}}'
+    elif isinstance(value, dict):
+        got = f"an object without 'messages' (its keys: {', '.join(map(repr, list(value)[:8]))})"
+    elif isinstance(value, list):
+        return value
+    else:
+        got = f"{type(value).__name__} {json.dumps(value)[:60]}"
+    raise ValueError(f'{where}: holds {got}, not a messages list or {{"messages": [...]}}')
+
+
+def _shard_documents(
+    path: str, text_extension: str | None, messages_extension: str | None = None
+) -> Iterator[Document]:
+    """The samples of one tar shard in member order. Text: ``<key>.<text_extension>`` and the images by extension
+    (``jpg``, ``0.png``, ...) in member order. Chat (``messages_extension`` set): the conversation from
+    ``<key>.<messages_extension>`` (:func:`_conversation`) and the images in the order of their numbers
+    (:func:`_numbered_images`). Images are recorded as byte ranges of the shard (of the object, for a URL)."""
+    name, groups, read = _open_shard(path)
+    for key, parts in groups:
+        if messages_extension is None:
+            member = _one_member(name, key, parts, str(text_extension), "a sample has one text")
+            images = [m for ext, m in parts if _is_image(ext)]
+        else:
+            member = _one_member(name, key, parts, messages_extension, "a chat sample holds its conversation there")
+            images = _numbered_images(name, key, parts)
+        data = read(member.offset_data, member.size)
+        refs = [ImageRef(f"{name}:{m.name}", read(m.offset_data, m.size), path, m.offset_data) for m in images]
+        if messages_extension is not None:
+            yield Document(f"{name}:{key}", "", refs, _conversation(f"{name}:{member.name}", data, messages_extension))
+            continue
         try:
-            decoded = text.decode("utf-8")
+            decoded = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ValueError(f"{name}:{texts[0].name}: the text is not UTF-8") from None
-        yield Document(f"{name}:{key}", decoded, images)
+            raise ValueError(f"{name}:{member.name}: the text is not UTF-8") from None
+        yield Document(f"{name}:{key}", decoded, refs)
 
 
-def _remote_shards(urls: list[str], text_extension: str) -> MediaSource:
+def _wds_fields(text_extension: str, messages_extension: str | None) -> dict:
+    """What a webdataset source's identity holds of its members: the text's extension, or the conversation's."""
+    if messages_extension is None:
+        return {"text": text_extension}
+    if (
+        not isinstance(messages_extension, str)
+        or not messages_extension
+        or messages_extension.startswith(".")
+        or _is_image(messages_extension)
+    ):
+        raise ValueError(
+            f"messages_extension must be the extension of a chat sample's conversation member, such as 'json' (no dot,"
+            f" not an image's), got {messages_extension!r}"
+        )
+    return {"text": None, "messages": messages_extension}
+
+
+def _remote_shards(urls: list[str], fields: dict) -> MediaSource:
     """The webdataset shards at ``urls`` in an object store (one prefix). Identity: each shard's name, size and ETag
     (the store's content stamp: it changes whenever the object is written); a shard without an ETag is refused."""
     roots = {posixpath.dirname(u) for u in urls}
@@ -215,34 +313,48 @@ def _remote_shards(urls: list[str], text_extension: str) -> MediaSource:
         if etag in ("", "None"):
             raise ValueError(f"webdataset shard {url!r}: the store gives it no ETag, so nothing names its content")
         stamps.append([posixpath.basename(url), size, etag])
-    identity = {"kind": "webdataset", "objects": stamps, "text": text_extension}
+    identity = {"kind": "webdataset", "objects": stamps, **fields}
 
     def documents() -> Iterator[Document]:
         for url in urls:
-            yield from _shard_documents(url, text_extension)
+            yield from _shard_documents(url, fields["text"], fields.get("messages"))
 
     describe = {**identity, "root": roots.pop(), "num_bytes": sum(s[1] for s in stamps)}
-    return MediaSource("webdataset", identity, describe, documents)
+    return MediaSource("webdataset", identity, describe, documents, _messages_column(fields.get("messages")))
+
+
+def _messages_column(messages_extension: str | None) -> str | None:
+    return None if messages_extension is None else "messages"
 
 
 def webdataset_source(
-    shards: Sequence[str | os.PathLike], text_extension: str = "txt", cache_dir: str | os.PathLike | None = None
+    shards: Sequence[str | os.PathLike],
+    text_extension: str = "txt",
+    cache_dir: str | os.PathLike | None = None,
+    messages_extension: str | None = None,
 ) -> MediaSource:
     """The samples of webdataset tar ``shards`` (in the given order: local files, or objects in a bucket, ``s3://``,
     ``gs://``, ...): each sample's members share a key (``000042.txt``, ``000042.jpg`` or ``000042.0.png``,
     ``000042.1.webp``, ...); its images are byte ranges of the shard, never copied, read by ranged requests when the
     shard is an object. Identity: local shards' content fingerprint (hashed once, then cached by file stat); objects'
-    names, sizes and ETags."""
+    names, sizes and ETags.
+
+    Chat data: ``messages_extension`` (e.g. ``"json"``) names the member holding each sample's conversation, a JSON
+    list of messages or an object ``{"messages": [...]}`` (other keys ignored), whose contents hold ``{"type":
+    "image"}`` parts; the sample's images are ``KEY.<ext>`` (one image) or ``KEY.0.<ext>``, ``KEY.1.<ext>``, ... in
+    the order of their numbers, the order of the parts; ``text_extension`` is not read. The source's messages column
+    is ``"messages"`` (``ChatConfig``'s default column); build it with ``chat=ChatConfig(...)``."""
     from detsampler.index.format import default_cache_dir
     from detsampler.text.fingerprint import content_fingerprint
 
     if not shards:
         raise ValueError("webdataset_source needs at least one shard")
+    fields = _wds_fields(text_extension, messages_extension)
     remote = [is_remote(str(s)) for s in shards]
     if any(remote):
         if not all(remote):
             raise ValueError("webdataset shards must be all local files or all objects in a store, not a mix")
-        return _remote_shards([str(s) for s in shards], text_extension)
+        return _remote_shards([str(s) for s in shards], fields)
     paths = [Path(s).resolve() for s in shards]
     if not paths:
         raise ValueError("webdataset_source needs at least one shard")
@@ -254,11 +366,11 @@ def webdataset_source(
         raise ValueError(f"webdataset shards must be in one directory, got {len(roots)}: {sorted(map(str, roots))}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     fp = content_fingerprint(paths[0].parent, paths, "webdataset", cache)
-    identity = {"kind": "webdataset", "content": fp.digest, "shards": [p.name for p in paths], "text": text_extension}
+    identity = {"kind": "webdataset", "content": fp.digest, "shards": [p.name for p in paths], **fields}
 
     def documents() -> Iterator[Document]:
-        for p in paths:
-            yield from _shard_documents(str(p), text_extension)  # resolved: the path each image record names
+        for p in paths:  # resolved: the path each image record names
+            yield from _shard_documents(str(p), text_extension, messages_extension)
 
     describe = {**identity, "root": str(paths[0].parent), "num_bytes": fp.num_bytes}
-    return MediaSource("webdataset", identity, describe, documents)
+    return MediaSource("webdataset", identity, describe, documents, _messages_column(messages_extension))
