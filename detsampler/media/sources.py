@@ -22,10 +22,22 @@ from typing import Any
 
 from detsampler.storage import is_remote, store_for
 
-__all__ = ["IMAGE_EXTENSIONS", "Document", "ImageRef", "MediaSource", "dataset_source", "webdataset_source"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "IMAGE_ORDER_VERSION",
+    "Document",
+    "ImageRef",
+    "MediaSource",
+    "dataset_source",
+    "webdataset_source",
+]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 _BATCH_ROWS = 256
+# The rule ordering a webdataset sample's images (:func:`_numbered_images`), in every webdataset source's identity so
+# an index built under another rule is never taken from the cache: 1 is KEY.<ext> alone or KEY.<number>.<ext> by
+# number (before it, a text sample's images were in member order: KEY.10.png before KEY.2.jpg). Tick it when it changes.
+IMAGE_ORDER_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -201,10 +213,15 @@ def _one_member(name: str, key: str, parts: list, extension: str, rule: str) -> 
     return found[0]
 
 
-def _numbered_images(name: str, key: str, parts: list) -> list[tarfile.TarInfo]:
-    """A chat sample's image members in the order of their parts: ``KEY.<ext>`` alone, or ``KEY.<number>.<ext>`` by
-    number (``KEY.2.jpg`` before ``KEY.10.png``, whatever the member order: webdataset's ``TarWriter`` writes a
-    sample's members sorted by name)."""
+def _numbered_images(name: str, key: str, parts: list, chat: bool) -> list[tarfile.TarInfo]:
+    """A sample's image members in the order of its image parts (chat) or placeholders (text): ``KEY.<ext>`` alone,
+    or ``KEY.<number>.<ext>`` by number (``KEY.2.jpg`` before ``KEY.10.png``, whatever the member order: webdataset's
+    ``TarWriter`` writes a sample's members sorted by name). The rule's version is :data:`IMAGE_ORDER_VERSION`; an
+    image numbered twice, an unnumbered one beside others or a named one (``KEY.left.jpg``) is refused naming shard and
+    key."""
+    sample, whose, places = (
+        ("chat sample", "the conversation's", "image parts") if chat else ("sample", "the text's", "image placeholders")
+    )
     plain, numbered = [], {}
     for ext, m in parts:
         if not _is_image(ext):
@@ -215,12 +232,12 @@ def _numbered_images(name: str, key: str, parts: list) -> list[tarfile.TarInfo]:
         elif not (number.isascii() and number.isdigit()):
             raise ValueError(
                 f"{name}:{key}: image {m.name} is not KEY.<ext> or KEY.<number>.<ext>; the number gives its place among"
-                " the conversation's image parts"
+                f" {whose} {places}"
             )
         elif int(number) in numbered:
             raise ValueError(
                 f"{name}:{key}: images {numbered[int(number)].name} and {m.name} are both number {int(number)}; each"
-                " image of a chat sample needs its own number (KEY.0.jpg, KEY.1.png, ...)"
+                f" image of a {sample} needs its own number (KEY.0.jpg, KEY.1.png, ...)"
             )
         else:
             numbered[int(number)] = m
@@ -228,8 +245,8 @@ def _numbered_images(name: str, key: str, parts: list) -> list[tarfile.TarInfo]:
         others = [m.name for m in [*plain[:-1], *numbered.values()]]
         raise ValueError(
             f"{name}:{key}: image {plain[-1].name} has no number beside {'numbered images' if numbered else 'another'}"
-            f" ({', '.join(others)}); a chat sample's images are one KEY.<ext>, or KEY.0.<ext>, KEY.1.<ext>, ... in"
-            " the order of its image parts"
+            f" ({', '.join(others)}); a {sample}'s images are one KEY.<ext>, or KEY.0.<ext>, KEY.1.<ext>, ... in"
+            f" the order of its {places}"
         )
     return plain or [numbered[n] for n in sorted(numbered)]
 
@@ -260,18 +277,17 @@ def _conversation(where: str, data: bytes, extension: str) -> list:
 def _shard_documents(
     path: str, text_extension: str | None, messages_extension: str | None = None
 ) -> Iterator[Document]:
-    """The samples of one tar shard in member order. Text: ``<key>.<text_extension>`` and the images by extension
-    (``jpg``, ``0.png``, ...) in member order. Chat (``messages_extension`` set): the conversation from
-    ``<key>.<messages_extension>`` (:func:`_conversation`) and the images in the order of their numbers
-    (:func:`_numbered_images`). Images are recorded as byte ranges of the shard (of the object, for a URL)."""
+    """The samples of one tar shard in member order: the text of ``<key>.<text_extension>``, or (``messages_extension``
+    set) the conversation of ``<key>.<messages_extension>`` (:func:`_conversation`); for both, the images in the order
+    of their numbers (:func:`_numbered_images`), never member order. Images are recorded as byte ranges of the shard
+    (of the object, for a URL)."""
     name, groups, read = _open_shard(path)
     for key, parts in groups:
         if messages_extension is None:
             member = _one_member(name, key, parts, str(text_extension), "a sample has one text")
-            images = [m for ext, m in parts if _is_image(ext)]
         else:
             member = _one_member(name, key, parts, messages_extension, "a chat sample holds its conversation there")
-            images = _numbered_images(name, key, parts)
+        images = _numbered_images(name, key, parts, chat=messages_extension is not None)
         data = read(member.offset_data, member.size)
         refs = [ImageRef(f"{name}:{m.name}", read(m.offset_data, m.size), path, m.offset_data) for m in images]
         if messages_extension is not None:
@@ -285,9 +301,10 @@ def _shard_documents(
 
 
 def _wds_fields(text_extension: str, messages_extension: str | None) -> dict:
-    """What a webdataset source's identity holds of its members: the text's extension, or the conversation's."""
+    """What a webdataset source's identity holds of its members: the text's extension, or the conversation's, and the
+    version of the rule ordering a sample's images (:data:`IMAGE_ORDER_VERSION`)."""
     if messages_extension is None:
-        return {"text": text_extension}
+        return {"text": text_extension, "image_order": IMAGE_ORDER_VERSION}
     if (
         not isinstance(messages_extension, str)
         or not messages_extension
@@ -298,7 +315,7 @@ def _wds_fields(text_extension: str, messages_extension: str | None) -> dict:
             f"messages_extension must be the extension of a chat sample's conversation member, such as 'json' (no dot,"
             f" not an image's), got {messages_extension!r}"
         )
-    return {"text": None, "messages": messages_extension}
+    return {"text": None, "messages": messages_extension, "image_order": IMAGE_ORDER_VERSION}
 
 
 def _remote_shards(urls: list[str], fields: dict) -> MediaSource:
@@ -336,8 +353,9 @@ def webdataset_source(
     """The samples of webdataset tar ``shards`` (in the given order: local files, or objects in a bucket, ``s3://``,
     ``gs://``, ...): each sample's members share a key (``000042.txt``, ``000042.jpg`` or ``000042.0.png``,
     ``000042.1.webp``, ...); its images are byte ranges of the shard, never copied, read by ranged requests when the
-    shard is an object. Identity: local shards' content fingerprint (hashed once, then cached by file stat); objects'
-    names, sizes and ETags.
+    shard is an object, in the order of their numbers (the placeholders' order; never member order), the rule whose
+    version :data:`IMAGE_ORDER_VERSION` joins the identity. Identity: local shards' content fingerprint (hashed once,
+    then cached by file stat); objects' names, sizes and ETags.
 
     Chat data: ``messages_extension`` (e.g. ``"json"``) names the member holding each sample's conversation, a JSON
     list of messages or an object ``{"messages": [...]}`` (other keys ignored), whose contents hold ``{"type":
