@@ -537,9 +537,10 @@ def test_build_with_a_bucket_as_cache_dir_builds_once_and_reads_from_the_bucket(
     args = ["--max-documents", "16", "--tokenizer", str(small_tokenizer.path), "--cache-dir", cache]
     layout = ["--layout", "--kind", "document", "--seq-len", "64"]
     assert main(["build", *args, *layout, "--json"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"layout   {cache}/index-")  # the URL, not a local path
-    built = json.loads(out[out.index("{") :])
+    captured = capsys.readouterr()
+    assert f"layout   {cache}/index-" in captured.err  # the URL, not a local path; stdout holds only the JSON
+    built = json.loads(captured.out)
+    assert built["layout"]["path"].startswith(f"{built['path']}/layouts/")
     url = built["path"]
     assert url.startswith(f"{cache}/index-") and store_for(url).exists(f"{url}/meta.json")
     assert store_for(url).list(f"{url}/layouts")  # the layout was built on the staged copy and pushed
