@@ -8,7 +8,9 @@ the same ``p`` tokens (a ``p``-periodic run of at least ``max_count * p`` tokens
 
 The one deliberate difference: padding (positions marked invalid, ``document_ids == -1`` in a packed sample) never
 repeats, as if each padding position held a token of its own; OLMo-core's fixed-length instances have no padding, and a
-padded ``document``/``bestfit`` sample would otherwise be flagged for its run of ``pad_id``.
+padded ``document``/``bestfit`` sample would otherwise be flagged for its run of ``pad_id``. The read path marks an
+erased document's positions (:mod:`detsampler.index.erase`: its tokens overwritten with ``pad_id``) invalid the same
+way, so that an erasure never flags the other documents of its samples.
 
 Nothing here changes which samples a step reads: a flagged sample is still read, its loss is masked
 (:class:`detsampler.loader.dataset.PackedDataset` sets its labels to -100). Pure in the tokens, the flag of a sample id

@@ -262,7 +262,7 @@ def test_the_audit_still_counts_what_each_read_trained_once_the_bytes_are_gone(c
         from detsampler.filter import RepetitionFilter
 
         filtered = PackedDataset(index, dataset.layout, instance_filter=RepetitionFilter())
-        assert trained_labels(filtered, reads[docs[0]], docs[0]) is None  # its flags read the erased tokens
+        assert trained_labels(filtered, reads[docs[0]], docs[0]) is None  # earlier flags read the erased tokens
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])

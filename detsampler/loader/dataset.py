@@ -55,7 +55,7 @@ from detsampler.index.format import TokenIndexError, token_dtype
 from detsampler.index.protocol import Index
 from detsampler.index.tokenize import check_texts
 from detsampler.layout import Layout, LayoutConfig, make_layout
-from detsampler.loader.erased import mask_erased
+from detsampler.loader.erased import erased_positions, mask_erased
 from detsampler.loader.prefetch import PrefetchConfig, Prefetcher, PrefetchStats, make_prefetcher, target_of
 from detsampler.loader.token_cache import TokenCache
 from detsampler.plan import Plan
@@ -169,6 +169,8 @@ class PackedDataset(Dataset):
         self._eos_stored = bool(getattr(index, "eos_stored", False))
         self._texts = None
         self._chat = getattr(index, "chat", None)
+        # NOTE: an index's erasures are read with its meta.json when it is opened: fixed for this dataset's life
+        self._erased = np.asarray(getattr(index, "erased_documents", ()), dtype=np.int64)
         self.prefetch, self.plan = prefetch, plan
         self._prefetcher: tuple[int, Prefetcher | None] | None = None  # (pid, its prefetcher): made in each process
         if dataset is not None:
@@ -367,7 +369,8 @@ class PackedDataset(Dataset):
         if mask_grid is not None:
             out["loss_mask"] = torch.from_numpy(mask_grid[:, 1:] != 0)
         if self.instance_filter is not None:
-            out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1]))
+            valid = self._not_erased(spans, sample_len - 1)
+            out["instance_mask"] = torch.from_numpy(~self.instance_filter.flags(tokens.numpy()[:, :-1], valid))
         return self._without_erased(out, spans)
 
     def _fields_batch(self, source: tuple, masking: dict) -> dict[str, torch.Tensor]:
@@ -399,7 +402,8 @@ class PackedDataset(Dataset):
             # padding is each sample's tail (after its last span): the positions before it are its spans' tokens
             lengths = None if self.layout.labels_cross_documents else spans.num_tokens
             inputs = fields[FIELDS.index("input_ids")]
-            flagged = self.instance_filter.flags(inputs, valid=_not_images(self.index, inputs), lengths=lengths)
+            valid = _not_images(self.index, inputs, self._not_erased(spans, self.seq_len))
+            flagged = self.instance_filter.flags(inputs, valid=valid, lengths=lengths)
             if flagged.any():
                 labels[flagged] = IGNORE_INDEX
             if self.instance_mask:
@@ -408,12 +412,18 @@ class PackedDataset(Dataset):
             batch["loss_mask"] = torch.from_numpy(labels != IGNORE_INDEX)
         return self._without_erased(batch, spans)
 
+    def _not_erased(self, spans: Any, width: int) -> np.ndarray | None:
+        """Where the instance filter may compare tokens, padding aside: every position of the ``width`` first of each
+        sample but the erased documents' (their pad ids equal nothing, as padding's do: an erasure never steers the
+        verdict); None, at no cost, when no span of the batch is an erased document's."""
+        grid = erased_positions(spans, self._erased, width)
+        return None if grid is None else ~grid
+
     def _without_erased(self, batch: dict[str, torch.Tensor], spans: Any) -> dict[str, torch.Tensor]:
         """The labels of the index's erased documents masked (:mod:`detsampler.loader.erased`)."""
-        erased = getattr(self.index, "erased_documents", None)
-        if erased is None or not len(erased):
+        if not len(self._erased):
             return batch
-        return mask_erased(batch, spans, erased, self.layout.labels_cross_documents, self.layout.sample_len)
+        return mask_erased(batch, spans, self._erased, self.layout.labels_cross_documents, self.layout.sample_len)
 
 
 class _BlockPool:
@@ -545,7 +555,10 @@ def instance_filter_counts(
     out.update(loss_tokens=0, flagged_loss_tokens=0)
     for step in steps:
         batch = dataset.get_batch(plan.global_batch(step))
-        valid = None if layout.labels_cross_documents else batch["document_ids"].numpy() >= 0
+        docs = batch["document_ids"].numpy()
+        valid = None if layout.labels_cross_documents else docs >= 0
+        if len(dataset._erased):  # the erased documents' pad ids equal nothing, as in the read path
+            valid = ~np.isin(docs, dataset._erased) if valid is None else valid & ~np.isin(docs, dataset._erased)
         inputs = batch["input_ids"].numpy()
         flagged = instance_filter.flags(inputs, _not_images(index, inputs, valid))
         loss = (batch["labels"].numpy() != -100).sum(axis=1)

@@ -7,6 +7,11 @@ of them is -100, and so is every label whose target (the next position's token) 
 position before an erased document (its predecessor's end, which predicts the erased document's first token), the
 sample's last position included. Nothing else in the batch changes. ``output="tokens"`` has no labels: its ``loss_mask``
 (added when absent) is False at the same targets.
+
+The instance filter (:mod:`detsampler.filter`) reads the sample's input tokens, the erased documents' pad ids among
+them: :func:`erased_positions` marks where they are, and the read path passes those positions to the filter as
+invalid (they equal nothing, as padding does), so that a run of 32 pad ids flags no sample and the verdict never
+depends on the erased positions.
 """
 
 from __future__ import annotations
@@ -14,18 +19,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from detsampler.ranges import concat_ranges
 from detsampler.spans import Spans
 
-__all__ = ["mask_erased"]
+__all__ = ["erased_positions", "mask_erased"]
 
 
-def _document_grid(spans: Spans, sample_len: int) -> np.ndarray:
-    """The document of every position of each sample (``[B, sample_len]``; -1 where no span is: padding)."""
-    grid = np.full((len(spans), sample_len), -1, dtype=np.int64)
-    for i in range(len(spans)):  # NOTE: a handful of spans per sample; tokens output is concat's, spans end to end
-        lo, hi = int(spans.offsets[i]), int(spans.offsets[i + 1])
-        docs = np.repeat(spans.doc_ids[lo:hi], spans.stops[lo:hi] - spans.starts[lo:hi])[:sample_len]
-        grid[i, : len(docs)] = docs
+def erased_positions(spans: Spans, erased: np.ndarray, width: int) -> np.ndarray | None:
+    """Bool ``[len(spans), width]``: True at the positions of each sample (its first ``width``, a sample's spans laid
+    end to end from position 0) that belong to one of the ``erased`` documents; None when no span of the batch is one
+    of theirs (the common case, decided on the spans alone). Vectorized over the erased spans: no loop per sample."""
+    if not len(erased) or not spans.doc_ids.size:
+        return None
+    hit = np.isin(spans.doc_ids, erased)
+    if not hit.any():
+        return None
+    length = spans.stops - spans.starts
+    per_sample = np.diff(spans.offsets)
+    cum = np.zeros(length.size + 1, dtype=np.int64)
+    np.cumsum(length, out=cum[1:])
+    begin = cum[:-1] - np.repeat(cum[spans.offsets[:-1]], per_sample)  # each span's first column in its sample
+    row = np.repeat(np.arange(len(spans), dtype=np.int64), per_sample)
+    first, stop = np.minimum(begin[hit], width), np.minimum(begin[hit] + length[hit], width)
+    columns, _ = concat_ranges(first, stop - first)
+    grid = np.zeros((len(spans), width), dtype=bool)
+    grid[np.repeat(row[hit], stop - first), columns] = True
     return grid
 
 
@@ -37,8 +55,11 @@ def mask_erased(
     if not len(erased):
         return batch
     if "tokens" in batch:
-        grid = _document_grid(spans, sample_len)
-        keep = torch.from_numpy(~(np.isin(grid[:, :-1], erased) | np.isin(grid[:, 1:], erased)))
+        grid = erased_positions(spans, erased, sample_len)
+        if grid is None:
+            keep = torch.ones((len(spans), sample_len - 1), dtype=torch.bool)
+        else:
+            keep = torch.from_numpy(~(grid[:, :-1] | grid[:, 1:]))
         batch["loss_mask"] = batch["loss_mask"] & keep if "loss_mask" in batch else keep
         return batch
     docs = batch["document_ids"].numpy()

@@ -189,7 +189,8 @@ def _trained_when_stored(dataset: Any, reads: Sequence[Any], doc: int) -> int | 
     read trains the target ``t + 1`` when it lies in the read's span and is a trained target (plain text: every token
     and the EOS; chat data: the recorded ``trained_runs``, and the EOS under policies ``all``/``completion``), and, at
     the span's end, only under ``concat`` over plain text (the label crosses into the next document). None under an
-    instance filter: its flags read the sample's tokens, which are erased."""
+    instance filter: whether a read's sample was flagged before the erasure depended on the document's tokens, which
+    are gone (the filter leaves the erased positions out now, so the verdict after it may differ)."""
     index, layout = dataset.index, dataset.layout
     if dataset.instance_filter is not None:
         return None
