@@ -131,6 +131,7 @@ class FaultProxy:
         self.endpoint, self.upstream = endpoint, upstream
         self.seen: list[tuple[str, str, str]] = []
         self.answered: list[tuple[str, str, str, int]] = []
+        self.arrivals: list[tuple[float, int, str, str, str]] = []
         self.in_flight = self.peak_in_flight = 0
         self._armed: list[list] = []  # [fault, path_part, times left]
         self._lock = threading.Lock()
@@ -164,8 +165,10 @@ class FaultProxy:
             self.seen.append((method, path, fault))
             return fault
 
-    def arrive(self, delta: int) -> None:
+    def arrive(self, delta: int, request: tuple[int, str, str, str] | None = None) -> None:
         with self._lock:
+            if request is not None:
+                self.arrivals.append((time.perf_counter(), *request))
             self.in_flight += delta
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
@@ -199,7 +202,7 @@ def fault_proxy(upstream: str, drop_headers: tuple[str, ...] = (), hold_s: float
             pass
 
         def _forward(self) -> None:
-            proxy.arrive(1)
+            proxy.arrive(1, (self.client_address[1], self.command, self.path, self.headers.get("Range") or ""))
             try:
                 if hold_s:
                     time.sleep(hold_s)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from detsampler.index import TokenIndex
+from detsampler.index.format import ChecksumError
 from detsampler.index.push import push_index
 from detsampler.index.sources import open_source
 from detsampler.layout import LayoutConfig
@@ -223,3 +224,128 @@ def test_prefetch_over_a_lengths_only_index_in_a_bucket_says_it_fetches_nothing(
         " prefetch does nothing here"
     ]
     assert dataset.prefetch_stats() is None
+
+
+# -- a fresh process's first batch (issue 37): what its DataLoader worker fetches again, and the serial round trips
+
+
+def _remote_dataset(local, url: str, config: LayoutConfig):
+    """``local`` (an index with ``config``'s layout persisted) pushed to ``url`` and opened from there: the dataset
+    with prefetch and its plan, as a training process builds them."""
+    from detsampler.index.sharded import ShardedIndex
+
+    opener = ShardedIndex.open if isinstance(local, ShardedIndex) else TokenIndex.open
+    remote = opener(url)
+    layout = remote.layout(config)
+    plan = Plan(layout.num_samples, global_batch_size=4, micro_batch_size=4)
+    return PackedDataset(remote, layout, prefetch=PrefetchConfig(), plan=plan), plan
+
+
+def _worker_copy(dataset):
+    """What a forkserver or spawned DataLoader worker gets: the dataset pickled and unpickled."""
+    import pickle
+
+    return pickle.loads(pickle.dumps(dataset))
+
+
+def _same_batch(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
+
+
+@pytest.fixture
+def remote_small(small_index, s3_bucket, tmp_path, monkeypatch):
+    """``small_index`` with its concat layout of 64, pushed to the bucket: (local index, its URL, the config)."""
+    from tests.index_copies import copy_with_layouts
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    config = LayoutConfig(kind="concat", seq_len=64)
+    local = copy_with_layouts(small_index, tmp_path / "copy", [config])
+    url = f"{s3_bucket}/first-batch/{tmp_path.name}/{local.path.name}"
+    push_index(local.path, url)
+    return local, url, config
+
+
+def test_a_worker_of_an_index_in_a_bucket_fetches_nothing_again_and_the_open_asks_each_object_once_together(
+    remote_small, s3_endpoint, monkeypatch
+):
+    # before: the worker reopened the index and its layout from their URLs, the 14 requests of the main process's
+    # open again (meta.json; each array's first block, then its checksums; a HEAD and a GET of layout.json, the
+    # layout's arrays, then their checksums, then the fence): 8 round trips in series in each process, 16 before the
+    # worker's first token block (now 4, in the main process alone); a changed object is still refused (the test
+    # below)
+    local, url, config = remote_small
+    want = PackedDataset(local, local.layout(config))
+    with fault_proxy(s3_endpoint, hold_s=0.2) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        dataset, plan = _remote_dataset(local, url, config)
+        opened = [(m, p.split("?")[0].rsplit("/", 1)[-1]) for m, p, _ in proxy.seen]
+        worker = _worker_copy(dataset)
+        handed = len(proxy.seen)
+        batch = worker.get_batch(plan.micro_batch(0, 0, 0))
+        read = [(m, p.split("?")[0].rsplit("/", 1)[-1]) for m, p, _ in proxy.seen[handed:]]
+    assert handed == len(opened)  # the worker's open: no request at all
+    assert sorted(opened) == sorted(
+        [("GET", "meta.json"), ("GET", "layout.json")]
+        + [("GET", f) for a in ("lengths", "offsets", "tokens", "ends", "order") for f in (f"{a}.npy", f"{a}.sums.npy")]
+        + [("GET", "ends.fence.npy")]
+    )  # 13 requests, each object once, no HEAD
+    assert read == []  # nothing at all: each array's block 0 (here the whole of each file) was handed over
+    assert _same_batch(batch, want.get_batch(plan.micro_batch(0, 0, 0)))
+    assert proxy.peak_in_flight >= 6  # each array's first block and its checksums at once (before: 3)
+
+
+def test_a_handed_over_index_still_refuses_an_object_changed_after_the_open(
+    small_tokenizer, s3_bucket, tmp_path, monkeypatch
+):
+    # the worker reads with the checksums the main process opened with: a token file replaced in between is refused
+    # when a block of it is fetched (block 0, handed over from the main process, holds the bytes the index was opened
+    # with, checked again as the worker takes it)
+    from detsampler.index.build import build_index
+    from detsampler.text.corpus import default_corpus
+    from tests.index_copies import copy_with_layouts
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    built = build_index(default_corpus(max_documents=48), small_tokenizer, cache_dir=tmp_path / "built", progress=False)
+    config = LayoutConfig(kind="concat", seq_len=64)
+    local = copy_with_layouts(built, tmp_path / "copy", [config])
+    assert (local.path / "tokens.npy").stat().st_size > 1 << 20  # more than block 0
+    url = f"{s3_bucket}/first-batch-changed/{tmp_path.name}/{local.path.name}"
+    push_index(local.path, url)
+    remote = TokenIndex.open(url)
+    dataset = PackedDataset(remote, remote.layout(config))
+    every = list(range(remote.layout(config).num_samples))  # they read every block
+    tokens = np.load(local.path / "tokens.npy")
+    changed = tmp_path / "tokens.npy"
+    np.save(changed, (tokens.astype(np.int64) + 1).astype(tokens.dtype))  # same size, other bytes
+    store_for(url).put(f"{url}/tokens.npy", changed)
+    worker = _worker_copy(dataset)
+    assert _same_batch(worker.get_batch([0]), PackedDataset(local, local.layout(config)).get_batch([0]))
+    with pytest.raises(ChecksumError, match=r"tokens\.npy chunk \d+ \(bytes .*\) fails its checksum on both of two"):
+        worker.get_batch(every)
+
+
+def test_a_worker_of_a_sharded_index_in_a_bucket_fetches_nothing_again(
+    small_corpus, small_tokenizer, s3_bucket, s3_endpoint, tmp_path, monkeypatch
+):
+    # before: the worker reopened the manifest, every shard and the layout: the main process's 37 requests again
+    from detsampler.index.push import push
+    from tests.test_sharded_push import _sharded
+
+    monkeypatch.setenv("DETSAMPLER_CACHE", str(tmp_path / "cache"))
+    local = _sharded(tmp_path, "s", list(small_corpus["text"]), small_tokenizer)
+    config = LayoutConfig(kind="concat", seq_len=64)
+    local.layout(config)
+    url = f"{s3_bucket}/first-batch-sharded/{tmp_path.name}/{local.path.name}"
+    push(local.path, url)
+    want = PackedDataset(local, local.layout(config))
+    with fault_proxy(s3_endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        dataset, plan = _remote_dataset(local, url, config)
+        opened = len(proxy.seen)
+        worker = _worker_copy(dataset)
+        handed = len(proxy.seen)
+        batch = worker.get_batch(plan.micro_batch(0, 0, 0))
+        read = proxy.seen[handed:]
+    assert handed == opened
+    assert read == []  # each array's block 0 (here the whole of each file) was handed over
+    assert _same_batch(batch, want.get_batch(plan.micro_batch(0, 0, 0)))

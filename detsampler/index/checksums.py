@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from detsampler.index.format import CHUNK_BYTES, ChecksumError, TokenIndexError
-from detsampler.index.remote import first_block, open_remote, read_in_full, reblocked
+from detsampler.index.remote import first_block, handed_over, handover, open_remote, read_in_full, reblocked
 from detsampler.ranges import concat_ranges
 from detsampler.storage import BlockCache, RemoteArray, RemotePath
 
@@ -75,15 +75,20 @@ def write_fence(directory: Path, name: str) -> dict:
     return {"file": fence_path.name, "size": fence_path.stat().st_size, "sha256": sha256_file(fence_path)}
 
 
-def _load_small(path: Path, record: dict, what: str, role: str = "") -> np.ndarray:
-    """A small ``.npy`` file read whole and checked against its record (size, sha256); ``role`` names it in the error
-    when it cannot be read (e.g. ``"its checksums "``)."""
-    import io
-
+def _read_small(path: Path | RemotePath, what: str, role: str = "") -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise TokenIndexError(f"{what}: cannot read {role}{path.name} ({exc.strerror})") from None
+
+
+def _load_small(path: Path, record: dict, what: str, role: str = "", raw: bytes | None = None) -> np.ndarray:
+    """A small ``.npy`` file read whole (``raw``: its bytes, read already) and checked against its record (size,
+    sha256); ``role`` names it in the error when it cannot be read (e.g. ``"its checksums "``)."""
+    import io
+
+    if raw is None:
+        raw = _read_small(path, what, role)
     if len(raw) != record.get("size") or hashlib.sha256(raw).hexdigest() != record.get("sha256"):
         raise TokenIndexError(
             f"{what}: {path.name} differs from the one recorded (size or sha256): the file was edited"
@@ -114,7 +119,11 @@ def write_checksums(directory: Path, name: str) -> dict:
 
 def load_sums(path: Path, record: dict, data_size: int, what: str) -> np.ndarray:
     """The chunk sums at ``path``, checked against ``record`` (``size``, ``sha256``) and the data file's size."""
-    sums = _load_small(path, record, what, role="its checksums ")
+    return _checked_sums(path, None, record, data_size, what)
+
+
+def _checked_sums(path: Path, raw: bytes | None, record: dict, data_size: int, what: str) -> np.ndarray:
+    sums = _load_small(path, record, what, role="its checksums ", raw=raw)
     if sums.dtype != np.uint32 or sums.shape != (-(-data_size // CHUNK_BYTES),):
         raise TokenIndexError(f"{what}: {path.name} holds {sums.shape} {sums.dtype}, not one uint32 per chunk")
     return sums
@@ -216,6 +225,8 @@ class VerifiedArray:
         return iter(np.asarray(self))
 
     def __reduce__(self):
+        if isinstance(self._array, RemoteArray):  # handed over: a worker asks the store nothing to reopen it
+            return (_handed_over, (str(self.path), self._sums, self._what, self._fence, handover(self._array)))
         return (_reopen, (str(self.path), self._sums, self._what, self._fence))
 
     # -- checked reads
@@ -453,6 +464,8 @@ def open_checked(
     if not isinstance(record, dict) or "sums" not in record:
         raise TokenIndexError(f"{str(path)!r}: its record does not list {name}; delete the directory and rebuild")
     f = path / name
+    if isinstance(f, RemotePath):  # its first block, its checksums and its fence asked for at once: one round trip
+        return _open_remote_checked(path, record, name, dtype, shape, block_cache)
     head, size = first_block(f, block_cache)
     if size != record["size"]:
         kind = "object" if isinstance(f, RemotePath) else "file"
@@ -473,11 +486,44 @@ def open_checked(
             f"{str(path)!r}: {name} has dtype {array.dtype} and shape {array.shape}, its record says "
             f"{np.dtype(dtype)} and {shape}: the file was edited or replaced; delete the directory and rebuild"
         )
-    fence = None
-    if "fence" in record:
-        fence = _load_small(path / record["fence"]["file"], record["fence"], what)
-        if fence.shape != (-(-shape[0] // (CHUNK_BYTES // dtype.itemsize)),) or fence.dtype != dtype:
-            raise TokenIndexError(f"{what}: {record['fence']['file']} does not match {name}")
+    fence = None if "fence" not in record else _load_fence(path, record, name, dtype, shape)
+    return VerifiedArray(f, array, sums, what, fence)
+
+
+def _load_fence(
+    path: Path | RemotePath, record: dict, name: str, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
+    what = str(path)
+    fence = _load_small(path / record["fence"]["file"], record["fence"], what)
+    if fence.shape != (-(-shape[0] // (CHUNK_BYTES // dtype.itemsize)),) or fence.dtype != dtype:
+        raise TokenIndexError(f"{what}: {record['fence']['file']} does not match {name}")
+    return fence
+
+
+def _open_remote_checked(
+    path: RemotePath, record: dict, name: str, dtype: np.dtype, shape: tuple[int, ...], cache: BlockCache | None
+) -> VerifiedArray:
+    """:func:`open_checked` of an object: its first block, checksums and fence fetched together, then checked in the
+    order a local file's are (its size first: a missing or truncated object is said as such)."""
+    f, what = path / name, str(path)
+    with ThreadPoolExecutor(3, thread_name_prefix="detsampler-open") as pool:
+        got_head = pool.submit(first_block, f, cache)
+        got_raw = pool.submit(_read_small, path / sums_name(name), what, "its checksums ")
+        got_fence = pool.submit(_load_fence, path, record, name, dtype, shape) if "fence" in record else None
+        head, size = got_head.result()
+        if size != record["size"]:
+            raise TokenIndexError(
+                f"{what!r}: {name} is {'missing' if size is None else f'{size} bytes'}, its record says "
+                f"{record['size']} bytes: the object was truncated, edited or removed; push the index again"
+            )
+        sums = _checked_sums(path / sums_name(name), got_raw.result(), record["sums"], size, what)
+        array = open_remote(f, size, sums, what, cache, head)
+        if array.dtype != dtype or array.shape != shape:
+            raise TokenIndexError(
+                f"{what!r}: {name} has dtype {array.dtype} and shape {array.shape}, its record says "
+                f"{np.dtype(dtype)} and {shape}: the file was edited or replaced; delete the directory and rebuild"
+            )
+        fence = None if got_fence is None else got_fence.result()
     return VerifiedArray(f, array, sums, what, fence)
 
 
@@ -517,6 +563,10 @@ def _npy_data_offset(path: Path) -> int:
         else:
             np.lib.format.read_array_header_2_0(f)
         return f.tell()
+
+
+def _handed_over(path: str, sums: np.ndarray, what: str, fence: np.ndarray | None, described: tuple) -> VerifiedArray:
+    return VerifiedArray(RemotePath(path), handed_over(sums, what, *described), sums, what, fence)
 
 
 def _reopen(path: str, sums: np.ndarray, what: str, fence: np.ndarray | None = None) -> VerifiedArray:

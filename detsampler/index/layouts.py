@@ -414,9 +414,11 @@ def build_layout(
 # -- opening -------------------------------------------------------------------------------------------------------
 
 
-def _read_record(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch: int = 0) -> dict:
+def _read_record(
+    path: Path | RemotePath, index: Index, config: LayoutConfig, epoch: int = 0, text: str | None = None
+) -> dict:
     try:
-        record = json.loads((path / "layout.json").read_text())
+        record = json.loads((path / "layout.json").read_text() if text is None else text)
     except (OSError, ValueError) as exc:
         raise TokenIndexError(f"layout {str(path)!r}: layout.json is unreadable ({exc})") from None
     expect = {
@@ -454,10 +456,12 @@ def _shaping(config: dict) -> dict:
     }
 
 
-def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch: int = 0) -> Layout:
+def _open_dir(
+    path: Path | RemotePath, index: Index, config: LayoutConfig, epoch: int = 0, text: str | None = None
+) -> Layout:
     """The layout at ``path`` over ``index`` (epoch ``epoch``'s, of an ``epoch_order`` layout): memory maps behind
-    chunk checksums; O(1) work but the checksum files."""
-    r = _read_record(path, index, config, epoch)
+    chunk checksums; O(1) work but the checksum files (``text``: its ``layout.json``, read already)."""
+    r = _read_record(path, index, config, epoch, text)
     files, n = r["files"], index.num_documents
     dtypes = _dtypes(index, config, epoch)
     for name, dt in dtypes.items():
@@ -486,6 +490,16 @@ def _open_dir(path: Path | RemotePath, index: Index, config: LayoutConfig, epoch
     return BestFitLayout(config, index.lengths, packing, r["num_tokens"], overlong)
 
 
+def _handed_over_layout(index: Index, inner: Layout, epoch: int) -> PersistedLayout:
+    """A layout in an object store as the process that opened it hands it over (a DataLoader worker's): no request."""
+    layout = PersistedLayout.__new__(PersistedLayout)
+    layout.index, layout.epoch, layout.inner = index, int(epoch), inner
+    layout.path = layout_dir(index, inner.config, layout.epoch)
+    layout.index_fingerprint = index.fingerprint
+    layout._num_proc, layout._progress = 1, False
+    return layout
+
+
 class PersistedLayout:
     """A layout opened from its directory beside the index (see the module doc). It behaves as the layout it wraps, and
     pickles as ``(index, config, epoch)``: a DataLoader worker reopens the memory maps, nothing of size D is copied.
@@ -506,9 +520,13 @@ class PersistedLayout:
 
     def _open(self, config: LayoutConfig) -> Layout:
         if isinstance(self.path, RemotePath):  # an object store is read-only here: `detsampler push` writes layouts
-            if not (self.path / "layout.json").is_file():
-                raise PermissionError(errno.EROFS, "an object store is read-only: push the layout with the index")
-            return _open_dir(self.path, self.index, config, self.epoch)
+            try:  # one GET, no existence check first
+                text = (self.path / "layout.json").read_text()
+            except FileNotFoundError:
+                raise PermissionError(
+                    errno.EROFS, "an object store is read-only: push the layout with the index"
+                ) from None
+            return _open_dir(self.path, self.index, config, self.epoch, text)
         if (self.path / "layout.json").is_file():
             try:
                 return _open_dir(self.path, self.index, config, self.epoch)
@@ -536,6 +554,8 @@ class PersistedLayout:
         return getattr(self.inner, name)
 
     def __reduce__(self):
+        if isinstance(self.path, RemotePath):  # handed over: the layout opened and checked, its arrays as they pickle
+            return (_handed_over_layout, (self.index, self.inner, self.epoch))
         return (PersistedLayout, (self.index, self.config, 1, False, self.epoch))
 
     def __repr__(self) -> str:

@@ -129,7 +129,10 @@ class TokenIndex:
     with stored tokens: a uint8 memory map aligned with ``tokens``; else None), and ``meta``.
 
     Document ``d``'s tokens are ``tokens[offsets[d] : offsets[d] + lengths[d]]``; its EOS (``eos_id``) is virtual, at
-    position ``lengths[d]``. Pickles as its path (workers reopen the memory maps; nothing is copied).
+    position ``lengths[d]``. Pickles as its path (workers reopen the memory maps; nothing is copied); an index in an
+    object store pickles as what its open fetched and checked (its meta, each array's size, header and checksums,
+    :func:`~detsampler.index.remote.handover`), so a DataLoader worker asks the store nothing again before its first
+    read, and every block it reads is checked against those checksums (an object changed since is refused).
     """
 
     def __init__(
@@ -221,6 +224,8 @@ class TokenIndex:
         return f"TokenIndex({str(self.path)!r}, num_documents={self.num_documents}, num_tokens={self.num_tokens})"
 
     def __reduce__(self):
+        if isinstance(self.path, RemotePath):  # handed over: the arrays pickle as what was fetched and checked
+            return (TokenIndex, (str(self.path), self.meta, self.lengths, self.offsets, self.tokens, self.loss_mask))
         return (TokenIndex.open, (str(self.path),))
 
     # -- open

@@ -31,7 +31,7 @@ from detsampler.storage import (
     store_for,
 )
 
-__all__ = ["block_check", "first_block", "open_remote", "read_in_full", "reblocked"]
+__all__ = ["block_check", "first_block", "handed_over", "handover", "open_remote", "read_in_full", "reblocked"]
 
 logger = logging.getLogger("detsampler")
 
@@ -91,18 +91,44 @@ def open_remote(
 ) -> RemoteArray:
     """The ``.npy`` object ``f`` read by blocks, each checked against ``sums`` as it arrives (``head``: its first
     block, fetched already)."""
-    check = block_check(f.url, sums, what, DEFAULT_BLOCK_BYTES)
-    identity = f"crc32:{hashlib.sha256(np.ascontiguousarray(sums).tobytes()).hexdigest()[:32]}:{size}"
     try:
-        source = BlockedObject(f.url, size, check=check, cache=cache, identity=identity)
-        if head is not None and size:
-            source.seed(0, head)
-        return open_npy(source)
+        return open_npy(_checked_source(f.url, size, sums, what, cache, head))
     except (ValueError, EOFError, SyntaxError, TokenError) as exc:
         if isinstance(exc, ChecksumError):
             raise
         why = " ".join(str(exc).split())
         raise TokenIndexError(f"{what}: {f.name} is not a readable .npy object ({type(exc).__name__}: {why})") from None
+
+
+def _checked_source(
+    url: str, size: int, sums: np.ndarray, what: str, cache: BlockCache | None, head: bytes | None
+) -> BlockedObject:
+    """The object ``url`` read by blocks, each checked against ``sums`` (``head``: its block 0, checked as taken)."""
+    identity = f"crc32:{hashlib.sha256(np.ascontiguousarray(sums).tobytes()).hexdigest()[:32]}:{size}"
+    source = BlockedObject(url, size, check=block_check(url, sums, what, DEFAULT_BLOCK_BYTES), cache=cache,
+                           identity=identity)  # fmt: skip
+    if head is not None and size:
+        source.seed(0, head)
+    return source
+
+
+def handover(array: RemoteArray) -> tuple:
+    """What another process (a DataLoader worker) needs to read ``array`` without asking the store anything again:
+    the object's URL and size, the array's dtype, length and data offset (its ``.npy`` header, parsed and checked
+    here), and its block 0 when this process still holds it (else None). Arguments of :func:`handed_over` after
+    ``sums, what``."""
+    source = array.source
+    head = source._recent.get(0) if source.block_bytes == DEFAULT_BLOCK_BYTES else None
+    return source.url, source.size, array.dtype.str, len(array), array.offset, head
+
+
+def handed_over(
+    sums: np.ndarray, what: str, url: str, size: int, dtype: str, length: int, offset: int, head: bytes | None
+) -> RemoteArray:
+    """The array :func:`handover` described, in this process, with no request: read by blocks as the opener read it,
+    each block (``head`` too, as it is taken) checked against ``sums``, the checksums the opener fetched and checked
+    against its record; an object changed since is refused as its blocks are read."""
+    return RemoteArray(_checked_source(url, size, sums, what, None, head), np.dtype(dtype), length, offset)
 
 
 def reblocked(

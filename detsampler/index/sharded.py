@@ -287,6 +287,8 @@ class ShardedIndex:
     special_tokens = property(lambda self: self.shards[0].special_tokens)
 
     def __reduce__(self):
+        if isinstance(self.path, RemotePath):  # handed over: its checked manifest and its shards, as each pickles
+            return (ShardedIndex, (str(self.path), self.meta, self.shards))
         return (ShardedIndex.open, (str(self.path),))
 
     def __repr__(self) -> str:
