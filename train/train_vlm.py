@@ -11,6 +11,19 @@ epoch, document, item), Qwen2-VL's rope positions). A checkpoint holds the model
 fingerprint (index, two-axis layout with the count function's identity, plan, augmentation): resuming needs only its
 step, on any number of ranks (the same global batch) and workers. Each logged step carries the sample hash and a hash
 of the whole global batch's contents, pixels included, per sample in global order (the same on any world size).
+
+Options that map one to one onto the library's configuration (their defaults: the text corpus on local disk):
+
+- ``--chat {assistant,last_turn,all}``: the corpus as chat conversations (``train/vlm_corpus.py``'s
+  :func:`~train.vlm_corpus.write_vlm_chat_corpus`: webdataset shards of ``KEY.json`` and numbered images, a tokenizer
+  with Qwen2-VL's chat template) built with ``ChatConfig(policy=...)``: the stored loss mask keeps that policy's tokens,
+  the labels are -100 elsewhere. The checkpoint's data fingerprint records the policy; a resume with another is refused.
+- ``--shards URL``: the webdataset shards under that prefix (``s3://``, ``gs://``, ``az://`` or ``file://``; every
+  ``*.tar`` object, in name order) instead of the generated corpus's (text, or conversations with ``--chat``); the
+  tokenizer is still the generated one. Over a bucket, DataLoader workers start by ``forkserver`` (the store's client
+  does not survive a fork once this process used it).
+- ``--prefetch JSON``: a JSON object of :class:`~detsampler.loader.PrefetchConfig` fields (``'{}'``: its defaults):
+  each process that reads batches fetches the blocks of its next micro batches' images ahead, in a bounded cache.
 """
 
 from __future__ import annotations
@@ -21,7 +34,10 @@ if __name__ == "__main__":  # NOTE: before torch is imported (seconds), so that 
     exit_with_launcher()
 
 import argparse
+import dataclasses
 import hashlib
+import json
+import multiprocessing
 import os
 import sys
 import time
@@ -36,18 +52,50 @@ import torch.nn.functional as F
 
 from detsampler import DataFingerprint, Plan, check_resume
 from detsampler.hashing import sample_hash
-from detsampler.loader import DeterministicBatchSampler
+from detsampler.loader import DeterministicBatchSampler, PrefetchConfig
 from detsampler.loader.dataset import collate_micro_batch
 from detsampler.loader.vlm import FlipJitter, VLMDataset
 from detsampler.media import MediaLayoutConfig, Qwen2VLCounts
 from train import checkpoint as ckpt
 from train.metrics import MetricsLog
 
-__all__ = ["COUNTS", "batch_hashes", "build_data", "main", "tiny_qwen2_vl"]
+__all__ = [
+    "COUNTS",
+    "batch_hashes",
+    "build_data",
+    "build_index",
+    "listed_shards",
+    "main",
+    "prefetch_config",
+    "tiny_qwen2_vl",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS = Qwen2VLCounts(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)  # at most 256 patches, 64 tokens an image
 AUGMENT = {"kind": "FlipJitter", "flip": 0.5, "brightness": 0.2, "seed": 0}
+CHAT_POLICIES = ("assistant", "last_turn", "all")  # ChatConfig's policies for a messages column
+LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "abfss")  # the schemes whose prefixes a store lists
+
+
+def prefetch_config(text: str) -> PrefetchConfig:
+    """``--prefetch``: a JSON object of :class:`PrefetchConfig` fields (``{}``: its defaults), each passed as is."""
+    allowed = sorted(f.name for f in dataclasses.fields(PrefetchConfig))
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        example = '{"block_bytes": 65536}'
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc}); give an object of PrefetchConfig fields,"
+                                         f" e.g. '{example}' ({', '.join(allowed)})") from None  # fmt: skip
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"got {type(value).__name__} {value!r}, not an object of PrefetchConfig"
+                                         f" fields ({', '.join(allowed)}; '{{}}' for its defaults)")  # fmt: skip
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown PrefetchConfig field(s) {unknown}; its fields are {allowed}")
+    try:
+        return PrefetchConfig(**value)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(" ".join(str(exc).split())) from None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -64,6 +112,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", default=str(ROOT / ".cache" / "vlm-corpus"))
     p.add_argument("--documents", type=int, default=400)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--chat", choices=CHAT_POLICIES, default=None,
+                   help="the corpus as chat conversations under this loss policy (ChatConfig.policy);"
+                        " default: text")  # fmt: skip
+    p.add_argument("--shards", metavar="URL", default=None,
+                   help="read the webdataset shards under this prefix (s3://, gs://, az://, file://: every *.tar in"
+                        " name order) instead of the generated corpus's")  # fmt: skip
+    p.add_argument("--prefetch", metavar="JSON", type=prefetch_config, default=None,
+                   help="prefetch each micro batch's image blocks ahead: a JSON object of PrefetchConfig fields ('{}':"
+                        " its defaults, e.g. '{\"block_bytes\": 65536, \"threads\": 4}'); default: off")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -85,29 +142,103 @@ def setup() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def build_data(args: argparse.Namespace, world_size: int, rank: int) -> tuple[VLMDataset, Plan, dict]:
-    """The corpus and its media index (made by rank 0 first, then opened by the others), the two-axis layout, the
-    plan, the VLM dataset and the data fingerprint."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+def listed_shards(url: str) -> list[str]:
+    """Every ``*.tar`` object under the prefix ``url`` (a bucket's, or a local directory's), in name order: URLs in a
+    bucket, paths on local disk. None there, or a prefix no store lists, is a ValueError naming ``url``."""
+    from detsampler.storage import store_for
+    from detsampler.storage.urls import parse_location
 
+    try:
+        scheme = parse_location(url).scheme
+    except ValueError as exc:
+        raise ValueError(f"--shards {url!r}: {exc}") from None
+    if scheme not in LISTABLE:
+        raise ValueError(f"--shards {url!r}: a {scheme}:// location cannot be listed; give a prefix of"
+                         f" {', '.join(s + '://' for s in LISTABLE)} shards")  # fmt: skip
+    found = store_for(url).list(url)
+    shards = sorted(name for name in found if name.endswith(".tar"))
+    if not shards:
+        some = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        listed = f"{len(found)} other object(s)" + (f": {some}" if found else "")
+        raise ValueError(f"--shards {url!r}: no *.tar object under it ({listed}); give the prefix the webdataset"
+                         " shards were written under")  # fmt: skip
+    return shards
+
+
+def _corpus(args: argparse.Namespace) -> tuple[list, Any, Path]:
+    """The shards (the generated corpus's, or ``--shards``'), the tokenizer and the media index's cache directory;
+    text, or conversations under ``--chat``."""
+    from train.vlm_corpus import make_vlm_chat_tokenizer, make_vlm_tokenizer, write_vlm_chat_corpus, write_vlm_corpus
+
+    root = Path(args.corpus) / "chat" if args.chat else Path(args.corpus)
+    if args.shards is None:
+        shards, tokenizer = (write_vlm_chat_corpus if args.chat else write_vlm_corpus)(args.corpus, args.documents)
+    else:
+        shards = listed_shards(args.shards)
+        tokenizer = (make_vlm_chat_tokenizer if args.chat else make_vlm_tokenizer)(root / "tokenizer")
+    return shards, tokenizer, root / "cache"
+
+
+def build_index(args: argparse.Namespace) -> Any:
+    """The media index of the corpus (its chat policy's mask with ``--chat``), built once, then opened from cache."""
     from detsampler.media.build import build_media_index
     from detsampler.media.sources import webdataset_source
-    from train.vlm_corpus import write_vlm_corpus
+    from detsampler.text.chat import ChatConfig
+
+    shards, tokenizer, cache = _corpus(args)
+    chat = None if args.chat is None else ChatConfig(policy=args.chat)
+    source = webdataset_source(shards, cache_dir=cache, messages_extension="json" if args.chat else None)
+    return build_media_index(source, tokenizer, COUNTS, cache_dir=cache, chat=chat)
+
+
+def _in_bucket(args: argparse.Namespace) -> bool:
+    from detsampler.storage import is_remote
+
+    return args.shards is not None and is_remote(args.shards)
+
+
+def worker_start_method(args: argparse.Namespace) -> str | None:
+    """How DataLoader workers start: ``forkserver`` (``spawn`` where there is none) over shards in a bucket (the
+    store's client does not survive a fork once this process used it), else the platform's default (None)."""
+    if not _in_bucket(args):
+        return None
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def reads_line(args: argparse.Namespace, num_shards: int) -> str | None:
+    """One line on how the shards are read when they are ``--shards`` or prefetched, else None."""
+    if args.shards is None and args.prefetch is None:
+        return None
+    where = f"{args.shards.rstrip('/')}/" if args.shards else f"{Path(args.corpus).resolve()}/"
+    fetch = "no prefetch"
+    if args.prefetch is not None:
+        c = args.prefetch
+        fetch = (f"images prefetched: budget {c.budget_bytes:,} B, cache {c.cache_bytes:,} B, {c.threads} threads,"
+                 f" {c.block_bytes:,} B blocks")  # fmt: skip
+    by = "the training process" if args.num_workers == 0 else f"each of {args.num_workers} DataLoader workers"
+    started = "" if args.num_workers == 0 else f" started by {worker_start_method(args) or 'the platform default'}"
+    return f"reads {num_shards} shards at {where} ({fetch}) in {by}{started}"
+
+
+def build_data(args: argparse.Namespace, world_size: int, rank: int) -> tuple[VLMDataset, Plan, dict]:
+    """The corpus and its media index (made by rank 0 first, then opened by the others), the two-axis layout, the
+    plan, the VLM dataset and the data fingerprint (with ``--chat``, its policy under ``"chat"``)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     index = None
     for turn in (0, 1):
         if (rank == 0) == (turn == 0):
-            shards, tokenizer = write_vlm_corpus(args.corpus, args.documents)
-            cache = Path(args.corpus) / "cache"
-            index = build_media_index(webdataset_source(shards, cache_dir=cache), tokenizer, COUNTS, cache_dir=cache)
+            index = build_index(args)
         dist.barrier()
     layout = index.layout(MediaLayoutConfig(seq_len=args.seq_len, max_patches=args.max_patches, window_docs=256))
     plan = Plan(layout.num_samples, seed=0, global_batch_size=args.global_batch_size,
                 micro_batch_size=args.micro_batch_size, world_size=world_size)  # fmt: skip
     augment = FlipJitter(AUGMENT["flip"], AUGMENT["brightness"])
     processor = Qwen2VLImageProcessorPil(**COUNTS.processor_kwargs())
-    dataset = VLMDataset(index, layout, processor, plan=plan, seed=AUGMENT["seed"], augment=augment, rope="qwen2_vl")
-    fingerprint = {**DataFingerprint.of(index, layout, plan).to_dict(), "augment": AUGMENT}
+    dataset = VLMDataset(index, layout, processor, plan=plan, seed=AUGMENT["seed"], augment=augment, rope="qwen2_vl",
+                         prefetch=args.prefetch)  # fmt: skip
+    chat = {} if args.chat is None else {"chat": args.chat}  # absent for text: a text run's fingerprint unchanged
+    fingerprint = {**DataFingerprint.of(index, layout, plan).to_dict(), "augment": AUGMENT, **chat}
     return dataset, plan, fingerprint
 
 
@@ -200,9 +331,19 @@ def _resume(args, run_dir: Path, model, optimizer, scheduler, fingerprint: dict,
     saved = meta["data"]
     if saved.get("augment") != fingerprint["augment"]:
         raise ValueError(f"the checkpoint's augmentation {saved.get('augment')} differs from {fingerprint['augment']}")
-    check_resume({k: v for k, v in saved.items() if k != "augment"},
-                 {k: v for k, v in fingerprint.items() if k != "augment"}, meta["step"])  # fmt: skip
+    if saved.get("chat") != fingerprint.get("chat"):
+        was, now = _chat_flag(saved.get("chat")), _chat_flag(fingerprint.get("chat"))
+        raise ValueError(f"{latest}: the checkpoint was trained with {was}, this run reads {now}: the loss"
+                         f" mask of every step already trained would change; resume with {was}, or start a new"
+                         " run")  # fmt: skip
+    # the index's identity holds the chat policy too: check_resume refuses another one by itself
+    check_resume({k: v for k, v in saved.items() if k not in ("augment", "chat")},
+                 {k: v for k, v in fingerprint.items() if k not in ("augment", "chat")}, meta["step"])  # fmt: skip
     return meta["step"], latest
+
+
+def _chat_flag(policy: str | None) -> str:
+    return "the text corpus (no --chat)" if policy is None else f"--chat {policy}"
 
 
 def train(args: argparse.Namespace) -> None:
@@ -222,10 +363,15 @@ def train(args: argparse.Namespace) -> None:
         print(f"{'resuming from ' + str(resumed) + ' at' if resumed else 'starting at'} step {start}, training to"
               f" step {args.steps} on {world} rank(s) x {args.num_workers} worker(s) | {layout['num_samples']} samples"
               f" of {layout['seq_len']} tokens, LLM fill {layout['llm_fill']:.3f}, vision fill"
-              f" {layout['vision_fill']:.3f} | fingerprint {fingerprint['hash']}", flush=True)  # fmt: skip
+              f" {layout['vision_fill']:.3f}{'' if args.chat is None else ' | chat policy ' + args.chat} |"
+              f" fingerprint {fingerprint['hash']}", flush=True)  # fmt: skip
+        line = reads_line(args, len(dataset.index.meta["sources"]) - 1)
+        if line is not None:
+            print(line, flush=True)
     sampler = DeterministicBatchSampler(plan, rank=rank, start_step=start, stop_step=args.steps)
+    context = worker_start_method(args) if args.num_workers > 0 else None
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                                         collate_fn=collate_micro_batch)  # fmt: skip
+                                         collate_fn=collate_micro_batch, multiprocessing_context=context)  # fmt: skip
     model.train()
     t_last = time.perf_counter()
     for step, micro_batches in sampler.steps(loader):

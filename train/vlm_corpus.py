@@ -37,6 +37,7 @@ __all__ = [
     "make_vlm_tokenizer",
     "write_chat_shards",
     "write_shards",
+    "write_vlm_chat_corpus",
     "write_vlm_corpus",
 ]
 
@@ -243,6 +244,20 @@ def write_vlm_corpus(out_dir: str | Path, num_documents: int = 400, seed: int = 
     if done.is_file() and done.read_text() == f"{num_documents} {seed}\n":
         return sorted((out / "shards").glob("shard-*.tar")), tokenizer
     shards = write_shards(corpus_documents(num_documents, seed), out / "shards")
+    done.write_text(f"{num_documents} {seed}\n")
+    return shards, tokenizer
+
+
+def write_vlm_chat_corpus(out_dir: str | Path, num_documents: int = 400, seed: int = 0) -> tuple[list[Path], Any]:
+    """The corpus as conversations (:func:`chat_corpus_documents`, in :func:`write_chat_shards`'s shards) under
+    ``out_dir/chat`` and its chat tokenizer (:func:`make_vlm_chat_tokenizer`), written once: an existing one is
+    reused."""
+    out = Path(out_dir) / "chat"
+    tokenizer = make_vlm_chat_tokenizer(out / "tokenizer")
+    done = out / "shards" / "COMPLETE"
+    if done.is_file() and done.read_text() == f"{num_documents} {seed}\n":
+        return sorted((out / "shards").glob("shard-*.tar")), tokenizer
+    shards = write_chat_shards(chat_corpus_documents(num_documents, seed), out / "shards")
     done.write_text(f"{num_documents} {seed}\n")
     return shards, tokenizer
 
