@@ -23,7 +23,8 @@ Options that map one to one onto the library's configuration (their defaults: th
   tokenizer is still the generated one. Over a bucket, DataLoader workers start by ``forkserver`` (the store's client
   does not survive a fork once this process used it).
 - ``--prefetch JSON``: a JSON object of :class:`~detsampler.loader.PrefetchConfig` fields (``'{}'``: its defaults):
-  each process that reads batches fetches the blocks of its next micro batches' images ahead, in a bounded cache.
+  each process that reads batches fetches the blocks of its next micro batches' images ahead, in a bounded cache (over
+  local shards it does nothing: they are read in place).
 """
 
 from __future__ import annotations
@@ -209,9 +210,12 @@ def reads_line(args: argparse.Namespace, num_shards: int) -> str | None:
     """One line on how the shards are read when they are ``--shards`` or prefetched, else None."""
     if args.shards is None and args.prefetch is None:
         return None
-    where = f"{args.shards.rstrip('/')}/" if args.shards else f"{Path(args.corpus).resolve()}/"
+    corpus = Path(args.corpus).resolve() / ("chat" if args.chat else "") / "shards"
+    where = f"{args.shards.rstrip('/')}/" if args.shards else f"{corpus}/"
     fetch = "no prefetch"
-    if args.prefetch is not None:
+    if args.prefetch is not None and not _in_bucket(args):
+        fetch = "--prefetch does nothing: local shards are read in place"
+    elif args.prefetch is not None:
         c = args.prefetch
         fetch = (f"images prefetched: budget {c.budget_bytes:,} B, cache {c.cache_bytes:,} B, {c.threads} threads,"
                  f" {c.block_bytes:,} B blocks")  # fmt: skip
