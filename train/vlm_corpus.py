@@ -19,7 +19,7 @@ import argparse
 import io
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +191,9 @@ def chat_corpus_documents(num: int, seed: int = 0, max_images: int = 2, smallest
     return out
 
 
-def write_shards(docs: list, root: Path, per_shard: int = 100) -> list[Path]:
-    """webdataset shards of ``docs`` under ``root``: sample ``KEY`` holds ``KEY.txt`` and ``KEY.<i>.<ext>``."""
+def _write_samples(docs: list, root: Path, per_shard: int, fields: Callable[[dict], dict]) -> list[Path]:
+    """webdataset shards of ``docs`` under ``root``, ``per_shard`` samples each, each written whole and renamed into
+    place: sample ``KEY`` holds ``fields(doc)`` and ``KEY.<i>.<ext>`` per image, numbered in the document's order."""
     import webdataset as wds
 
     root.mkdir(parents=True, exist_ok=True)
@@ -202,13 +203,18 @@ def write_shards(docs: list, root: Path, per_shard: int = 100) -> list[Path]:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         with wds.TarWriter(str(tmp)) as sink:
             for d in range(s, min(s + per_shard, len(docs))):
-                sample = {"__key__": f"{d:06d}", "txt": docs[d]["text"]}
+                sample = {"__key__": f"{d:06d}", **fields(docs[d])}
                 for i, im in enumerate(docs[d]["images"]):
                     sample[f"{i}.{EXTENSIONS[im['format']]}"] = im["bytes"]
                 sink.write(sample)
         os.replace(tmp, path)
         shards.append(path)
     return shards
+
+
+def write_shards(docs: list, root: Path, per_shard: int = 100) -> list[Path]:
+    """webdataset shards of ``docs`` under ``root``: sample ``KEY`` holds ``KEY.txt`` and ``KEY.<i>.<ext>``."""
+    return _write_samples(docs, root, per_shard, lambda doc: {"txt": doc["text"]})
 
 
 def write_chat_shards(docs: list, root: Path, per_shard: int = 100, wrapped: bool = False) -> list[Path]:
@@ -217,23 +223,10 @@ def write_chat_shards(docs: list, root: Path, per_shard: int = 100, wrapped: boo
     numbered in the order of the conversation's image parts."""
     import json
 
-    import webdataset as wds
+    def fields(doc: dict) -> dict:
+        return {"json": json.dumps({"messages": doc["messages"]} if wrapped else doc["messages"])}
 
-    root.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for s in range(0, len(docs), per_shard):
-        path = root / f"shard-{s // per_shard:05d}.tar"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with wds.TarWriter(str(tmp)) as sink:
-            for d in range(s, min(s + per_shard, len(docs))):
-                messages = docs[d]["messages"]
-                sample = {"__key__": f"{d:06d}", "json": json.dumps({"messages": messages} if wrapped else messages)}
-                for i, im in enumerate(docs[d]["images"]):
-                    sample[f"{i}.{EXTENSIONS[im['format']]}"] = im["bytes"]
-                sink.write(sample)
-        os.replace(tmp, path)
-        shards.append(path)
-    return shards
+    return _write_samples(docs, root, per_shard, fields)
 
 
 def write_vlm_corpus(out_dir: str | Path, num_documents: int = 400, seed: int = 0) -> tuple[list[Path], Any]:
