@@ -220,39 +220,6 @@ def _prepare_built(config: IndexConfig) -> Prepared:
     return Prepared(config, None, tokenizer, index)
 
 
-def _check_as_built(config: IndexConfig, index: Any) -> None:
-    """Refuse an option of ``config`` that asks a built index given as ``data`` for another build (NOTE: they were
-    dropped in silence: ``--max-documents 4`` read every document); what the index was built with is accepted."""
-    special, chat = getattr(index, "special_tokens", None), getattr(index, "chat", None)
-    wrong = []
-    if config.max_documents is not None:
-        wrong.append(("max_documents", config.max_documents, f"it holds its {index.num_documents} documents"))
-    if not config.store_tokens:
-        wrong.append(("store_tokens", False, "it stores its tokens"))
-    if config.text_column != "text" and config.text_column != getattr(index, "text_column", "text"):
-        wrong.append(("text_column", config.text_column, f"it was built from {getattr(index, 'text_column', '?')!r}"))
-    if special is not None and config.add_bos and not special.add_bos:
-        wrong.append(("add_bos", True, "it was built without a BOS"))
-    if special is not None and config.add_eos is not None and config.add_eos != special.add_eos:
-        wrong.append(("add_eos", config.add_eos, f"its EOS is {special.add_eos!r}"))
-    for name, built in (("loss_policy", "policy"), ("completion_column", "completion_column")):
-        value = getattr(config, name)
-        if value is not None and (chat is None or getattr(chat, built) != value):
-            why = (
-                "it was built without a loss policy" if chat is None else f"it was built with {getattr(chat, built)!r}"
-            )
-            wrong.append((name, value, why))
-    if wrong:
-        flag = {"store_tokens": "--no-store-tokens"}
-        said = "; ".join(
-            f"{name} {value!r} ({flag.get(name, '--' + name.replace('_', '-'))}): {why}" for name, value, why in wrong
-        )
-        raise ValueError(
-            f"data {config.data!r} is a built index, read as it was built: {said}; drop the option, or build an index"
-            " with it"
-        )
-
-
 def open_prepared_source(config: IndexConfig) -> Prepared:
     """The pre-tokenized source ``config.data`` (``KIND:PATH``) opened, with ``config.tokenizer`` when given."""
     from detsampler.index.sources import no_tokenizer, open_source, parse_source_spec
