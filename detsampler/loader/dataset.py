@@ -558,7 +558,8 @@ def instance_filter_counts(
         docs = batch["document_ids"].numpy()
         valid = None if layout.labels_cross_documents else docs >= 0
         if len(dataset._erased):  # the erased documents' pad ids equal nothing, as in the read path
-            valid = ~np.isin(docs, dataset._erased) if valid is None else valid & ~np.isin(docs, dataset._erased)
+            kept = ~np.isin(docs, dataset._erased)
+            valid = kept if valid is None else valid & kept
         inputs = batch["input_ids"].numpy()
         flagged = instance_filter.flags(inputs, _not_images(index, inputs, valid))
         loss = (batch["labels"].numpy() != -100).sum(axis=1)
